@@ -1,0 +1,155 @@
+package postbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/postbox-go/postbox/postboxdriver"
+)
+
+// Client writes messages in transactions and runs the relay that moves
+// them to the broker. TTx is the transaction type of the driver: pgx.Tx for
+// postboxpgx, *sql.Tx for postboxsql and postboxsqlite.
+type Client[TTx any] struct {
+	cfg   *Config
+	store postboxdriver.Store[TTx]
+	wake  chan struct{}
+
+	mu      sync.Mutex
+	running *relayRun
+}
+
+// NewClient makes a Client over driver. cfg may be nil for all defaults.
+func NewClient[TTx any](driver postboxdriver.Driver[TTx], cfg *Config) (*Client[TTx], error) {
+	c := cfg.WithDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	store, err := driver.Open(c.Prefix)
+	if err != nil {
+		return nil, err
+	}
+	return &Client[TTx]{cfg: c, store: store, wake: make(chan struct{}, 1)}, nil
+}
+
+// Config returns the client's configuration, defaults filled in.
+func (c *Client[TTx]) Config() Config { return *c.cfg }
+
+// Store returns the driver store the client uses, for tools built on it.
+func (c *Client[TTx]) Store() postboxdriver.Store[TTx] { return c.store }
+
+// WriteTx writes msgs in the caller's transaction tx, with one statement:
+// they exist if and only if tx commits. Each message is validated first;
+// on a *ValidationError nothing is written.
+//
+// Messages sharing a key are published in the order written. That order
+// is the insert order: two transactions writing one key at the same time
+// have none, so serialize writers of a key (lock the entity's row in the
+// same transaction) when its order matters.
+func (c *Client[TTx]) WriteTx(ctx context.Context, tx TTx, msgs ...Message) error {
+	rows, err := c.rows(msgs)
+	if err != nil || len(rows) == 0 {
+		return err
+	}
+	if err := c.store.InsertTx(ctx, tx, rows); err != nil {
+		return fmt.Errorf("postbox: write: %w", err)
+	}
+	// The transaction is not committed yet; the relay, woken now, looks
+	// again shortly after on its fast poll and finds the rows then.
+	c.notify()
+	return nil
+}
+
+// Write writes msgs in a transaction of its own.
+func (c *Client[TTx]) Write(ctx context.Context, msgs ...Message) error {
+	rows, err := c.rows(msgs)
+	if err != nil || len(rows) == 0 {
+		return err
+	}
+	if err := c.store.InTx(ctx, func(tx TTx) error { return c.store.InsertTx(ctx, tx, rows) }); err != nil {
+		return fmt.Errorf("postbox: write: %w", err)
+	}
+	c.notify()
+	return nil
+}
+
+func (c *Client[TTx]) rows(msgs []Message) ([]postboxdriver.Row, error) {
+	now := time.Now()
+	rows := make([]postboxdriver.Row, len(msgs))
+	for i := range msgs {
+		m := &msgs[i]
+		if err := m.validate(i, c.cfg.MaxPayloadBytes); err != nil {
+			return nil, err
+		}
+		if c.cfg.Validator != nil {
+			if err := c.cfg.Validator.ValidatePayload(m.Topic, m.Payload); err != nil {
+				var ve *ValidationError
+				if errors.As(err, &ve) {
+					ve.Field = fmt.Sprintf("messages[%d].%s", i, ve.Field)
+					return nil, ve
+				}
+				return nil, &ValidationError{Field: fmt.Sprintf("messages[%d].payload", i), Reason: err.Error()}
+			}
+		}
+		id := m.ID
+		if id == "" {
+			id = NewID()
+		}
+		h, err := encodeHeaders(m, c.cfg.Source, now)
+		if err != nil {
+			return nil, err
+		}
+		rows[i] = postboxdriver.Row{ID: id, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Headers: h}
+	}
+	return rows, nil
+}
+
+func (c *Client[TTx]) notify() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Start runs the relay in the background until Stop. It fails fast when no
+// Publisher is configured or the tables are not migrated.
+func (c *Client[TTx]) Start(ctx context.Context) error {
+	if c.cfg.Publisher == nil {
+		return ErrNoPublisher
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.running != nil {
+		return ErrStarted
+	}
+	r, err := newRelay(ctx, c.store, c.cfg, c.wake)
+	if err != nil {
+		return err
+	}
+	c.running = r.start()
+	return nil
+}
+
+// Stop stops the relay: it claims nothing more, finishes the batch in
+// flight, records its outcome and releases its partitions so another
+// replica takes them at once. When ctx ends first, in-flight publishes are
+// abandoned (their rows stay pending and are published again later) and
+// Stop returns ctx's error once the relay has exited.
+func (c *Client[TTx]) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	run := c.running
+	c.running = nil
+	c.mu.Unlock()
+	if run == nil {
+		return ErrNotStarted
+	}
+	return run.stop(ctx)
+}
+
+// Stats reports the state of the outbox.
+func (c *Client[TTx]) Stats(ctx context.Context) (postboxdriver.Stats, error) {
+	return c.store.Stats(ctx)
+}

@@ -1,0 +1,189 @@
+package postbox
+
+import (
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+)
+
+// Config configures a Client. The zero value of every field means its
+// default, documented on the field; WithDefaults fills them in and Validate
+// checks the result, naming every bad field at once.
+type Config struct {
+	// Prefix names the tables: {Prefix}outbox, {Prefix}published, ...
+	// Lower-case letters, digits and underscores, at most 40 characters.
+	// Default "postbox_".
+	Prefix string
+
+	// Publisher sends messages to the broker. A Client without one can
+	// write, but Start refuses to run a relay.
+	Publisher Publisher
+
+	// Logger receives the relay's logs. Default slog.Default().
+	Logger *slog.Logger
+
+	// Source is the CloudEvents source of messages that set none. Default
+	// "postbox".
+	Source string
+
+	// MaxPayloadBytes caps a message's payload. Default 1 MiB.
+	MaxPayloadBytes int
+
+	// Validator, when set, checks each payload before the insert, e.g.
+	// against a JSON Schema per topic (package postboxschema).
+	Validator PayloadValidator
+
+	// BatchSize is the most rows the relay reads at once. Default 500.
+	BatchSize int
+	// PublishWindow is the most publishes awaiting the broker's ack at
+	// once. Default 256.
+	PublishWindow int
+	// LeaseDuration is how long a relay holds its partitions without
+	// renewing them; a crashed relay's partitions move to another replica
+	// after it. Default 30s.
+	LeaseDuration time.Duration
+	// BatchDeadline bounds one batch's publishing, and must be shorter than
+	// LeaseDuration. Default 10s.
+	BatchDeadline time.Duration
+	// BackoffBase and BackoffMax bound the retry delay of a message whose
+	// publish failed: base·2^attempts capped at max, with equal jitter.
+	// Defaults 1s and 5m.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+	// MaxAttempts is the attempt budget of a message; a message that fails
+	// this many times is moved to the dead table. Default 25.
+	MaxAttempts int
+	// PollInterval is the longest the relay waits between looks at an idle
+	// outbox. Writes through this Client wake it at once. Default 100ms.
+	PollInterval time.Duration
+	// BlockOnDead keeps later messages of a key waiting while an earlier one
+	// is dead, until it is requeued or deleted. By default they go on.
+	BlockOnDead bool
+
+	// RelayID names this relay in leases and logs. Default a new UUID per
+	// Start.
+	RelayID string
+}
+
+// PayloadValidator checks a payload before it is written.
+type PayloadValidator interface {
+	// ValidatePayload returns an error when payload is not acceptable for
+	// topic. Return a *ValidationError to name what is wrong.
+	ValidatePayload(topic string, payload []byte) error
+}
+
+// Defaults, as documented on Config.
+const (
+	DefaultPrefix          = "postbox_"
+	DefaultSource          = "postbox"
+	DefaultMaxPayloadBytes = 1 << 20
+	DefaultBatchSize       = 500
+	DefaultPublishWindow   = 256
+	DefaultLeaseDuration   = 30 * time.Second
+	DefaultBatchDeadline   = 10 * time.Second
+	DefaultBackoffBase     = time.Second
+	DefaultBackoffMax      = 5 * time.Minute
+	DefaultMaxAttempts     = 25
+	DefaultPollInterval    = 100 * time.Millisecond
+)
+
+var prefixRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
+
+// ValidatePrefix reports whether prefix can name tables.
+func ValidatePrefix(prefix string) error {
+	if !prefixRE.MatchString(prefix) {
+		return invalid("Prefix", prefix, "must be lower-case letters, digits and _, not starting with a digit, at most 40 characters")
+	}
+	return nil
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c *Config) WithDefaults() *Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defD := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if out.Prefix == "" {
+		out.Prefix = DefaultPrefix
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	if out.Source == "" {
+		out.Source = DefaultSource
+	}
+	def(&out.MaxPayloadBytes, DefaultMaxPayloadBytes)
+	def(&out.BatchSize, DefaultBatchSize)
+	def(&out.PublishWindow, DefaultPublishWindow)
+	defD(&out.LeaseDuration, DefaultLeaseDuration)
+	if out.BatchDeadline == 0 {
+		out.BatchDeadline = min(DefaultBatchDeadline, out.LeaseDuration/3)
+	}
+	defD(&out.BackoffBase, DefaultBackoffBase)
+	defD(&out.BackoffMax, DefaultBackoffMax)
+	def(&out.MaxAttempts, DefaultMaxAttempts)
+	defD(&out.PollInterval, DefaultPollInterval)
+	return &out
+}
+
+// Validate checks a Config that WithDefaults has filled in. It returns a
+// *ConfigError listing every bad field, or nil.
+func (c *Config) Validate() error {
+	var ps []*ValidationError
+	bad := func(field string, value any, format string, args ...any) {
+		ps = append(ps, invalid(field, value, format, args...))
+	}
+	if err := ValidatePrefix(c.Prefix); err != nil {
+		ps = append(ps, err.(*ValidationError)) //nolint:errorlint // always this type
+	}
+	if len(c.Source) > MaxHeaderValueBytes || !printable(c.Source) {
+		bad("Source", c.Source, "must be printable text of at most %d bytes", MaxHeaderValueBytes)
+	}
+	positive := func(field string, v, limit int) {
+		if v < 1 || v > limit {
+			bad(field, v, "must be between 1 and %d", limit)
+		}
+	}
+	positive("MaxPayloadBytes", c.MaxPayloadBytes, 64<<20)
+	positive("BatchSize", c.BatchSize, 100_000)
+	positive("PublishWindow", c.PublishWindow, 100_000)
+	positive("MaxAttempts", c.MaxAttempts, 1_000_000)
+	atLeast := func(field string, v, least time.Duration) {
+		if v < least {
+			bad(field, v, "must be at least %s", least)
+		}
+	}
+	atLeast("LeaseDuration", c.LeaseDuration, 100*time.Millisecond)
+	atLeast("BatchDeadline", c.BatchDeadline, 10*time.Millisecond)
+	atLeast("BackoffBase", c.BackoffBase, time.Millisecond)
+	atLeast("PollInterval", c.PollInterval, time.Millisecond)
+	if c.BatchDeadline >= c.LeaseDuration {
+		bad("BatchDeadline", c.BatchDeadline, "must be shorter than LeaseDuration (%s), so a batch ends before its lease can pass to another relay", c.LeaseDuration)
+	}
+	if c.BackoffMax < c.BackoffBase {
+		bad("BackoffMax", c.BackoffMax, "must not be shorter than BackoffBase (%s)", c.BackoffBase)
+	}
+	if c.RelayID != "" && (len(c.RelayID) > 200 || !printable(c.RelayID)) {
+		bad("RelayID", c.RelayID, "must be printable text of at most 200 bytes")
+	}
+	if len(ps) > 0 {
+		return &ConfigError{Problems: ps}
+	}
+	return nil
+}
+
+func (c *Config) String() string {
+	return fmt.Sprintf("prefix=%s batch=%d window=%d lease=%s deadline=%s backoff=%s..%s attempts=%d poll=%s",
+		c.Prefix, c.BatchSize, c.PublishWindow, c.LeaseDuration, c.BatchDeadline, c.BackoffBase, c.BackoffMax, c.MaxAttempts, c.PollInterval)
+}

@@ -1,0 +1,443 @@
+// Package pgsql holds the PostgreSQL dialect shared by the pgx and the
+// database/sql drivers: the SQL, the migrations and the logic around them,
+// over a small query interface that each driver adapts.
+package pgsql
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/postbox-go/postbox/postboxdriver"
+)
+
+// Querier runs statements. pgx.Tx, *pgxpool.Pool, *sql.Tx and *sql.DB are
+// adapted to it by the drivers.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) error
+	Query(ctx context.Context, sql string, args ...any) (Rows, error)
+}
+
+// Rows is the part of a result set the core reads.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+	Close()
+}
+
+// DB is a Querier that can also open transactions of its own.
+type DB interface {
+	Querier
+	Tx(ctx context.Context, fn func(q Querier) error) error
+}
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+var prefixRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
+
+// Core implements postboxdriver.Executor for PostgreSQL.
+type Core struct {
+	db     DB
+	prefix string
+	q      queries
+}
+
+// New binds db to the tables named with prefix.
+func New(db DB, prefix string) (*Core, error) {
+	if !prefixRE.MatchString(prefix) {
+		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most 40 characters", prefix)
+	}
+	return &Core{db: db, prefix: prefix, q: makeQueries(prefix)}, nil
+}
+
+// Dialect implements postboxdriver.Executor.
+func (c *Core) Dialect() string { return "postgres" }
+
+type queries struct {
+	insert, partitions, heartbeat, unregister, acquire, release, fetch, fetchStrict,
+	markPublished, markFailed, applied, stats string
+}
+
+func makeQueries(p string) queries {
+	r := strings.NewReplacer("{p}", p)
+	return queries{
+		insert: r.Replace(`INSERT INTO {p}outbox (id, topic, key, payload, headers)
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[])`),
+		partitions: r.Replace(`SELECT count(*) FROM {p}leases`),
+		heartbeat: r.Replace(`WITH up AS (
+  INSERT INTO {p}relays (id, expires_at) VALUES ($1, now() + $2 * interval '1 millisecond')
+  ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
+  RETURNING id
+)
+SELECT id FROM up
+UNION
+SELECT id FROM {p}relays WHERE expires_at > now() AND id <> $1`),
+		unregister: r.Replace(`DELETE FROM {p}relays WHERE id = $1 OR expires_at < now() - interval '1 hour'`),
+		acquire: r.Replace(`UPDATE {p}leases SET
+  generation = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN generation ELSE generation + 1 END,
+  owner = $1,
+  expires_at = now() + $3 * interval '1 millisecond'
+WHERE partition = ANY($2::int[]) AND (owner IS NULL OR owner = $1 OR expires_at <= now())
+RETURNING partition, generation, expires_at`),
+		release: r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = now() WHERE owner = $1 AND partition = ANY($2::int[])`),
+		fetch:       r.Replace(fetchSQL(false)),
+		fetchStrict: r.Replace(fetchSQL(true)),
+		// The fence: the row's partition lease must still be the owner's, at
+		// the generation the owner read it under. A relay whose lease moved
+		// on matches no row and changes nothing.
+		markPublished: r.Replace(`WITH moved AS (
+  DELETE FROM {p}outbox o USING {p}leases l
+  WHERE o.seq = ANY($2::bigint[])
+    AND l.partition = o.partition AND l.owner = $1 AND l.generation = ($3::bigint[])[o.partition + 1]
+  RETURNING o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts
+)
+), ins AS (
+  INSERT INTO {p}published (seq, id, topic, key, payload, headers, partition, created_at, attempts)
+  SELECT * FROM moved
+  RETURNING 1
+)
+SELECT count(*) FROM ins`),
+		// Rows that reach the budget move to the dead table; the others wait
+		// for their backoff. The two CTEs touch disjoint rows.
+		markFailed: r.Replace(`WITH f AS (
+  SELECT * FROM unnest($2::bigint[], $3::text[], $4::bigint[]) AS f(seq, err, backoff_ms)
+), owned AS (
+  SELECT o.seq, o.attempts + 1 >= $5 AS dies FROM {p}outbox o JOIN f ON f.seq = o.seq JOIN {p}leases l
+    ON l.partition = o.partition AND l.owner = $1 AND l.generation = ($6::bigint[])[o.partition + 1]
+), died AS (
+  DELETE FROM {p}outbox o USING owned, f
+  WHERE owned.dies AND o.seq = owned.seq AND f.seq = o.seq
+  RETURNING o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts + 1 AS attempts, f.err
+), buried AS (
+  INSERT INTO {p}dead (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error)
+  SELECT * FROM died
+  RETURNING seq, attempts
+), retried AS (
+  UPDATE {p}outbox o SET attempts = o.attempts + 1, last_error = f.err,
+    available_at = now() + f.backoff_ms * interval '1 millisecond'
+  FROM owned, f
+  WHERE NOT owned.dies AND o.seq = owned.seq AND f.seq = o.seq
+  RETURNING o.seq, o.attempts
+)
+SELECT seq, attempts, true FROM buried
+UNION ALL
+SELECT seq, attempts, false FROM retried`),
+		applied: r.Replace(`SELECT version FROM {p}migrations ORDER BY version`),
+		stats: r.Replace(`SELECT
+  (SELECT count(*) FROM {p}outbox),
+  (SELECT count(*) FROM {p}dead),
+  coalesce((SELECT extract(epoch FROM now() - created_at) FROM {p}outbox ORDER BY seq LIMIT 1), 0)::float8,
+  (SELECT count(*) FROM {p}published)`),
+	}
+}
+
+// fetchSQL reads pending rows in seq order. A keyed row is held back while
+// an older row of its key waits for a retry (or is dead, when strict):
+// only rows that failed before can do that, and the partial retry index
+// holds exactly those, so the check costs nothing while nothing fails.
+func fetchSQL(strict bool) string {
+	dead := ""
+	if strict {
+		dead = `
+    OR EXISTS (SELECT 1 FROM {p}dead d WHERE d.key = o.key AND d.seq < o.seq)`
+	}
+	return `SELECT o.seq, o.id::text, o.topic, coalesce(o.key, ''), o.payload, o.headers::text, o.partition, o.attempts, o.created_at
+FROM {p}outbox o
+WHERE o.partition = ANY($1::int[])
+  AND o.available_at <= now()
+  AND (o.key IS NULL OR NOT (
+    EXISTS (SELECT 1 FROM {p}outbox b
+            WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > now())` + dead + `))
+ORDER BY o.seq
+LIMIT $2`
+}
+
+// Insert writes rows with one statement.
+func (c *Core) Insert(ctx context.Context, q Querier, rows []postboxdriver.Row) error {
+	n := len(rows)
+	ids, topics, payloads, headers := make([]string, n), make([]string, n), make([][]byte, n), make([]string, n)
+	keys := make([]*string, n)
+	for i := range rows {
+		r := &rows[i]
+		ids[i], topics[i], payloads[i], headers[i] = r.ID, r.Topic, r.Payload, string(r.Headers)
+		if r.Key != "" {
+			keys[i] = &r.Key
+		}
+		if payloads[i] == nil {
+			payloads[i] = []byte{}
+		}
+	}
+	return c.wrap(q.Exec(ctx, c.q.insert, ids, topics, keys, payloads, headers))
+}
+
+// Partitions implements postboxdriver.Executor.
+func (c *Core) Partitions(ctx context.Context) (int, error) {
+	var n int
+	err := c.queryRow(ctx, c.db, c.q.partitions, nil, &n)
+	return n, err
+}
+
+// Heartbeat implements postboxdriver.Executor.
+func (c *Core) Heartbeat(ctx context.Context, relayID string, ttl time.Duration) ([]string, error) {
+	rows, err := c.db.Query(ctx, c.q.heartbeat, relayID, ttl.Milliseconds())
+	if err != nil {
+		return nil, c.wrap(err)
+	}
+	var ids []string
+	err = scanAll(rows, func(r Rows) error {
+		var id string
+		if err := r.Scan(&id); err != nil {
+			return err
+		}
+		ids = append(ids, id)
+		return nil
+	})
+	sort.Strings(ids)
+	return ids, c.wrap(err)
+}
+
+// Unregister implements postboxdriver.Executor.
+func (c *Core) Unregister(ctx context.Context, relayID string) error {
+	return c.wrap(c.db.Exec(ctx, c.q.unregister, relayID))
+}
+
+// AcquireLeases implements postboxdriver.Executor.
+func (c *Core) AcquireLeases(ctx context.Context, owner string, partitions []int, ttl time.Duration) ([]postboxdriver.Lease, error) {
+	rows, err := c.db.Query(ctx, c.q.acquire, owner, int32s(partitions), ttl.Milliseconds())
+	if err != nil {
+		return nil, c.wrap(err)
+	}
+	var out []postboxdriver.Lease
+	err = scanAll(rows, func(r Rows) error {
+		var l postboxdriver.Lease
+		if err := r.Scan(&l.Partition, &l.Generation, &l.ExpiresAt); err != nil {
+			return err
+		}
+		out = append(out, l)
+		return nil
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Partition < out[j].Partition })
+	return out, c.wrap(err)
+}
+
+// ReleaseLeases implements postboxdriver.Executor.
+func (c *Core) ReleaseLeases(ctx context.Context, owner string, partitions []int) error {
+	return c.wrap(c.db.Exec(ctx, c.q.release, owner, int32s(partitions)))
+}
+
+// Fetch implements postboxdriver.Executor.
+func (c *Core) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
+	parts := make([]int32, 0, len(p.Fence.Generations))
+	for part := range p.Fence.Generations {
+		parts = append(parts, int32(part))
+	}
+	if len(parts) == 0 || p.Limit <= 0 {
+		return nil, nil
+	}
+	q := c.q.fetch
+	if p.BlockOnDead {
+		q = c.q.fetchStrict
+	}
+	rows, err := c.db.Query(ctx, q, parts, p.Limit)
+	if err != nil {
+		return nil, c.wrap(err)
+	}
+	out := make([]postboxdriver.Record, 0, p.Limit)
+	err = scanAll(rows, func(r Rows) error {
+		var rec postboxdriver.Record
+		var headers string
+		if err := r.Scan(&rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &headers, &rec.Partition, &rec.Attempts, &rec.CreatedAt); err != nil {
+			return err
+		}
+		rec.Headers = []byte(headers)
+		out = append(out, rec)
+		return nil
+	})
+	return out, c.wrap(err)
+}
+
+// MarkPublished implements postboxdriver.Executor.
+func (c *Core) MarkPublished(ctx context.Context, f postboxdriver.Fence, seqs []int64) (int, error) {
+	if len(seqs) == 0 {
+		return 0, nil
+	}
+	var n int
+	err := c.queryRow(ctx, c.db, c.q.markPublished, []any{f.Owner, seqs, generations(f)}, &n)
+	return n, err
+}
+
+// MarkFailed implements postboxdriver.Executor.
+func (c *Core) MarkFailed(ctx context.Context, f postboxdriver.Fence, failures []postboxdriver.Failure, maxAttempts int) ([]postboxdriver.FailResult, error) {
+	if len(failures) == 0 {
+		return nil, nil
+	}
+	seqs, errs, backoffs := make([]int64, len(failures)), make([]string, len(failures)), make([]int64, len(failures))
+	for i, fl := range failures {
+		seqs[i], errs[i], backoffs[i] = fl.Seq, fl.Error, fl.Backoff.Milliseconds()
+	}
+	rows, err := c.db.Query(ctx, c.q.markFailed, f.Owner, seqs, errs, backoffs, maxAttempts, generations(f))
+	if err != nil {
+		return nil, c.wrap(err)
+	}
+	var out []postboxdriver.FailResult
+	err = scanAll(rows, func(r Rows) error {
+		var fr postboxdriver.FailResult
+		if err := r.Scan(&fr.Seq, &fr.Attempts, &fr.Dead); err != nil {
+			return err
+		}
+		out = append(out, fr)
+		return nil
+	})
+	return out, c.wrap(err)
+}
+
+// Stats implements postboxdriver.Executor.
+func (c *Core) Stats(ctx context.Context) (postboxdriver.Stats, error) {
+	var s postboxdriver.Stats
+	var age float64
+	err := c.queryRow(ctx, c.db, c.q.stats, nil, &s.Pending, &s.Dead, &age, &s.Published)
+	s.OldestPendingAge = time.Duration(age * float64(time.Second))
+	return s, err
+}
+
+// Migrations implements postboxdriver.Executor.
+func (c *Core) Migrations() []postboxdriver.Migration {
+	entries, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	out := make([]postboxdriver.Migration, 0, len(entries))
+	for _, e := range entries {
+		name := strings.TrimSuffix(e.Name(), ".sql")
+		num, rest, _ := strings.Cut(name, "_")
+		v, err := strconv.Atoi(num)
+		if err != nil {
+			panic(fmt.Sprintf("pgsql: migration %s is not numbered", e.Name()))
+		}
+		body, err := migrationFS.ReadFile("migrations/" + e.Name())
+		if err != nil {
+			panic(err)
+		}
+		out = append(out, postboxdriver.Migration{Version: v, Name: rest, SQL: strings.ReplaceAll(string(body), "{prefix}", c.prefix)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out
+}
+
+// AppliedMigrations implements postboxdriver.Executor.
+func (c *Core) AppliedMigrations(ctx context.Context) ([]int, error) {
+	rows, err := c.db.Query(ctx, c.q.applied)
+	if err != nil {
+		if isUndefinedTable(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var vs []int
+	err = scanAll(rows, func(r Rows) error {
+		var v int
+		if err := r.Scan(&v); err != nil {
+			return err
+		}
+		vs = append(vs, v)
+		return nil
+	})
+	return vs, err
+}
+
+// ApplyMigration implements postboxdriver.Executor. An advisory lock keyed
+// on the prefix makes concurrent migrators queue up, and each re-checks the
+// version under the lock, so two replicas starting together apply it once.
+func (c *Core) ApplyMigration(ctx context.Context, m postboxdriver.Migration) error {
+	return c.db.Tx(ctx, func(q Querier) error {
+		if err := q.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "postbox_migrate:"+c.prefix); err != nil {
+			return err
+		}
+		if err := q.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+c.prefix+`migrations (
+  version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return err
+		}
+		var done bool
+		if err := c.queryRow(ctx, q, `SELECT EXISTS (SELECT 1 FROM `+c.prefix+`migrations WHERE version = $1)`, []any{m.Version}, &done); err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+		if err := q.Exec(ctx, m.SQL); err != nil {
+			return fmt.Errorf("migration %d (%s): %w", m.Version, m.Name, err)
+		}
+		return q.Exec(ctx, `INSERT INTO `+c.prefix+`migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name)
+	})
+}
+
+func (c *Core) queryRow(ctx context.Context, q Querier, sql string, args []any, dest ...any) error {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return c.wrap(err)
+	}
+	found := false
+	err = scanAll(rows, func(r Rows) error {
+		found = true
+		return r.Scan(dest...)
+	})
+	if err == nil && !found {
+		err = errors.New("pgsql: query returned no row")
+	}
+	return c.wrap(err)
+}
+
+func (c *Core) wrap(err error) error {
+	if err != nil && isUndefinedTable(err) {
+		return fmt.Errorf("%w (prefix %q): %w", postboxdriver.ErrNotMigrated, c.prefix, err)
+	}
+	return err
+}
+
+func isUndefinedTable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
+}
+
+func scanAll(rows Rows, fn func(Rows) error) error {
+	defer rows.Close()
+	for rows.Next() {
+		if err := fn(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+func int32s(xs []int) []int32 {
+	out := make([]int32, len(xs))
+	for i, x := range xs {
+		out[i] = int32(x) //nolint:gosec // partitions are small
+	}
+	return out
+}
+
+// generations lays the fence out as an array indexed by partition+1, the
+// shape the mark statements read it in; 0 is no generation at all.
+func generations(f postboxdriver.Fence) []int64 {
+	maxPart := -1
+	for p := range f.Generations {
+		maxPart = max(maxPart, p)
+	}
+	out := make([]int64, maxPart+1)
+	for p, g := range f.Generations {
+		out[p] = g
+	}
+	return out
+}

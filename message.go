@@ -1,0 +1,215 @@
+package postbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+)
+
+// Limits on messages. The payload cap is configurable (Config.MaxPayloadBytes).
+const (
+	MaxTopicBytes       = 255
+	MaxKeyBytes         = 255
+	MaxHeaders          = 64
+	MaxHeaderNameBytes  = 128
+	MaxHeaderValueBytes = 4096
+	MaxHeadersBytes     = 64 << 10
+)
+
+// Message is one message to write. Only Topic is required.
+type Message struct {
+	// ID identifies the message everywhere: the outbox row, the broker's
+	// message id (Nats-Msg-Id, AMQP message-id) and the inbox. Empty means
+	// a new UUIDv7 is made before the insert; set it yourself (NewID) when
+	// you need to know it.
+	ID string
+	// Topic names what happened, e.g. "orders.created". Letters, digits and
+	// . _ : - only, at most 255 bytes. Publishers map it to a subject,
+	// routing key or topic.
+	Topic string
+	// Key orders messages: those with one key are published in write
+	// order, one at a time. Empty means no order and full parallelism.
+	Key string
+	// Payload is sent as it is, up to Config.MaxPayloadBytes.
+	Payload []byte
+	// Headers travel with the message. Names are HTTP tokens; names
+	// beginning with "ce-", "nats-", "postbox-" and "content-type" are
+	// reserved.
+	Headers map[string]string
+
+	// CloudEvents attributes, sent in binary mode (ce-* headers).
+	Source      string    // ce-source; empty means Config.Source
+	Subject     string    // ce-subject
+	Time        time.Time // ce-time, when the change happened; zero means now
+	ContentType string    // content-type, e.g. "application/json"
+}
+
+// NewID returns a new message id, a UUIDv7: unique, and sortable by time.
+func NewID() string { return uuid.Must(uuid.NewV7()).String() }
+
+// Header names the relay adds on every envelope, and those a writer stores.
+const (
+	HeaderSpecVersion  = "ce-specversion"
+	HeaderID           = "ce-id"
+	HeaderType         = "ce-type"
+	HeaderSource       = "ce-source"
+	HeaderSubject      = "ce-subject"
+	HeaderTime         = "ce-time"
+	HeaderPartitionKey = "ce-partitionkey"
+	HeaderContentType  = "content-type"
+)
+
+// ValidateTopic reports whether topic is a valid topic: 1 to 255 bytes of
+// letters, digits and . _ : -.
+func ValidateTopic(topic string) error {
+	if topic == "" {
+		return invalid("topic", topic, "is empty")
+	}
+	if len(topic) > MaxTopicBytes {
+		return invalid("topic", topic, "is %d bytes, over the limit of %d", len(topic), MaxTopicBytes)
+	}
+	for i := 0; i < len(topic); i++ {
+		if !topicByte(topic[i]) {
+			return invalid("topic", topic, "has %q at byte %d; only letters, digits and . _ : - are allowed", topic[i], i)
+		}
+	}
+	return nil
+}
+
+func topicByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-'
+}
+
+func tokenByte(c byte) bool {
+	return topicByte(c) || strings.IndexByte("!#$%&'*+^`|~", c) >= 0
+}
+
+func reservedHeader(name string) bool {
+	l := strings.ToLower(name)
+	return strings.HasPrefix(l, "ce-") || strings.HasPrefix(l, "nats-") || strings.HasPrefix(l, "postbox-") || l == HeaderContentType
+}
+
+// validate checks m as message number i, with the payload cap maxPayload.
+func (m *Message) validate(i, maxPayload int) error {
+	field := func(f string) string { return fmt.Sprintf("messages[%d].%s", i, f) }
+	if m.ID != "" {
+		if _, err := uuid.Parse(m.ID); err != nil || len(m.ID) != 36 {
+			return invalid(field("id"), m.ID, "is not a UUID in canonical form")
+		}
+	}
+	if err := ValidateTopic(m.Topic); err != nil {
+		ve := err.(*ValidationError) //nolint:errorlint // ValidateTopic returns only this type
+		ve.Field = field("topic")
+		return ve
+	}
+	if len(m.Key) > MaxKeyBytes {
+		return invalid(field("key"), m.Key, "is %d bytes, over the limit of %d", len(m.Key), MaxKeyBytes)
+	}
+	if !utf8.ValidString(m.Key) || strings.IndexByte(m.Key, 0) >= 0 {
+		return invalid(field("key"), m.Key, "is not valid UTF-8 text")
+	}
+	if len(m.Payload) > maxPayload {
+		return invalid(field("payload"), "", "is %d bytes, over the limit of %d", len(m.Payload), maxPayload)
+	}
+	if len(m.Headers) > MaxHeaders {
+		return invalid(field("headers"), "", "has %d entries, over the limit of %d", len(m.Headers), MaxHeaders)
+	}
+	total := 0
+	for name, value := range m.Headers {
+		total += len(name) + len(value)
+		if err := validateHeader(name, value); err != nil {
+			return invalid(field("headers"), name, "%s", err)
+		}
+	}
+	if total > MaxHeadersBytes {
+		return invalid(field("headers"), "", "total %d bytes, over the limit of %d", total, MaxHeadersBytes)
+	}
+	for f, v := range map[string]string{"source": m.Source, "subject": m.Subject, "content_type": m.ContentType} {
+		if len(v) > MaxHeaderValueBytes || !printable(v) {
+			return invalid(field(f), v, "must be printable text of at most %d bytes", MaxHeaderValueBytes)
+		}
+	}
+	return nil
+}
+
+func validateHeader(name, value string) error {
+	if name == "" || len(name) > MaxHeaderNameBytes {
+		return fmt.Errorf("header name must be 1 to %d bytes", MaxHeaderNameBytes)
+	}
+	for i := 0; i < len(name); i++ {
+		if !tokenByte(name[i]) {
+			return fmt.Errorf("header name has %q; names are HTTP tokens", name[i])
+		}
+	}
+	if reservedHeader(name) {
+		return fmt.Errorf("header name is reserved (ce-*, nats-*, postbox-*, content-type)")
+	}
+	if len(value) > MaxHeaderValueBytes {
+		return fmt.Errorf("header value is %d bytes, over the limit of %d", len(value), MaxHeaderValueBytes)
+	}
+	if !printable(value) {
+		return fmt.Errorf("header value must be UTF-8 text without control characters")
+	}
+	return nil
+}
+
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if r < 0x20 && r != '\t' || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// encodeHeaders renders what a message stores in the headers column: its
+// own headers and its CloudEvents attributes. The attributes derived from
+// the row itself (id, type, partition key) are added by the relay instead,
+// so a row written by another language through the table contract gets
+// them too.
+func encodeHeaders(m *Message, source string, now time.Time) ([]byte, error) {
+	h := make(map[string]string, len(m.Headers)+4)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	if m.Source != "" {
+		source = m.Source
+	}
+	h[HeaderSource] = source
+	if m.Subject != "" {
+		h[HeaderSubject] = m.Subject
+	}
+	t := m.Time
+	if t.IsZero() {
+		t = now
+	}
+	h[HeaderTime] = t.UTC().Format(time.RFC3339Nano)
+	if m.ContentType != "" {
+		h[HeaderContentType] = m.ContentType
+	}
+	return json.Marshal(h)
+}
+
+// DecodeHeaders parses a stored headers column: a JSON object whose values
+// are strings. Anything else is an error; the relay buries such a row rather
+// than guess.
+func DecodeHeaders(b []byte) (map[string]string, error) {
+	if len(b) == 0 {
+		return map[string]string{}, nil
+	}
+	var h map[string]string
+	if err := json.Unmarshal(b, &h); err != nil {
+		return nil, fmt.Errorf("postbox: headers are not a JSON object of strings: %w", err)
+	}
+	if h == nil {
+		return nil, fmt.Errorf("postbox: headers are JSON null, not an object")
+	}
+	return h, nil
+}

@@ -1,0 +1,48 @@
+package postbox
+
+import (
+	"context"
+	"time"
+)
+
+// Publisher sends envelopes to a broker. It is the seam every broker adapter
+// implements (postboxnats, and the in-memory one in postboxtest).
+//
+// Publish starts sending env and returns; done is called exactly once, from
+// any goroutine, with nil once the broker has acknowledged the message
+// (a JetStream PubAck, a publisher confirm), or with the error that stopped
+// it. Wrap failures caused by the message itself with NewMessageError; any
+// other error counts as an infrastructure failure. Publish may block while
+// the adapter's own window is full, but must give up when ctx ends, calling
+// done with the context's error.
+//
+// The relay calls Publish from one goroutine at a time, never has more than
+// Config.PublishWindow publishes outstanding, and never publishes a keyed
+// message before the previous message of its key was acknowledged.
+type Publisher interface {
+	Publish(ctx context.Context, env *Envelope, done func(error))
+}
+
+// Envelope is a message as the relay hands it to a Publisher.
+type Envelope struct {
+	ID      string
+	Topic   string
+	Key     string
+	Payload []byte
+	// Headers holds the message's headers and its CloudEvents attributes
+	// in binary mode: ce-specversion, ce-id, ce-type, ce-source, ce-time,
+	// and ce-subject, ce-partitionkey, content-type where set.
+	Headers   map[string]string
+	CreatedAt time.Time
+	// Attempt counts publishes of this message, this one included.
+	Attempt int
+}
+
+// PublisherFunc adapts a blocking function to Publisher, one publish at a
+// time: convenient for tests and in-process handlers, too slow for a broker.
+type PublisherFunc func(ctx context.Context, env *Envelope) error
+
+// Publish implements Publisher.
+func (f PublisherFunc) Publish(ctx context.Context, env *Envelope, done func(error)) {
+	done(f(ctx, env))
+}

@@ -1,0 +1,425 @@
+package postbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/postbox-go/postbox/postboxdriver"
+)
+
+// The relay moves committed rows to the broker. Its design, in brief (see
+// ARCHITECTURE.md for the whole story):
+//
+//   - Rows carry partition = hash(key) mod P. Live relays register with a
+//     heartbeat and split the partitions between them deterministically;
+//     each holds a lease on its share, on the database clock, and the
+//     lease's generation changes whenever a partition changes hands.
+//   - The owner of a partition reads its pending rows in seq order, without
+//     writing anything, publishes them outside any transaction, and then
+//     moves the acknowledged ones to the published history with one
+//     statement fenced by the generation: a relay that lost a partition
+//     while it was publishing changes nothing.
+//   - One write per message, instead of a claim and then a mark.
+
+const (
+	minPoll       = 2 * time.Millisecond
+	minInfraPause = 50 * time.Millisecond
+	maxInfraPause = 10 * time.Second
+	cleanupBudget = 5 * time.Second
+)
+
+type relay struct {
+	ex     postboxdriver.Executor
+	cfg    *Config
+	log    *slog.Logger
+	id     string
+	wake   <-chan struct{}
+	nparts int
+
+	held       map[int]int64 // partition -> generation
+	validUntil time.Time     // local clock; the held leases end no sooner
+	lastBeat   time.Time
+	infraPause time.Duration
+}
+
+type relayRun struct {
+	soft, hard context.CancelFunc
+	done       chan struct{}
+}
+
+func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, wake <-chan struct{}) (*relay, error) {
+	n, err := ex.Partitions(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("postbox: start relay: %w", err)
+	}
+	if n < 1 {
+		return nil, fmt.Errorf("postbox: start relay: %w: no partitions in the leases table", postboxdriver.ErrNotMigrated)
+	}
+	id := cfg.RelayID
+	if id == "" {
+		id = NewID()
+	}
+	return &relay{
+		ex: ex, cfg: cfg, id: id, wake: wake, nparts: n,
+		log:  cfg.Logger.With(slog.String("relay", id)),
+		held: map[int]int64{},
+	}, nil
+}
+
+func (r *relay) start() *relayRun {
+	hard, hardCancel := context.WithCancel(context.Background())
+	soft, softCancel := context.WithCancel(hard)
+	run := &relayRun{soft: softCancel, hard: hardCancel, done: make(chan struct{})}
+	go func() {
+		defer close(run.done)
+		r.run(soft, hard)
+	}()
+	return run
+}
+
+func (run *relayRun) stop(ctx context.Context) error {
+	run.soft()
+	select {
+	case <-run.done:
+		run.hard()
+		return nil
+	case <-ctx.Done():
+		run.hard()
+		<-run.done
+		return ctx.Err()
+	}
+}
+
+func (r *relay) run(soft, hard context.Context) {
+	defer r.shutdown(hard)
+	r.log.Info("postbox relay started", slog.Int("partitions", r.nparts), slog.String("config", r.cfg.String()))
+	poll := minPoll
+	for soft.Err() == nil {
+		now := time.Now()
+		if now.Sub(r.lastBeat) >= r.cfg.LeaseDuration/3 || now.After(r.validUntil) {
+			if err := r.rebalance(soft); err != nil {
+				r.pause(soft, "renew leases", err)
+				continue
+			}
+		}
+		fence, until := r.fence(time.Now())
+		if len(fence.Generations) == 0 {
+			r.idle(soft, r.cfg.LeaseDuration/3)
+			continue
+		}
+		recs, err := r.ex.Fetch(soft, postboxdriver.FetchParams{Fence: fence, Limit: r.cfg.BatchSize, BlockOnDead: r.cfg.BlockOnDead})
+		if err != nil {
+			if soft.Err() == nil {
+				r.pause(soft, "fetch", err)
+			}
+			continue
+		}
+		if len(recs) == 0 {
+			if r.idle(soft, poll) {
+				poll = minPoll
+			} else {
+				poll = min(poll*2, r.cfg.PollInterval)
+			}
+			continue
+		}
+		poll = minPoll
+		deadline := time.Now().Add(r.cfg.BatchDeadline)
+		if until.Before(deadline) {
+			deadline = until
+		}
+		res := r.publish(hard, deadline, recs)
+		markErr := r.record(hard, fence, recs, res)
+		switch {
+		case res.infra != nil:
+			r.pause(soft, "publish", res.infra)
+		case markErr != nil:
+			r.pause(soft, "mark", markErr)
+		default:
+			r.infraPause = 0
+		}
+	}
+}
+
+// rebalance heartbeats, works out this relay's share of the partitions
+// from the live set, lets go of partitions outside it and takes or renews
+// those inside it. Relays agree on shares once their views of the live set
+// agree; until then a partition may sit unowned for a heartbeat, but never
+// has two owners, because a lease is only taken when free or expired.
+func (r *relay) rebalance(ctx context.Context) error {
+	lease := r.cfg.LeaseDuration
+	live, err := r.ex.Heartbeat(ctx, r.id, lease)
+	if err != nil {
+		return err
+	}
+	idx := sort.SearchStrings(live, r.id)
+	if idx == len(live) || live[idx] != r.id {
+		return fmt.Errorf("relay %s missing from the live set after its heartbeat", r.id)
+	}
+	target := make([]int, 0, r.nparts/len(live)+1)
+	inTarget := make(map[int]bool, cap(target))
+	for p := idx; p < r.nparts; p += len(live) {
+		target = append(target, p)
+		inTarget[p] = true
+	}
+	var drop []int
+	for p := range r.held {
+		if !inTarget[p] {
+			drop = append(drop, p)
+		}
+	}
+	if len(drop) > 0 {
+		for _, p := range drop {
+			delete(r.held, p)
+		}
+		if err := r.ex.ReleaseLeases(ctx, r.id, drop); err != nil {
+			r.log.Warn("postbox relay could not release partitions; they pass on when the lease expires", slog.Any("error", err))
+		}
+	}
+	start := time.Now()
+	leases, err := r.ex.AcquireLeases(ctx, r.id, target, lease)
+	if err != nil {
+		return err
+	}
+	held := make(map[int]int64, len(leases))
+	for _, l := range leases {
+		held[l.Partition] = l.Generation
+	}
+	if len(held) != len(r.held) || len(drop) > 0 {
+		r.log.Debug("postbox relay partitions", slog.Int("held", len(held)), slog.Int("target", len(target)), slog.Int("relays", len(live)))
+	}
+	r.held = held
+	// The database set the expiry from its clock after start; ending our
+	// use of the lease a tenth early leaves room for clock rate drift.
+	r.validUntil = start.Add(lease - lease/10)
+	r.lastBeat = start
+	return nil
+}
+
+func (r *relay) fence(now time.Time) (postboxdriver.Fence, time.Time) {
+	f := postboxdriver.Fence{Owner: r.id, Generations: map[int]int64{}}
+	if r.validUntil.Sub(now) < minPoll*5 {
+		return f, r.validUntil
+	}
+	for p, g := range r.held {
+		f.Generations[p] = g
+	}
+	return f, r.validUntil
+}
+
+// idle waits for d, a wake-up or the end of ctx; it reports a wake-up.
+func (r *relay) idle(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-r.wake:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+func (r *relay) pause(ctx context.Context, what string, err error) {
+	r.infraPause = min(max(r.infraPause*2, minInfraPause), maxInfraPause)
+	d := r.infraPause/2 + rand.N(r.infraPause/2+1) //nolint:gosec // jitter
+	r.log.Warn("postbox relay paused", slog.String("during", what), slog.Duration("pause", d), slog.Any("error", err))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+type batchResult struct {
+	published []int64
+	failed    []postboxdriver.Failure
+	infra     error
+}
+
+type outcome struct {
+	i   int
+	err error
+}
+
+// publish sends recs with at most PublishWindow outstanding, each keyed
+// message only after its predecessor in the batch was acknowledged. A
+// message failure ends its key's chain for this batch (the rest stay
+// pending and wait behind its backoff); an infrastructure failure stops
+// new publishes, and what is outstanding at the deadline is abandoned:
+// those rows stay pending and are published again later.
+func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxdriver.Record) batchResult {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+
+	next := make([]int, len(recs))
+	last := make(map[string]int)
+	ready := make([]int, 0, len(recs))
+	for i := range recs {
+		next[i] = -1
+		k := recs[i].Key
+		if k == "" {
+			ready = append(ready, i)
+			continue
+		}
+		if j, ok := last[k]; ok {
+			next[j] = i
+		} else {
+			ready = append(ready, i)
+		}
+		last[k] = i
+	}
+
+	var res batchResult
+	// Buffered for every record, so a publisher that calls done after the
+	// batch is abandoned never blocks.
+	results := make(chan outcome, len(recs))
+	inflight, head := 0, 0
+	for {
+		for res.infra == nil && inflight < r.cfg.PublishWindow && head < len(ready) && ctx.Err() == nil {
+			i := ready[head]
+			head++
+			env, err := r.envelope(&recs[i])
+			if err != nil {
+				res.failed = append(res.failed, r.failure(&recs[i], err))
+				continue
+			}
+			inflight++
+			var once atomic.Bool
+			r.cfg.Publisher.Publish(ctx, env, func(err error) {
+				if once.CompareAndSwap(false, true) {
+					results <- outcome{i, err}
+				}
+			})
+		}
+		if inflight == 0 {
+			if res.infra == nil && ctx.Err() != nil && head < len(ready) {
+				res.infra = fmt.Errorf("batch deadline passed: %w", ctx.Err())
+			}
+			return res
+		}
+		select {
+		case o := <-results:
+			inflight--
+			switch {
+			case o.err == nil:
+				res.published = append(res.published, recs[o.i].Seq)
+				if n := next[o.i]; n >= 0 {
+					ready = append(ready, n)
+				}
+			case IsMessageError(o.err):
+				res.failed = append(res.failed, r.failure(&recs[o.i], o.err))
+			case res.infra == nil:
+				res.infra = o.err
+			}
+		case <-ctx.Done():
+			if res.infra == nil {
+				res.infra = fmt.Errorf("batch deadline passed with %d publishes unacknowledged: %w", inflight, ctx.Err())
+			}
+			return res
+		}
+	}
+}
+
+func (r *relay) envelope(rec *postboxdriver.Record) (*Envelope, error) {
+	h, err := DecodeHeaders(rec.Headers)
+	if err != nil {
+		return nil, NewMessageError(err)
+	}
+	h[HeaderSpecVersion] = "1.0"
+	h[HeaderID] = rec.ID
+	h[HeaderType] = rec.Topic
+	if h[HeaderSource] == "" {
+		h[HeaderSource] = r.cfg.Source
+	}
+	if h[HeaderTime] == "" {
+		h[HeaderTime] = rec.CreatedAt.UTC().Format(time.RFC3339Nano)
+	}
+	if rec.Key != "" {
+		h[HeaderPartitionKey] = rec.Key
+	}
+	return &Envelope{
+		ID: rec.ID, Topic: rec.Topic, Key: rec.Key, Payload: rec.Payload, Headers: h,
+		CreatedAt: rec.CreatedAt, Attempt: rec.Attempts + 1,
+	}, nil
+}
+
+func (r *relay) failure(rec *postboxdriver.Record, err error) postboxdriver.Failure {
+	msg := err.Error()
+	if len(msg) > 2000 {
+		msg = msg[:2000]
+	}
+	return postboxdriver.Failure{Seq: rec.Seq, Error: msg, Backoff: backoff(rec.Attempts, r.cfg.BackoffBase, r.cfg.BackoffMax)}
+}
+
+// backoff is base·2^attempts capped at most, with equal jitter: half of
+// it fixed, half random, so retries spread out but never come early.
+func backoff(attempts int, base, most time.Duration) time.Duration {
+	d := most
+	if attempts < 40 {
+		if b := base << attempts; b > 0 && b < most {
+			d = b
+		}
+	}
+	return d/2 + rand.N(d/2+1) //nolint:gosec // jitter
+}
+
+// record writes the batch's outcome back, fenced. It runs on the hard
+// context so a soft Stop still records a finished batch; after a hard stop
+// it gets a short budget of its own, since every acknowledged row it fails
+// to mark is published again.
+func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, recs []postboxdriver.Record, res batchResult) error {
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
+		defer cancel()
+	}
+	var errs []error
+	if len(res.published) > 0 {
+		n, err := r.ex.MarkPublished(ctx, fence, res.published)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("mark %d published rows (they will be published again): %w", len(res.published), err))
+		case n < len(res.published):
+			r.log.Warn("postbox relay lost marks to fencing: its lease moved on, the new owner publishes these again",
+				slog.Int("lost", len(res.published)-n))
+		}
+	}
+	if len(res.failed) > 0 {
+		out, err := r.ex.MarkFailed(ctx, fence, res.failed, r.cfg.MaxAttempts)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("record %d failed publishes: %w", len(res.failed), err))
+		}
+		for _, fr := range out {
+			if fr.Dead {
+				r.log.Warn("postbox message dead after its attempt budget", slog.Int64("seq", fr.Seq), slog.Int("attempts", fr.Attempts))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (r *relay) shutdown(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
+	defer cancel()
+	if len(r.held) > 0 {
+		parts := make([]int, 0, len(r.held))
+		for p := range r.held {
+			parts = append(parts, p)
+		}
+		if err := r.ex.ReleaseLeases(ctx, r.id, parts); err != nil {
+			r.log.Warn("postbox relay could not release its partitions; they pass on when the lease expires", slog.Any("error", err))
+		}
+		r.held = map[int]int64{}
+	}
+	if err := r.ex.Unregister(ctx, r.id); err != nil {
+		r.log.Warn("postbox relay could not unregister", slog.Any("error", err))
+	}
+	r.log.Info("postbox relay stopped")
+}
