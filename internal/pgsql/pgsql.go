@@ -101,7 +101,6 @@ RETURNING partition, generation, expires_at`),
   WHERE o.seq = ANY($2::bigint[])
     AND l.partition = o.partition AND l.owner = $1 AND l.generation = ($3::bigint[])[o.partition + 1]
   RETURNING o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts
-)
 ), ins AS (
   INSERT INTO {p}published (seq, id, topic, key, payload, headers, partition, created_at, attempts)
   SELECT * FROM moved

@@ -1,0 +1,37 @@
+// Package postboxdrivertest is the storage conformance suite: every
+// postbox driver runs it against its real database, so that the semantics
+// the relay depends on are the same everywhere.
+//
+//	func TestConformance(t *testing.T) {
+//		postboxdrivertest.Run(t, postboxdrivertest.Harness[pgx.Tx]{...})
+//	}
+package postboxdrivertest
+
+import (
+	"context"
+	"testing"
+
+	"github.com/postbox-go/postbox/postboxdriver"
+)
+
+// Harness tells the suite how to reach one driver's database.
+type Harness[TTx any] struct {
+	// New returns a driver and a table prefix no other test uses. The suite
+	// migrates the tables itself. Cleanup (dropping the tables, closing
+	// pools) is registered on t.
+	New func(t *testing.T) (postboxdriver.Driver[TTx], string)
+	// Begin opens a transaction of the user's kind on the database behind
+	// the driver, returning it with its commit and rollback.
+	Begin func(t *testing.T, ctx context.Context, d postboxdriver.Driver[TTx]) (tx TTx, commit, rollback func() error)
+	// Features declares what differs between databases.
+	Features Features
+}
+
+// Features declares the capabilities a database has; tests that need one
+// run only where it is declared, and say so when skipped.
+type Features struct {
+	// ConcurrentWriters is true where two write transactions can be open at
+	// once (PostgreSQL). SQLite serializes writers, so a late commit can
+	// never carry a lower seq than an earlier one there.
+	ConcurrentWriters bool
+}
