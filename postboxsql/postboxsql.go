@@ -120,3 +120,6 @@ func (q dbQuerier) Tx(ctx context.Context, fn func(pgsql.Querier) error) error {
 type sqlRows struct{ *sql.Rows }
 
 func (r sqlRows) Close() { _ = r.Rows.Close() }
+
+// DB returns the *sql.DB the driver was made with.
+func (d *Driver) DB() *sql.DB { return d.db }

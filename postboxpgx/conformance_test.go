@@ -1,0 +1,36 @@
+package postboxpgx_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+
+	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/postboxdriver"
+	"github.com/postbox-go/postbox/postboxdriver/postboxdrivertest"
+	"github.com/postbox-go/postbox/postboxpgx"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestConformance(t *testing.T) {
+	postboxdrivertest.Run(t, postboxdrivertest.Harness[pgx.Tx]{
+		New: func(t *testing.T) (postboxdriver.Driver[pgx.Tx], string) {
+			pool := testdb.Pool(t)
+			prefix := testdb.Prefix(t)
+			testdb.DropPrefix(t, pool, prefix)
+			return postboxpgx.New(pool), prefix
+		},
+		Begin: func(t *testing.T, ctx context.Context, d postboxdriver.Driver[pgx.Tx]) (pgx.Tx, func() error, func() error) {
+			tx, err := d.(*postboxpgx.Driver).Pool().Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+			return tx, func() error { return tx.Commit(ctx) }, func() error { return tx.Rollback(ctx) }
+		},
+		Features: postboxdrivertest.Features{ConcurrentWriters: true},
+	})
+}

@@ -1,0 +1,53 @@
+package postboxsql_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+
+	"go.uber.org/goleak"
+	_ "modernc.org/sqlite"
+
+	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/postboxdriver"
+	"github.com/postbox-go/postbox/postboxdriver/postboxdrivertest"
+	"github.com/postbox-go/postbox/postboxsql"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestConformance(t *testing.T) {
+	postboxdrivertest.Run(t, postboxdrivertest.Harness[*sql.Tx]{
+		New: func(t *testing.T) (postboxdriver.Driver[*sql.Tx], string) {
+			pool := testdb.Pool(t)
+			prefix := testdb.Prefix(t)
+			testdb.DropPrefix(t, pool, prefix)
+			d, err := postboxsql.New(testdb.SQLDB(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d, prefix
+		},
+		Begin: func(t *testing.T, ctx context.Context, d postboxdriver.Driver[*sql.Tx]) (*sql.Tx, func() error, func() error) {
+			tx, err := d.(*postboxsql.Driver).DB().BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tx.Rollback() })
+			return tx, tx.Commit, tx.Rollback
+		},
+		Features: postboxdrivertest.Features{ConcurrentWriters: true},
+	})
+}
+
+func TestRefusesOtherDrivers(t *testing.T) {
+	db, err := sql.Open("sqlite", ":memory:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := postboxsql.New(db); !errors.Is(err, postboxsql.ErrUnsupportedDriver) {
+		t.Fatalf("err = %v, want ErrUnsupportedDriver", err)
+	}
+}
