@@ -51,7 +51,6 @@ func (s *store) InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, s.pool, fn)
 }
 
-
 type querier struct{ q pgx.Tx }
 
 func (q querier) Exec(ctx context.Context, sql string, args ...any) error {

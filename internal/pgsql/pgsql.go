@@ -90,7 +90,7 @@ SELECT id FROM {p}relays WHERE expires_at > now() AND id <> $1`),
   expires_at = now() + $3 * interval '1 millisecond'
 WHERE partition = ANY($2::int[]) AND (owner IS NULL OR owner = $1 OR expires_at <= now())
 RETURNING partition, generation, expires_at`),
-		release: r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = now() WHERE owner = $1 AND partition = ANY($2::int[])`),
+		release:     r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = now() WHERE owner = $1 AND partition = ANY($2::int[])`),
 		fetch:       r.Replace(fetchSQL(false)),
 		fetchStrict: r.Replace(fetchSQL(true)),
 		// The fence: the row's partition lease must still be the owner's, at
@@ -422,7 +422,7 @@ func scanAll(rows Rows, fn func(Rows) error) error {
 func int32s(xs []int) []int32 {
 	out := make([]int32, len(xs))
 	for i, x := range xs {
-		out[i] = int32(x) //nolint:gosec // partitions are small
+		out[i] = int32(x)
 	}
 	return out
 }

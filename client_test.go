@@ -1,0 +1,220 @@
+package postbox_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/postboxdriver"
+	"github.com/postbox-go/postbox/postboxmigrate"
+	"github.com/postbox-go/postbox/postboxpgx"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// newDriver returns a pgx driver on the test database and a migrated,
+// private table prefix.
+func newDriver(t *testing.T) (*postboxpgx.Driver, string) {
+	t.Helper()
+	pool := testdb.Pool(t)
+	prefix := testdb.Prefix(t)
+	testdb.DropPrefix(t, pool, prefix)
+	d := postboxpgx.New(pool)
+	m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return d, prefix
+}
+
+func TestNewClientListsEveryBadField(t *testing.T) {
+	d, _ := newDriver(t)
+	_, err := postbox.NewClient(d, &postbox.Config{Prefix: "Bad-Prefix", BatchSize: -1, LeaseDuration: time.Second, BatchDeadline: 2 * time.Second})
+	var ce *postbox.ConfigError
+	if !errors.As(err, &ce) {
+		t.Fatalf("err = %v, want *ConfigError", err)
+	}
+	var fields []string
+	for _, p := range ce.Problems {
+		fields = append(fields, p.Field)
+	}
+	if got := strings.Join(fields, ","); got != "Prefix,BatchSize,BatchDeadline" {
+		t.Fatalf("fields = %s", got)
+	}
+}
+
+func TestStartStopContract(t *testing.T) {
+	d, prefix := newDriver(t)
+	ctx := context.Background()
+	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); !errors.Is(err, postbox.ErrNoPublisher) {
+		t.Fatalf("Start without publisher = %v", err)
+	}
+	if err := c.Stop(ctx); !errors.Is(err, postbox.ErrNotStarted) {
+		t.Fatalf("Stop before Start = %v", err)
+	}
+	pub := postbox.PublisherFunc(func(context.Context, *postbox.Envelope) error { return nil })
+	c, err = postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); !errors.Is(err, postbox.ErrStarted) {
+		t.Fatalf("second Start = %v", err)
+	}
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A stopped client starts again.
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStartUnmigrated(t *testing.T) {
+	pool := testdb.Pool(t)
+	pub := postbox.PublisherFunc(func(context.Context, *postbox.Envelope) error { return nil })
+	c, err := postbox.NewClient(postboxpgx.New(pool), &postbox.Config{Prefix: testdb.Prefix(t), Publisher: pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); !errors.Is(err, postboxdriver.ErrNotMigrated) {
+		t.Fatalf("Start on missing tables = %v, want ErrNotMigrated", err)
+	}
+	if err := c.Write(context.Background(), postbox.Message{Topic: "x"}); !errors.Is(err, postboxdriver.ErrNotMigrated) {
+		t.Fatalf("Write on missing tables = %v, want ErrNotMigrated", err)
+	}
+}
+
+// The envelope carries the message's identity and its CloudEvents
+// attributes in binary mode.
+func TestEnvelope(t *testing.T) {
+	d, prefix := newDriver(t)
+	ctx := context.Background()
+	got := make(chan *postbox.Envelope, 1)
+	pub := postbox.PublisherFunc(func(_ context.Context, env *postbox.Envelope) error {
+		got <- env
+		return nil
+	})
+	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: pub, Source: "urn:svc:orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := postbox.NewID()
+	when := time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)
+	if err := c.Write(ctx, postbox.Message{
+		ID: id, Topic: "orders.created", Key: "order-7", Payload: []byte(`{"total":3}`),
+		Headers: map[string]string{"tenant": "acme"}, Subject: "order-7", Time: when, ContentType: "application/json",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Stop(ctx) }()
+	var env *postbox.Envelope
+	select {
+	case env = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing published")
+	}
+	want := map[string]string{
+		"ce-specversion": "1.0", "ce-id": id, "ce-type": "orders.created", "ce-source": "urn:svc:orders",
+		"ce-subject": "order-7", "ce-time": "2026-01-02T03:04:05.000006Z", "ce-partitionkey": "order-7",
+		"content-type": "application/json", "tenant": "acme",
+	}
+	for k, v := range want {
+		if env.Headers[k] != v {
+			t.Errorf("header %s = %q, want %q", k, env.Headers[k], v)
+		}
+	}
+	if len(env.Headers) != len(want) {
+		t.Errorf("headers = %v", env.Headers)
+	}
+	if env.ID != id || env.Key != "order-7" || string(env.Payload) != `{"total":3}` || env.Attempt != 1 {
+		t.Errorf("envelope = %+v", env)
+	}
+}
+
+// A hard stop abandons what is in flight; nothing is lost, and the next
+// relay publishes it.
+func TestHardStopLosesNothing(t *testing.T) {
+	d, prefix := newDriver(t)
+	ctx := context.Background()
+	block := make(chan struct{})
+	var once sync.Once
+	started := make(chan struct{})
+	hung := postbox.PublisherFunc(func(ctx context.Context, _ *postbox.Envelope) error {
+		once.Do(func() { close(started) })
+		select {
+		case <-block:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: hung, LeaseDuration: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(ctx, postbox.Message{Topic: "t.hard"}, postbox.Message{Topic: "t.hard"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	stopCtx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := c.Stop(stopCtx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("hard Stop = %v", err)
+	}
+	close(block)
+	st, err := c.Stats(ctx)
+	if err != nil || st.Pending != 2 {
+		t.Fatalf("after a hard stop: %+v, %v; want both messages still pending", st, err)
+	}
+	var n int
+	var mu sync.Mutex
+	ok := postbox.PublisherFunc(func(context.Context, *postbox.Envelope) error { mu.Lock(); n++; mu.Unlock(); return nil })
+	c2, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: ok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c2.Stop(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := c2.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Pending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not drained: %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
