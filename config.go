@@ -37,8 +37,13 @@ type Config struct {
 	// BatchSize is the most rows the relay reads at once. Default 500.
 	BatchSize int
 	// PublishWindow is the most publishes awaiting the broker's ack at
-	// once. Default 256.
+	// once, across the relay's lanes. Default 256.
 	PublishWindow int
+	// Lanes is how many batches the relay works on at once, each lane over
+	// its own share of the relay's partitions, so that one lane's database
+	// round trips overlap another's publishing. Each lane uses a database
+	// connection while it reads or marks. Default 4.
+	Lanes int
 	// LeaseDuration is how long a relay holds its partitions without
 	// renewing them; a crashed relay's partitions move to another replica
 	// after it. Default 30s.
@@ -80,6 +85,7 @@ const (
 	DefaultMaxPayloadBytes = 1 << 20
 	DefaultBatchSize       = 500
 	DefaultPublishWindow   = 256
+	DefaultLanes           = 4
 	DefaultLeaseDuration   = 30 * time.Second
 	DefaultBatchDeadline   = 10 * time.Second
 	DefaultBackoffBase     = time.Second
@@ -126,6 +132,7 @@ func (c *Config) WithDefaults() *Config {
 	def(&out.MaxPayloadBytes, DefaultMaxPayloadBytes)
 	def(&out.BatchSize, DefaultBatchSize)
 	def(&out.PublishWindow, DefaultPublishWindow)
+	def(&out.Lanes, DefaultLanes)
 	defD(&out.LeaseDuration, DefaultLeaseDuration)
 	if out.BatchDeadline == 0 {
 		out.BatchDeadline = min(DefaultBatchDeadline, out.LeaseDuration/3)
@@ -158,6 +165,7 @@ func (c *Config) Validate() error {
 	positive("MaxPayloadBytes", c.MaxPayloadBytes, 64<<20)
 	positive("BatchSize", c.BatchSize, 100_000)
 	positive("PublishWindow", c.PublishWindow, 100_000)
+	positive("Lanes", c.Lanes, 64)
 	positive("MaxAttempts", c.MaxAttempts, 1_000_000)
 	atLeast := func(field string, v, least time.Duration) {
 		if v < least {
@@ -184,6 +192,6 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) String() string {
-	return fmt.Sprintf("prefix=%s batch=%d window=%d lease=%s deadline=%s backoff=%s..%s attempts=%d poll=%s",
-		c.Prefix, c.BatchSize, c.PublishWindow, c.LeaseDuration, c.BatchDeadline, c.BackoffBase, c.BackoffMax, c.MaxAttempts, c.PollInterval)
+	return fmt.Sprintf("prefix=%s batch=%d window=%d lanes=%d lease=%s deadline=%s backoff=%s..%s attempts=%d poll=%s",
+		c.Prefix, c.BatchSize, c.PublishWindow, c.Lanes, c.LeaseDuration, c.BatchDeadline, c.BackoffBase, c.BackoffMax, c.MaxAttempts, c.PollInterval)
 }

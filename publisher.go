@@ -16,9 +16,10 @@ import (
 // the adapter's own window is full, but must give up when ctx ends, calling
 // done with the context's error.
 //
-// The relay calls Publish from one goroutine at a time, never has more than
-// Config.PublishWindow publishes outstanding, and never publishes a keyed
-// message before the previous message of its key was acknowledged.
+// The relay calls Publish from several goroutines at once (one per lane),
+// never has more than Config.PublishWindow publishes outstanding, and never
+// publishes a keyed message before the previous message of its key was
+// acknowledged.
 type Publisher interface {
 	Publish(ctx context.Context, env *Envelope, done func(error))
 }
@@ -38,8 +39,9 @@ type Envelope struct {
 	Attempt int
 }
 
-// PublisherFunc adapts a blocking function to Publisher, one publish at a
-// time: convenient for tests and in-process handlers, too slow for a broker.
+// PublisherFunc adapts a blocking function to Publisher: each lane then has
+// one publish at a time outstanding. Convenient for tests and in-process
+// handlers, too slow for a broker.
 type PublisherFunc func(ctx context.Context, env *Envelope) error
 
 // Publish implements Publisher.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -41,10 +42,22 @@ type relay struct {
 	id     string
 	wake   <-chan struct{}
 	nparts int
+	lanes  []*lane
 
+	mu         sync.Mutex
 	held       map[int]int64 // partition -> generation
 	validUntil time.Time     // local clock; the held leases end no sooner
 	lastBeat   time.Time
+}
+
+// A lane runs the fetch, publish, mark cycle over its own share of the
+// relay's partitions, so one lane's database round trips overlap another's
+// publishing. Lanes never share a partition, and so never a key.
+type lane struct {
+	r          *relay
+	n          int
+	wake       chan struct{}
+	window     int
 	infraPause time.Duration
 }
 
@@ -65,11 +78,16 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, wake 
 	if id == "" {
 		id = NewID()
 	}
-	return &relay{
+	r := &relay{
 		ex: ex, cfg: cfg, id: id, wake: wake, nparts: n,
 		log:  cfg.Logger.With(slog.String("relay", id)),
 		held: map[int]int64{},
-	}, nil
+	}
+	lanes := min(cfg.Lanes, n)
+	for i := range lanes {
+		r.lanes = append(r.lanes, &lane{r: r, n: i, wake: make(chan struct{}, 1), window: max(1, cfg.PublishWindow/lanes)})
+	}
+	return r, nil
 }
 
 func (r *relay) start() *relayRun {
@@ -96,32 +114,83 @@ func (run *relayRun) stop(ctx context.Context) error {
 	}
 }
 
+// run is the coordinator: it keeps the leases, fans wake-ups out to the
+// lanes, and on stop waits for them before letting the partitions go.
 func (r *relay) run(soft, hard context.Context) {
 	defer r.shutdown(hard)
-	r.log.Info("postbox relay started", slog.Int("partitions", r.nparts), slog.String("config", r.cfg.String()))
-	poll := minPoll
+	r.log.Info("postbox relay started", slog.Int("partitions", r.nparts), slog.Int("lanes", len(r.lanes)), slog.String("config", r.cfg.String()))
+	var wg sync.WaitGroup
+	for _, l := range r.lanes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.run(soft, hard)
+		}()
+	}
+	defer wg.Wait()
+	retry := time.Duration(0)
 	for soft.Err() == nil {
-		now := time.Now()
-		if now.Sub(r.lastBeat) >= r.cfg.LeaseDuration/3 || now.After(r.validUntil) {
-			if err := r.rebalance(soft); err != nil {
-				r.pause(soft, "renew leases", err)
+		r.mu.Lock()
+		due := r.lastBeat.Add(r.cfg.LeaseDuration / 3)
+		r.mu.Unlock()
+		if retry > 0 {
+			due = time.Now().Add(retry)
+		}
+		if wait := time.Until(due); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-r.wake:
+				t.Stop()
+				for _, l := range r.lanes {
+					l.notify()
+				}
 				continue
+			case <-t.C:
+			case <-soft.Done():
+				t.Stop()
+				return
 			}
 		}
-		fence, until := r.fence(time.Now())
+		if err := r.rebalance(soft); err != nil {
+			if soft.Err() != nil {
+				return
+			}
+			retry = min(max(retry*2, minInfraPause), r.cfg.LeaseDuration/10)
+			r.log.Warn("postbox relay could not renew its leases", slog.Duration("retry", retry), slog.Any("error", err))
+			continue
+		}
+		retry = 0
+		for _, l := range r.lanes {
+			l.notify()
+		}
+	}
+}
+
+func (l *lane) notify() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (l *lane) run(soft, hard context.Context) {
+	r := l.r
+	poll := minPoll
+	for soft.Err() == nil {
+		fence, until := r.fence(time.Now(), l.n)
 		if len(fence.Generations) == 0 {
-			r.idle(soft, r.cfg.LeaseDuration/3)
+			l.idle(soft, r.cfg.PollInterval)
 			continue
 		}
 		recs, err := r.ex.Fetch(soft, postboxdriver.FetchParams{Fence: fence, Limit: r.cfg.BatchSize, BlockOnDead: r.cfg.BlockOnDead})
 		if err != nil {
 			if soft.Err() == nil {
-				r.pause(soft, "fetch", err)
+				l.pause(soft, "fetch", err)
 			}
 			continue
 		}
 		if len(recs) == 0 {
-			if r.idle(soft, poll) {
+			if l.idle(soft, poll) {
 				poll = minPoll
 			} else {
 				poll = min(poll*2, r.cfg.PollInterval)
@@ -133,15 +202,15 @@ func (r *relay) run(soft, hard context.Context) {
 		if until.Before(deadline) {
 			deadline = until
 		}
-		res := r.publish(hard, deadline, recs)
-		markErr := r.record(hard, fence, recs, res)
+		res := r.publish(hard, deadline, l.window, recs)
+		markErr := r.record(hard, fence, res)
 		switch {
 		case res.infra != nil:
-			r.pause(soft, "publish", res.infra)
+			l.pause(soft, "publish", res.infra)
 		case markErr != nil:
-			r.pause(soft, "mark", markErr)
+			l.pause(soft, "mark", markErr)
 		default:
-			r.infraPause = 0
+			l.infraPause = 0
 		}
 	}
 }
@@ -151,6 +220,11 @@ func (r *relay) run(soft, hard context.Context) {
 // those inside it. Relays agree on shares once their views of the live set
 // agree; until then a partition may sit unowned for a heartbeat, but never
 // has two owners, because a lease is only taken when free or expired.
+//
+// A partition let go while a lane still publishes from it can be taken by
+// another relay at once, and both may send the same rows: each sends a
+// key's rows in order, so the first copy of every row still arrives in
+// order, and only one of them can mark the rows (the fence).
 func (r *relay) rebalance(ctx context.Context) error {
 	lease := r.cfg.LeaseDuration
 	live, err := r.ex.Heartbeat(ctx, r.id, lease)
@@ -167,16 +241,16 @@ func (r *relay) rebalance(ctx context.Context) error {
 		target = append(target, p)
 		inTarget[p] = true
 	}
+	r.mu.Lock()
 	var drop []int
 	for p := range r.held {
 		if !inTarget[p] {
 			drop = append(drop, p)
-		}
-	}
-	if len(drop) > 0 {
-		for _, p := range drop {
 			delete(r.held, p)
 		}
+	}
+	r.mu.Unlock()
+	if len(drop) > 0 {
 		if err := r.ex.ReleaseLeases(ctx, r.id, drop); err != nil {
 			r.log.Warn("postbox relay could not release partitions; they pass on when the lease expires", slog.Any("error", err))
 		}
@@ -190,6 +264,8 @@ func (r *relay) rebalance(ctx context.Context) error {
 	for _, l := range leases {
 		held[l.Partition] = l.Generation
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if len(held) != len(r.held) || len(drop) > 0 {
 		r.log.Debug("postbox relay partitions", slog.Int("held", len(held)), slog.Int("target", len(target)), slog.Int("relays", len(live)))
 	}
@@ -201,23 +277,33 @@ func (r *relay) rebalance(ctx context.Context) error {
 	return nil
 }
 
-func (r *relay) fence(now time.Time) (postboxdriver.Fence, time.Time) {
+// fence returns lane n's share of the held partitions: every len(lanes)-th
+// of them in partition order, so the shares stay even whichever partitions
+// the relay holds.
+func (r *relay) fence(now time.Time, n int) (postboxdriver.Fence, time.Time) {
 	f := postboxdriver.Fence{Owner: r.id, Generations: map[int]int64{}}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.validUntil.Sub(now) < minPoll*5 {
 		return f, r.validUntil
 	}
-	for p, g := range r.held {
-		f.Generations[p] = g
+	parts := make([]int, 0, len(r.held))
+	for p := range r.held {
+		parts = append(parts, p)
+	}
+	sort.Ints(parts)
+	for i := n; i < len(parts); i += len(r.lanes) {
+		f.Generations[parts[i]] = r.held[parts[i]]
 	}
 	return f, r.validUntil
 }
 
 // idle waits for d, a wake-up or the end of ctx; it reports a wake-up.
-func (r *relay) idle(ctx context.Context, d time.Duration) bool {
+func (l *lane) idle(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-r.wake:
+	case <-l.wake:
 		return true
 	case <-t.C:
 	case <-ctx.Done():
@@ -225,10 +311,10 @@ func (r *relay) idle(ctx context.Context, d time.Duration) bool {
 	return false
 }
 
-func (r *relay) pause(ctx context.Context, what string, err error) {
-	r.infraPause = min(max(r.infraPause*2, minInfraPause), maxInfraPause)
-	d := r.infraPause/2 + rand.N(r.infraPause/2+1) //nolint:gosec // jitter
-	r.log.Warn("postbox relay paused", slog.String("during", what), slog.Duration("pause", d), slog.Any("error", err))
+func (l *lane) pause(ctx context.Context, what string, err error) {
+	l.infraPause = min(max(l.infraPause*2, minInfraPause), maxInfraPause)
+	d := l.infraPause/2 + rand.N(l.infraPause/2+1) //nolint:gosec // jitter
+	l.r.log.Warn("postbox relay paused", slog.Int("lane", l.n), slog.String("during", what), slog.Duration("pause", d), slog.Any("error", err))
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -254,7 +340,7 @@ type outcome struct {
 // pending and wait behind its backoff); an infrastructure failure stops
 // new publishes, and what is outstanding at the deadline is abandoned:
 // those rows stay pending and are published again later.
-func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxdriver.Record) batchResult {
+func (r *relay) publish(ctx context.Context, deadline time.Time, window int, recs []postboxdriver.Record) batchResult {
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 
@@ -282,7 +368,7 @@ func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxd
 	results := make(chan outcome, len(recs))
 	inflight, head := 0, 0
 	for {
-		for res.infra == nil && inflight < r.cfg.PublishWindow && head < len(ready) && ctx.Err() == nil {
+		for res.infra == nil && inflight < window && head < len(ready) && ctx.Err() == nil {
 			i := ready[head]
 			head++
 			env, err := r.envelope(&recs[i])
@@ -374,7 +460,7 @@ func backoff(attempts int, base, most time.Duration) time.Duration {
 // context so a soft Stop still records a finished batch; after a hard stop
 // it gets a short budget of its own, since every acknowledged row it fails
 // to mark is published again.
-func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, recs []postboxdriver.Record, res batchResult) error {
+func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, res batchResult) error {
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
@@ -408,15 +494,17 @@ func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, recs []po
 func (r *relay) shutdown(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
 	defer cancel()
-	if len(r.held) > 0 {
-		parts := make([]int, 0, len(r.held))
-		for p := range r.held {
-			parts = append(parts, p)
-		}
+	r.mu.Lock()
+	parts := make([]int, 0, len(r.held))
+	for p := range r.held {
+		parts = append(parts, p)
+	}
+	r.held = map[int]int64{}
+	r.mu.Unlock()
+	if len(parts) > 0 {
 		if err := r.ex.ReleaseLeases(ctx, r.id, parts); err != nil {
 			r.log.Warn("postbox relay could not release its partitions; they pass on when the lease expires", slog.Any("error", err))
 		}
-		r.held = map[int]int64{}
 	}
 	if err := r.ex.Unregister(ctx, r.id); err != nil {
 		r.log.Warn("postbox relay could not unregister", slog.Any("error", err))
