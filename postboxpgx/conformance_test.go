@@ -2,7 +2,9 @@ package postboxpgx_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
@@ -31,6 +33,12 @@ func TestConformance(t *testing.T) {
 			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 			return tx, func() error { return tx.Commit(ctx) }, func() error { return tx.Rollback(ctx) }
 		},
-		Features: postboxdrivertest.Features{ConcurrentWriters: true},
+		Backdate: func(t *testing.T, d postboxdriver.Driver[pgx.Tx], prefix, table, column string, age time.Duration) {
+			sql := fmt.Sprintf("UPDATE %s%s SET %s = %s - interval '%d milliseconds'", prefix, table, column, column, age.Milliseconds())
+			if _, err := d.(*postboxpgx.Driver).Pool().Exec(context.Background(), sql); err != nil {
+				t.Fatal(err)
+			}
+		},
+		Features: postboxdrivertest.Features{ConcurrentWriters: true, Inbox: true},
 	})
 }

@@ -76,3 +76,13 @@ func (d poolDB) Query(ctx context.Context, sql string, args ...any) (pgsql.Rows,
 func (d poolDB) Tx(ctx context.Context, fn func(q pgsql.Querier) error) error {
 	return pgx.BeginFunc(ctx, d.p, func(tx pgx.Tx) error { return fn(querier{tx}) })
 }
+
+func (s *store) InboxInsertTx(ctx context.Context, tx pgx.Tx, consumer, messageID string) (bool, error) {
+	return s.InboxInsert(ctx, querier{tx}, consumer, messageID)
+}
+
+func (s *store) TakeDeadTx(ctx context.Context, tx pgx.Tx, consumer, messageID string) (postboxdriver.DeadLetter, error) {
+	return s.TakeDead(ctx, querier{tx}, consumer, messageID)
+}
+
+var _ postboxdriver.Inboxer[pgx.Tx] = (*store)(nil)

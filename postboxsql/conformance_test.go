@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	_ "modernc.org/sqlite"
@@ -37,7 +39,13 @@ func TestConformance(t *testing.T) {
 			t.Cleanup(func() { _ = tx.Rollback() })
 			return tx, tx.Commit, tx.Rollback
 		},
-		Features: postboxdrivertest.Features{ConcurrentWriters: true},
+		Backdate: func(t *testing.T, d postboxdriver.Driver[*sql.Tx], prefix, table, column string, age time.Duration) {
+			sql := fmt.Sprintf("UPDATE %s%s SET %s = %s - interval '%d milliseconds'", prefix, table, column, column, age.Milliseconds())
+			if _, err := d.(*postboxsql.Driver).DB().ExecContext(context.Background(), sql); err != nil {
+				t.Fatal(err)
+			}
+		},
+		Features: postboxdrivertest.Features{ConcurrentWriters: true, Inbox: true},
 	})
 }
 

@@ -123,3 +123,13 @@ func (r sqlRows) Close() { _ = r.Rows.Close() }
 
 // DB returns the *sql.DB the driver was made with.
 func (d *Driver) DB() *sql.DB { return d.db }
+
+func (s *store) InboxInsertTx(ctx context.Context, tx *sql.Tx, consumer, messageID string) (bool, error) {
+	return s.InboxInsert(ctx, txQuerier{tx}, consumer, messageID)
+}
+
+func (s *store) TakeDeadTx(ctx context.Context, tx *sql.Tx, consumer, messageID string) (postboxdriver.DeadLetter, error) {
+	return s.TakeDead(ctx, txQuerier{tx}, consumer, messageID)
+}
+
+var _ postboxdriver.Inboxer[*sql.Tx] = (*store)(nil)

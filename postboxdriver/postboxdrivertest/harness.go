@@ -10,6 +10,7 @@ package postboxdrivertest
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/postbox-go/postbox/postboxdriver"
 )
@@ -23,6 +24,9 @@ type Harness[TTx any] struct {
 	// Begin opens a transaction of the user's kind on the database behind
 	// the driver, returning it with its commit and rollback.
 	Begin func(t *testing.T, ctx context.Context, d postboxdriver.Driver[TTx]) (tx TTx, commit, rollback func() error)
+	// Backdate moves the time column of every row of the table named
+	// prefix+table back by age, to test retention without waiting.
+	Backdate func(t *testing.T, d postboxdriver.Driver[TTx], prefix, table, column string, age time.Duration)
 	// Features declares what differs between databases.
 	Features Features
 }
@@ -34,4 +38,6 @@ type Features struct {
 	// once (PostgreSQL). SQLite serializes writers, so a late commit can
 	// never carry a lower seq than an earlier one there.
 	ConcurrentWriters bool
+	// Inbox is true where the store implements postboxdriver.Inboxer.
+	Inbox bool
 }

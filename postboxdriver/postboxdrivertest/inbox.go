@@ -1,0 +1,354 @@
+package postboxdrivertest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxdriver"
+)
+
+func (s *suite[TTx]) runInbox(t *testing.T) {
+	t.Run("ProcessFirstCopyOnly", s.inboxProcess)
+	t.Run("ThreeDeliveriesOneEffect", s.inboxThreeDeliveries)
+	t.Run("KilledBetweenCommitAndAck", s.inboxKilledBeforeAck)
+	t.Run("ConcurrentCopies", s.inboxConcurrentCopies)
+	t.Run("PoisonDeadLettered", s.inboxPoison)
+	t.Run("DeadLetterOperations", s.inboxDeadOps)
+	t.Run("Retention", s.inboxRetention)
+	t.Run("ConfigRetentionHorizon", s.inboxConfig)
+}
+
+// inboxEnv is a consumer whose handler's effect is an outbox message
+// written in the handler's transaction: the number of committed effects is
+// the number of pending outbox rows.
+type inboxEnv[TTx any] struct {
+	*env[TTx]
+	inbox  *postbox.Inbox[TTx]
+	client *postbox.Client[TTx]
+}
+
+func (s *suite[TTx]) inboxSetup(t *testing.T, cfg *postbox.InboxConfig) *inboxEnv[TTx] {
+	t.Helper()
+	e := s.setup(t)
+	if cfg == nil {
+		cfg = &postbox.InboxConfig{}
+	}
+	cfg.Prefix = e.prefix
+	cfg.BackoffBase, cfg.BackoffMax = time.Millisecond, 5*time.Millisecond
+	in, err := postbox.NewInbox(e.d, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &inboxEnv[TTx]{env: e, inbox: in, client: e.client(t, nil, postbox.Config{})}
+}
+
+// effect is a handler whose effect is one outbox message per run.
+func (ie *inboxEnv[TTx]) effect(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+	return ie.client.WriteTx(ctx, tx, postbox.Message{Topic: "effect", Key: d.ID, Payload: d.Payload})
+}
+
+func (ie *inboxEnv[TTx]) effects(t *testing.T) int64 { return ie.stats(t).Pending }
+
+func delivery(id string) *postbox.Delivery {
+	return &postbox.Delivery{ID: id, Topic: "orders.paid", Key: "order-1", Payload: []byte(`{"n":1}`), Headers: map[string]string{"h": "v"}}
+}
+
+func (s *suite[TTx]) inboxProcess(t *testing.T) {
+	ie := s.inboxSetup(t, nil)
+	ctx := context.Background()
+	id := postbox.NewID()
+	for i, wantRan := range []bool{true, false} {
+		tx, commit, _ := s.h.Begin(t, ctx, ie.d)
+		ran, err := ie.inbox.Process(ctx, tx, "billing", id, func(ctx context.Context, tx TTx) error {
+			return ie.effect(ctx, tx, delivery(id))
+		})
+		if err != nil || ran != wantRan {
+			t.Fatalf("copy %d: ran=%v err=%v, want ran=%v", i, ran, err, wantRan)
+		}
+		if err := commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Another consumer has an inbox of its own.
+	tx, commit, _ := s.h.Begin(t, ctx, ie.d)
+	if ran, err := ie.inbox.Process(ctx, tx, "shipping", id, func(context.Context, TTx) error { return nil }); err != nil || !ran {
+		t.Fatalf("other consumer: ran=%v err=%v", ran, err)
+	}
+	_ = commit()
+	// A rolled-back first run leaves no record: the next copy runs.
+	id2 := postbox.NewID()
+	tx, _, rollback := s.h.Begin(t, ctx, ie.d)
+	if _, err := ie.inbox.Process(ctx, tx, "billing", id2, func(context.Context, TTx) error { return errors.New("boom") }); err == nil {
+		t.Fatal("handler error not returned")
+	}
+	_ = rollback()
+	tx, commit, _ = s.h.Begin(t, ctx, ie.d)
+	if ran, err := ie.inbox.Process(ctx, tx, "billing", id2, func(context.Context, TTx) error { return nil }); err != nil || !ran {
+		t.Fatalf("after rollback: ran=%v err=%v", ran, err)
+	}
+	_ = commit()
+	var ve *postbox.ValidationError
+	tx, _, rollback = s.h.Begin(t, ctx, ie.d)
+	defer func() { _ = rollback() }()
+	if _, err := ie.inbox.Process(ctx, tx, "", id, func(context.Context, TTx) error { return nil }); !errors.As(err, &ve) {
+		t.Fatalf("empty consumer: %v, want *ValidationError", err)
+	}
+}
+
+func (s *suite[TTx]) inboxThreeDeliveries(t *testing.T) {
+	ie := s.inboxSetup(t, nil)
+	ctx := context.Background()
+	d := delivery(postbox.NewID())
+	for i := range 3 {
+		v := ie.inbox.Handle(ctx, "billing", d, ie.effect)
+		if v.Action != postbox.Ack || v.Duplicate != (i > 0) {
+			t.Fatalf("delivery %d: %+v", i, v)
+		}
+	}
+	if n := ie.effects(t); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+}
+
+// The consumer commits, then dies before acking: the broker redelivers,
+// and the copy is acked without a second effect.
+func (s *suite[TTx]) inboxKilledBeforeAck(t *testing.T) {
+	ie := s.inboxSetup(t, nil)
+	ctx := context.Background()
+	d := delivery(postbox.NewID())
+	if v := ie.inbox.Handle(ctx, "billing", d, ie.effect); v.Action != postbox.Ack {
+		t.Fatalf("first: %+v", v)
+	}
+	// A new Inbox, as after a restart, sees the same record.
+	in2, err := postbox.NewInbox(ie.d, &postbox.InboxConfig{Prefix: ie.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := in2.Handle(ctx, "billing", d, ie.effect); v.Action != postbox.Ack || !v.Duplicate {
+		t.Fatalf("redelivery after restart: %+v", v)
+	}
+	if n := ie.effects(t); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+}
+
+func (s *suite[TTx]) inboxConcurrentCopies(t *testing.T) {
+	ie := s.inboxSetup(t, nil)
+	ctx := context.Background()
+	d := delivery(postbox.NewID())
+	var wg sync.WaitGroup
+	verdicts := make(chan postbox.Verdict, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			copyOf := *d
+			verdicts <- ie.inbox.Handle(ctx, "billing", &copyOf, func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+				time.Sleep(5 * time.Millisecond) // widen the window in which copies overlap
+				return ie.effect(ctx, tx, d)
+			})
+		}()
+	}
+	wg.Wait()
+	close(verdicts)
+	dups := 0
+	for v := range verdicts {
+		if v.Action == postbox.Retry {
+			// A database that serializes writers may report a busy store
+			// for an overlapping copy; the broker redelivers it.
+			v = ie.inbox.Handle(ctx, "billing", d, ie.effect)
+		}
+		if v.Action != postbox.Ack {
+			t.Fatalf("verdict %+v", v)
+		}
+		if v.Duplicate {
+			dups++
+		}
+	}
+	if n := ie.effects(t); n != 1 || dups != 7 {
+		t.Fatalf("effects = %d, duplicates = %d; want 1 and 7", n, dups)
+	}
+}
+
+// A message whose handler always fails is retried with backoff, then
+// dead-lettered after its budget; other messages keep flowing.
+func (s *suite[TTx]) inboxPoison(t *testing.T) {
+	ie := s.inboxSetup(t, &postbox.InboxConfig{MaxAttempts: 3})
+	ctx := context.Background()
+	poison := delivery(postbox.NewID())
+	fail := func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+		if d.ID == poison.ID {
+			if err := ie.effect(ctx, tx, d); err != nil { // rolled back with the failure
+				return err
+			}
+			return errors.New("cannot apply")
+		}
+		return ie.effect(ctx, tx, d)
+	}
+	for attempt := 1; attempt <= 3; attempt++ {
+		v := ie.inbox.Handle(ctx, "billing", poison, fail)
+		want := postbox.Retry
+		if attempt == 3 {
+			want = postbox.DeadLettered
+		}
+		if v.Action != want || v.Attempts != attempt || v.Err == nil {
+			t.Fatalf("attempt %d: %+v, want %s", attempt, v, want)
+		}
+		if want == postbox.Retry && v.Delay <= 0 {
+			t.Fatalf("attempt %d: no backoff delay", attempt)
+		}
+		if v := ie.inbox.Handle(ctx, "billing", delivery(postbox.NewID()), fail); v.Action != postbox.Ack {
+			t.Fatalf("a healthy message between poison attempts: %+v", v)
+		}
+	}
+	if n := ie.effects(t); n != 3 {
+		t.Fatalf("effects = %d, want 3 (the healthy ones; the poison's rolled back)", n)
+	}
+	dl, err := ie.inbox.GetDead(ctx, "billing", poison.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dl.Attempts != 3 || dl.Error != "cannot apply" || dl.Topic != poison.Topic || dl.Key != poison.Key ||
+		string(dl.Payload) != string(poison.Payload) || headerOf(t, dl.Headers, "h") != "v" ||
+		dl.FirstFailureAt.IsZero() || dl.LastFailureAt.Before(dl.FirstFailureAt) {
+		t.Fatalf("dead letter = %+v", dl)
+	}
+	// A panicking handler counts as a failure, not a crash.
+	v := ie.inbox.Handle(ctx, "billing", delivery(postbox.NewID()), func(context.Context, TTx, *postbox.Delivery) error { panic("oops") })
+	if v.Action != postbox.Retry || v.Err == nil {
+		t.Fatalf("panic: %+v", v)
+	}
+}
+
+func (s *suite[TTx]) inboxDeadOps(t *testing.T) {
+	ie := s.inboxSetup(t, &postbox.InboxConfig{MaxAttempts: 1})
+	ctx := context.Background()
+	failing := func(context.Context, TTx, *postbox.Delivery) error { return errors.New("down") }
+	var ids []string
+	for i := range 4 {
+		d := delivery(postbox.NewID())
+		if i%2 == 1 {
+			d.Topic = "orders.shipped"
+		}
+		ids = append(ids, d.ID)
+		if v := ie.inbox.Handle(ctx, "billing", d, failing); v.Action != postbox.DeadLettered {
+			t.Fatalf("%+v", v)
+		}
+	}
+	if v := ie.inbox.Handle(ctx, "shipping", delivery(postbox.NewID()), failing); v.Action != postbox.DeadLettered {
+		t.Fatalf("%+v", v)
+	}
+	list := func(f postboxdriver.DeadFilter) int {
+		t.Helper()
+		out, err := ie.inbox.ListDead(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(out)
+	}
+	if n := list(postboxdriver.DeadFilter{}); n != 5 {
+		t.Fatalf("all = %d", n)
+	}
+	if n := list(postboxdriver.DeadFilter{Consumer: "billing"}); n != 4 {
+		t.Fatalf("billing = %d", n)
+	}
+	if n := list(postboxdriver.DeadFilter{Consumer: "billing", Topic: "orders.shipped"}); n != 2 {
+		t.Fatalf("billing/shipped = %d", n)
+	}
+	if n := list(postboxdriver.DeadFilter{Until: time.Now().Add(-time.Hour)}); n != 0 {
+		t.Fatalf("until an hour ago = %d", n)
+	}
+	if n := list(postboxdriver.DeadFilter{Since: time.Now().Add(-time.Hour), Limit: 2}); n != 2 {
+		t.Fatalf("limit 2 = %d", n)
+	}
+	// Requeue with a handler that still fails: the dead letter stays.
+	if err := ie.inbox.Requeue(ctx, "billing", ids[0], failing); err == nil {
+		t.Fatal("requeue with a failing handler succeeded")
+	}
+	if _, err := ie.inbox.GetDead(ctx, "billing", ids[0]); err != nil {
+		t.Fatalf("dead letter gone after a failed requeue: %v", err)
+	}
+	// Requeue with a working handler: the effect happens, the letter goes.
+	var got *postbox.Delivery
+	if err := ie.inbox.Requeue(ctx, "billing", ids[0], func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+		got = d
+		return ie.effect(ctx, tx, d)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got == nil || got.ID != ids[0] || got.Topic != "orders.paid" || got.Headers["h"] != "v" {
+		t.Fatalf("requeued delivery = %+v", got)
+	}
+	if _, err := ie.inbox.GetDead(ctx, "billing", ids[0]); !errors.Is(err, postboxdriver.ErrNotFound) {
+		t.Fatalf("after requeue: %v, want ErrNotFound", err)
+	}
+	if n := ie.effects(t); n != 1 {
+		t.Fatalf("effects = %d", n)
+	}
+	// A redelivery of the requeued message is now a copy.
+	if v := ie.inbox.Handle(ctx, "billing", delivery(ids[0]), ie.effect); !v.Duplicate {
+		t.Fatalf("redelivery after requeue: %+v", v)
+	}
+	if err := ie.inbox.Requeue(ctx, "billing", "no-such-id", ie.effect); !errors.Is(err, postboxdriver.ErrNotFound) {
+		t.Fatalf("requeue of a missing letter: %v", err)
+	}
+	if ok, err := ie.inbox.DeleteDead(ctx, "billing", ids[1]); err != nil || !ok {
+		t.Fatalf("delete: %v %v", ok, err)
+	}
+	if ok, err := ie.inbox.DeleteDead(ctx, "billing", ids[1]); err != nil || ok {
+		t.Fatalf("second delete: %v %v", ok, err)
+	}
+	if n := list(postboxdriver.DeadFilter{}); n != 3 {
+		t.Fatalf("after requeue and delete: %d", n)
+	}
+}
+
+func (s *suite[TTx]) inboxRetention(t *testing.T) {
+	ie := s.inboxSetup(t, &postbox.InboxConfig{PruneBatch: 7, MaxAttempts: 1})
+	ctx := context.Background()
+	for range 20 {
+		if v := ie.inbox.Handle(ctx, "billing", delivery(postbox.NewID()), ie.effect); v.Action != postbox.Ack {
+			t.Fatal(v)
+		}
+	}
+	for range 3 {
+		d := delivery(postbox.NewID())
+		if v := ie.inbox.Handle(ctx, "billing", d, func(context.Context, TTx, *postbox.Delivery) error { return errors.New("x") }); v.Action != postbox.DeadLettered {
+			t.Fatal(v)
+		}
+	}
+	if res, err := ie.inbox.Prune(ctx); err != nil || res.Inbox != 0 || res.DeadLetters != 0 {
+		t.Fatalf("prune of fresh records = %+v, %v", res, err)
+	}
+	s.h.Backdate(t, ie.d, ie.prefix, "inbox", "received_at", 9*24*time.Hour)
+	s.h.Backdate(t, ie.d, ie.prefix, "consumer_dead", "dead_at", 31*24*time.Hour)
+	res, err := ie.inbox.Prune(ctx)
+	if err != nil || res.Inbox != 20 || res.DeadLetters != 3 {
+		t.Fatalf("prune = %+v, %v; want 20 inbox records and 3 dead letters, in batches of 7", res, err)
+	}
+	if n := ie.effects(t); n != 20 {
+		t.Fatalf("retention touched the outbox: %d pending, want 20", n)
+	}
+}
+
+func (s *suite[TTx]) inboxConfig(t *testing.T) {
+	e := s.setup(t)
+	_, err := postbox.NewInbox(e.d, &postbox.InboxConfig{Prefix: e.prefix, Retention: 7 * 24 * time.Hour, OutboxRetention: 7 * 24 * time.Hour, MaxAttempts: -1})
+	var ce *postbox.ConfigError
+	if !errors.As(err, &ce) || len(ce.Problems) != 2 || ce.Problems[0].Field != "MaxAttempts" || ce.Problems[1].Field != "Retention" {
+		t.Fatalf("err = %v, want MaxAttempts and Retention named", err)
+	}
+}
+
+func headerOf(t *testing.T, raw []byte, name string) string {
+	t.Helper()
+	h, err := postbox.DecodeHeaders(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h[name]
+}
