@@ -182,7 +182,7 @@ func (l *lane) run(soft, hard context.Context) {
 			l.idle(soft, r.cfg.PollInterval)
 			continue
 		}
-		recs, err := r.ex.Fetch(soft, postboxdriver.FetchParams{Fence: fence, Limit: r.cfg.BatchSize, BlockOnDead: r.cfg.BlockOnDead})
+		recs, err := r.ex.Fetch(soft, fetchParams(r.cfg, fence))
 		if err != nil {
 			if soft.Err() == nil {
 				l.pause(soft, "fetch", err)
@@ -203,7 +203,7 @@ func (l *lane) run(soft, hard context.Context) {
 			deadline = until
 		}
 		res := r.publish(hard, deadline, l.window, recs)
-		markErr := r.record(hard, fence, res)
+		_, markErr := r.record(hard, fence, res)
 		switch {
 		case res.infra != nil:
 			l.pause(soft, "publish", res.infra)
@@ -460,7 +460,7 @@ func backoff(attempts int, base, most time.Duration) time.Duration {
 // context so a soft Stop still records a finished batch; after a hard stop
 // it gets a short budget of its own, since every acknowledged row it fails
 // to mark is published again.
-func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, res batchResult) error {
+func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, res batchResult) (dead int, _ error) {
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
@@ -484,11 +484,16 @@ func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, res batch
 		}
 		for _, fr := range out {
 			if fr.Dead {
+				dead++
 				r.log.Warn("postbox message dead after its attempt budget", slog.Int64("seq", fr.Seq), slog.Int("attempts", fr.Attempts))
 			}
 		}
 	}
-	return errors.Join(errs...)
+	return dead, errors.Join(errs...)
+}
+
+func fetchParams(cfg *Config, fence postboxdriver.Fence) postboxdriver.FetchParams {
+	return postboxdriver.FetchParams{Fence: fence, Limit: cfg.BatchSize, BlockOnDead: cfg.BlockOnDead}
 }
 
 func (r *relay) shutdown(ctx context.Context) {

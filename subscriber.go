@@ -1,0 +1,16 @@
+package postbox
+
+import "context"
+
+// Subscriber is the seam every broker's consumer implements
+// (postboxnats.Subscriber, the in-memory one in postboxtest): it receives
+// deliveries and hands each to a Processor, usually Inbox.Processor, then
+// settles it with the broker as the Verdict says — ack, redeliver after the
+// delay, or ack a message that went to the dead letters. It acknowledges
+// only after the Processor returns, that is after the handler's
+// transaction committed.
+type Subscriber interface {
+	// Run consumes until ctx ends or the subscription fails, returning nil
+	// when ctx ended it.
+	Run(ctx context.Context, p Processor) error
+}
