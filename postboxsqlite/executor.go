@@ -1,0 +1,623 @@
+package postboxsqlite
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"modernc.org/sqlite"
+
+	"github.com/postbox-go/postbox/postboxdriver"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// The same rule as the PostgreSQL drivers: the prefix is spliced into SQL.
+var prefixRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
+
+// partitions is the number of leases the migration creates; rows are
+// hashed over it at insert.
+const partitions = 64
+
+// nowExpr is the database clock in unix milliseconds. Statements read it
+// through an uncorrelated subquery, which SQLite evaluates once per
+// execution: 'now' itself is only fixed within one step, and a SELECT
+// returning many rows takes many steps. PostgreSQL's now() is likewise one
+// instant per statement.
+const nowExpr = `CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER)`
+
+// store implements postboxdriver.Store[*sql.Tx] for one table prefix.
+type store struct {
+	db      *sql.DB
+	prefix  string
+	q       queries
+	inserts sync.Map // row count -> INSERT statement
+}
+
+var _ postboxdriver.Store[*sql.Tx] = (*store)(nil)
+
+func newStore(db *sql.DB, prefix string) (*store, error) {
+	if !prefixRE.MatchString(prefix) {
+		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most 40 characters", prefix)
+	}
+	return &store{db: db, prefix: prefix, q: makeQueries(prefix)}, nil
+}
+
+// Dialect implements postboxdriver.Executor.
+func (s *store) Dialect() string { return "sqlite" }
+
+type queries struct {
+	lock, partitions, heartbeat, live, unregister, acquire, release, fetch, fetchStrict,
+	fetchTopics, fetchStrictTopics, publish, unpend, bury, unbury, retry, stats,
+	applied, createMigrations, migrationDone, recordMigration string
+}
+
+// Lists travel as JSON text and are read back with json_each: one
+// statement text whatever the length, and nothing spliced into SQL. A
+// fence travels as a JSON array indexed by partition, 0 meaning no
+// generation (an owned lease is at generation 1 or more), the shape
+// PostgreSQL reads it in; ->> with a number indexes it, NULL past the end.
+func makeQueries(p string) queries {
+	r := strings.NewReplacer("{p}", p, "{now}", "(SELECT "+nowExpr+")")
+	const fenced = `l.partition = o.partition AND l.owner = ?2 AND l.generation = (?3 ->> o.partition)`
+	q := queries{
+		// A write that changes nothing, to take the write lock at the start
+		// of a transaction begun DEFERRED (see InTx).
+		lock:       r.Replace(`DELETE FROM {p}leases WHERE 0`),
+		partitions: r.Replace(`SELECT count(*) FROM {p}leases`),
+		heartbeat: r.Replace(`INSERT INTO {p}relays (id, expires_at) VALUES (?1, {now} + ?2)
+ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at`),
+		// The caller is live even with a ttl that has already run out, as
+		// in PostgreSQL, where it is returned from the upsert itself.
+		live:       r.Replace(`SELECT id FROM {p}relays WHERE expires_at > {now} OR id = ?1 ORDER BY id`),
+		unregister: r.Replace(`DELETE FROM {p}relays WHERE id = ?1 OR expires_at < {now} - 3600000`),
+		// SET reads the row as it was before the update, so the CASE sees
+		// the previous owner. IS is SQLite's IS NOT DISTINCT FROM.
+		acquire: r.Replace(`UPDATE {p}leases SET
+  generation = CASE WHEN owner IS ?1 THEN generation ELSE generation + 1 END,
+  owner = ?1,
+  expires_at = {now} + ?3
+WHERE partition IN (SELECT value FROM json_each(?2)) AND (owner IS NULL OR owner = ?1 OR expires_at <= {now})
+RETURNING partition, generation, expires_at`),
+		release: r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = {now}
+WHERE owner = ?1 AND partition IN (SELECT value FROM json_each(?2))`),
+		fetch:             r.Replace(fetchSQL(false, false)),
+		fetchStrict:       r.Replace(fetchSQL(true, false)),
+		fetchTopics:       r.Replace(fetchSQL(false, true)),
+		fetchStrictTopics: r.Replace(fetchSQL(true, true)),
+		// MarkPublished copies the fenced rows to the history and deletes
+		// the same rows; both run in one BEGIN IMMEDIATE transaction, so
+		// the fence cannot change between them.
+		publish: r.Replace(`INSERT INTO {p}published (seq, id, topic, key, payload, headers, partition, created_at, attempts, published_at)
+SELECT o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts, {now}
+FROM {p}outbox o JOIN {p}leases l ON ` + fenced + `
+WHERE o.seq IN (SELECT value FROM json_each(?1))
+ORDER BY o.seq`),
+		unpend: r.Replace(`DELETE FROM {p}outbox AS o
+WHERE o.seq IN (SELECT value FROM json_each(?1))
+  AND EXISTS (SELECT 1 FROM {p}leases l WHERE ` + fenced + `)`),
+		// MarkFailed: rows that reach the budget move to the dead table,
+		// then the others wait for their backoff. The failures arrive as
+		// a JSON array of {"s": seq, "e": error, "b": backoff ms}, one per
+		// seq.
+		bury: r.Replace(`WITH f AS (SELECT value ->> 's' AS seq, value ->> 'e' AS err FROM json_each(?1))
+INSERT INTO {p}dead (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error, dead_at)
+SELECT o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts + 1, f.err, {now}
+FROM f JOIN {p}outbox o ON o.seq = f.seq JOIN {p}leases l ON ` + fenced + `
+WHERE o.attempts + 1 >= ?4
+ORDER BY o.seq
+RETURNING seq, attempts`),
+		unbury: r.Replace(`DELETE FROM {p}outbox WHERE seq IN (SELECT value FROM json_each(?1))`),
+		retry: r.Replace(`WITH f AS (SELECT value ->> 's' AS seq, value ->> 'e' AS err, value ->> 'b' AS backoff FROM json_each(?1))
+UPDATE {p}outbox AS o SET attempts = o.attempts + 1, last_error = f.err, available_at = {now} + f.backoff
+FROM f, {p}leases l
+WHERE o.seq = f.seq AND ` + fenced + ` AND o.attempts + 1 < ?4
+RETURNING seq, attempts`),
+		applied: r.Replace(`SELECT version FROM {p}migrations ORDER BY version`),
+		createMigrations: r.Replace(`CREATE TABLE IF NOT EXISTS {p}migrations (
+  version    INTEGER PRIMARY KEY,
+  name       TEXT    NOT NULL,
+  applied_at INTEGER NOT NULL DEFAULT (` + nowExpr + `)
+) STRICT`),
+		migrationDone:   r.Replace(`SELECT EXISTS (SELECT 1 FROM {p}migrations WHERE version = ?)`),
+		recordMigration: r.Replace(`INSERT INTO {p}migrations (version, name) VALUES (?, ?)`),
+		stats: r.Replace(`SELECT
+  (SELECT count(*) FROM {p}outbox),
+  (SELECT count(*) FROM {p}dead),
+  coalesce((SELECT {now} - created_at FROM {p}outbox ORDER BY seq LIMIT 1), 0),
+  (SELECT count(*) FROM {p}published)`),
+	}
+	return q
+}
+
+// fetchSQL reads pending rows in seq order. A keyed row is held back while
+// an older row of its key waits for a retry (or is dead, when strict):
+// only rows that failed before can do that, and the partial retry index
+// holds exactly those, so the check costs nothing while nothing fails.
+func fetchSQL(strict, topics bool) string {
+	dead, topic := "", ""
+	if strict {
+		dead = `
+    OR EXISTS (SELECT 1 FROM {p}dead d WHERE d.key = o.key AND d.seq < o.seq)`
+	}
+	if topics {
+		topic = `
+  AND o.topic IN (SELECT value FROM json_each(?3))`
+	}
+	return `SELECT o.seq, o.id, o.topic, coalesce(o.key, ''), o.payload, o.headers, o.partition, o.attempts, o.created_at
+FROM {p}outbox o
+WHERE o.partition IN (SELECT value FROM json_each(?1))
+  AND o.available_at <= {now}` + topic + `
+  AND (o.key IS NULL OR NOT (
+    EXISTS (SELECT 1 FROM {p}outbox b
+            WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > {now})` + dead + `))
+ORDER BY o.seq
+LIMIT ?2`
+}
+
+// Partitions implements postboxdriver.Executor.
+func (s *store) Partitions(ctx context.Context) (int, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, s.q.partitions).Scan(&n)
+	return n, s.wrap(err)
+}
+
+// Heartbeat implements postboxdriver.Executor.
+func (s *store) Heartbeat(ctx context.Context, relayID string, ttl time.Duration) ([]string, error) {
+	var ids []string
+	err := s.write(ctx, func(c *sql.Conn) error {
+		if _, err := c.ExecContext(ctx, s.q.heartbeat, relayID, ttl.Milliseconds()); err != nil {
+			return err
+		}
+		rows, err := c.QueryContext(ctx, s.q.live, relayID)
+		if err != nil {
+			return err
+		}
+		return scanAll(rows, func(r *sql.Rows) error {
+			var id string
+			if err := r.Scan(&id); err != nil {
+				return err
+			}
+			ids = append(ids, id)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	// SQLite's ORDER BY compares bytes, as Go does; sorting again keeps the
+	// promise whatever collation a column might carry.
+	sort.Strings(ids)
+	return ids, nil
+}
+
+// Unregister implements postboxdriver.Executor.
+func (s *store) Unregister(ctx context.Context, relayID string) error {
+	_, err := s.db.ExecContext(ctx, s.q.unregister, relayID)
+	return s.wrap(err)
+}
+
+// AcquireLeases implements postboxdriver.Executor. It is one statement,
+// which SQLite runs in a transaction of its own that starts by taking the
+// write lock, so it waits under the busy timeout like BEGIN IMMEDIATE.
+func (s *store) AcquireLeases(ctx context.Context, owner string, parts []int, ttl time.Duration) ([]postboxdriver.Lease, error) {
+	rows, err := s.db.QueryContext(ctx, s.q.acquire, owner, intsJSON(parts), ttl.Milliseconds())
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	var out []postboxdriver.Lease
+	err = scanAll(rows, func(r *sql.Rows) error {
+		var l postboxdriver.Lease
+		var exp int64
+		if err := r.Scan(&l.Partition, &l.Generation, &exp); err != nil {
+			return err
+		}
+		l.ExpiresAt = time.UnixMilli(exp)
+		out = append(out, l)
+		return nil
+	})
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Partition < out[j].Partition })
+	return out, nil
+}
+
+// ReleaseLeases implements postboxdriver.Executor.
+func (s *store) ReleaseLeases(ctx context.Context, owner string, parts []int) error {
+	_, err := s.db.ExecContext(ctx, s.q.release, owner, intsJSON(parts))
+	return s.wrap(err)
+}
+
+// Fetch implements postboxdriver.Executor. It only reads: in WAL mode it
+// neither waits for writers nor holds them up.
+func (s *store) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
+	if len(p.Fence.Generations) == 0 || p.Limit <= 0 || (p.Topics != nil && len(p.Topics) == 0) {
+		return nil, nil
+	}
+	parts := make([]int, 0, len(p.Fence.Generations))
+	for part := range p.Fence.Generations {
+		parts = append(parts, part)
+	}
+	args := []any{intsJSON(parts), p.Limit}
+	var q string
+	switch {
+	case p.Topics != nil && p.BlockOnDead:
+		q = s.q.fetchStrictTopics
+	case p.Topics != nil:
+		q = s.q.fetchTopics
+	case p.BlockOnDead:
+		q = s.q.fetchStrict
+	default:
+		q = s.q.fetch
+	}
+	if p.Topics != nil {
+		topics, err := json.Marshal(p.Topics)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, string(topics))
+	}
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	out := make([]postboxdriver.Record, 0, min(p.Limit, 1024))
+	err = scanAll(rows, func(r *sql.Rows) error {
+		var rec postboxdriver.Record
+		var headers string
+		var created int64
+		if err := r.Scan(&rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &headers, &rec.Partition, &rec.Attempts, &created); err != nil {
+			return err
+		}
+		if rec.Payload == nil {
+			rec.Payload = []byte{} // SQLite hands an empty blob back as nil
+		}
+		rec.Headers = []byte(headers)
+		rec.CreatedAt = time.UnixMilli(created)
+		out = append(out, rec)
+		return nil
+	})
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	return out, nil
+}
+
+// MarkPublished implements postboxdriver.Executor.
+func (s *store) MarkPublished(ctx context.Context, f postboxdriver.Fence, seqs []int64) (int, error) {
+	if len(seqs) == 0 {
+		return 0, nil
+	}
+	list, gens := int64sJSON(seqs), generationsJSON(f)
+	var n int64
+	err := s.write(ctx, func(c *sql.Conn) error {
+		res, err := c.ExecContext(ctx, s.q.publish, list, f.Owner, gens)
+		if err != nil {
+			return err
+		}
+		if n, err = res.RowsAffected(); err != nil {
+			return err
+		}
+		res, err = c.ExecContext(ctx, s.q.unpend, list, f.Owner, gens)
+		if err != nil {
+			return err
+		}
+		deleted, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		if deleted != n {
+			// Cannot happen inside one write transaction; refuse to
+			// commit a history that disagrees with the outbox.
+			return fmt.Errorf("postboxsqlite: copied %d rows to the history but deleted %d", n, deleted)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return int(n), nil
+}
+
+type failure struct {
+	Seq     int64  `json:"s"`
+	Error   string `json:"e"`
+	Backoff int64  `json:"b"`
+}
+
+// MarkFailed implements postboxdriver.Executor. It returns the rows that
+// died first, then those that wait for a retry, as PostgreSQL does; each
+// group in seq order.
+func (s *store) MarkFailed(ctx context.Context, f postboxdriver.Fence, failures []postboxdriver.Failure, maxAttempts int) ([]postboxdriver.FailResult, error) {
+	if len(failures) == 0 {
+		return nil, nil
+	}
+	// One entry per seq, the last one winning: a seq listed twice would
+	// otherwise be buried twice.
+	idx := make(map[int64]int, len(failures))
+	list := make([]failure, 0, len(failures))
+	for _, fl := range failures {
+		x := failure{Seq: fl.Seq, Error: fl.Error, Backoff: fl.Backoff.Milliseconds()}
+		if i, ok := idx[fl.Seq]; ok {
+			list[i] = x
+			continue
+		}
+		idx[fl.Seq] = len(list)
+		list = append(list, x)
+	}
+	fs, err := json.Marshal(list)
+	if err != nil {
+		return nil, err
+	}
+	gens := generationsJSON(f)
+	var out []postboxdriver.FailResult
+	err = s.write(ctx, func(c *sql.Conn) error {
+		out = out[:0]
+		collect := func(dead bool) func(*sql.Rows) error {
+			return func(r *sql.Rows) error {
+				fr := postboxdriver.FailResult{Dead: dead}
+				if err := r.Scan(&fr.Seq, &fr.Attempts); err != nil {
+					return err
+				}
+				out = append(out, fr)
+				return nil
+			}
+		}
+		rows, err := c.QueryContext(ctx, s.q.bury, string(fs), f.Owner, gens, maxAttempts)
+		if err != nil {
+			return err
+		}
+		if err := scanAll(rows, collect(true)); err != nil {
+			return err
+		}
+		if len(out) > 0 {
+			buried := make([]int64, len(out))
+			for i, fr := range out {
+				buried[i] = fr.Seq
+			}
+			if _, err := c.ExecContext(ctx, s.q.unbury, int64sJSON(buried)); err != nil {
+				return err
+			}
+		}
+		nDead := len(out)
+		rows, err = c.QueryContext(ctx, s.q.retry, string(fs), f.Owner, gens, maxAttempts)
+		if err != nil {
+			return err
+		}
+		if err := scanAll(rows, collect(false)); err != nil {
+			return err
+		}
+		// RETURNING promises no order; make it deterministic.
+		bySeq := func(a, b postboxdriver.FailResult) int { return cmp.Compare(a.Seq, b.Seq) }
+		slices.SortFunc(out[:nDead], bySeq)
+		slices.SortFunc(out[nDead:], bySeq)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Stats implements postboxdriver.Executor.
+func (s *store) Stats(ctx context.Context) (postboxdriver.Stats, error) {
+	var st postboxdriver.Stats
+	var ageMS int64
+	err := s.db.QueryRowContext(ctx, s.q.stats).Scan(&st.Pending, &st.Dead, &ageMS, &st.Published)
+	st.OldestPendingAge = time.Duration(ageMS) * time.Millisecond
+	return st, s.wrap(err)
+}
+
+// Migrations implements postboxdriver.Executor.
+func (s *store) Migrations() []postboxdriver.Migration {
+	entries, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	out := make([]postboxdriver.Migration, 0, len(entries))
+	for _, e := range entries {
+		name := strings.TrimSuffix(e.Name(), ".sql")
+		num, rest, _ := strings.Cut(name, "_")
+		v, err := strconv.Atoi(num)
+		if err != nil {
+			panic(fmt.Sprintf("postboxsqlite: migration %s is not numbered", e.Name()))
+		}
+		body, err := migrationFS.ReadFile("migrations/" + e.Name())
+		if err != nil {
+			panic(err)
+		}
+		out = append(out, postboxdriver.Migration{Version: v, Name: rest, SQL: strings.ReplaceAll(string(body), "{prefix}", s.prefix)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out
+}
+
+// AppliedMigrations implements postboxdriver.Executor.
+func (s *store) AppliedMigrations(ctx context.Context) ([]int, error) {
+	rows, err := s.db.QueryContext(ctx, s.q.applied)
+	if err != nil {
+		if isNoSuchTable(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var vs []int
+	err = scanAll(rows, func(r *sql.Rows) error {
+		var v int
+		if err := r.Scan(&v); err != nil {
+			return err
+		}
+		vs = append(vs, v)
+		return nil
+	})
+	return vs, err
+}
+
+// ApplyMigration implements postboxdriver.Executor. BEGIN IMMEDIATE makes
+// concurrent migrators queue up on the write lock, and each re-checks the
+// version under it, so replicas starting together apply it once. SQLite's
+// DDL is transactional: a migration that fails leaves nothing behind.
+func (s *store) ApplyMigration(ctx context.Context, m postboxdriver.Migration) error {
+	return s.write(ctx, func(c *sql.Conn) error {
+		if _, err := c.ExecContext(ctx, s.q.createMigrations); err != nil {
+			return err
+		}
+		var done bool
+		if err := c.QueryRowContext(ctx, s.q.migrationDone, m.Version).Scan(&done); err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+		if _, err := c.ExecContext(ctx, m.SQL); err != nil {
+			return fmt.Errorf("migration %d (%s): %w", m.Version, m.Name, err)
+		}
+		_, err := c.ExecContext(ctx, s.q.recordMigration, m.Version, m.Name)
+		return err
+	})
+}
+
+// write runs fn in a transaction begun with BEGIN IMMEDIATE on a connection
+// of its own. Taking the write lock first means the transaction waits for
+// it under the busy timeout, instead of reading first and then failing to
+// upgrade to a writer because another one committed in between.
+func (s *store) write(ctx context.Context, fn func(c *sql.Conn) error) (err error) {
+	c, err := s.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = c.Close() }()
+	if _, err = c.ExecContext(ctx, "BEGIN IMMEDIATE"); err == nil {
+		err = fn(c)
+	}
+	if err == nil {
+		if _, err = c.ExecContext(ctx, "COMMIT"); err == nil {
+			return nil
+		}
+	}
+	// database/sql does not know a transaction is open on c; one left open
+	// would hold the write lock in the pool. Roll back even after ctx has
+	// ended, and even after a failed BEGIN (an interrupted one may have
+	// taken effect); if that fails, discard the connection instead of
+	// reusing it: closing it ends any transaction.
+	_, rbErr := c.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+	if rbErr != nil && !strings.Contains(rbErr.Error(), "no transaction is active") {
+		_ = c.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	return s.wrap(err)
+}
+
+// wrap maps a missing table to ErrNotMigrated.
+func (s *store) wrap(err error) error {
+	if err != nil && isNoSuchTable(err) {
+		return fmt.Errorf("%w (prefix %q): %w", postboxdriver.ErrNotMigrated, s.prefix, err)
+	}
+	return err
+}
+
+func isNoSuchTable(err error) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && strings.Contains(se.Error(), "no such table")
+}
+
+func scanAll(rows *sql.Rows, fn func(*sql.Rows) error) error {
+	defer func() { _ = rows.Close() }()
+	for rows.Next() {
+		if err := fn(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+func intsJSON(xs []int) string {
+	b := make([]byte, 0, 2+4*len(xs))
+	b = append(b, '[')
+	for i, x := range xs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(x), 10)
+	}
+	return string(append(b, ']'))
+}
+
+func int64sJSON(xs []int64) string {
+	b := make([]byte, 0, 2+8*len(xs))
+	b = append(b, '[')
+	for i, x := range xs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, x, 10)
+	}
+	return string(append(b, ']'))
+}
+
+// generationsJSON lays the fence out as a JSON array indexed by partition;
+// 0 is no generation at all.
+func generationsJSON(f postboxdriver.Fence) string {
+	maxPart := -1
+	for p := range f.Generations {
+		if p >= 0 {
+			maxPart = max(maxPart, p)
+		}
+	}
+	gens := make([]int64, maxPart+1)
+	for p, g := range f.Generations {
+		if p >= 0 {
+			gens[p] = g
+		}
+	}
+	return int64sJSON(gens)
+}
+
+// canonicalID returns id in the form PostgreSQL prints a uuid in, which is
+// also what the partition is hashed from. The common case, an id already
+// in that form, costs no allocation.
+func canonicalID(id string) (string, error) {
+	if isCanonicalUUID(id) {
+		return id, nil
+	}
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return "", fmt.Errorf("id %q is not a UUID: %w", id, err)
+	}
+	return u.String(), nil
+}
+
+func isCanonicalUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < 36; i++ {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
