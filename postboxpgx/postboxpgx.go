@@ -86,3 +86,23 @@ func (s *store) TakeDeadTx(ctx context.Context, tx pgx.Tx, consumer, messageID s
 }
 
 var _ postboxdriver.Inboxer[pgx.Tx] = (*store)(nil)
+
+func (s *store) ExecTx(ctx context.Context, tx pgx.Tx, query string, args ...any) (int64, error) {
+	tag, err := tx.Exec(ctx, query, args...)
+	return tag.RowsAffected(), err
+}
+
+func (s *store) QueryTx(ctx context.Context, tx pgx.Tx, query string, args ...any) (postboxdriver.Rows, error) {
+	return tx.Query(ctx, query, args...)
+}
+
+func (s *store) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	tag, err := s.pool.Exec(ctx, query, args...)
+	return tag.RowsAffected(), err
+}
+
+func (s *store) Query(ctx context.Context, query string, args ...any) (postboxdriver.Rows, error) {
+	return s.pool.Query(ctx, query, args...)
+}
+
+var _ postboxdriver.Raw[pgx.Tx] = (*store)(nil)

@@ -133,3 +133,36 @@ func (s *store) TakeDeadTx(ctx context.Context, tx *sql.Tx, consumer, messageID 
 }
 
 var _ postboxdriver.Inboxer[*sql.Tx] = (*store)(nil)
+
+func affected(res sql.Result, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (s *store) ExecTx(ctx context.Context, tx *sql.Tx, query string, args ...any) (int64, error) {
+	return affected(tx.ExecContext(ctx, query, args...))
+}
+
+func (s *store) QueryTx(ctx context.Context, tx *sql.Tx, query string, args ...any) (postboxdriver.Rows, error) {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return sqlRows{rows}, nil
+}
+
+func (s *store) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	return affected(s.db.ExecContext(ctx, query, args...))
+}
+
+func (s *store) Query(ctx context.Context, query string, args ...any) (postboxdriver.Rows, error) {
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return sqlRows{rows}, nil
+}
+
+var _ postboxdriver.Raw[*sql.Tx] = (*store)(nil)
