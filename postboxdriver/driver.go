@@ -146,8 +146,6 @@ type FetchParams struct {
 	Fence       Fence
 	Limit       int
 	BlockOnDead bool
-	// Topics, when non-nil, limits the fetch to these topics.
-	Topics []string
 }
 
 // Failure is one failed publish to record.

@@ -62,8 +62,7 @@ func newStore(db *sql.DB, prefix string) (*store, error) {
 func (s *store) Dialect() string { return "sqlite" }
 
 type queries struct {
-	lock, partitions, heartbeat, live, unregister, acquire, release, fetch, fetchStrict,
-	fetchTopics, fetchStrictTopics, publish, unpend, bury, unbury, retry, stats,
+	lock, partitions, heartbeat, live, unregister, acquire, release, fetch, fetchStrict, publish, unpend, bury, unbury, retry, stats,
 	applied, createMigrations, migrationDone, recordMigration string
 }
 
@@ -96,10 +95,8 @@ WHERE partition IN (SELECT value FROM json_each(?2)) AND (owner IS NULL OR owner
 RETURNING partition, generation, expires_at`),
 		release: r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = {now}
 WHERE owner = ?1 AND partition IN (SELECT value FROM json_each(?2))`),
-		fetch:             r.Replace(fetchSQL(false, false)),
-		fetchStrict:       r.Replace(fetchSQL(true, false)),
-		fetchTopics:       r.Replace(fetchSQL(false, true)),
-		fetchStrictTopics: r.Replace(fetchSQL(true, true)),
+		fetch:       r.Replace(fetchSQL(false)),
+		fetchStrict: r.Replace(fetchSQL(true)),
 		// MarkPublished copies the fenced rows to the history and deletes
 		// the same rows; both run in one BEGIN IMMEDIATE transaction, so
 		// the fence cannot change between them.
@@ -149,20 +146,16 @@ RETURNING seq, attempts`),
 // an older row of its key waits for a retry (or is dead, when strict):
 // only rows that failed before can do that, and the partial retry index
 // holds exactly those, so the check costs nothing while nothing fails.
-func fetchSQL(strict, topics bool) string {
-	dead, topic := "", ""
+func fetchSQL(strict bool) string {
+	dead := ""
 	if strict {
 		dead = `
     OR EXISTS (SELECT 1 FROM {p}dead d WHERE d.key = o.key AND d.seq < o.seq)`
 	}
-	if topics {
-		topic = `
-  AND o.topic IN (SELECT value FROM json_each(?3))`
-	}
 	return `SELECT o.seq, o.id, o.topic, coalesce(o.key, ''), o.payload, o.headers, o.partition, o.attempts, o.created_at
 FROM {p}outbox o
 WHERE o.partition IN (SELECT value FROM json_each(?1))
-  AND o.available_at <= {now}` + topic + `
+  AND o.available_at <= {now}
   AND (o.key IS NULL OR NOT (
     EXISTS (SELECT 1 FROM {p}outbox b
             WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > {now})` + dead + `))
@@ -247,7 +240,7 @@ func (s *store) ReleaseLeases(ctx context.Context, owner string, parts []int) er
 // Fetch implements postboxdriver.Executor. It only reads: in WAL mode it
 // neither waits for writers nor holds them up.
 func (s *store) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
-	if len(p.Fence.Generations) == 0 || p.Limit <= 0 || (p.Topics != nil && len(p.Topics) == 0) {
+	if len(p.Fence.Generations) == 0 || p.Limit <= 0 {
 		return nil, nil
 	}
 	parts := make([]int, 0, len(p.Fence.Generations))
@@ -255,23 +248,9 @@ func (s *store) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postb
 		parts = append(parts, part)
 	}
 	args := []any{intsJSON(parts), p.Limit}
-	var q string
-	switch {
-	case p.Topics != nil && p.BlockOnDead:
-		q = s.q.fetchStrictTopics
-	case p.Topics != nil:
-		q = s.q.fetchTopics
-	case p.BlockOnDead:
+	q := s.q.fetch
+	if p.BlockOnDead {
 		q = s.q.fetchStrict
-	default:
-		q = s.q.fetch
-	}
-	if p.Topics != nil {
-		topics, err := json.Marshal(p.Topics)
-		if err != nil {
-			return nil, err
-		}
-		args = append(args, string(topics))
 	}
 	rows, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {

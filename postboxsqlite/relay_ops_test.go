@@ -56,14 +56,6 @@ func TestFetch(t *testing.T) {
 			t.Fatalf("read partition %d with a fence on %d only", rec.Partition, recs[2].Partition)
 		}
 	}
-
-	// Topics narrows the read; an empty, non-nil list reads nothing.
-	if got := f.fetch(t, postboxdriver.FetchParams{Fence: fence, Topics: []string{"t.b", "t.none"}}); len(got) != 1 || got[0].Seq != seqs[1] {
-		t.Fatalf("topic t.b = %v", seqsOf(got))
-	}
-	if got := f.fetch(t, postboxdriver.FetchParams{Fence: fence, Topics: []string{}}); len(got) != 0 {
-		t.Fatalf("no topics = %v", seqsOf(got))
-	}
 }
 
 // A failed row waiting for its backoff is not read, and holds back the
@@ -116,9 +108,6 @@ func TestFetchBlockOnDead(t *testing.T) {
 	}
 	if got := seqsOf(f.fetch(t, postboxdriver.FetchParams{Fence: fence, BlockOnDead: true})); !slices.Equal(got, []int64{seqs[0], seqs[3]}) {
 		t.Fatalf("strict fetch = %v, want %v", got, []int64{seqs[0], seqs[3]})
-	}
-	if got := seqsOf(f.fetch(t, postboxdriver.FetchParams{Fence: fence, BlockOnDead: true, Topics: []string{"t"}})); !slices.Equal(got, []int64{seqs[0], seqs[3]}) {
-		t.Fatalf("strict fetch by topic = %v", got)
 	}
 }
 

@@ -436,7 +436,9 @@ func generations(f postboxdriver.Fence) []int64 {
 	}
 	out := make([]int64, maxPart+1)
 	for p, g := range f.Generations {
-		out[p] = g
+		if p >= 0 { // a negative partition matches no row; skip rather than panic
+			out[p] = g
+		}
 	}
 	return out
 }
