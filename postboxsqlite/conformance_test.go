@@ -3,7 +3,9 @@ package postboxsqlite_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxdriver/postboxdrivertest"
@@ -31,6 +33,12 @@ func TestConformance(t *testing.T) {
 		// SQLite has one writer at a time: a transaction that inserted
 		// holds the write lock until it ends, so no later one can commit
 		// a higher seq first.
-		Features: postboxdrivertest.Features{ConcurrentWriters: false},
+		Backdate: func(t *testing.T, d postboxdriver.Driver[*sql.Tx], prefix, table, column string, age time.Duration) {
+			q := fmt.Sprintf("UPDATE %s%s SET %s = %s - %d", prefix, table, column, column, age.Milliseconds())
+			if _, err := d.(*postboxsqlite.Driver).DB().ExecContext(context.Background(), q); err != nil {
+				t.Fatal(err)
+			}
+		},
+		Features: postboxdrivertest.Features{ConcurrentWriters: false, Inbox: true},
 	})
 }
