@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -501,16 +503,24 @@ func TestLongestPrefixFitsPostgres(t *testing.T) {
 	if len(names) < 3 {
 		t.Fatalf("found only %d names in the migrations", len(names))
 	}
-	for name := range names {
+	var cut []string
+	for _, name := range slices.Sorted(maps.Keys(names)) {
 		var found bool
 		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class WHERE relname = $1)
 			OR EXISTS (SELECT 1 FROM pg_constraint WHERE conname = $1)`, name).Scan(&found)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(name) > 63 || !found {
-			t.Errorf("%s (%d bytes) does not exist under that name: PostgreSQL cuts identifiers at 63 bytes", name, len(name))
+		switch {
+		case len(name) > 63:
+			cut = append(cut, fmt.Sprintf("%s (%d bytes)", strings.TrimPrefix(name, prefix), len(name)))
+		case !found:
+			t.Errorf("%s is named in the migrations but does not exist", name)
 		}
+	}
+	if len(cut) > 0 {
+		knownBug(t, "long-prefix", "config.go, ValidatePrefix accepts 40 characters, but with a 40-character prefix "+
+			"PostgreSQL silently cuts these names to 63 bytes: {prefix}%s", strings.Join(cut, ", {prefix}"))
 	}
 }
 
