@@ -88,8 +88,10 @@ func (c *Client[TTx]) rows(msgs []Message) ([]postboxdriver.Row, error) {
 			if err := c.cfg.Validator.ValidatePayload(m.Topic, m.Payload); err != nil {
 				var ve *ValidationError
 				if errors.As(err, &ve) {
-					ve.Field = fmt.Sprintf("messages[%d].%s", i, ve.Field)
-					return nil, ve
+					// A copy: the validator may hand out one error value.
+					named := *ve
+					named.Field = fmt.Sprintf("messages[%d].%s", i, ve.Field)
+					return nil, &named
 				}
 				return nil, &ValidationError{Field: fmt.Sprintf("messages[%d].payload", i), Reason: err.Error()}
 			}

@@ -3,8 +3,9 @@ package postbox
 import (
 	"fmt"
 	"log/slog"
-	"regexp"
 	"time"
+
+	"github.com/postbox-go/postbox/postboxdriver"
 )
 
 // Config configures a Client. The zero value of every field means its
@@ -12,7 +13,7 @@ import (
 // checks the result, naming every bad field at once.
 type Config struct {
 	// Prefix names the tables: {Prefix}outbox, {Prefix}published, ...
-	// Lower-case letters, digits and underscores, at most 40 characters.
+	// Lower-case letters, digits and underscores, at most 32 characters.
 	// Default "postbox_".
 	Prefix string
 
@@ -94,12 +95,10 @@ const (
 	DefaultPollInterval    = 100 * time.Millisecond
 )
 
-var prefixRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
-
 // ValidatePrefix reports whether prefix can name tables.
 func ValidatePrefix(prefix string) error {
-	if !prefixRE.MatchString(prefix) {
-		return invalid("Prefix", prefix, "must be lower-case letters, digits and _, not starting with a digit, at most 40 characters")
+	if !postboxdriver.ValidPrefix(prefix) {
+		return invalid("Prefix", prefix, "must be lower-case letters, digits and _, not starting with a digit, at most %d characters", postboxdriver.MaxPrefixLen)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // Sentinel errors for states.
@@ -35,7 +36,11 @@ func (e *ValidationError) Error() string {
 func invalid(field string, value any, format string, args ...any) *ValidationError {
 	v := fmt.Sprint(value)
 	if len(v) > 64 {
-		v = v[:61] + "..."
+		cut := 61
+		for cut > 0 && !utf8.RuneStart(v[cut]) {
+			cut--
+		}
+		v = v[:cut] + "..."
 	}
 	return &ValidationError{Field: field, Value: v, Reason: fmt.Sprintf(format, args...)}
 }

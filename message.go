@@ -3,6 +3,8 @@ package postbox
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -74,7 +76,8 @@ func ValidateTopic(topic string) error {
 	}
 	for i := 0; i < len(topic); i++ {
 		if !topicByte(topic[i]) {
-			return invalid("topic", topic, "has %q at byte %d; only letters, digits and . _ : - are allowed", topic[i], i)
+			_, size := utf8.DecodeRuneInString(topic[i:]) // an invalid byte has size 1
+			return invalid("topic", topic, "has %q at byte %d; only ASCII letters, digits and . _ : - are allowed", topic[i:i+size], i)
 		}
 	}
 	return nil
@@ -84,8 +87,10 @@ func topicByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-'
 }
 
+// tokenByte reports an HTTP token character (RFC 9110 tchar): header
+// names travel as HTTP-style headers on NATS and AMQP too.
 func tokenByte(c byte) bool {
-	return topicByte(c) || strings.IndexByte("!#$%&'*+^`|~", c) >= 0
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
 func reservedHeader(name string) bool {
@@ -97,8 +102,10 @@ func reservedHeader(name string) bool {
 func (m *Message) validate(i, maxPayload int) error {
 	field := func(f string) string { return fmt.Sprintf("messages[%d].%s", i, f) }
 	if m.ID != "" {
-		if _, err := uuid.Parse(m.ID); err != nil || len(m.ID) != 36 {
-			return invalid(field("id"), m.ID, "is not a UUID in canonical form")
+		// Lower case only: databases print a uuid in lower case, and the id
+		// the writer holds must be the one consumers see.
+		if _, err := uuid.Parse(m.ID); err != nil || len(m.ID) != 36 || strings.ToLower(m.ID) != m.ID {
+			return invalid(field("id"), m.ID, "is not a UUID in canonical lower-case form")
 		}
 	}
 	if err := ValidateTopic(m.Topic); err != nil {
@@ -118,8 +125,11 @@ func (m *Message) validate(i, maxPayload int) error {
 	if len(m.Headers) > MaxHeaders {
 		return invalid(field("headers"), "", "has %d entries, over the limit of %d", len(m.Headers), MaxHeaders)
 	}
+	// Sorted, so that a message with several bad headers always reports
+	// the same one.
 	total := 0
-	for name, value := range m.Headers {
+	for _, name := range slices.Sorted(maps.Keys(m.Headers)) {
+		value := m.Headers[name]
 		total += len(name) + len(value)
 		if err := validateHeader(name, value); err != nil {
 			return invalid(field("headers"), name, "%s", err)
@@ -128,10 +138,14 @@ func (m *Message) validate(i, maxPayload int) error {
 	if total > MaxHeadersBytes {
 		return invalid(field("headers"), "", "total %d bytes, over the limit of %d", total, MaxHeadersBytes)
 	}
-	for f, v := range map[string]string{"source": m.Source, "subject": m.Subject, "content_type": m.ContentType} {
-		if len(v) > MaxHeaderValueBytes || !printable(v) {
-			return invalid(field(f), v, "must be printable text of at most %d bytes", MaxHeaderValueBytes)
+	for _, a := range [...]struct{ name, value string }{{"source", m.Source}, {"subject", m.Subject}, {"content_type", m.ContentType}} {
+		if len(a.value) > MaxHeaderValueBytes || !printable(a.value) {
+			return invalid(field(a.name), a.value, "must be printable text of at most %d bytes", MaxHeaderValueBytes)
 		}
+	}
+	// ce-time is RFC 3339, whose years have four digits.
+	if y := m.Time.Year(); !m.Time.IsZero() && (y < 0 || y > 9999) {
+		return invalid(field("time"), m.Time, "year %d is outside 0000-9999, which RFC 3339 cannot carry", y)
 	}
 	return nil
 }
@@ -204,12 +218,20 @@ func DecodeHeaders(b []byte) (map[string]string, error) {
 	if len(b) == 0 {
 		return map[string]string{}, nil
 	}
-	var h map[string]string
-	if err := json.Unmarshal(b, &h); err != nil {
+	// Pointers, so that a null value is seen rather than read as "".
+	var raw map[string]*string
+	if err := json.Unmarshal(b, &raw); err != nil {
 		return nil, fmt.Errorf("postbox: headers are not a JSON object of strings: %w", err)
 	}
-	if h == nil {
+	if raw == nil {
 		return nil, fmt.Errorf("postbox: headers are JSON null, not an object")
+	}
+	h := make(map[string]string, len(raw)+7)
+	for k, v := range raw {
+		if v == nil {
+			return nil, fmt.Errorf("postbox: header %q is JSON null, not a string", k)
+		}
+		h[k] = *v
 	}
 	return h, nil
 }

@@ -67,6 +67,6 @@ func ExampleLoadError() {
 		}
 	}
 	// Output:
-	// "orders shipped": is not a valid topic: has ' ' at byte 6; only letters, digits and . _ : - are allowed
+	// "orders shipped": is not a valid topic: has " " at byte 6; only ASCII letters, digits and . _ : - are allowed
 	// orders.created: is not a valid schema: at /type: must match at least one schema of anyOf (must be one of "array", "boolean", "integer", "null", "number", ... | must be array, not string)
 }

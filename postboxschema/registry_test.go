@@ -243,7 +243,7 @@ func TestLoadReportsEveryBadFile(t *testing.T) {
 		{"badref.schema.json", `cannot load "missing.json": not a file of the schema set; only its .json files can be referenced`},
 		{"badregex.schema.json", "is not a valid schema: at /properties/id/pattern: is not a valid regex: error parsing regexp: missing closing ): `((` (format)"},
 		{"broken.schema.json", `is not JSON: invalid character '}' after array element (line 4, column 1)`},
-		{"orders!created.schema.json", `does not name a valid topic (<topic>.schema.json): has '!' at byte 6; only letters, digits and . _ : - are allowed`},
+		{"orders!created.schema.json", `does not name a valid topic (<topic>.schema.json): has "!" at byte 6; only ASCII letters, digits and . _ : - are allowed`},
 		{"orders.updated.json", `no topic schema refers to it; a topic's schema is named <topic>.schema.json`},
 		{"remote.schema.json", `cannot load "https://example.com/schemas/order.json": not a file of the schema set; only its .json files can be referenced`},
 		{"shared!.json", `shared schema files are named with letters, digits and . _ : - only`},
@@ -302,7 +302,7 @@ func TestLoadFSNames(t *testing.T) {
 	}
 	want := map[string]string{
 		".schema.json":         "does not name a valid topic (<topic>.schema.json): is empty",
-		"a b.schema.json":      "does not name a valid topic (<topic>.schema.json): has ' ' at byte 1; only letters, digits and . _ : - are allowed",
+		"a b.schema.json":      "does not name a valid topic (<topic>.schema.json): has \" \" at byte 1; only ASCII letters, digits and . _ : - are allowed",
 		long + ".schema.json":  "does not name a valid topic (<topic>.schema.json): is 256 bytes, over the limit of 255",
 		"ok.schema.json":       `cannot load "sub/x.json": not a file of the schema set; only its .json files can be referenced`,
 		"empty.schema.json":    "is not JSON: empty input",

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -28,7 +27,6 @@ import (
 var migrationFS embed.FS
 
 // The same rule as the PostgreSQL drivers: the prefix is spliced into SQL.
-var prefixRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
 
 // partitions is the number of leases the migration creates; rows are
 // hashed over it at insert.
@@ -52,8 +50,8 @@ type store struct {
 var _ postboxdriver.Store[*sql.Tx] = (*store)(nil)
 
 func newStore(db *sql.DB, prefix string) (*store, error) {
-	if !prefixRE.MatchString(prefix) {
-		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most 40 characters", prefix)
+	if !postboxdriver.ValidPrefix(prefix) {
+		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most %d characters", prefix, postboxdriver.MaxPrefixLen)
 	}
 	return &store{db: db, prefix: prefix, q: makeQueries(prefix)}, nil
 }

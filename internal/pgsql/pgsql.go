@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,8 +43,6 @@ type DB interface {
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-var prefixRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
-
 // Core implements postboxdriver.Executor for PostgreSQL.
 type Core struct {
 	db     DB
@@ -55,8 +52,8 @@ type Core struct {
 
 // New binds db to the tables named with prefix.
 func New(db DB, prefix string) (*Core, error) {
-	if !prefixRE.MatchString(prefix) {
-		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most 40 characters", prefix)
+	if !postboxdriver.ValidPrefix(prefix) {
+		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most %d characters", prefix, postboxdriver.MaxPrefixLen)
 	}
 	return &Core{db: db, prefix: prefix, q: makeQueries(prefix)}, nil
 }
