@@ -439,12 +439,12 @@ func TestNotMigrated(t *testing.T) {
 
 func TestOpenPrefix(t *testing.T) {
 	f := unmigrated(t)
-	for _, p := range []string{"", "Bad_", "1x_", "x-y", "x y", "x;drop", strings.Repeat("a", 41)} {
+	for _, p := range []string{"", "Bad_", "1x_", "x-y", "x y", "x;drop", strings.Repeat("a", postboxdriver.MaxPrefixLen+1)} {
 		if _, err := f.d.Open(p); err == nil {
 			t.Errorf("prefix %q accepted", p)
 		}
 	}
-	for _, p := range []string{"x", "_", "postbox_", strings.Repeat("a", 40)} {
+	for _, p := range []string{"x", "_", "postbox_", strings.Repeat("a", postboxdriver.MaxPrefixLen)} {
 		if _, err := f.d.Open(p); err != nil {
 			t.Errorf("prefix %q: %v", p, err)
 		}
