@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
 	"github.com/postbox-go/postbox"
@@ -216,5 +217,40 @@ func TestHardStopLosesNothing(t *testing.T) {
 			t.Fatalf("not drained: %+v", st)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestDurabilityWarnings(t *testing.T) {
+	d, prefix := newDriver(t)
+	st, err := d.Open(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	w, err := st.(postboxdriver.DurabilityChecker).DurabilityWarnings(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The machine's server runs with the durable defaults; sessions that
+	// turn synchronous_commit off are seen.
+	if len(w) != 0 {
+		t.Fatalf("warnings on a durable server: %v", w)
+	}
+	cfg, err := pgxpool.ParseConfig(testdb.PostgresURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	weak, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer weak.Close()
+	st, err = postboxpgx.New(weak).Open(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w, err = st.(postboxdriver.DurabilityChecker).DurabilityWarnings(ctx); err != nil || len(w) != 1 {
+		t.Fatalf("warnings with synchronous_commit off: %v, %v", w, err)
 	}
 }

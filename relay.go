@@ -119,6 +119,15 @@ func (run *relayRun) stop(ctx context.Context) error {
 func (r *relay) run(soft, hard context.Context) {
 	defer r.shutdown(hard)
 	r.log.Info("postbox relay started", slog.Int("partitions", r.nparts), slog.Int("lanes", len(r.lanes)), slog.String("config", r.cfg.String()))
+	if dc, ok := r.ex.(postboxdriver.DurabilityChecker); ok {
+		warnings, err := dc.DurabilityWarnings(soft)
+		if err != nil {
+			r.log.Warn("postbox relay could not read the database's durability settings", slog.Any("error", err))
+		}
+		for _, w := range warnings {
+			r.log.Warn("postbox relay: " + w)
+		}
+	}
 	var wg sync.WaitGroup
 	for _, l := range r.lanes {
 		wg.Add(1)

@@ -177,3 +177,13 @@ type Stats struct {
 	OldestPendingAge time.Duration // database clock; zero when nothing is pending
 	Published        int64         // rows kept in the published history
 }
+
+// DurabilityChecker is implemented by stores that can tell when the
+// database may lose a committed transaction (PostgreSQL with
+// synchronous_commit = off, SQLite below synchronous=FULL): a row the relay
+// published could then vanish in a crash, leaving the broker with an event
+// about a change the database no longer has. The relay logs each warning
+// at start.
+type DurabilityChecker interface {
+	DurabilityWarnings(ctx context.Context) ([]string, error)
+}

@@ -2,13 +2,16 @@ package postboxsqlite_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxsqlite"
 )
@@ -139,6 +142,36 @@ func TestEndToEnd(t *testing.T) {
 	for k, n := range next {
 		if want[k] != n {
 			t.Fatalf("key %s: %d published, want %d", k, want[k], n)
+		}
+	}
+}
+
+func TestDurabilityWarnings(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "weak.db")
+	for _, c := range []struct {
+		dsn  string
+		warn bool
+	}{
+		{postboxsqlite.DSN(path), false},
+		{"file:" + path + "?_pragma=synchronous(OFF)", true},
+	} {
+		db, err := sql.Open("sqlite", c.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := postboxsqlite.New(db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := d.Open("postbox_")
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := st.(postboxdriver.DurabilityChecker).DurabilityWarnings(ctx)
+		_ = db.Close()
+		if err != nil || (len(w) > 0) != c.warn {
+			t.Fatalf("%s: warnings %v, %v; want warning=%v", c.dsn, w, err, c.warn)
 		}
 	}
 }

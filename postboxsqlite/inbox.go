@@ -3,6 +3,7 @@ package postboxsqlite
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"time"
 
 	"github.com/postbox-go/postbox/postboxdriver"
@@ -206,4 +207,18 @@ func (s *store) Query(ctx context.Context, query string, args ...any) (postboxdr
 		return nil, err
 	}
 	return rows{r}, nil
+}
+
+// DurabilityWarnings implements postboxdriver.DurabilityChecker. The
+// setting belongs to each connection; the one the pool hands out here
+// stands for the DSN they all share.
+func (s *store) DurabilityWarnings(ctx context.Context) ([]string, error) {
+	var level int
+	if err := s.db.QueryRowContext(ctx, `PRAGMA synchronous`).Scan(&level); err != nil {
+		return nil, s.wrap(err)
+	}
+	if level < 2 {
+		return []string{fmt.Sprintf("SQLite runs with synchronous=%d (below FULL): a power loss can undo transactions that committed, after the relay published their messages; open it with postboxsqlite.Open or DSN", level)}, nil
+	}
+	return nil, nil
 }

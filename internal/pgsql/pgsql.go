@@ -439,3 +439,19 @@ func generations(f postboxdriver.Fence) []int64 {
 	}
 	return out
 }
+
+// DurabilityWarnings implements postboxdriver.DurabilityChecker.
+func (c *Core) DurabilityWarnings(ctx context.Context) ([]string, error) {
+	var syncCommit, fsync string
+	if err := c.queryRow(ctx, c.db, `SELECT current_setting('synchronous_commit'), current_setting('fsync')`, nil, &syncCommit, &fsync); err != nil {
+		return nil, err
+	}
+	var out []string
+	if syncCommit == "off" {
+		out = append(out, "PostgreSQL runs with synchronous_commit = off: a crash can lose transactions that committed, after the relay published their messages")
+	}
+	if fsync == "off" {
+		out = append(out, "PostgreSQL runs with fsync = off: a crash can lose or corrupt committed transactions, after the relay published their messages")
+	}
+	return out, nil
+}
