@@ -2,8 +2,8 @@ package postbox
 
 import "context"
 
-// Subscriber is the seam every broker's consumer implements
-// (postboxnats.Subscriber, the in-memory one in postboxtest): it receives
+// Subscriber is the seam every broker's consumer implements (the
+// in-memory one in postboxtest, and each broker adapter's): it receives
 // deliveries and hands each to a Processor, usually Inbox.Processor, then
 // settles it with the broker as the Verdict says — ack, redeliver after the
 // delay, or ack a message that went to the dead letters. It acknowledges
