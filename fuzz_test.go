@@ -13,6 +13,8 @@ package postbox
 import (
 	"encoding/json"
 	"errors"
+	"maps"
+	"slices"
 	"reflect"
 	"regexp"
 	"strings"
@@ -80,8 +82,26 @@ func FuzzValidatePrefix(f *testing.F) {
 
 func FuzzDecodeHeaders(f *testing.F) {
 	f.Add([]byte(`{"ce-source":"/shop","traceparent":"00-01"}`))
+	f.Add([]byte(`{"a": "\u00e9\"x", "b":"\ud83d\ude00", "a":"last"}`))
+	f.Add([]byte(" { } "))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := DecodeHeaders(b)
+		// Differential: whatever encoding/json reads as an object of
+		// non-null strings, the scanner reads the same.
+		var ref map[string]*string
+		if json.Unmarshal(b, &ref) == nil && ref != nil && !slices.Contains(slices.Collect(maps.Values(ref)), nil) {
+			if err != nil {
+				t.Fatalf("encoding/json reads %q as headers, DecodeHeaders fails: %v", b, err)
+			}
+			for k, v := range ref {
+				if h[k] != *v {
+					t.Fatalf("%q: header %q = %q, encoding/json reads %q", b, k, h[k], *v)
+				}
+			}
+			if len(h) != len(ref) {
+				t.Fatalf("%q: %d headers, encoding/json reads %d", b, len(h), len(ref))
+			}
+		}
 		if err != nil {
 			if h != nil {
 				t.Fatalf("error %v with a non-nil map", err)

@@ -41,6 +41,8 @@ func newBench() *cobra.Command {
 	f.IntVar(&opts.Keys, "keys", 1000, "distinct ordering keys (0: keyless)")
 	f.IntVar(&opts.Window, "window", 256, "publish window")
 	f.IntVar(&opts.BatchSize, "batch", 500, "relay batch size")
+	f.IntVar(&opts.Lanes, "lanes", 0, "relay lanes (default the library's)")
+	f.StringVar(&opts.CPUProfile, "cpuprofile", "", "write a CPU profile of the drain phase to this file")
 	cmd.AddCommand(drain)
 	return cmd
 }

@@ -1,0 +1,260 @@
+// Package bench holds the benchmarks `postbox bench` runs against real
+// servers: each measures postbox next to a baseline taken in the same run,
+// so that the ratio means something on a shared, noisy machine.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"runtime/pprof"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxmigrate"
+	"github.com/postbox-go/postbox/postboxnats"
+	"github.com/postbox-go/postbox/postboxpgx"
+)
+
+// DrainOptions configure the backlog drain benchmark.
+type DrainOptions struct {
+	DatabaseURL  string
+	NatsURL      string
+	Messages     int // default 100,000
+	PayloadBytes int // default 256
+	Keys         int // distinct ordering keys; 0 means keyless messages
+	Window       int // publish window, for postbox and the raw baseline; default 256
+	BatchSize    int // relay batch; default 500
+	Lanes        int // relay lanes; default the library's
+	// CPUProfile, when set, names a file that receives a CPU profile of
+	// the drain phase.
+	CPUProfile string
+}
+
+// DrainResult is one run's figures.
+type DrainResult struct {
+	Messages     int
+	RawRate      float64 // raw JetStream async publishes acknowledged per second
+	WriteRate    float64 // rows written per second while filling the backlog
+	DrainRate    float64 // backlog rows published and acknowledged per second
+	DrainElapsed time.Duration
+	Ratio        float64 // DrainRate / RawRate
+}
+
+func (o *DrainOptions) defaults() {
+	if o.DatabaseURL == "" {
+		o.DatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	if o.NatsURL == "" {
+		o.NatsURL = nats.DefaultURL
+	}
+	if o.Messages <= 0 {
+		o.Messages = 100_000
+	}
+	if o.PayloadBytes <= 0 {
+		o.PayloadBytes = 256
+	}
+	if o.Window <= 0 {
+		o.Window = 256
+	}
+	if o.BatchSize <= 0 {
+		o.BatchSize = 500
+	}
+}
+
+// Drain measures the raw JetStream async publish rate, then fills an outbox
+// with a backlog and measures how fast the relay drains it to JetStream.
+func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, error) {
+	opts.defaults()
+	res := DrainResult{Messages: opts.Messages}
+	nc, err := nats.Connect(opts.NatsURL)
+	if err != nil {
+		return res, fmt.Errorf("connect to NATS at %s: %w", opts.NatsURL, err)
+	}
+	defer nc.Close()
+	tag := fmt.Sprintf("%d", rand.Uint32()) //nolint:gosec // a name, not a secret
+	payload := make([]byte, opts.PayloadBytes)
+	for i := range payload {
+		payload[i] = 'a' + byte(i%26)
+	}
+
+	// The baseline: the same messages (payload and Nats-Msg-Id) published
+	// straight to JetStream, with the same window.
+	rawJS, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(opts.Window))
+	if err != nil {
+		return res, err
+	}
+	rawStream := "BENCH_RAW_" + tag
+	if _, err := postboxnats.EnsureStream(ctx, rawJS, jetstream.StreamConfig{Name: rawStream, Subjects: []string{"bench.raw." + tag + ".>"}}); err != nil {
+		return res, err
+	}
+	defer func() { _ = rawJS.DeleteStream(context.WithoutCancel(ctx), rawStream) }()
+	fmt.Fprintf(out, "raw JetStream: publishing %d messages of %d bytes, window %d\n", opts.Messages, opts.PayloadBytes, opts.Window)
+	// The ids are made before the clock starts: the outbox makes its ids
+	// at write time too, not while draining.
+	ids := make([]string, opts.Messages)
+	for i := range ids {
+		ids[i] = postbox.NewID()
+	}
+	start := time.Now()
+	for i := 0; i < opts.Messages; i++ {
+		msg := nats.NewMsg("bench.raw." + tag + ".m")
+		msg.Data = payload
+		for {
+			_, err := rawJS.PublishMsgAsync(msg, jetstream.WithMsgID(ids[i]))
+			if err == nil {
+				break
+			}
+			// A window that stays full for a while is back-pressure, not
+			// failure: wait for it to drain and go on.
+			if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+				return res, fmt.Errorf("raw publish: %w", err)
+			}
+		}
+	}
+	select {
+	case <-rawJS.PublishAsyncComplete():
+	case <-ctx.Done():
+		return res, ctx.Err()
+	}
+	res.RawRate = float64(opts.Messages) / time.Since(start).Seconds()
+	fmt.Fprintf(out, "raw JetStream: %.0f msg/s\n", res.RawRate)
+
+	pool, err := pgxpool.New(ctx, opts.DatabaseURL)
+	if err != nil {
+		return res, err
+	}
+	defer pool.Close()
+	prefix := "bench_" + tag + "_"
+	defer dropPrefix(pool, prefix)
+	driver := postboxpgx.New(pool)
+	m, err := postboxmigrate.New(driver, &postboxmigrate.Config{Prefix: prefix})
+	if err != nil {
+		return res, err
+	}
+	if _, err := m.Up(ctx); err != nil {
+		return res, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return res, err
+	}
+	drainStream := "BENCH_DRAIN_" + tag
+	if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: drainStream, Subjects: []string{"bench.drain." + tag + ".>"}}); err != nil {
+		return res, err
+	}
+	defer func() { _ = js.DeleteStream(context.WithoutCancel(ctx), drainStream) }()
+	pub, err := postboxnats.New(js, &postboxnats.Config{SubjectPrefix: "bench.drain." + tag + "."})
+	if err != nil {
+		return res, err
+	}
+	defer func() { _ = pub.Close(context.WithoutCancel(ctx)) }()
+	client, err := postbox.NewClient(driver, &postbox.Config{
+		Prefix: prefix, Publisher: pub, PublishWindow: opts.Window, BatchSize: opts.BatchSize, Lanes: opts.Lanes,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		return res, err
+	}
+
+	fmt.Fprintf(out, "postbox: writing a backlog of %d messages to PostgreSQL (%d keys)\n", opts.Messages, opts.Keys)
+	start = time.Now()
+	const chunk = 1000
+	msgs := make([]postbox.Message, 0, chunk)
+	for i := 0; i < opts.Messages; i++ {
+		msg := postbox.Message{Topic: "m", Payload: payload}
+		if opts.Keys > 0 {
+			msg.Key = fmt.Sprintf("key-%d", i%opts.Keys)
+		}
+		msgs = append(msgs, msg)
+		if len(msgs) == chunk || i == opts.Messages-1 {
+			if err := client.Write(ctx, msgs...); err != nil {
+				return res, err
+			}
+			msgs = msgs[:0]
+		}
+	}
+	res.WriteRate = float64(opts.Messages) / time.Since(start).Seconds()
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+prefix+"outbox"); err != nil {
+		return res, err
+	}
+
+	fmt.Fprintf(out, "postbox: draining the backlog to JetStream (batch %d, window %d)\n", opts.BatchSize, opts.Window)
+	if opts.CPUProfile != "" {
+		f, err := os.Create(opts.CPUProfile)
+		if err != nil {
+			return res, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return res, err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	start = time.Now()
+	if err := client.Start(ctx); err != nil {
+		return res, err
+	}
+	defer func() { _ = client.Stop(context.WithoutCancel(ctx)) }()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var empty bool
+		if err := pool.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM "+prefix+"outbox)").Scan(&empty); err != nil {
+			return res, err
+		}
+		if empty {
+			break
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return res, ctx.Err()
+		}
+	}
+	res.DrainElapsed = time.Since(start)
+	res.DrainRate = float64(opts.Messages) / res.DrainElapsed.Seconds()
+	res.Ratio = res.DrainRate / res.RawRate
+	s, err := js.Stream(ctx, drainStream)
+	if err != nil {
+		return res, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return res, err
+	}
+	if info.State.Msgs != uint64(opts.Messages) { //nolint:gosec // positive
+		return res, fmt.Errorf("stream holds %d messages after the drain, want %d", info.State.Msgs, opts.Messages)
+	}
+	fmt.Fprintf(out, "postbox: drained %d messages in %s: %.0f msg/s\n", opts.Messages, res.DrainElapsed.Round(time.Millisecond), res.DrainRate)
+	return res, nil
+}
+
+func dropPrefix(pool *pgxpool.Pool, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND starts_with(tablename, $1)`, prefix)
+	if err != nil {
+		return
+	}
+	var names []string
+	for rows.Next() {
+		var n string
+		if rows.Scan(&n) == nil {
+			names = append(names, n)
+		}
+	}
+	rows.Close()
+	if len(names) > 0 {
+		_, _ = pool.Exec(ctx, "DROP TABLE IF EXISTS "+strings.Join(names, ", "))
+	}
+}
