@@ -57,7 +57,6 @@ func (c *Client[TTx]) Drain(ctx context.Context) (DrainResult, error) {
 	}
 	r.validUntil = start.Add(cfg.LeaseDuration - cfg.LeaseDuration/10)
 	r.lanes = r.lanes[:1]
-	r.lanes[0].window = cfg.PublishWindow
 	for {
 		if err := ctx.Err(); err != nil {
 			return res, err
@@ -82,7 +81,7 @@ func (c *Client[TTx]) Drain(ctx context.Context) (DrainResult, error) {
 		if until.Before(deadline) {
 			deadline = until
 		}
-		batch := r.publish(ctx, deadline, cfg.PublishWindow, recs)
+		batch := r.publish(ctx, deadline, recs)
 		res.Published += len(batch.published)
 		res.Failed += len(batch.failed)
 		dead, err := r.record(ctx, fence, batch)

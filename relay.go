@@ -43,6 +43,10 @@ type relay struct {
 	wake   <-chan struct{}
 	nparts int
 	lanes  []*lane
+	// window holds a token per publish awaiting the broker's ack, shared by
+	// the lanes: a lane publishing while others read or mark may use all
+	// of it.
+	window chan struct{}
 
 	mu         sync.Mutex
 	held       map[int]int64 // partition -> generation
@@ -57,7 +61,6 @@ type lane struct {
 	r          *relay
 	n          int
 	wake       chan struct{}
-	window     int
 	infraPause time.Duration
 }
 
@@ -83,9 +86,9 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, wake 
 		log:  cfg.Logger.With(slog.String("relay", id)),
 		held: map[int]int64{},
 	}
-	lanes := min(cfg.Lanes, n)
-	for i := range lanes {
-		r.lanes = append(r.lanes, &lane{r: r, n: i, wake: make(chan struct{}, 1), window: max(1, cfg.PublishWindow/lanes)})
+	r.window = make(chan struct{}, cfg.PublishWindow)
+	for i := range min(cfg.Lanes, n) {
+		r.lanes = append(r.lanes, &lane{r: r, n: i, wake: make(chan struct{}, 1)})
 	}
 	return r, nil
 }
@@ -211,7 +214,7 @@ func (l *lane) run(soft, hard context.Context) {
 		if until.Before(deadline) {
 			deadline = until
 		}
-		res := r.publish(hard, deadline, l.window, recs)
+		res := r.publish(hard, deadline, recs)
 		_, markErr := r.record(hard, fence, res)
 		switch {
 		case res.infra != nil:
@@ -349,7 +352,7 @@ type outcome struct {
 // pending and wait behind its backoff); an infrastructure failure stops
 // new publishes, and what is outstanding at the deadline is abandoned:
 // those rows stay pending and are published again later.
-func (r *relay) publish(ctx context.Context, deadline time.Time, window int, recs []postboxdriver.Record) batchResult {
+func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxdriver.Record) batchResult {
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 
@@ -376,12 +379,42 @@ func (r *relay) publish(ctx context.Context, deadline time.Time, window int, rec
 	// batch is abandoned never blocks.
 	results := make(chan outcome, len(recs))
 	inflight, head := 0, 0
+	settle := func(o outcome) {
+		inflight--
+		switch {
+		case o.err == nil:
+			res.published = append(res.published, recs[o.i].Seq)
+			if n := next[o.i]; n >= 0 {
+				ready = append(ready, n)
+			}
+		case IsMessageError(o.err):
+			res.failed = append(res.failed, r.failure(&recs[o.i], o.err))
+		case res.infra == nil:
+			res.infra = o.err
+		}
+	}
 	for {
-		for res.infra == nil && inflight < window && head < len(ready) && ctx.Err() == nil {
+		for res.infra == nil && head < len(ready) && ctx.Err() == nil {
+			// A window token, without waiting while this batch has
+			// publishes outstanding: their acks may be what frees one.
+			if inflight > 0 {
+				select {
+				case r.window <- struct{}{}:
+				default:
+					goto wait
+				}
+			} else {
+				select {
+				case r.window <- struct{}{}:
+				case <-ctx.Done():
+					continue
+				}
+			}
 			i := ready[head]
 			head++
 			env, err := r.envelope(&recs[i])
 			if err != nil {
+				<-r.window
 				res.failed = append(res.failed, r.failure(&recs[i], err))
 				continue
 			}
@@ -389,10 +422,12 @@ func (r *relay) publish(ctx context.Context, deadline time.Time, window int, rec
 			var once atomic.Bool
 			r.cfg.Publisher.Publish(ctx, env, func(err error) {
 				if once.CompareAndSwap(false, true) {
+					<-r.window // free the slot at once, for every lane
 					results <- outcome{i, err}
 				}
 			})
 		}
+	wait:
 		if inflight == 0 {
 			if res.infra == nil && ctx.Err() != nil && head < len(ready) {
 				res.infra = fmt.Errorf("batch deadline passed: %w", ctx.Err())
@@ -401,22 +436,13 @@ func (r *relay) publish(ctx context.Context, deadline time.Time, window int, rec
 		}
 		select {
 		case o := <-results:
-			inflight--
-			switch {
-			case o.err == nil:
-				res.published = append(res.published, recs[o.i].Seq)
-				if n := next[o.i]; n >= 0 {
-					ready = append(ready, n)
-				}
-			case IsMessageError(o.err):
-				res.failed = append(res.failed, r.failure(&recs[o.i], o.err))
-			case res.infra == nil:
-				res.infra = o.err
-			}
+			settle(o)
 		case <-ctx.Done():
 			if res.infra == nil {
 				res.infra = fmt.Errorf("batch deadline passed with %d publishes unacknowledged: %w", inflight, ctx.Err())
 			}
+			// The abandoned publishes keep their tokens until the
+			// publisher gives up on them, which it must when ctx ends.
 			return res
 		}
 	}
