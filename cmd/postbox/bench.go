@@ -15,21 +15,29 @@ func newBench() *cobra.Command {
 		Short: "Benchmarks against real servers, each with a baseline from the same run",
 	}
 	var opts bench.DrainOptions
+	var runs int
 	drain := &cobra.Command{
 		Use:   "drain",
 		Short: "Backlog drain, PostgreSQL to NATS JetStream, against the raw JetStream publish rate",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
-			res, err := bench.Drain(cmd.Context(), opts, out)
-			if err != nil {
-				return err
+			var results []bench.DrainResult
+			for i := range runs {
+				fmt.Fprintf(out, "run %d of %d\n", i+1, runs)
+				res, err := bench.Drain(cmd.Context(), opts, out)
+				if err != nil {
+					return err
+				}
+				results = append(results, res)
 			}
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintln(tw, "\nmeasure\tmsg/s\tratio to raw\t")
-			fmt.Fprintf(tw, "raw JetStream async publish\t%.0f\t1.00\t\n", res.RawRate)
-			fmt.Fprintf(tw, "postbox drain PostgreSQL -> JetStream\t%.0f\t%.2f\t\n", res.DrainRate, res.Ratio)
-			fmt.Fprintf(tw, "(backlog write, for reference)\t%.0f\t\t\n", res.WriteRate)
+			fmt.Fprintln(tw, "\nrun\traw JetStream msg/s\tpostbox drain msg/s\tratio\tbacklog write msg/s\t")
+			for i, r := range results {
+				fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t%.2f\t%.0f\t\n", i+1, r.RawRate, r.DrainRate, r.Ratio, r.WriteRate)
+			}
+			med := bench.Median(results)
+			fmt.Fprintf(tw, "median\t%.0f\t%.0f\t%.2f\t%.0f\t\n", med.RawRate, med.DrainRate, med.Ratio, med.WriteRate)
 			return tw.Flush()
 		},
 	}
@@ -37,6 +45,7 @@ func newBench() *cobra.Command {
 	f.StringVar(&opts.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
 	f.StringVar(&opts.NatsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL (JetStream enabled)")
 	f.IntVar(&opts.Messages, "messages", 100_000, "backlog size")
+	f.IntVar(&runs, "runs", 1, "repeat the measurement; the table shows each run and the median")
 	f.IntVar(&opts.PayloadBytes, "payload", 256, "payload bytes")
 	f.IntVar(&opts.Keys, "keys", 1000, "distinct ordering keys (0: keyless)")
 	f.IntVar(&opts.Window, "window", 256, "publish window")

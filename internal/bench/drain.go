@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime/pprof"
+	"sort"
 	"strings"
 	"time"
 
@@ -256,5 +257,31 @@ func dropPrefix(pool *pgxpool.Pool, prefix string) {
 	rows.Close()
 	if len(names) > 0 {
 		_, _ = pool.Exec(ctx, "DROP TABLE IF EXISTS "+strings.Join(names, ", "))
+	}
+}
+
+// Median returns the median of each figure over runs, taken figure by
+// figure (the ratio's median is not the ratio of the medians).
+func Median(runs []DrainResult) DrainResult {
+	pick := func(f func(DrainResult) float64) float64 {
+		xs := make([]float64, len(runs))
+		for i, r := range runs {
+			xs[i] = f(r)
+		}
+		sort.Float64s(xs)
+		if len(xs) == 0 {
+			return 0
+		}
+		if len(xs)%2 == 1 {
+			return xs[len(xs)/2]
+		}
+		return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
+	}
+	return DrainResult{
+		Messages:  runs[0].Messages,
+		RawRate:   pick(func(r DrainResult) float64 { return r.RawRate }),
+		DrainRate: pick(func(r DrainResult) float64 { return r.DrainRate }),
+		WriteRate: pick(func(r DrainResult) float64 { return r.WriteRate }),
+		Ratio:     pick(func(r DrainResult) float64 { return r.Ratio }),
 	}
 }
