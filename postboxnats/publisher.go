@@ -364,7 +364,7 @@ func (p *Publisher) lookup(subject string) {
 		case err != nil:
 			// JetStream not ready, disconnected, lookup timed out: the
 			// server could not say, so the message is not to blame.
-			w.f.finish(fmt.Errorf("postboxnats: publish %s on %q: %w (stream lookup failed: %v)", w.f.id, subject, w.cause, err))
+			w.f.finish(fmt.Errorf("postboxnats: publish %s on %q: %w (stream lookup failed: %w)", w.f.id, subject, w.cause, err))
 		default:
 			w.f.finish(fmt.Errorf("postboxnats: publish %s on %q: stream %q did not answer: %w", w.f.id, subject, stream, w.cause))
 		}

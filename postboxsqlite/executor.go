@@ -44,6 +44,7 @@ type store struct {
 	db      *sql.DB
 	prefix  string
 	q       queries
+	iq      inboxQueries
 	inserts sync.Map // row count -> INSERT statement
 }
 
@@ -53,7 +54,7 @@ func newStore(db *sql.DB, prefix string) (*store, error) {
 	if !postboxdriver.ValidPrefix(prefix) {
 		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most %d characters", prefix, postboxdriver.MaxPrefixLen)
 	}
-	return &store{db: db, prefix: prefix, q: makeQueries(prefix)}, nil
+	return &store{db: db, prefix: prefix, q: makeQueries(prefix), iq: makeInboxQueries(prefix)}, nil
 }
 
 // Dialect implements postboxdriver.Executor.

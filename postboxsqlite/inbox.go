@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/postbox-go/postbox/postboxdriver"
@@ -12,6 +13,41 @@ import (
 var _ postboxdriver.Inboxer[*sql.Tx] = (*store)(nil)
 
 const deadColumns = `consumer, message_id, topic, coalesce(key, ''), payload, headers, error, attempts, first_failure_at, last_failure_at, dead_at`
+
+// inboxQueries are the consumer side's statements, bound to a prefix once.
+type inboxQueries struct {
+	insert, take, failure, forget, bury, list, get, del, pruneInbox, pruneAttempts, pruneDead string
+}
+
+func makeInboxQueries(p string) inboxQueries {
+	r := strings.NewReplacer("{p}", p, "{now}", nowExpr, "{dead}", deadColumns)
+	return inboxQueries{
+		insert: r.Replace(`INSERT INTO {p}inbox (consumer, message_id) VALUES (?, ?) ON CONFLICT DO NOTHING`),
+		take:   r.Replace(`DELETE FROM {p}consumer_dead WHERE consumer = ? AND message_id = ? RETURNING {dead}`),
+		failure: r.Replace(`INSERT INTO {p}inbox_attempts (consumer, message_id, attempts, last_error) VALUES (?1, ?2, 1, ?3)
+ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = attempts + 1, last_failure_at = {now}, last_error = excluded.last_error
+RETURNING attempts, first_failure_at, last_failure_at`),
+		forget: r.Replace(`DELETE FROM {p}inbox_attempts WHERE consumer = ? AND message_id = ?`),
+		bury: r.Replace(`INSERT INTO {p}consumer_dead (consumer, message_id, topic, key, payload, headers, error, attempts, first_failure_at, last_failure_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+ON CONFLICT (consumer, message_id) DO UPDATE SET topic = excluded.topic, key = excluded.key, payload = excluded.payload,
+  headers = excluded.headers, error = excluded.error, attempts = excluded.attempts,
+  first_failure_at = excluded.first_failure_at, last_failure_at = excluded.last_failure_at, dead_at = {now}`),
+		list: r.Replace(`SELECT {dead} FROM {p}consumer_dead
+WHERE (?1 = '' OR consumer = ?1) AND (?2 = '' OR topic = ?2)
+  AND (?3 IS NULL OR dead_at >= ?3) AND (?4 IS NULL OR dead_at < ?4)
+ORDER BY dead_at DESC, consumer, message_id
+LIMIT ?5`),
+		get: r.Replace(`SELECT {dead} FROM {p}consumer_dead WHERE consumer = ? AND message_id = ?`),
+		del: r.Replace(`DELETE FROM {p}consumer_dead WHERE consumer = ? AND message_id = ?`),
+		pruneInbox: r.Replace(`DELETE FROM {p}inbox WHERE (consumer, message_id) IN (
+  SELECT consumer, message_id FROM {p}inbox WHERE received_at < {now} - ?1 LIMIT ?2)`),
+		pruneAttempts: r.Replace(`DELETE FROM {p}inbox_attempts WHERE (consumer, message_id) IN (
+  SELECT consumer, message_id FROM {p}inbox_attempts WHERE last_failure_at < {now} - ?1 LIMIT ?2)`),
+		pruneDead: r.Replace(`DELETE FROM {p}consumer_dead WHERE (consumer, message_id) IN (
+  SELECT consumer, message_id FROM {p}consumer_dead WHERE dead_at < {now} - ?1 LIMIT ?2)`),
+	}
+}
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -32,7 +68,7 @@ func scanDead(r scanner) (postboxdriver.DeadLetter, error) {
 // at a time, so a copy arriving while the first is uncommitted waits for
 // the write lock and then finds the record.
 func (s *store) InboxInsertTx(ctx context.Context, tx *sql.Tx, consumer, messageID string) (bool, error) {
-	res, err := tx.ExecContext(ctx, `INSERT INTO `+s.prefix+`inbox (consumer, message_id) VALUES (?, ?) ON CONFLICT DO NOTHING`, consumer, messageID)
+	res, err := tx.ExecContext(ctx, s.iq.insert, consumer, messageID)
 	if err != nil {
 		return false, s.wrap(err)
 	}
@@ -42,7 +78,7 @@ func (s *store) InboxInsertTx(ctx context.Context, tx *sql.Tx, consumer, message
 
 // TakeDeadTx implements postboxdriver.Inboxer.
 func (s *store) TakeDeadTx(ctx context.Context, tx *sql.Tx, consumer, messageID string) (postboxdriver.DeadLetter, error) {
-	d, err := scanDead(tx.QueryRowContext(ctx, `DELETE FROM `+s.prefix+`consumer_dead WHERE consumer = ? AND message_id = ? RETURNING `+deadColumns, consumer, messageID))
+	d, err := scanDead(tx.QueryRowContext(ctx, s.iq.take, consumer, messageID))
 	return d, s.notFound(err)
 }
 
@@ -57,9 +93,7 @@ func (s *store) notFound(err error) error {
 func (s *store) RecordFailure(ctx context.Context, consumer, messageID, errText string) (postboxdriver.Attempts, error) {
 	var a postboxdriver.Attempts
 	var first, last int64
-	err := s.db.QueryRowContext(ctx, `INSERT INTO `+s.prefix+`inbox_attempts (consumer, message_id, attempts, last_error) VALUES (?1, ?2, 1, ?3)
-ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = attempts + 1, last_failure_at = `+nowExpr+`, last_error = excluded.last_error
-RETURNING attempts, first_failure_at, last_failure_at`, consumer, messageID, errText).Scan(&a.Attempts, &first, &last)
+	err := s.db.QueryRowContext(ctx, s.iq.failure, consumer, messageID, errText).Scan(&a.Attempts, &first, &last)
 	a.FirstFailureAt, a.LastFailureAt = time.UnixMilli(first), time.UnixMilli(last)
 	return a, s.wrap(err)
 }
@@ -79,14 +113,10 @@ func (s *store) Bury(ctx context.Context, d postboxdriver.DeadLetter) error {
 		payload = []byte{}
 	}
 	return s.write(ctx, func(c *sql.Conn) error {
-		if _, err := c.ExecContext(ctx, `DELETE FROM `+s.prefix+`inbox_attempts WHERE consumer = ? AND message_id = ?`, d.Consumer, d.MessageID); err != nil {
+		if _, err := c.ExecContext(ctx, s.iq.forget, d.Consumer, d.MessageID); err != nil {
 			return err
 		}
-		_, err := c.ExecContext(ctx, `INSERT INTO `+s.prefix+`consumer_dead (consumer, message_id, topic, key, payload, headers, error, attempts, first_failure_at, last_failure_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
-ON CONFLICT (consumer, message_id) DO UPDATE SET topic = excluded.topic, key = excluded.key, payload = excluded.payload,
-  headers = excluded.headers, error = excluded.error, attempts = excluded.attempts,
-  first_failure_at = excluded.first_failure_at, last_failure_at = excluded.last_failure_at, dead_at = `+nowExpr,
+		_, err := c.ExecContext(ctx, s.iq.bury,
 			d.Consumer, d.MessageID, d.Topic, key, payload, headers, d.Error, d.Attempts, d.FirstFailureAt.UnixMilli(), d.LastFailureAt.UnixMilli())
 		return err
 	})
@@ -105,11 +135,7 @@ func (s *store) ListDead(ctx context.Context, f postboxdriver.DeadFilter) ([]pos
 	if !f.Until.IsZero() {
 		until = f.Until.UnixMilli()
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT `+deadColumns+` FROM `+s.prefix+`consumer_dead
-WHERE (?1 = '' OR consumer = ?1) AND (?2 = '' OR topic = ?2)
-  AND (?3 IS NULL OR dead_at >= ?3) AND (?4 IS NULL OR dead_at < ?4)
-ORDER BY dead_at DESC, consumer, message_id
-LIMIT ?5`, f.Consumer, f.Topic, since, until, limit)
+	rows, err := s.db.QueryContext(ctx, s.iq.list, f.Consumer, f.Topic, since, until, limit)
 	if err != nil {
 		return nil, s.wrap(err)
 	}
@@ -124,13 +150,13 @@ LIMIT ?5`, f.Consumer, f.Topic, since, until, limit)
 
 // GetDead implements postboxdriver.InboxExecutor.
 func (s *store) GetDead(ctx context.Context, consumer, messageID string) (postboxdriver.DeadLetter, error) {
-	d, err := scanDead(s.db.QueryRowContext(ctx, `SELECT `+deadColumns+` FROM `+s.prefix+`consumer_dead WHERE consumer = ? AND message_id = ?`, consumer, messageID))
+	d, err := scanDead(s.db.QueryRowContext(ctx, s.iq.get, consumer, messageID))
 	return d, s.notFound(err)
 }
 
 // DeleteDead implements postboxdriver.InboxExecutor.
 func (s *store) DeleteDead(ctx context.Context, consumer, messageID string) (bool, error) {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM `+s.prefix+`consumer_dead WHERE consumer = ? AND message_id = ?`, consumer, messageID)
+	res, err := s.db.ExecContext(ctx, s.iq.del, consumer, messageID)
 	if err != nil {
 		return false, s.wrap(err)
 	}
@@ -142,16 +168,14 @@ func (s *store) DeleteDead(ctx context.Context, consumer, messageID string) (boo
 func (s *store) PruneInbox(ctx context.Context, age time.Duration, limit int) (int, error) {
 	var n int64
 	err := s.write(ctx, func(c *sql.Conn) error {
-		res, err := c.ExecContext(ctx, `DELETE FROM `+s.prefix+`inbox WHERE (consumer, message_id) IN (
-  SELECT consumer, message_id FROM `+s.prefix+`inbox WHERE received_at < `+nowExpr+` - ?1 LIMIT ?2)`, age.Milliseconds(), limit)
+		res, err := c.ExecContext(ctx, s.iq.pruneInbox, age.Milliseconds(), limit)
 		if err != nil {
 			return err
 		}
 		if n, err = res.RowsAffected(); err != nil {
 			return err
 		}
-		_, err = c.ExecContext(ctx, `DELETE FROM `+s.prefix+`inbox_attempts WHERE (consumer, message_id) IN (
-  SELECT consumer, message_id FROM `+s.prefix+`inbox_attempts WHERE last_failure_at < `+nowExpr+` - ?1 LIMIT ?2)`, age.Milliseconds(), limit)
+		_, err = c.ExecContext(ctx, s.iq.pruneAttempts, age.Milliseconds(), limit)
 		return err
 	})
 	return int(n), err
@@ -159,8 +183,7 @@ func (s *store) PruneInbox(ctx context.Context, age time.Duration, limit int) (i
 
 // PruneConsumerDead implements postboxdriver.InboxExecutor.
 func (s *store) PruneConsumerDead(ctx context.Context, age time.Duration, limit int) (int, error) {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM `+s.prefix+`consumer_dead WHERE (consumer, message_id) IN (
-  SELECT consumer, message_id FROM `+s.prefix+`consumer_dead WHERE dead_at < `+nowExpr+` - ?1 LIMIT ?2)`, age.Milliseconds(), limit)
+	res, err := s.db.ExecContext(ctx, s.iq.pruneDead, age.Milliseconds(), limit)
 	if err != nil {
 		return 0, s.wrap(err)
 	}

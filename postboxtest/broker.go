@@ -242,7 +242,7 @@ func (s *subscriber) take() (int, time.Duration, <-chan struct{}) {
 	sort.Ints(due)
 	for _, i := range due {
 		k := b.stream[i].Key
-		if at := g.redeliver[i]; !now.Before(at) && !(k != "" && blocked[k]) {
+		if at := g.redeliver[i]; !now.Before(at) && (k == "" || !blocked[k]) {
 			delete(g.redeliver, i)
 			return s.claim(i), 0, nil
 		} else if wait == 0 || at.Sub(now) < wait {

@@ -233,7 +233,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	if err != nil {
 		return res, err
 	}
-	if info.State.Msgs != uint64(opts.Messages) { //nolint:gosec // positive
+	if info.State.Msgs != uint64(opts.Messages) {
 		return res, fmt.Errorf("stream holds %d messages after the drain, want %d", info.State.Msgs, opts.Messages)
 	}
 	fmt.Fprintf(out, "postbox: drained %d messages in %s: %.0f msg/s\n", opts.Messages, res.DrainElapsed.Round(time.Millisecond), res.DrainRate)
