@@ -89,6 +89,8 @@ var kinds = []string{"orders.created", "orders.paid", "orders.packed", "orders.s
 // Run runs the demo, writing progress and the summary to out.
 func Run(ctx context.Context, opts Options, out io.Writer) (Summary, error) {
 	opts.defaults()
+	// The progress goroutine and this one both write.
+	out = &lockedWriter{w: out}
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	began := time.Now()
@@ -427,4 +429,15 @@ func printSummary(out io.Writer, s Summary) {
 // which it reports) and drops its routine information.
 func quietLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -48,6 +48,7 @@ type Core struct {
 	db     DB
 	prefix string
 	q      queries
+	aq     adminQueries
 }
 
 // New binds db to the tables named with prefix.
@@ -55,7 +56,7 @@ func New(db DB, prefix string) (*Core, error) {
 	if !postboxdriver.ValidPrefix(prefix) {
 		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most %d characters", prefix, postboxdriver.MaxPrefixLen)
 	}
-	return &Core{db: db, prefix: prefix, q: makeQueries(prefix)}, nil
+	return &Core{db: db, prefix: prefix, q: makeQueries(prefix), aq: makeAdminQueries(prefix)}, nil
 }
 
 // Dialect implements postboxdriver.Executor.

@@ -40,4 +40,6 @@ type Features struct {
 	ConcurrentWriters bool
 	// Inbox is true where the store implements postboxdriver.Inboxer.
 	Inbox bool
+	// Admin is true where the store implements postboxdriver.Admin.
+	Admin bool
 }

@@ -35,6 +35,12 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("InfrastructureErrorSpendsNoAttempt", s.infraSpendsNoAttempt)
 	t.Run("StopReleasesLeases", s.stopReleases)
 	t.Run("CrashedRelayRecovered", s.crashedRelayRecovered)
+	t.Run("Admin", func(t *testing.T) {
+		if !h.Features.Admin {
+			t.Skip("driver declares no operator operations")
+		}
+		s.runAdmin(t)
+	})
 	t.Run("Inbox", func(t *testing.T) {
 		if !h.Features.Inbox {
 			t.Skip("driver declares no inbox")

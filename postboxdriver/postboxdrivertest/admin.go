@@ -1,0 +1,255 @@
+package postboxdrivertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxdriver"
+)
+
+func (s *suite[TTx]) runAdmin(t *testing.T) {
+	t.Run("StatusByTopic", s.adminStatus)
+	t.Run("DeadMessages", s.adminDead)
+	t.Run("PruneKeepsPendingAndDead", s.adminPrune)
+	t.Run("Replay", s.adminReplay)
+}
+
+type adminEnv[TTx any] struct {
+	*env[TTx]
+	admin *postbox.Admin
+	rec   *recorder
+	c     *postbox.Client[TTx]
+}
+
+// adminSetup returns tables holding published, pending and dead messages:
+// the publisher rejects payload "poison" (one attempt each), and the
+// client has drained what it could.
+func (s *suite[TTx]) adminSetup(t *testing.T, msgs ...postbox.Message) *adminEnv[TTx] {
+	t.Helper()
+	e := s.setup(t)
+	rec := &recorder{fail: func(env *postbox.Envelope) error {
+		if string(env.Payload) == "poison" {
+			return postbox.NewMessageError(errors.New("rejected"))
+		}
+		return nil
+	}}
+	c := e.client(t, rec, postbox.Config{MaxAttempts: 1})
+	if len(msgs) > 0 {
+		if err := c.Write(context.Background(), msgs...); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := postbox.NewAdmin(e.d, &postbox.AdminConfig{Prefix: e.prefix, PruneBatch: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &adminEnv[TTx]{env: e, admin: a, rec: rec, c: c}
+}
+
+func (s *suite[TTx]) adminStatus(t *testing.T) {
+	ae := s.adminSetup(t,
+		postbox.Message{Topic: "orders.created", Payload: []byte("1")},
+		postbox.Message{Topic: "orders.created", Payload: []byte("poison")},
+		postbox.Message{Topic: "orders.paid", Payload: []byte("2")},
+	)
+	ctx := context.Background()
+	if err := ae.c.Write(ctx, postbox.Message{Topic: "orders.paid"}, postbox.Message{Topic: "orders.shipped"}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ae.admin.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Pending != 2 || st.Dead != 1 || st.Published != 2 {
+		t.Fatalf("status %+v", st.Stats)
+	}
+	got := map[string]string{}
+	for _, ts := range st.Topics {
+		got[ts.Topic] = fmt.Sprintf("pending=%d dead=%d recent=%d aged=%v", ts.Pending, ts.Dead, ts.PublishedLastMinute, ts.OldestPendingAge > 0)
+	}
+	want := map[string]string{
+		"orders.created": "pending=0 dead=1 recent=1 aged=false",
+		"orders.paid":    "pending=1 dead=0 recent=1 aged=true",
+		"orders.shipped": "pending=1 dead=0 recent=0 aged=true",
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("topics\n got %v\nwant %v", got, want)
+	}
+}
+
+func (s *suite[TTx]) adminDead(t *testing.T) {
+	var msgs []postbox.Message
+	for i := range 6 {
+		topic := "t.a"
+		if i%2 == 1 {
+			topic = "t.b"
+		}
+		msgs = append(msgs, postbox.Message{Topic: topic, Key: fmt.Sprintf("k%d", i%3), Payload: []byte("poison")})
+	}
+	ae := s.adminSetup(t, msgs...)
+	ctx := context.Background()
+	list := func(f postbox.DeadMessageFilter) []postbox.DeadMessage {
+		t.Helper()
+		out, err := ae.admin.DeadMessages(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	all := list(postbox.DeadMessageFilter{})
+	if len(all) != 6 {
+		t.Fatalf("dead = %d, want 6", len(all))
+	}
+	if n := len(list(postbox.DeadMessageFilter{Topic: "t.b"})); n != 3 {
+		t.Fatalf("t.b = %d", n)
+	}
+	if n := len(list(postbox.DeadMessageFilter{Key: "k0"})); n != 2 {
+		t.Fatalf("k0 = %d", n)
+	}
+	if n := len(list(postbox.DeadMessageFilter{IDs: []string{all[0].ID, all[1].ID}})); n != 2 {
+		t.Fatalf("by ids = %d", n)
+	}
+	if n := len(list(postbox.DeadMessageFilter{Until: time.Now().Add(-time.Hour)})); n != 0 {
+		t.Fatalf("until an hour ago = %d", n)
+	}
+	d, err := ae.admin.DeadMessage(ctx, all[0].ID)
+	if err != nil || d.Attempts != 1 || d.LastError != "rejected" || string(d.Payload) != "poison" || d.DeadAt.IsZero() {
+		t.Fatalf("show = %+v, %v", d, err)
+	}
+	if _, err := ae.admin.DeadMessage(ctx, postbox.NewID()); !errors.Is(err, postboxdriver.ErrNotFound) {
+		t.Fatalf("show missing: %v", err)
+	}
+	var ve *postbox.ValidationError
+	if _, err := ae.admin.DeadMessages(ctx, postbox.DeadMessageFilter{IDs: []string{"x'; DROP TABLE y; --"}}); !errors.As(err, &ve) {
+		t.Fatalf("bad id: %v", err)
+	}
+	if _, err := ae.admin.DeleteDead(ctx, postbox.DeadSelection{}); !errors.Is(err, postbox.ErrEmptySelection) {
+		t.Fatalf("empty delete: %v", err)
+	}
+	if _, err := ae.admin.RequeueDead(ctx, postbox.DeadSelection{}); !errors.Is(err, postbox.ErrEmptySelection) {
+		t.Fatalf("empty requeue: %v", err)
+	}
+
+	// Requeue one by id: it goes back with its seq and no attempts, and
+	// is published (the publisher takes it now).
+	n, err := ae.admin.RequeueDead(ctx, postbox.DeadSelection{DeadMessageFilter: postbox.DeadMessageFilter{IDs: []string{all[0].ID}}})
+	if err != nil || n != 1 {
+		t.Fatalf("requeue = %d, %v", n, err)
+	}
+	recs := fetchAll(t, ae.store, "inspector")
+	if len(recs) != 1 || recs[0].ID != all[0].ID || recs[0].Seq != all[0].Seq || recs[0].Attempts != 0 {
+		t.Fatalf("requeued row = %+v", recs)
+	}
+	ae.rec.fail = nil
+	if res, err := ae.c.Drain(ctx); err != nil || res.Published != 1 {
+		t.Fatalf("drain after requeue = %+v, %v", res, err)
+	}
+	// Delete by topic (the other t.b messages: the newest, requeued above,
+	// was t.b), then requeue the rest with All.
+	if n, err := ae.admin.DeleteDead(ctx, postbox.DeadSelection{DeadMessageFilter: postbox.DeadMessageFilter{Topic: all[0].Topic}}); err != nil || n != 2 {
+		t.Fatalf("delete %s = %d, %v", all[0].Topic, n, err)
+	}
+	if n, err := ae.admin.RequeueDead(ctx, postbox.DeadSelection{All: true}); err != nil || n != 3 {
+		t.Fatalf("requeue all = %d, %v", n, err)
+	}
+	if st := ae.stats(t); st.Dead != 0 || st.Pending != 3 {
+		t.Fatalf("after: %+v", st)
+	}
+}
+
+func (s *suite[TTx]) adminPrune(t *testing.T) {
+	var msgs []postbox.Message
+	for i := range 10 {
+		msgs = append(msgs, postbox.Message{Topic: "t.p", Payload: []byte(fmt.Sprint(i))})
+	}
+	msgs = append(msgs, postbox.Message{Topic: "t.p", Payload: []byte("poison")})
+	ae := s.adminSetup(t, msgs...)
+	ctx := context.Background()
+	if err := ae.c.Write(ctx, postbox.Message{Topic: "t.pending"}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := ae.admin.Prune(ctx); err != nil || n != 0 {
+		t.Fatalf("prune of fresh history = %d, %v", n, err)
+	}
+	s.h.Backdate(t, ae.d, ae.prefix, "published", "published_at", 8*24*time.Hour)
+	s.h.Backdate(t, ae.d, ae.prefix, "dead", "dead_at", 80*24*time.Hour)
+	s.h.Backdate(t, ae.d, ae.prefix, "outbox", "created_at", 80*24*time.Hour)
+	n, err := ae.admin.Prune(ctx)
+	if err != nil || n != 10 {
+		t.Fatalf("prune = %d, %v; want the 10 published, in batches of 3", n, err)
+	}
+	if st := ae.stats(t); st.Published != 0 || st.Pending != 1 || st.Dead != 1 {
+		t.Fatalf("after prune: %+v; pending and dead must stay", st)
+	}
+}
+
+func (s *suite[TTx]) adminReplay(t *testing.T) {
+	var msgs []postbox.Message
+	for i := range 6 {
+		topic := "t.x"
+		if i >= 4 {
+			topic = "t.y"
+		}
+		msgs = append(msgs, postbox.Message{Topic: topic, Key: "k", Payload: []byte(fmt.Sprint(i))})
+	}
+	ae := s.adminSetup(t, msgs...)
+	ctx := context.Background()
+	first := ae.rec.snapshot()
+	since, until := time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
+	var ve *postbox.ValidationError
+	if _, err := ae.admin.Replay(ctx, postbox.ReplayRequest{Since: since, Until: until}); !errors.As(err, &ve) || ve.Field != "actor" {
+		t.Fatalf("replay without actor: %v", err)
+	}
+	if _, err := ae.admin.Replay(ctx, postbox.ReplayRequest{Since: until, Until: since, Actor: "ops"}); !errors.As(err, &ve) {
+		t.Fatalf("reversed window: %v", err)
+	}
+	if _, err := ae.admin.Replay(ctx, postbox.ReplayRequest{Since: time.Now().Add(-8 * 24 * time.Hour), Until: until, Actor: "ops"}); !errors.Is(err, postboxdriver.ErrBeyondHorizon) {
+		t.Fatalf("replay past the horizon: %v", err)
+	}
+	n, err := ae.admin.Replay(ctx, postbox.ReplayRequest{Since: since, Until: until, Topic: "t.x", DryRun: true, Actor: "ops"})
+	if err != nil || n != 4 {
+		t.Fatalf("dry run = %d, %v", n, err)
+	}
+	if st := ae.stats(t); st.Pending != 0 {
+		t.Fatalf("a dry run staged %d rows", st.Pending)
+	}
+	n, err = ae.admin.Replay(ctx, postbox.ReplayRequest{Since: since, Until: until, Topic: "t.x", Actor: "ops"})
+	if err != nil || n != 4 {
+		t.Fatalf("replay = %d, %v", n, err)
+	}
+	// Staged again, the same rows are not staged twice.
+	if n, err := ae.admin.Replay(ctx, postbox.ReplayRequest{Since: since, Until: until, Actor: "ops"}); err != nil || n != 2 {
+		t.Fatalf("second replay = %d, %v; want only the 2 t.y rows", n, err)
+	}
+	if res, err := ae.c.Drain(ctx); err != nil || res.Published != 6 {
+		t.Fatalf("drain = %+v, %v", res, err)
+	}
+	again := ae.rec.snapshot()[len(first):]
+	var order []string
+	for i, env := range again {
+		order = append(order, string(env.Payload))
+		if i < 4 && env.ID != first[i].ID {
+			t.Fatalf("replayed %s under id %s, first sent as %s", env.Payload, env.ID, first[i].ID)
+		}
+	}
+	if fmt.Sprint(order) != "[0 1 2 3 4 5]" {
+		t.Fatalf("replayed in order %v", order)
+	}
+	audit, err := ae.admin.Replays(ctx, 10)
+	if err != nil || len(audit) != 3 {
+		t.Fatalf("audit = %+v, %v", audit, err)
+	}
+	if a := audit[2]; a.Actor != "ops" || !a.DryRun || a.Count != 4 || a.Topic != "t.x" || a.Since.Sub(since).Abs() >= time.Millisecond {
+		t.Fatalf("oldest audit entry = %+v", a)
+	}
+	if audit[0].Count != 2 || audit[0].DryRun {
+		t.Fatalf("newest audit entry = %+v", audit[0])
+	}
+}
