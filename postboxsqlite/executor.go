@@ -45,6 +45,7 @@ type store struct {
 	prefix  string
 	q       queries
 	iq      inboxQueries
+	aq      adminQueries
 	inserts sync.Map // row count -> INSERT statement
 }
 
@@ -54,7 +55,7 @@ func newStore(db *sql.DB, prefix string) (*store, error) {
 	if !postboxdriver.ValidPrefix(prefix) {
 		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most %d characters", prefix, postboxdriver.MaxPrefixLen)
 	}
-	return &store{db: db, prefix: prefix, q: makeQueries(prefix), iq: makeInboxQueries(prefix)}, nil
+	return &store{db: db, prefix: prefix, q: makeQueries(prefix), iq: makeInboxQueries(prefix), aq: makeAdminQueries(prefix)}, nil
 }
 
 // Dialect implements postboxdriver.Executor.

@@ -1,0 +1,232 @@
+package postboxsqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"strings"
+	"time"
+
+	"github.com/postbox-go/postbox/postboxdriver"
+)
+
+var _ postboxdriver.Admin = (*store)(nil)
+
+type adminQueries struct {
+	topicStats, listDead, getDead, requeueInsert, requeueDelete, deleteDead, prunePublished,
+	horizon, replayCount, replayInsert, replayDelete, replayAudit, listReplays string
+}
+
+// deadWhere selects dead messages by ?1 (a JSON array of ids, empty for
+// any), ?2 topic, ?3 key, ?4 and ?5 the dead_at window (NULL for open).
+const deadWhere = `(json_array_length(?1) = 0 OR d.id IN (SELECT value FROM json_each(?1)))
+  AND (?2 = '' OR d.topic = ?2) AND (?3 = '' OR d.key = ?3)
+  AND (?4 IS NULL OR d.dead_at >= ?4) AND (?5 IS NULL OR d.dead_at < ?5)`
+
+const deadMessageColumns = `d.seq, d.id, d.topic, coalesce(d.key, ''), d.payload, d.headers, d.attempts, coalesce(d.last_error, ''), d.created_at, d.dead_at`
+
+// replayWhere selects published rows by ?1..?4, leaving out any whose id
+// is pending again already.
+const replayWhere = `p.created_at >= ?1 AND p.created_at < ?2 AND (?3 = '' OR p.topic = ?3) AND (?4 = '' OR p.key = ?4)
+  AND NOT EXISTS (SELECT 1 FROM {p}outbox o WHERE o.id = p.id)`
+
+func makeAdminQueries(prefix string) adminQueries {
+	r := strings.NewReplacer("{p}", prefix, "{now}", nowExpr)
+	return adminQueries{
+		topicStats: r.Replace(`WITH pending AS (
+  SELECT topic, count(*) AS n, {now} - min(created_at) AS age FROM {p}outbox GROUP BY topic
+), dead AS (
+  SELECT topic, count(*) AS n FROM {p}dead GROUP BY topic
+), recent AS (
+  SELECT topic, count(*) AS n FROM {p}published WHERE published_at > {now} - 60000 GROUP BY topic
+), t AS (
+  SELECT topic FROM pending UNION SELECT topic FROM dead UNION SELECT topic FROM recent
+)
+SELECT t.topic, coalesce(pending.n, 0), coalesce(dead.n, 0), coalesce(pending.age, 0), coalesce(recent.n, 0)
+FROM t LEFT JOIN pending USING (topic) LEFT JOIN dead USING (topic) LEFT JOIN recent USING (topic)
+ORDER BY t.topic`),
+		listDead: r.Replace(`SELECT ` + deadMessageColumns + ` FROM {p}dead d WHERE ` + deadWhere + `
+ORDER BY d.dead_at DESC, d.seq DESC LIMIT ?6`),
+		getDead: r.Replace(`SELECT ` + deadMessageColumns + ` FROM {p}dead d WHERE d.id = ?`),
+		// Back under the original seq: first in line, and in order among
+		// its key's messages still pending.
+		requeueInsert: r.Replace(`INSERT INTO {p}outbox (seq, id, topic, key, payload, headers, partition, created_at)
+SELECT d.seq, d.id, d.topic, d.key, d.payload, d.headers, d.partition, d.created_at FROM {p}dead d WHERE ` + deadWhere),
+		requeueDelete: r.Replace(`DELETE FROM {p}dead AS d WHERE ` + deadWhere),
+		deleteDead:    r.Replace(`DELETE FROM {p}dead AS d WHERE ` + deadWhere),
+		prunePublished: r.Replace(`DELETE FROM {p}published WHERE rowid IN (
+  SELECT rowid FROM {p}published WHERE published_at < {now} - ?1 LIMIT ?2)`),
+		horizon:     r.Replace(`SELECT ?1 < {now} - ?2`),
+		replayCount: r.Replace(`SELECT count(*) FROM {p}published p WHERE ` + replayWhere),
+		replayInsert: r.Replace(`INSERT INTO {p}outbox (id, topic, key, payload, headers, partition)
+SELECT p.id, p.topic, p.key, p.payload, p.headers, p.partition FROM {p}published p WHERE ` + replayWhere + `
+ORDER BY p.seq`),
+		// After the insert, exactly the moved rows have their id pending.
+		replayDelete: r.Replace(`DELETE FROM {p}published AS p WHERE p.created_at >= ?1 AND p.created_at < ?2
+  AND (?3 = '' OR p.topic = ?3) AND (?4 = '' OR p.key = ?4)
+  AND EXISTS (SELECT 1 FROM {p}outbox o WHERE o.id = p.id)`),
+		replayAudit: r.Replace(`INSERT INTO {p}replays (actor, since, until, topic, key, count, dry_run) VALUES (?, ?, ?, ?, ?, ?, ?)`),
+		listReplays: r.Replace(`SELECT id, at, actor, since, until, topic, key, count, dry_run FROM {p}replays ORDER BY id DESC LIMIT ?`),
+	}
+}
+
+func millisOrNil(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UnixMilli()
+}
+
+func deadArgs(f postboxdriver.DeadMessageFilter) []any {
+	ids := "[]"
+	if len(f.IDs) > 0 {
+		b, _ := json.Marshal(f.IDs)
+		ids = string(b)
+	}
+	return []any{ids, f.Topic, f.Key, millisOrNil(f.Since), millisOrNil(f.Until)}
+}
+
+func scanDeadMessage(r scanner) (postboxdriver.DeadMessage, error) {
+	var d postboxdriver.DeadMessage
+	var headers string
+	var created, dead int64
+	err := r.Scan(&d.Seq, &d.ID, &d.Topic, &d.Key, &d.Payload, &headers, &d.Attempts, &d.LastError, &created, &dead)
+	if d.Payload == nil {
+		d.Payload = []byte{}
+	}
+	d.Headers = []byte(headers)
+	d.CreatedAt, d.DeadAt = time.UnixMilli(created), time.UnixMilli(dead)
+	return d, err
+}
+
+// TopicStats implements postboxdriver.Admin.
+func (s *store) TopicStats(ctx context.Context) ([]postboxdriver.TopicStats, error) {
+	rows, err := s.db.QueryContext(ctx, s.aq.topicStats)
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	var out []postboxdriver.TopicStats
+	err = scanAll(rows, func(r *sql.Rows) error {
+		var t postboxdriver.TopicStats
+		var age int64
+		if err := r.Scan(&t.Topic, &t.Pending, &t.Dead, &age, &t.PublishedLastMinute); err != nil {
+			return err
+		}
+		t.OldestPendingAge = time.Duration(age) * time.Millisecond
+		out = append(out, t)
+		return nil
+	})
+	return out, s.wrap(err)
+}
+
+// ListDeadMessages implements postboxdriver.Admin.
+func (s *store) ListDeadMessages(ctx context.Context, f postboxdriver.DeadMessageFilter) ([]postboxdriver.DeadMessage, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := s.db.QueryContext(ctx, s.aq.listDead, append(deadArgs(f), limit)...)
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	var out []postboxdriver.DeadMessage
+	err = scanAll(rows, func(r *sql.Rows) error {
+		d, err := scanDeadMessage(r)
+		out = append(out, d)
+		return err
+	})
+	return out, s.wrap(err)
+}
+
+// GetDeadMessage implements postboxdriver.Admin.
+func (s *store) GetDeadMessage(ctx context.Context, id string) (postboxdriver.DeadMessage, error) {
+	d, err := scanDeadMessage(s.db.QueryRowContext(ctx, s.aq.getDead, id))
+	return d, s.notFound(err)
+}
+
+// RequeueDeadMessages implements postboxdriver.Admin: the copy and the
+// delete run in one IMMEDIATE transaction, so they see the same rows.
+func (s *store) RequeueDeadMessages(ctx context.Context, f postboxdriver.DeadMessageFilter) (int, error) {
+	var n int64
+	err := s.write(ctx, func(c *sql.Conn) error {
+		res, err := c.ExecContext(ctx, s.aq.requeueInsert, deadArgs(f)...)
+		if err != nil {
+			return err
+		}
+		if n, err = res.RowsAffected(); err != nil {
+			return err
+		}
+		_, err = c.ExecContext(ctx, s.aq.requeueDelete, deadArgs(f)...)
+		return err
+	})
+	return int(n), err
+}
+
+// DeleteDeadMessages implements postboxdriver.Admin.
+func (s *store) DeleteDeadMessages(ctx context.Context, f postboxdriver.DeadMessageFilter) (int, error) {
+	n, err := affected(s.db.ExecContext(ctx, s.aq.deleteDead, deadArgs(f)...))
+	return int(n), s.wrap(err)
+}
+
+// PrunePublished implements postboxdriver.Admin.
+func (s *store) PrunePublished(ctx context.Context, age time.Duration, limit int) (int, error) {
+	n, err := affected(s.db.ExecContext(ctx, s.aq.prunePublished, age.Milliseconds(), limit))
+	return int(n), s.wrap(err)
+}
+
+// Replay implements postboxdriver.Admin.
+func (s *store) Replay(ctx context.Context, r postboxdriver.ReplayRequest) (int, error) {
+	since, until := r.Since.UnixMilli(), r.Until.UnixMilli()
+	var n int64
+	err := s.write(ctx, func(c *sql.Conn) error {
+		var tooOld bool
+		if err := c.QueryRowContext(ctx, s.aq.horizon, since, r.Horizon.Milliseconds()).Scan(&tooOld); err != nil {
+			return err
+		}
+		if tooOld {
+			return postboxdriver.ErrBeyondHorizon
+		}
+		if r.DryRun {
+			if err := c.QueryRowContext(ctx, s.aq.replayCount, since, until, r.Topic, r.Key).Scan(&n); err != nil {
+				return err
+			}
+		} else {
+			var err error
+			if n, err = affected(c.ExecContext(ctx, s.aq.replayInsert, since, until, r.Topic, r.Key)); err != nil {
+				return err
+			}
+			if _, err := c.ExecContext(ctx, s.aq.replayDelete, since, until, r.Topic, r.Key); err != nil {
+				return err
+			}
+		}
+		_, err := c.ExecContext(ctx, s.aq.replayAudit, r.Actor, since, until, r.Topic, r.Key, n, r.DryRun)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return int(n), nil
+}
+
+// ListReplays implements postboxdriver.Admin.
+func (s *store) ListReplays(ctx context.Context, limit int) ([]postboxdriver.ReplayAudit, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := s.db.QueryContext(ctx, s.aq.listReplays, limit)
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	var out []postboxdriver.ReplayAudit
+	err = scanAll(rows, func(r *sql.Rows) error {
+		var a postboxdriver.ReplayAudit
+		var at, since, until int64
+		if err := r.Scan(&a.ID, &at, &a.Actor, &since, &until, &a.Topic, &a.Key, &a.Count, &a.DryRun); err != nil {
+			return err
+		}
+		a.At, a.Since, a.Until = time.UnixMilli(at), time.UnixMilli(since), time.UnixMilli(until)
+		out = append(out, a)
+		return nil
+	})
+	return out, s.wrap(err)
+}
