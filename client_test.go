@@ -254,3 +254,49 @@ func TestDurabilityWarnings(t *testing.T) {
 		t.Fatalf("warnings with synchronous_commit off: %v, %v", w, err)
 	}
 }
+
+// The relay holding partition 0 deletes published rows past the retention,
+// and nothing pending.
+func TestRelayRetention(t *testing.T) {
+	d, prefix := newDriver(t)
+	ctx := context.Background()
+	pub := postbox.PublisherFunc(func(context.Context, *postbox.Envelope) error { return nil })
+	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: pub, Retention: time.Hour, PruneInterval: time.Second, PruneBatch: 4, LeaseDuration: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []postbox.Message
+	for range 10 {
+		msgs = append(msgs, postbox.Message{Topic: "t.old"})
+	}
+	if err := c.Write(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Pool().Exec(ctx, "UPDATE "+prefix+"published SET published_at = published_at - interval '2 hours'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(ctx, postbox.Message{Topic: "t.new"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Stop(ctx) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := c.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Published == 1 && st.Pending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("history not pruned: %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

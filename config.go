@@ -70,6 +70,15 @@ type Config struct {
 	// RelayID names this relay in leases and logs. Default a new UUID per
 	// Start.
 	RelayID string
+
+	// Retention keeps published messages this long, for replay; the relay
+	// that holds partition 0 deletes older ones every PruneInterval, in
+	// batches of PruneBatch, so one replica at a time does it. Pending and
+	// dead messages are never deleted. Negative keeps everything. Default
+	// 7 days.
+	Retention     time.Duration
+	PruneInterval time.Duration // default 1 minute
+	PruneBatch    int           // default 1000
 }
 
 // PayloadValidator checks a payload before it is written.
@@ -140,6 +149,9 @@ func (c *Config) WithDefaults() *Config {
 	defD(&out.BackoffMax, DefaultBackoffMax)
 	def(&out.MaxAttempts, DefaultMaxAttempts)
 	defD(&out.PollInterval, DefaultPollInterval)
+	defD(&out.Retention, DefaultOutboxRetention)
+	defD(&out.PruneInterval, DefaultPruneInterval)
+	def(&out.PruneBatch, DefaultPruneBatch)
 	return &out
 }
 
@@ -181,6 +193,11 @@ func (c *Config) Validate() error {
 	if c.BackoffMax < c.BackoffBase {
 		bad("BackoffMax", c.BackoffMax, "must not be shorter than BackoffBase (%s)", c.BackoffBase)
 	}
+	if c.Retention >= 0 && c.Retention < time.Hour {
+		bad("Retention", c.Retention, "must be at least 1h (or negative to keep everything): replay and late consumers need the history")
+	}
+	atLeast("PruneInterval", c.PruneInterval, time.Second)
+	positive("PruneBatch", c.PruneBatch, 100_000)
 	if c.RelayID != "" && (len(c.RelayID) > 200 || !printable(c.RelayID)) {
 		bad("RelayID", c.RelayID, "must be printable text of at most 200 bytes")
 	}

@@ -48,6 +48,8 @@ type relay struct {
 	// of it.
 	window chan struct{}
 
+	nextPrune time.Time // coordinator only
+
 	mu         sync.Mutex
 	held       map[int]int64 // partition -> generation
 	validUntil time.Time     // local clock; the held leases end no sooner
@@ -175,6 +177,44 @@ func (r *relay) run(soft, hard context.Context) {
 		for _, l := range r.lanes {
 			l.notify()
 		}
+		r.maintain(soft)
+	}
+}
+
+// maxPruneBatches bounds one retention pass, so the coordinator gets back
+// to renewing leases; what is left waits for the next pass.
+const maxPruneBatches = 20
+
+// maintain prunes the published history when this relay holds partition
+// 0: whichever relay that is, only one at a time does it.
+func (r *relay) maintain(ctx context.Context) {
+	ad, ok := r.ex.(postboxdriver.Admin)
+	if !ok || r.cfg.Retention < 0 || time.Now().Before(r.nextPrune) {
+		return
+	}
+	r.mu.Lock()
+	_, owner := r.held[0]
+	r.mu.Unlock()
+	if !owner {
+		return
+	}
+	r.nextPrune = time.Now().Add(r.cfg.PruneInterval)
+	total := 0
+	for range maxPruneBatches {
+		n, err := ad.PrunePublished(ctx, r.cfg.Retention, r.cfg.PruneBatch)
+		total += n
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("postbox relay: retention pass failed", slog.Any("error", err))
+			}
+			return
+		}
+		if n < r.cfg.PruneBatch {
+			break
+		}
+	}
+	if total > 0 {
+		r.log.Info("postbox relay: retention pass", slog.Int("deleted", total), slog.Duration("retention", r.cfg.Retention))
 	}
 }
 
