@@ -182,13 +182,17 @@ func (a *Admin) DeleteDead(ctx context.Context, s DeadSelection) (int, error) {
 }
 
 // Prune deletes published messages older than the retention, in batches,
-// until none is left or ctx ends. Pending and dead messages are never
+// until none is left or ctx ends, calling progress (when not nil) with the
+// running total after each batch. Pending and dead messages are never
 // touched: they live in other tables.
-func (a *Admin) Prune(ctx context.Context) (int, error) {
+func (a *Admin) Prune(ctx context.Context, progress func(deleted int)) (int, error) {
 	total := 0
 	for {
 		n, err := a.ad.PrunePublished(ctx, a.cfg.Retention, a.cfg.PruneBatch)
 		total += n
+		if progress != nil && n > 0 {
+			progress(total)
+		}
 		if err != nil || n < a.cfg.PruneBatch {
 			return total, err
 		}

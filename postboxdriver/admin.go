@@ -89,11 +89,13 @@ type ReplayRequest struct {
 
 // ReplayAudit is one recorded replay request.
 type ReplayAudit struct {
-	ID           int64
-	At           time.Time
-	Actor        string
-	Since, Until time.Time
-	Topic, Key   string
-	Count        int
-	DryRun       bool
+	ID     int64     `json:"id"`
+	At     time.Time `json:"at"`
+	Actor  string    `json:"actor"`
+	Since  time.Time `json:"since"`
+	Until  time.Time `json:"until"`
+	Topic  string    `json:"topic"`
+	Key    string    `json:"key"`
+	Count  int       `json:"count"`
+	DryRun bool      `json:"dry_run"`
 }

@@ -49,9 +49,9 @@ func New[TTx any](driver postboxdriver.Driver[TTx], cfg *Config) (*Migrator, err
 
 // Status is one migration and whether it is applied.
 type Status struct {
-	Version int
-	Name    string
-	Applied bool
+	Version int    `json:"version"`
+	Name    string `json:"name"`
+	Applied bool   `json:"applied"`
 }
 
 // Status lists every migration the library knows, applied or not.

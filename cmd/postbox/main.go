@@ -1,6 +1,6 @@
-// Command postbox is the operator's tool for postbox: the demo, and (as
-// they land) the relay daemon, migrations, status, dead letters, replay and
-// benchmarks.
+// Command postbox is the operator's tool for postbox: migrations, status,
+// dead messages, replay and pruning against a database, the demo on
+// embedded defaults, and the benchmarks.
 package main
 
 import (
@@ -18,7 +18,7 @@ func main() {
 	err := newRoot().ExecuteContext(ctx)
 	stop()
 	if err != nil {
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 
@@ -29,7 +29,13 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: false,
 	}
+	var db dbFlags
+	ops := []*cobra.Command{newMigrate(&db), newStatus(&db), newDead(&db), newReplay(&db), newPrune(&db)}
+	for _, c := range ops {
+		db.register(c)
+	}
 	root.AddCommand(newDemo(), newBench())
+	root.AddCommand(ops...)
 	return root
 }
 

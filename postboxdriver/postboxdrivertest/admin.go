@@ -178,13 +178,13 @@ func (s *suite[TTx]) adminPrune(t *testing.T) {
 	if err := ae.c.Write(ctx, postbox.Message{Topic: "t.pending"}); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := ae.admin.Prune(ctx); err != nil || n != 0 {
+	if n, err := ae.admin.Prune(ctx, nil); err != nil || n != 0 {
 		t.Fatalf("prune of fresh history = %d, %v", n, err)
 	}
 	s.h.Backdate(t, ae.d, ae.prefix, "published", "published_at", 8*24*time.Hour)
 	s.h.Backdate(t, ae.d, ae.prefix, "dead", "dead_at", 80*24*time.Hour)
 	s.h.Backdate(t, ae.d, ae.prefix, "outbox", "created_at", 80*24*time.Hour)
-	n, err := ae.admin.Prune(ctx)
+	n, err := ae.admin.Prune(ctx, nil)
 	if err != nil || n != 10 {
 		t.Fatalf("prune = %d, %v; want the 10 published, in batches of 3", n, err)
 	}

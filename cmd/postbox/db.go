@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxdriver"
+	"github.com/postbox-go/postbox/postboxmigrate"
+	"github.com/postbox-go/postbox/postboxpgx"
+	"github.com/postbox-go/postbox/postboxsqlite"
+)
+
+// dbFlags are the flags every database command shares.
+type dbFlags struct {
+	url       string
+	prefix    string
+	retention string
+	json      bool
+}
+
+func (f *dbFlags) register(cmd *cobra.Command) {
+	p := cmd.PersistentFlags()
+	p.StringVar(&f.url, "database", os.Getenv("POSTBOX_DATABASE_URL"),
+		"database: postgres://... for PostgreSQL, sqlite:PATH for SQLite (env POSTBOX_DATABASE_URL)")
+	p.StringVar(&f.prefix, "prefix", envOr("POSTBOX_PREFIX", postbox.DefaultPrefix), "table prefix (env POSTBOX_PREFIX)")
+	p.StringVar(&f.retention, "retention", envOr("POSTBOX_RETENTION", "168h"), "how long published messages are kept: the prune age and the replay horizon (env POSTBOX_RETENTION)")
+	p.BoolVar(&f.json, "json", false, "print JSON instead of tables")
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// conn is an open database with the operator's tools over it.
+type conn struct {
+	admin    *postbox.Admin
+	migrator *postboxmigrate.Migrator
+	close    func()
+}
+
+// errUsage marks a bad flag or argument: the message names it.
+type errUsage struct{ msg string }
+
+func (e *errUsage) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &errUsage{fmt.Sprintf(format, args...)} }
+
+func (f *dbFlags) open(ctx context.Context) (*conn, error) {
+	retention, err := parseDuration(f.retention)
+	if err != nil {
+		return nil, usagef("--retention %q: %v", f.retention, err)
+	}
+	acfg := &postbox.AdminConfig{Prefix: f.prefix, Retention: retention}
+	mcfg := &postboxmigrate.Config{Prefix: f.prefix}
+	switch {
+	case f.url == "":
+		return nil, usagef("--database is required (or POSTBOX_DATABASE_URL): postgres://... or sqlite:PATH")
+	case strings.HasPrefix(f.url, "postgres://"), strings.HasPrefix(f.url, "postgresql://"):
+		pool, err := pgxpool.New(ctx, f.url)
+		if err != nil {
+			return nil, usagef("--database: %v", err)
+		}
+		if err := pool.Ping(ctx); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+		}
+		d := postboxpgx.New(pool)
+		return finish(d, acfg, mcfg, pool.Close)
+	case strings.HasPrefix(f.url, "sqlite:"):
+		path := strings.TrimPrefix(strings.TrimPrefix(f.url, "sqlite:"), "//")
+		if path == "" {
+			return nil, usagef("--database sqlite: needs a file path, e.g. sqlite:/var/lib/app/app.db")
+		}
+		db, err := postboxsqlite.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		d, err := postboxsqlite.New(db)
+		if err != nil {
+			_ = db.Close()
+			return nil, err
+		}
+		return finish(d, acfg, mcfg, func() { _ = db.Close() })
+	default:
+		return nil, usagef("--database %q: want postgres://... or sqlite:PATH", redact(f.url))
+	}
+}
+
+func finish[TTx any](d postboxdriver.Driver[TTx], acfg *postbox.AdminConfig, mcfg *postboxmigrate.Config, closeFn func()) (*conn, error) {
+	admin, err := postbox.NewAdmin(d, acfg)
+	if err != nil {
+		closeFn()
+		return nil, err
+	}
+	m, err := postboxmigrate.New(d, mcfg)
+	if err != nil {
+		closeFn()
+		return nil, err
+	}
+	return &conn{admin: admin, migrator: m, close: closeFn}, nil
+}
+
+// redact hides a password in a connection URL before it is printed.
+func redact(u string) string {
+	if at := strings.Index(u, "@"); at > 0 {
+		if scheme := strings.Index(u, "://"); scheme > 0 && scheme < at {
+			creds := u[scheme+3 : at]
+			if colon := strings.Index(creds, ":"); colon >= 0 {
+				return u[:scheme+3] + creds[:colon] + ":***" + u[at:]
+			}
+		}
+	}
+	return u
+}
+
+// printJSON writes v as indented JSON.
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,433 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxdriver"
+	"github.com/postbox-go/postbox/postboxmigrate"
+	"github.com/postbox-go/postbox/postboxpgx"
+	"github.com/postbox-go/postbox/postboxsqlite"
+)
+
+// parseDuration reads a Go duration, or a whole number of days as "7d".
+func parseDuration(s string) (time.Duration, error) {
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("not a number of days")
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	return time.ParseDuration(s)
+}
+
+// parseTime reads an RFC 3339 time, or a duration meaning that long ago
+// ("2h", "7d").
+func parseTime(flag, s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	if d, err := parseDuration(s); err == nil {
+		return time.Now().Add(-d), nil
+	}
+	return time.Time{}, usagef("--%s %q: want an RFC 3339 time (2026-01-02T15:04:05Z) or a duration ago (90m, 2h, 7d)", flag, s)
+}
+
+func table(w io.Writer, header string, rows [][]string) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	return tw.Flush()
+}
+
+func withConn(f *dbFlags, run func(ctx context.Context, c *conn, out io.Writer) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		c, err := f.open(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer c.close()
+		return run(cmd.Context(), c, cmd.OutOrStdout())
+	}
+}
+
+func newMigrate(f *dbFlags) *cobra.Command {
+	cmd := &cobra.Command{Use: "migrate", Short: "Create or upgrade postbox's tables; print their SQL"}
+	cmd.AddCommand(&cobra.Command{
+		Use: "up", Short: "Apply every pending migration", Args: cobra.NoArgs,
+		RunE: withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
+			done, err := c.migrator.Up(ctx)
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(out, map[string]any{"applied": done})
+			}
+			if len(done) == 0 {
+				fmt.Fprintln(out, "schema is current")
+			}
+			for _, v := range done {
+				fmt.Fprintf(out, "applied %03d\n", v)
+			}
+			return nil
+		}),
+	}, &cobra.Command{
+		Use: "status", Short: "List the migrations and whether each is applied", Args: cobra.NoArgs,
+		RunE: withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
+			st, err := c.migrator.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(out, st)
+			}
+			var rows [][]string
+			for _, s := range st {
+				state := "pending"
+				if s.Applied {
+					state = "applied"
+				}
+				rows = append(rows, []string{fmt.Sprintf("%03d", s.Version), s.Name, state})
+			}
+			return table(out, "VERSION\tNAME\tSTATE", rows)
+		}),
+	})
+	var dialect string
+	sqlCmd := &cobra.Command{
+		Use:   "sql",
+		Short: "Print the migrations' SQL for goose, atlas or golang-migrate (no database needed)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			m, err := offlineMigrator(dialect, f.prefix)
+			if err != nil {
+				return err
+			}
+			_, err = io.WriteString(cmd.OutOrStdout(), m.SQL())
+			return err
+		},
+	}
+	sqlCmd.Flags().StringVar(&dialect, "dialect", "postgres", "postgres or sqlite")
+	cmd.AddCommand(sqlCmd)
+	return cmd
+}
+
+// offlineMigrator reads the embedded migrations without a connection.
+func offlineMigrator(dialect, prefix string) (*postboxmigrate.Migrator, error) {
+	cfg := &postboxmigrate.Config{Prefix: prefix}
+	switch dialect {
+	case "postgres":
+		return postboxmigrate.New(postboxpgx.New(nil), cfg)
+	case "sqlite":
+		db, err := sql.Open("sqlite", ":memory:") // never connected
+		if err != nil {
+			return nil, err
+		}
+		d, err := postboxsqlite.New(db)
+		if err != nil {
+			return nil, err
+		}
+		return postboxmigrate.New(d, cfg)
+	}
+	return nil, usagef("--dialect %q: want postgres or sqlite", dialect)
+}
+
+func newStatus(f *dbFlags) *cobra.Command {
+	return &cobra.Command{
+		Use: "status", Short: "Pending, oldest pending age, dead and recent publishes, overall and per topic", Args: cobra.NoArgs,
+		RunE: withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
+			st, err := c.admin.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(out, map[string]any{
+					"pending": st.Pending, "dead": st.Dead, "published_kept": st.Published,
+					"oldest_pending_age_seconds": st.OldestPendingAge.Seconds(), "topics": topicsJSON(st.Topics),
+				})
+			}
+			fmt.Fprintf(out, "pending %d (oldest %s)  dead %d  published kept %d\n\n",
+				st.Pending, st.OldestPendingAge.Round(time.Millisecond), st.Dead, st.Published)
+			var rows [][]string
+			for _, t := range st.Topics {
+				rows = append(rows, []string{t.Topic, strconv.FormatInt(t.Pending, 10), t.OldestPendingAge.Round(time.Millisecond).String(),
+					strconv.FormatInt(t.Dead, 10), fmt.Sprintf("%.1f", float64(t.PublishedLastMinute)/60)})
+			}
+			return table(out, "TOPIC\tPENDING\tOLDEST\tDEAD\tPUBLISHED/S (1 MIN)", rows)
+		}),
+	}
+}
+
+func topicsJSON(ts []postbox.TopicStats) []map[string]any {
+	out := make([]map[string]any, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, map[string]any{
+			"topic": t.Topic, "pending": t.Pending, "dead": t.Dead,
+			"oldest_pending_age_seconds": t.OldestPendingAge.Seconds(), "published_last_minute": t.PublishedLastMinute,
+		})
+	}
+	return out
+}
+
+// deadFilterFlags are the selection flags of the dead commands.
+type deadFilterFlags struct {
+	topic, key, since, until string
+	limit                    int
+	all                      bool
+}
+
+func (d *deadFilterFlags) register(cmd *cobra.Command, bulk bool) {
+	fl := cmd.Flags()
+	fl.StringVar(&d.topic, "topic", "", "only this topic")
+	fl.StringVar(&d.key, "key", "", "only this key")
+	fl.StringVar(&d.since, "since", "", "dead at or after (RFC 3339, or a duration ago: 2h, 7d)")
+	fl.StringVar(&d.until, "until", "", "dead before (RFC 3339, or a duration ago)")
+	if bulk {
+		fl.BoolVar(&d.all, "all", false, "select every dead message when no id or filter is given")
+	} else {
+		fl.IntVar(&d.limit, "limit", 100, "most messages to list")
+	}
+}
+
+func (d *deadFilterFlags) filter(ids []string) (postbox.DeadMessageFilter, error) {
+	since, err := parseTime("since", d.since)
+	if err != nil {
+		return postbox.DeadMessageFilter{}, err
+	}
+	until, err := parseTime("until", d.until)
+	if err != nil {
+		return postbox.DeadMessageFilter{}, err
+	}
+	return postbox.DeadMessageFilter{IDs: ids, Topic: d.topic, Key: d.key, Since: since, Until: until, Limit: d.limit}, nil
+}
+
+func deadJSON(d postbox.DeadMessage) map[string]any {
+	h, _ := postbox.DecodeHeaders(d.Headers)
+	return map[string]any{
+		"seq": d.Seq, "id": d.ID, "topic": d.Topic, "key": d.Key, "payload": string(d.Payload), "headers": h,
+		"attempts": d.Attempts, "last_error": d.LastError, "created_at": d.CreatedAt, "dead_at": d.DeadAt,
+	}
+}
+
+func newDead(f *dbFlags) *cobra.Command {
+	cmd := &cobra.Command{Use: "dead", Short: "Messages past their attempt budget: list, show, requeue, delete"}
+	var lf deadFilterFlags
+	list := &cobra.Command{Use: "list", Short: "List dead messages, newest first", Args: cobra.NoArgs}
+	lf.register(list, false)
+	list.RunE = withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
+		filter, err := lf.filter(nil)
+		if err != nil {
+			return err
+		}
+		ds, err := c.admin.DeadMessages(ctx, filter)
+		if err != nil {
+			return err
+		}
+		if f.json {
+			js := make([]map[string]any, 0, len(ds))
+			for _, d := range ds {
+				js = append(js, deadJSON(d))
+			}
+			return printJSON(out, js)
+		}
+		var rows [][]string
+		for _, d := range ds {
+			rows = append(rows, []string{d.ID, d.Topic, d.Key, strconv.Itoa(d.Attempts), d.DeadAt.UTC().Format(time.RFC3339), oneLine(d.LastError, 60)})
+		}
+		return table(out, "ID\tTOPIC\tKEY\tATTEMPTS\tDEAD AT\tLAST ERROR", rows)
+	})
+	show := &cobra.Command{
+		Use: "show ID", Short: "Show one dead message with its payload and headers", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := f.open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.close()
+			d, err := c.admin.DeadMessage(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(cmd.OutOrStdout(), deadJSON(d))
+			}
+			out := cmd.OutOrStdout()
+			h, _ := postbox.DecodeHeaders(d.Headers)
+			fmt.Fprintf(out, "id          %s\nseq         %d\ntopic       %s\nkey         %s\nattempts    %d\ncreated at  %s\ndead at     %s\nlast error  %s\nheaders     %v\npayload     %s\n",
+				d.ID, d.Seq, d.Topic, d.Key, d.Attempts, d.CreatedAt.UTC().Format(time.RFC3339Nano), d.DeadAt.UTC().Format(time.RFC3339Nano), d.LastError, h, d.Payload)
+			return nil
+		},
+	}
+	bulk := func(use, short string, op func(a *postbox.Admin, ctx context.Context, s postbox.DeadSelection) (int, error)) *cobra.Command {
+		var bf deadFilterFlags
+		c := &cobra.Command{Use: use + " [ID...]", Short: short}
+		bf.register(c, true)
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			filter, err := bf.filter(args)
+			if err != nil {
+				return err
+			}
+			conn, err := f.open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.close()
+			n, err := op(conn.admin, cmd.Context(), postbox.DeadSelection{DeadMessageFilter: filter, All: bf.all})
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(cmd.OutOrStdout(), map[string]int{"count": n})
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %d message(s)\n", use+"d", n)
+			return nil
+		}
+		return c
+	}
+	cmd.AddCommand(list, show,
+		bulk("requeue", "Move dead messages back to the outbox with their attempts reset", (*postbox.Admin).RequeueDead),
+		bulk("delete", "Delete dead messages", (*postbox.Admin).DeleteDead))
+	return cmd
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		return s[:n-1] + "…"
+	}
+	return s
+}
+
+func newReplay(f *dbFlags) *cobra.Command {
+	var since, until, topic, key, actor string
+	var dry bool
+	cmd := &cobra.Command{
+		Use:   "replay",
+		Short: "Send published messages again, under their own ids (audited; refused past the retention horizon)",
+		Args:  cobra.NoArgs,
+		RunE: withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
+			s, err := parseTime("since", since)
+			if err != nil {
+				return err
+			}
+			u, err := parseTime("until", until)
+			if err != nil {
+				return err
+			}
+			if u.IsZero() {
+				u = time.Now()
+			}
+			n, err := c.admin.Replay(ctx, postbox.ReplayRequest{Since: s, Until: u, Topic: topic, Key: key, DryRun: dry, Actor: actor})
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(out, map[string]any{"count": n, "dry_run": dry, "since": s, "until": u, "topic": topic, "key": key})
+			}
+			verb := "re-staged"
+			if dry {
+				verb = "would re-stage"
+			}
+			fmt.Fprintf(out, "%s %d message(s) created in [%s, %s)\n", verb, n, s.UTC().Format(time.RFC3339), u.UTC().Format(time.RFC3339))
+			return nil
+		}),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&since, "since", "", "messages created at or after (RFC 3339, or a duration ago); required")
+	fl.StringVar(&until, "until", "", "messages created before (default now)")
+	fl.StringVar(&topic, "topic", "", "only this topic")
+	fl.StringVar(&key, "key", "", "only this key")
+	fl.BoolVar(&dry, "dry-run", false, "count only")
+	fl.StringVar(&actor, "actor", defaultActor(), "who asks, for the audit")
+	var limit int
+	log := &cobra.Command{
+		Use: "log", Short: "The replay audit, newest first", Args: cobra.NoArgs,
+		RunE: withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
+			as, err := c.admin.Replays(ctx, limit)
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(out, as)
+			}
+			var rows [][]string
+			for _, a := range as {
+				rows = append(rows, []string{strconv.FormatInt(a.ID, 10), a.At.UTC().Format(time.RFC3339), a.Actor,
+					a.Since.UTC().Format(time.RFC3339) + " .. " + a.Until.UTC().Format(time.RFC3339), a.Topic, a.Key,
+					strconv.Itoa(a.Count), strconv.FormatBool(a.DryRun)})
+			}
+			return table(out, "ID\tAT\tACTOR\tWINDOW\tTOPIC\tKEY\tCOUNT\tDRY RUN", rows)
+		}),
+	}
+	log.Flags().IntVar(&limit, "limit", 50, "most entries")
+	cmd.AddCommand(log)
+	return cmd
+}
+
+func defaultActor() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	return name + "@" + host
+}
+
+func newPrune(f *dbFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "prune",
+		Short: "Delete published messages older than --retention, in batches (never pending or dead ones)",
+		Args:  cobra.NoArgs,
+		RunE: withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
+			progress := func(n int) {
+				if !f.json {
+					fmt.Fprintf(out, "\rdeleted %d", n)
+				}
+			}
+			n, err := c.admin.Prune(ctx, progress)
+			if !f.json && n > 0 {
+				fmt.Fprintln(out)
+			}
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(out, map[string]int{"deleted": n})
+			}
+			fmt.Fprintf(out, "deleted %d published message(s) older than %s\n", n, f.retention)
+			return nil
+		}),
+	}
+}
+
+// exitCode maps an error to the process's exit status: 2 for bad input
+// (a flag, an argument, a validation failure), 1 for the rest.
+func exitCode(err error) int {
+	var u *errUsage
+	var ve *postbox.ValidationError
+	var ce *postbox.ConfigError
+	if errors.As(err, &u) || errors.As(err, &ve) || errors.As(err, &ce) || errors.Is(err, postbox.ErrEmptySelection) || errors.Is(err, postboxdriver.ErrBeyondHorizon) {
+		return 2
+	}
+	if errors.Is(err, postboxdriver.ErrNotFound) {
+		return 3
+	}
+	return 1
+}
