@@ -24,6 +24,9 @@ type Config struct {
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
 
+	// Metrics, when set, receives a report of every relay batch.
+	Metrics Metrics
+
 	// Source is the CloudEvents source of messages that set none. Default
 	// "postbox".
 	Source string

@@ -77,15 +77,20 @@ func (c *Client[TTx]) Drain(ctx context.Context) (DrainResult, error) {
 			res.Waiting = int(st.Pending)
 			return res, nil
 		}
-		deadline := time.Now().Add(cfg.BatchDeadline)
+		began := time.Now()
+		deadline := began.Add(cfg.BatchDeadline)
 		if until.Before(deadline) {
 			deadline = until
 		}
 		batch := r.publish(ctx, deadline, recs)
 		res.Published += len(batch.published)
 		res.Failed += len(batch.failed)
-		dead, err := r.record(ctx, fence, batch)
-		res.Dead += dead
+		rep, err := r.record(ctx, fence, recs, batch)
+		res.Dead += rep.dead
+		if m := cfg.Metrics; m != nil {
+			rep.Duration = time.Since(began)
+			m.RelayBatch(rep)
+		}
 		if err != nil {
 			return res, err
 		}

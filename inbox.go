@@ -77,6 +77,8 @@ type InboxConfig struct {
 	Prefix string
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// Metrics, when set, receives every delivery's verdict.
+	Metrics Metrics
 	// MaxAttempts is a message's budget of failed handler runs per consumer;
 	// the run that reaches it writes a dead letter. Default 25.
 	MaxAttempts int
@@ -286,6 +288,16 @@ func (in *Inbox[TTx]) run(ctx context.Context, consumer string, d *Delivery, h H
 // is spent, writes a dead letter and asks for an ack. A store failure
 // counts nothing and asks for a redelivery.
 func (in *Inbox[TTx]) Handle(ctx context.Context, consumer string, d *Delivery, h Handler[TTx]) Verdict {
+	if in.cfg.Metrics == nil {
+		return in.handle(ctx, consumer, d, h)
+	}
+	start := time.Now()
+	v := in.handle(ctx, consumer, d, h)
+	in.cfg.Metrics.InboxHandled(consumer, v, time.Since(start))
+	return v
+}
+
+func (in *Inbox[TTx]) handle(ctx context.Context, consumer string, d *Delivery, h Handler[TTx]) Verdict {
 	dup, err := in.run(ctx, consumer, d, h, nil)
 	if err == nil {
 		return Verdict{Action: Ack, Duplicate: dup}

@@ -250,12 +250,17 @@ func (l *lane) run(soft, hard context.Context) {
 			continue
 		}
 		poll = minPoll
-		deadline := time.Now().Add(r.cfg.BatchDeadline)
+		began := time.Now()
+		deadline := began.Add(r.cfg.BatchDeadline)
 		if until.Before(deadline) {
 			deadline = until
 		}
 		res := r.publish(hard, deadline, recs)
-		_, markErr := r.record(hard, fence, res)
+		rep, markErr := r.record(hard, fence, recs, res)
+		if m := r.cfg.Metrics; m != nil {
+			rep.Duration = time.Since(began)
+			m.RelayBatch(rep)
+		}
 		switch {
 		case res.infra != nil:
 			l.pause(soft, "publish", res.infra)
@@ -377,6 +382,7 @@ func (l *lane) pause(ctx context.Context, what string, err error) {
 
 type batchResult struct {
 	published []int64
+	ackedAt   []time.Time // parallel to published
 	failed    []postboxdriver.Failure
 	infra     error
 }
@@ -424,6 +430,7 @@ func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxd
 		switch {
 		case o.err == nil:
 			res.published = append(res.published, recs[o.i].Seq)
+			res.ackedAt = append(res.ackedAt, time.Now())
 			if n := next[o.i]; n >= 0 {
 				ready = append(ready, n)
 			}
@@ -534,12 +541,22 @@ func backoff(attempts int, base, most time.Duration) time.Duration {
 // record writes the batch's outcome back, fenced. It runs on the hard
 // context so a soft Stop still records a finished batch; after a hard stop
 // it gets a short budget of its own, since every acknowledged row it fails
-// to mark is published again.
-func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, res batchResult) (dead int, _ error) {
+// to mark is published again. It returns the batch's report, with the
+// per-topic counts filled in only when metrics are on.
+func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, recs []postboxdriver.Record, res batchResult) (*BatchReport, error) {
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
 		defer cancel()
+	}
+	rep := &BatchReport{Relay: r.id, Size: len(recs), Infrastructure: res.infra}
+	var topics map[int64]string
+	if r.cfg.Metrics != nil {
+		topics = make(map[int64]string, len(recs))
+		for i := range recs {
+			topics[recs[i].Seq] = recs[i].Topic
+		}
+		rep.Published, rep.Failed, rep.Dead = map[string]int{}, map[string]int{}, map[string]int{}
 	}
 	var errs []error
 	if len(res.published) > 0 {
@@ -548,8 +565,19 @@ func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, res batch
 		case err != nil:
 			errs = append(errs, fmt.Errorf("mark %d published rows (they will be published again): %w", len(res.published), err))
 		case n < len(res.published):
+			rep.FencedOut = len(res.published) - n
 			r.log.Warn("postbox relay lost marks to fencing: its lease moved on, the new owner publishes these again",
-				slog.Int("lost", len(res.published)-n))
+				slog.Int("lost", rep.FencedOut))
+		}
+		if err == nil && topics != nil {
+			byCreated := make(map[int64]time.Time, len(recs))
+			for i := range recs {
+				byCreated[recs[i].Seq] = recs[i].CreatedAt
+			}
+			for i, seq := range res.published {
+				rep.Published[topics[seq]]++
+				rep.Lag = append(rep.Lag, res.ackedAt[i].Sub(byCreated[seq]))
+			}
 		}
 	}
 	if len(res.failed) > 0 {
@@ -558,13 +586,19 @@ func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, res batch
 			errs = append(errs, fmt.Errorf("record %d failed publishes: %w", len(res.failed), err))
 		}
 		for _, fr := range out {
+			if topics != nil {
+				rep.Failed[topics[fr.Seq]]++
+			}
 			if fr.Dead {
-				dead++
+				rep.dead++
+				if topics != nil {
+					rep.Dead[topics[fr.Seq]]++
+				}
 				r.log.Warn("postbox message dead after its attempt budget", slog.Int64("seq", fr.Seq), slog.Int("attempts", fr.Attempts))
 			}
 		}
 	}
-	return dead, errors.Join(errs...)
+	return rep, errors.Join(errs...)
 }
 
 func fetchParams(cfg *Config, fence postboxdriver.Fence) postboxdriver.FetchParams {

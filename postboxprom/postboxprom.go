@@ -1,0 +1,172 @@
+// Package postboxprom exports postbox's measurements to Prometheus.
+//
+//	reg := prometheus.NewRegistry()
+//	m, err := postboxprom.New(reg)
+//	client, err := postbox.NewClient(driver, &postbox.Config{Publisher: pub, Metrics: m})
+//	inbox, err := postbox.NewInbox(driver, &postbox.InboxConfig{Metrics: m})
+//	reg.MustRegister(postboxprom.NewStatusCollector(admin, 2*time.Second))
+//
+// Every metric, its type and labels are listed in METRICS.md at the root
+// of the repository.
+package postboxprom
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/postbox-go/postbox"
+)
+
+// Metrics implements postbox.Metrics with Prometheus collectors.
+type Metrics struct {
+	published, failed, dead *prometheus.CounterVec
+	fenced, infra           prometheus.Counter
+	batchSize, batchSeconds prometheus.Histogram
+	lag                     prometheus.Histogram
+	inbox                   *prometheus.CounterVec
+	handlerSeconds          *prometheus.HistogramVec
+}
+
+var _ postbox.Metrics = (*Metrics)(nil)
+
+// New makes the collectors and registers them with reg.
+func New(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postbox_published_total", Help: "Messages the broker acknowledged and the relay marked published.",
+		}, []string{"topic"}),
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postbox_publish_failures_total", Help: "Publishes that failed as message failures (an attempt spent).",
+		}, []string{"topic"}),
+		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postbox_dead_total", Help: "Messages moved to the dead table after their attempt budget.",
+		}, []string{"topic"}),
+		fenced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "postbox_fenced_marks_total", Help: "Acknowledged messages whose mark was refused because the partition's lease had moved on (they are sent again).",
+		}),
+		infra: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "postbox_relay_infrastructure_failures_total", Help: "Batches stopped by an infrastructure failure (broker unreachable, timeout); no attempt spent.",
+		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "postbox_batch_size", Help: "Rows read per relay batch.",
+			Buckets: []float64{1, 5, 10, 50, 100, 250, 500, 1000, 5000},
+		}),
+		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "postbox_batch_duration_seconds", Help: "Relay batch duration, from the read to the end of the marks.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "postbox_commit_to_ack_seconds", Help: "Time from a message's insert to the broker's ack (database clock to relay clock).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 20),
+		}),
+		inbox: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postbox_inbox_deliveries_total", Help: "Deliveries processed by the inbox, by outcome: processed, duplicate, retry, dead_lettered.",
+		}, []string{"consumer", "outcome"}),
+		handlerSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "postbox_inbox_handle_seconds", Help: "Time to process one delivery: transaction, inbox record, handler, commit.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, []string{"consumer"}),
+	}
+	for _, c := range []prometheus.Collector{m.published, m.failed, m.dead, m.fenced, m.infra, m.batchSize, m.batchSeconds, m.lag, m.inbox, m.handlerSeconds} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// RelayBatch implements postbox.Metrics.
+func (m *Metrics) RelayBatch(r *postbox.BatchReport) {
+	m.batchSize.Observe(float64(r.Size))
+	m.batchSeconds.Observe(r.Duration.Seconds())
+	for topic, n := range r.Published {
+		m.published.WithLabelValues(topic).Add(float64(n))
+	}
+	for topic, n := range r.Failed {
+		m.failed.WithLabelValues(topic).Add(float64(n))
+	}
+	for topic, n := range r.Dead {
+		m.dead.WithLabelValues(topic).Add(float64(n))
+	}
+	if r.FencedOut > 0 {
+		m.fenced.Add(float64(r.FencedOut))
+	}
+	if r.Infrastructure != nil {
+		m.infra.Inc()
+	}
+	for _, d := range r.Lag {
+		m.lag.Observe(max(d, 0).Seconds())
+	}
+}
+
+// InboxHandled implements postbox.Metrics.
+func (m *Metrics) InboxHandled(consumer string, v postbox.Verdict, took time.Duration) {
+	outcome := "processed"
+	switch {
+	case v.Action == postbox.Ack && v.Duplicate:
+		outcome = "duplicate"
+	case v.Action == postbox.Retry:
+		outcome = "retry"
+	case v.Action == postbox.DeadLettered:
+		outcome = "dead_lettered"
+	}
+	m.inbox.WithLabelValues(consumer, outcome).Inc()
+	m.handlerSeconds.WithLabelValues(consumer).Observe(took.Seconds())
+}
+
+// StatusCollector reads the outbox's state from the database each time it
+// is scraped: pending, oldest pending age and dead, overall and per topic,
+// on the database clock.
+type StatusCollector struct {
+	admin   *postbox.Admin
+	timeout time.Duration
+	log     *slog.Logger
+
+	pending, age, dead, topicPending, topicAge, topicDead, up *prometheus.Desc
+}
+
+// NewStatusCollector returns a collector over admin; each scrape's query
+// gets timeout.
+func NewStatusCollector(admin *postbox.Admin, timeout time.Duration) *StatusCollector {
+	return &StatusCollector{
+		admin: admin, timeout: timeout, log: slog.Default(),
+		pending:      prometheus.NewDesc("postbox_pending", "Messages waiting to be published.", nil, nil),
+		age:          prometheus.NewDesc("postbox_oldest_pending_age_seconds", "Age of the oldest pending message (database clock).", nil, nil),
+		dead:         prometheus.NewDesc("postbox_dead", "Messages in the dead table.", nil, nil),
+		topicPending: prometheus.NewDesc("postbox_topic_pending", "Messages waiting to be published, per topic.", []string{"topic"}, nil),
+		topicAge:     prometheus.NewDesc("postbox_topic_oldest_pending_age_seconds", "Age of the oldest pending message, per topic.", []string{"topic"}, nil),
+		topicDead:    prometheus.NewDesc("postbox_topic_dead", "Messages in the dead table, per topic.", []string{"topic"}, nil),
+		up:           prometheus.NewDesc("postbox_status_up", "1 when the last scrape could read the outbox's state, else 0.", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.pending, c.age, c.dead, c.topicPending, c.topicAge, c.topicDead, c.up} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	st, err := c.admin.Status(ctx)
+	if err != nil {
+		c.log.Warn("postboxprom: could not read the outbox's state", slog.Any("error", err))
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
+	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(st.Pending))
+	ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, st.OldestPendingAge.Seconds())
+	ch <- prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(st.Dead))
+	for _, t := range st.Topics {
+		ch <- prometheus.MustNewConstMetric(c.topicPending, prometheus.GaugeValue, float64(t.Pending), t.Topic)
+		ch <- prometheus.MustNewConstMetric(c.topicAge, prometheus.GaugeValue, t.OldestPendingAge.Seconds(), t.Topic)
+		ch <- prometheus.MustNewConstMetric(c.topicDead, prometheus.GaugeValue, float64(t.Dead), t.Topic)
+	}
+}
