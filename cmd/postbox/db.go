@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/relayd"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
@@ -93,7 +94,7 @@ func (f *dbFlags) open(ctx context.Context) (*conn, error) {
 		}
 		return finish(d, acfg, mcfg, func() { _ = db.Close() })
 	default:
-		return nil, usagef("--database %q: want postgres://... or sqlite:PATH", redact(f.url))
+		return nil, usagef("--database %q: want postgres://... or sqlite:PATH", relayd.Redact(f.url))
 	}
 }
 
@@ -109,19 +110,6 @@ func finish[TTx any](d postboxdriver.Driver[TTx], acfg *postbox.AdminConfig, mcf
 		return nil, err
 	}
 	return &conn{admin: admin, migrator: m, close: closeFn}, nil
-}
-
-// redact hides a password in a connection URL before it is printed.
-func redact(u string) string {
-	if at := strings.Index(u, "@"); at > 0 {
-		if scheme := strings.Index(u, "://"); scheme > 0 && scheme < at {
-			creds := u[scheme+3 : at]
-			if colon := strings.Index(creds, ":"); colon >= 0 {
-				return u[:scheme+3] + creds[:colon] + ":***" + u[at:]
-			}
-		}
-	}
-	return u
 }
 
 // printJSON writes v as indented JSON.

@@ -34,7 +34,7 @@ func newRoot() *cobra.Command {
 	for _, c := range ops {
 		db.register(c)
 	}
-	root.AddCommand(newDemo(), newBench())
+	root.AddCommand(newRelay(), newDemo(), newBench())
 	root.AddCommand(ops...)
 	return root
 }

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/postbox-go/postbox/internal/relayd"
+)
+
+func newRelay() *cobra.Command {
+	var path, database, prefix, natsURL, listen, level string
+	cmd := &cobra.Command{
+		Use:   "relay",
+		Short: "Run the relay as a daemon: publish what services write into the outbox table",
+		Long: `relay moves committed rows from the outbox table of one or more databases to NATS
+JetStream, for services in any language that write the rows themselves (the
+table contract is in the README). Configuration comes from a YAML file
+(--config), then POSTBOX_* environment variables, then these flags; every
+problem is listed at start-up. SIGTERM or SIGINT stops it cleanly: the batch in
+flight finishes and the partitions are released for the other replicas.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := relayd.Load(path, os.Getenv)
+			if err != nil {
+				return usagef("%v", err)
+			}
+			if database != "" {
+				cfg.Databases = []relayd.Database{{URL: database, Prefix: prefix}}
+			} else if prefix != "" {
+				for i := range cfg.Databases {
+					cfg.Databases[i].Prefix = prefix
+				}
+			}
+			for _, o := range []struct {
+				flag string
+				dst  *string
+			}{{natsURL, &cfg.NATS.URL}, {listen, &cfg.Admin.Listen}, {level, &cfg.Log.Level}} {
+				if o.flag != "" {
+					*o.dst = o.flag
+				}
+			}
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			log := relayd.Logger(cfg, cmd.ErrOrStderr())
+			d, err := relayd.Start(cmd.Context(), cfg, log)
+			if err != nil {
+				return err
+			}
+			<-cmd.Context().Done()
+			log.Info("postbox relay daemon stopping")
+			stop, cancel := context.WithTimeout(context.Background(), cfg.StopTimeout())
+			defer cancel()
+			if err := d.Stop(stop); err != nil {
+				log.Error("postbox relay daemon: unclean stop", slog.Any("error", err))
+				return err
+			}
+			log.Info("postbox relay daemon stopped")
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&path, "config", os.Getenv("POSTBOX_CONFIG"), "YAML configuration file (env POSTBOX_CONFIG)")
+	f.StringVar(&database, "database", "", "one database to relay from, overriding the file: postgres://... or sqlite:PATH")
+	f.StringVar(&prefix, "prefix", "", "table prefix")
+	f.StringVar(&natsURL, "nats-url", "", "NATS server (default "+relayd.DefaultNATSURL+")")
+	f.StringVar(&listen, "admin-listen", "", "health, readiness and metrics listener (default "+relayd.DefaultAdminListen+"; off disables)")
+	f.StringVar(&level, "log-level", "", "debug, info, warn or error")
+	return cmd
+}

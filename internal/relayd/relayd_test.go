@@ -1,0 +1,226 @@
+package relayd_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/natsembed"
+	"github.com/postbox-go/postbox/internal/relayd"
+	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/postboxmigrate"
+	"github.com/postbox-go/postbox/postboxpgx"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func env(vars map[string]string) func(string) string {
+	return func(k string) string { return vars[k] }
+}
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestConfigLayers(t *testing.T) {
+	p := writeFile(t, `
+databases:
+  - url: postgres://file/db
+    prefix: file_
+nats:
+  url: nats://file:4222
+relay:
+  lease: 45s
+  retention: 14d
+`)
+	cfg, err := relayd.Load(p, env(map[string]string{"POSTBOX_NATS_URL": "nats://env:4222", "POSTBOX_PREFIX": "env_"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NATS.URL != "nats://env:4222" || cfg.Databases[0].Prefix != "env_" || cfg.Databases[0].URL != "postgres://file/db" ||
+		time.Duration(cfg.Relay.Lease) != 45*time.Second || time.Duration(cfg.Relay.Retention) != 14*24*time.Hour {
+		t.Fatalf("config %+v", cfg)
+	}
+	cfg, err = relayd.Load(p, env(map[string]string{"POSTBOX_DATABASE_URL": "sqlite:/tmp/x.db"}))
+	if err != nil || len(cfg.Databases) != 1 || cfg.Databases[0].URL != "sqlite:/tmp/x.db" {
+		t.Fatalf("POSTBOX_DATABASE_URL: %+v %v", cfg, err)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	if _, err := relayd.Load(writeFile(t, "relay:\n  leese: 30s\n"), env(nil)); err == nil || !strings.Contains(err.Error(), "leese") {
+		t.Fatalf("unknown key: %v", err)
+	}
+	if _, err := relayd.Load(writeFile(t, "relay:\n  lease: soon\n"), env(nil)); err == nil || !strings.Contains(err.Error(), "soon") {
+		t.Fatalf("bad duration: %v", err)
+	}
+	cfg, err := relayd.Load(writeFile(t, `
+databases:
+  - url: mysql://x
+    prefix: Bad
+nats:
+  url: http://x
+  streams: [{name: "a.b"}]
+relay:
+  lease: 1s
+  batch_deadline: 2s
+  batch_size: -5
+admin:
+  listen: nowhere
+  tokens: [{name: t, value: short, scope: root}]
+log: {level: loud, format: xml}
+`), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = cfg.Validate()
+	var ce *postbox.ConfigError
+	if !errors.As(err, &ce) {
+		t.Fatalf("err = %v", err)
+	}
+	var fields []string
+	for _, p := range ce.Problems {
+		fields = append(fields, p.Field)
+	}
+	want := "databases[0].url databases[0].prefix nats.url nats.streams[0].name nats.streams[0].subjects relay.batch_size relay.batch_deadline admin.listen admin.tokens[0].value admin.tokens[0].scope log.level log.format"
+	if strings.Join(fields, " ") != want {
+		t.Fatalf("fields\n got %s\nwant %s", strings.Join(fields, " "), want)
+	}
+	if cfg, _ := relayd.Load("", env(nil)); cfg.Validate() == nil {
+		t.Fatal("a config without databases validated")
+	}
+}
+
+// The daemon relays rows that another program inserted with plain SQL,
+// serves health, readiness and metrics, and stops cleanly.
+func TestDaemon(t *testing.T) {
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	prefix := testdb.Prefix(t)
+	testdb.DropPrefix(t, pool, prefix)
+	m, _ := postboxmigrate.New(postboxpgx.New(pool), &postboxmigrate.Config{Prefix: prefix})
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv, url, err := natsembed.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer natsembed.Shutdown(srv)
+
+	cfg, err := relayd.Load(writeFile(t, `
+nats:
+  subject_prefix: "svc."
+  streams: [{name: SVC, subjects: ["svc.>"]}]
+relay: {lease: 3s, poll_interval: 20ms}
+admin: {listen: "127.0.0.1:0"}
+`), env(map[string]string{"POSTBOX_DATABASE_URL": testdb.PostgresURL(), "POSTBOX_PREFIX": prefix, "POSTBOX_NATS_URL": url}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := relayd.Start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = d.Stop(ctx)
+		}
+	}()
+	// The table contract: what a service in another language inserts.
+	if _, err := pool.Exec(ctx, `INSERT INTO `+prefix+`outbox (id, topic, key, payload, headers)
+SELECT gen_random_uuid(), 'orders.created', 'order-' || (g % 5), convert_to('{"n":' || g || '}', 'UTF8'), '{"content-type":"application/json"}'
+FROM generate_series(1, 200) g`); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s, err := js.Stream(ctx, "SVC")
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stream holds %d messages, want 200", info.State.Msgs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + d.Addr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/healthz"); code != 200 {
+		t.Fatalf("healthz %d %s", code, body)
+	}
+	if code, body := get("/readyz"); code != 200 {
+		t.Fatalf("readyz %d %s", code, body)
+	}
+	if code, body := get("/metrics"); code != 200 || !strings.Contains(body, `postbox_published_total{topic="orders.created"} 200`) || !strings.Contains(body, `postbox_pending{shard="0"} 0`) {
+		t.Fatalf("metrics %d\n%s", code, body)
+	}
+	// NATS down: not ready.
+	natsembed.Shutdown(srv)
+	for code, _ := get("/readyz"); code != http.StatusServiceUnavailable; code, _ = get("/readyz") {
+		if time.Now().After(deadline) {
+			t.Fatal("readyz stayed ready with NATS down")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopped = true
+	stop, cancel := context.WithTimeout(ctx, cfg.StopTimeout())
+	defer cancel()
+	if err := d.Stop(stop); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStartFailsOnUnmigratedDatabase(t *testing.T) {
+	srv, url, err := natsembed.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer natsembed.Shutdown(srv)
+	cfg, _ := relayd.Load("", env(map[string]string{"POSTBOX_DATABASE_URL": testdb.PostgresURL(), "POSTBOX_PREFIX": "never_migrated_", "POSTBOX_NATS_URL": url, "POSTBOX_ADMIN_LISTEN": "off"}))
+	_, err = relayd.Start(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err == nil || !strings.Contains(err.Error(), "not migrated") {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -1,0 +1,248 @@
+package relayd
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxnats"
+	"github.com/postbox-go/postbox/postboxpgx"
+	"github.com/postbox-go/postbox/postboxprom"
+	"github.com/postbox-go/postbox/postboxsqlite"
+)
+
+// ReadyMaxPendingAge is the oldest pending age past which /readyz fails:
+// the relay is running but not keeping up (or a key is stuck).
+const ReadyMaxPendingAge = 5 * time.Minute
+
+// Daemon is a running relay daemon.
+type Daemon struct {
+	cfg     *Config
+	log     *slog.Logger
+	nc      *nats.Conn
+	pub     *postboxnats.Publisher
+	shards  []*shard
+	reg     *prometheus.Registry
+	srv     *http.Server
+	ln      net.Listener
+	serveWG sync.WaitGroup
+}
+
+// shard is one database with its relay.
+type shard struct {
+	name   string
+	client interface {
+		Start(context.Context) error
+		Stop(context.Context) error
+	}
+	admin *postbox.Admin
+	close func()
+}
+
+// Start connects everything and starts the relays. It fails, having
+// released what it opened, when anything is missing: a database that is
+// unreachable or not migrated, a broker that cannot be reached.
+func Start(ctx context.Context, cfg *Config, log *slog.Logger) (_ *Daemon, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d := &Daemon{cfg: cfg, log: log, reg: prometheus.NewRegistry()}
+	defer func() {
+		if err != nil {
+			d.close(context.WithoutCancel(ctx))
+		}
+	}()
+	// Reconnect for ever: while NATS is down, publishes fail as
+	// infrastructure failures and the relay pauses; nothing is lost.
+	d.nc, err = nats.Connect(cfg.NATS.URL, nats.Name("postbox relay"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(false))
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", Redact(cfg.NATS.URL), err)
+	}
+	js, err := jetstream.New(d.nc)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range cfg.NATS.Streams {
+		if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: s.Name, Subjects: s.Subjects, Duplicates: time.Duration(s.Duplicates)}); err != nil {
+			return nil, fmt.Errorf("ensure stream %s: %w", s.Name, err)
+		}
+	}
+	d.pub, err = postboxnats.New(js, &postboxnats.Config{SubjectPrefix: cfg.NATS.SubjectPrefix})
+	if err != nil {
+		return nil, err
+	}
+	metrics, err := postboxprom.New(d.reg)
+	if err != nil {
+		return nil, err
+	}
+	for i, db := range cfg.Databases {
+		sh, err := openShard(ctx, db, cfg, d.pub, metrics, log.With(slog.Int("shard", i)))
+		if err != nil {
+			return nil, fmt.Errorf("databases[%d] (%s): %w", i, Redact(db.URL), err)
+		}
+		sh.name = fmt.Sprint(i)
+		d.shards = append(d.shards, sh)
+		wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"shard": sh.name}, d.reg)
+		if err := wrapped.Register(postboxprom.NewStatusCollector(sh.admin, 2*time.Second)); err != nil {
+			return nil, err
+		}
+	}
+	for _, sh := range d.shards {
+		if err := sh.client.Start(ctx); err != nil {
+			return nil, fmt.Errorf("start relay on shard %s: %w", sh.name, err)
+		}
+	}
+	if cfg.Admin.Listen != "off" {
+		if err := d.serve(); err != nil {
+			return nil, err
+		}
+	}
+	log.Info("postbox relay daemon running", slog.Int("databases", len(d.shards)), slog.String("nats", Redact(cfg.NATS.URL)), slog.String("admin", d.Addr()))
+	return d, nil
+}
+
+func openShard(ctx context.Context, db Database, cfg *Config, pub postbox.Publisher, m postbox.Metrics, log *slog.Logger) (*shard, error) {
+	ccfg := cfg.clientConfig(db)
+	ccfg.Publisher, ccfg.Metrics, ccfg.Logger = pub, m, log
+	acfg := &postbox.AdminConfig{Prefix: db.Prefix, Retention: max(ccfg.Retention, time.Hour)}
+	if strings.HasPrefix(db.URL, "sqlite:") {
+		sdb, err := postboxsqlite.Open(strings.TrimPrefix(strings.TrimPrefix(db.URL, "sqlite:"), "//"))
+		if err != nil {
+			return nil, err
+		}
+		drv, err := postboxsqlite.New(sdb)
+		if err == nil {
+			var c *postbox.Client[*sql.Tx]
+			if c, err = postbox.NewClient(drv, ccfg); err == nil {
+				var a *postbox.Admin
+				if a, err = postbox.NewAdmin(drv, acfg); err == nil {
+					return &shard{client: c, admin: a, close: func() { _ = sdb.Close() }}, nil
+				}
+			}
+		}
+		_ = sdb.Close()
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, db.URL)
+	if err != nil {
+		return nil, err
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	drv := postboxpgx.New(pool)
+	c, err := postbox.NewClient(drv, ccfg)
+	if err == nil {
+		var a *postbox.Admin
+		if a, err = postbox.NewAdmin(drv, acfg); err == nil {
+			return &shard{client: c, admin: a, close: pool.Close}, nil
+		}
+	}
+	pool.Close()
+	return nil, err
+}
+
+func (d *Daemon) serve() error {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if err := d.Ready(r.Context()); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = fmt.Fprintf(w, `{"status":"not ready","error":%q}`+"\n", err.Error())
+			return
+		}
+		_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))
+	ln, err := net.Listen("tcp", d.cfg.Admin.Listen)
+	if err != nil {
+		return fmt.Errorf("admin.listen %s: %w", d.cfg.Admin.Listen, err)
+	}
+	d.ln = ln
+	d.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
+	d.serveWG.Add(1)
+	go func() {
+		defer d.serveWG.Done()
+		if err := d.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.Error("postbox relay: admin listener failed", slog.Any("error", err))
+		}
+	}()
+	return nil
+}
+
+// Addr is the admin listener's address, or "off".
+func (d *Daemon) Addr() string {
+	if d.ln == nil {
+		return "off"
+	}
+	return d.ln.Addr().String()
+}
+
+// Ready reports whether the daemon can do its work: NATS connected, every
+// database answering, and no message pending longer than
+// ReadyMaxPendingAge.
+func (d *Daemon) Ready(ctx context.Context) error {
+	if !d.nc.IsConnected() {
+		return fmt.Errorf("NATS is not connected (%s)", d.nc.Status())
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	for _, sh := range d.shards {
+		st, err := sh.admin.Status(ctx)
+		if err != nil {
+			return fmt.Errorf("shard %s: %w", sh.name, err)
+		}
+		if st.OldestPendingAge > ReadyMaxPendingAge {
+			return fmt.Errorf("shard %s: oldest pending message is %s old (limit %s)", sh.name, st.OldestPendingAge.Round(time.Second), ReadyMaxPendingAge)
+		}
+	}
+	return nil
+}
+
+// Stop stops the relays (each finishes or abandons its batch within ctx),
+// then the listener, the publisher and the connections.
+func (d *Daemon) Stop(ctx context.Context) error {
+	var errs []error
+	for _, sh := range d.shards {
+		if err := sh.client.Stop(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("stop shard %s: %w", sh.name, err))
+		}
+	}
+	d.close(ctx)
+	return errors.Join(errs...)
+}
+
+func (d *Daemon) close(ctx context.Context) {
+	if d.srv != nil {
+		_ = d.srv.Shutdown(ctx)
+		d.serveWG.Wait()
+	}
+	if d.pub != nil {
+		_ = d.pub.Close(ctx)
+	}
+	for _, sh := range d.shards {
+		sh.close()
+	}
+	if d.nc != nil {
+		d.nc.Close()
+	}
+}
