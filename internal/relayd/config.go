@@ -127,7 +127,7 @@ const (
 func Load(path string, getenv func(string) string) (*Config, error) {
 	cfg := &Config{}
 	if path != "" {
-		b, err := os.ReadFile(path)
+		b, err := os.ReadFile(path) //nolint:gosec // the operator names the config file
 		if err != nil {
 			return nil, fmt.Errorf("read config: %w", err)
 		}
