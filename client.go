@@ -50,7 +50,7 @@ func (c *Client[TTx]) Store() postboxdriver.Store[TTx] { return c.store }
 // have none, so serialize writers of a key (lock the entity's row in the
 // same transaction) when its order matters.
 func (c *Client[TTx]) WriteTx(ctx context.Context, tx TTx, msgs ...Message) error {
-	rows, err := c.rows(msgs)
+	rows, err := c.rows(ctx, msgs)
 	if err != nil || len(rows) == 0 {
 		return err
 	}
@@ -65,7 +65,7 @@ func (c *Client[TTx]) WriteTx(ctx context.Context, tx TTx, msgs ...Message) erro
 
 // Write writes msgs in a transaction of its own.
 func (c *Client[TTx]) Write(ctx context.Context, msgs ...Message) error {
-	rows, err := c.rows(msgs)
+	rows, err := c.rows(ctx, msgs)
 	if err != nil || len(rows) == 0 {
 		return err
 	}
@@ -76,7 +76,7 @@ func (c *Client[TTx]) Write(ctx context.Context, msgs ...Message) error {
 	return nil
 }
 
-func (c *Client[TTx]) rows(msgs []Message) ([]postboxdriver.Row, error) {
+func (c *Client[TTx]) rows(ctx context.Context, msgs []Message) ([]postboxdriver.Row, error) {
 	now := time.Now()
 	rows := make([]postboxdriver.Row, len(msgs))
 	for i := range msgs {
@@ -100,7 +100,12 @@ func (c *Client[TTx]) rows(msgs []Message) ([]postboxdriver.Row, error) {
 		if id == "" {
 			id = NewID()
 		}
-		h, err := encodeHeaders(m, c.cfg.Source, now)
+		var trace map[string]string
+		if c.cfg.Tracer != nil {
+			trace = map[string]string{}
+			c.cfg.Tracer.Inject(ctx, trace)
+		}
+		h, err := encodeHeaders(m, c.cfg.Source, now, trace)
 		if err != nil {
 			return nil, err
 		}

@@ -27,6 +27,10 @@ type Config struct {
 	// Metrics, when set, receives a report of every relay batch.
 	Metrics Metrics
 
+	// Tracer, when set, stores the writer's trace context with each
+	// message and traces each publish (postboxotel).
+	Tracer Tracer
+
 	// Source is the CloudEvents source of messages that set none. Default
 	// "postbox".
 	Source string

@@ -220,7 +220,7 @@ func FuzzMessageValidate(f *testing.F) {
 				t.Fatalf("accepted header %q: %q", n, v)
 			}
 		}
-		b, err := encodeHeaders(m, DefaultSource, time.Now())
+		b, err := encodeHeaders(m, DefaultSource, time.Now(), nil)
 		if err != nil {
 			t.Fatalf("encodeHeaders failed on a valid message: %v", err)
 		}
@@ -246,7 +246,7 @@ func FuzzHeaderRoundTrip(f *testing.F) {
 		cfgSource = (&Config{Source: cfgSource}).WithDefaults().Source
 		now := time.Date(2026, 11, 29, 12, 0, 0, 123456789, time.FixedZone("x", 3600))
 
-		b, err := encodeHeaders(m, cfgSource, now)
+		b, err := encodeHeaders(m, cfgSource, now, nil)
 		if err != nil {
 			t.Fatalf("encodeHeaders: %v", err)
 		}
@@ -305,7 +305,7 @@ func TestMessageTimeIsRFC3339(t *testing.T) {
 			}
 			continue // refused: fine
 		}
-		b, err := encodeHeaders(m, DefaultSource, time.Now())
+		b, err := encodeHeaders(m, DefaultSource, time.Now(), nil)
 		if err != nil {
 			continue // refused: fine
 		}

@@ -79,6 +79,9 @@ type InboxConfig struct {
 	Logger *slog.Logger
 	// Metrics, when set, receives every delivery's verdict.
 	Metrics Metrics
+	// Tracer, when set, runs each handler in a span that continues the
+	// writer's trace (postboxotel).
+	Tracer Tracer
 	// MaxAttempts is a message's budget of failed handler runs per consumer;
 	// the run that reaches it writes a dead letter. Default 25.
 	MaxAttempts int
@@ -288,12 +291,18 @@ func (in *Inbox[TTx]) run(ctx context.Context, consumer string, d *Delivery, h H
 // is spent, writes a dead letter and asks for an ack. A store failure
 // counts nothing and asks for a redelivery.
 func (in *Inbox[TTx]) Handle(ctx context.Context, consumer string, d *Delivery, h Handler[TTx]) Verdict {
-	if in.cfg.Metrics == nil {
-		return in.handle(ctx, consumer, d, h)
+	var end func(Verdict)
+	if in.cfg.Tracer != nil {
+		ctx, end = in.cfg.Tracer.StartHandle(ctx, consumer, d)
 	}
 	start := time.Now()
 	v := in.handle(ctx, consumer, d, h)
-	in.cfg.Metrics.InboxHandled(consumer, v, time.Since(start))
+	if in.cfg.Metrics != nil {
+		in.cfg.Metrics.InboxHandled(consumer, v, time.Since(start))
+	}
+	if end != nil {
+		end(v)
+	}
 	return v
 }
 

@@ -188,8 +188,13 @@ func printable(s string) bool {
 // the row itself (id, type, partition key) are added by the relay instead,
 // so a row written by another language through the table contract gets
 // them too.
-func encodeHeaders(m *Message, source string, now time.Time) ([]byte, error) {
-	h := make(map[string]string, len(m.Headers)+4)
+func encodeHeaders(m *Message, source string, now time.Time, trace map[string]string) ([]byte, error) {
+	h := make(map[string]string, len(m.Headers)+len(trace)+4)
+	// The writer's trace context first, so that headers the message sets
+	// itself (a trace context carried from elsewhere) win.
+	for k, v := range trace {
+		h[k] = v
+	}
 	for k, v := range m.Headers {
 		h[k] = v
 	}

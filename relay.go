@@ -467,9 +467,16 @@ func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxd
 			}
 			inflight++
 			var once atomic.Bool
+			var end func(error)
+			if r.cfg.Tracer != nil {
+				end = r.cfg.Tracer.StartPublish(ctx, env)
+			}
 			r.cfg.Publisher.Publish(ctx, env, func(err error) {
 				if once.CompareAndSwap(false, true) {
 					<-r.window // free the slot at once, for every lane
+					if end != nil {
+						end(err)
+					}
 					results <- outcome{i, err}
 				}
 			})
