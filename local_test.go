@@ -1,0 +1,90 @@
+package postbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/postbox-go/postbox"
+)
+
+// In-process handlers get the relay's guarantees: per-key order, retries
+// with backoff for errors and panics, and the dead table after the budget.
+func TestLocalHandlers(t *testing.T) {
+	d, prefix := newDriver(t)
+	ctx := context.Background()
+	local := postbox.NewLocalHandlers()
+	var mu sync.Mutex
+	got := map[string][]string{}
+	calls := 0
+	if err := local.Handle("orders.paid", func(_ context.Context, env *postbox.Envelope) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		switch string(env.Payload) {
+		case "flaky":
+			if env.Attempt == 1 {
+				return errors.New("not yet")
+			}
+		case "panics":
+			panic("boom")
+		}
+		got[env.Key] = append(got[env.Key], string(env.Payload))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var ve *postbox.ValidationError
+	if err := local.Handle("bad topic", func(context.Context, *postbox.Envelope) error { return nil }); !errors.As(err, &ve) {
+		t.Fatalf("bad topic: %v", err)
+	}
+	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: local, MaxAttempts: 2, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []postbox.Message
+	for i := range 20 {
+		msgs = append(msgs, postbox.Message{Topic: "orders.paid", Key: fmt.Sprintf("k%d", i%4), Payload: []byte(fmt.Sprint(i / 4))})
+	}
+	msgs = append(msgs,
+		postbox.Message{Topic: "orders.paid", Key: "k9", Payload: []byte("flaky")},
+		postbox.Message{Topic: "orders.paid", Key: "k8", Payload: []byte("panics")},
+		postbox.Message{Topic: "orders.unknown"},
+	)
+	if err := c.Write(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := c.Drain(ctx); err != nil {
+			t.Fatal(err)
+		}
+		st, err := c.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Pending == 0 {
+			if st.Dead != 2 || st.Published != 21 {
+				t.Fatalf("stats %+v, want 21 published and the panicking and unknown ones dead", st)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not done: %+v", st)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for k := range 4 {
+		if fmt.Sprint(got[fmt.Sprintf("k%d", k)]) != "[0 1 2 3 4]" {
+			t.Fatalf("key k%d handled %v", k, got[fmt.Sprintf("k%d", k)])
+		}
+	}
+	if fmt.Sprint(got["k9"]) != "[flaky]" {
+		t.Fatalf("flaky message: %v", got["k9"])
+	}
+}
