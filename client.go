@@ -14,9 +14,10 @@ import (
 // them to the broker. TTx is the transaction type of the driver: pgx.Tx for
 // postboxpgx, *sql.Tx for postboxsql and postboxsqlite.
 type Client[TTx any] struct {
-	cfg   *Config
-	store postboxdriver.Store[TTx]
-	wake  chan struct{}
+	cfg    *Config
+	store  postboxdriver.Store[TTx]
+	wake   chan struct{}
+	routes routes
 
 	mu      sync.Mutex
 	running *relayRun
@@ -32,7 +33,7 @@ func NewClient[TTx any](driver postboxdriver.Driver[TTx], cfg *Config) (*Client[
 	if err != nil {
 		return nil, err
 	}
-	return &Client[TTx]{cfg: c, store: store, wake: make(chan struct{}, 1)}, nil
+	return &Client[TTx]{cfg: c, store: store, wake: make(chan struct{}, 1), routes: c.effectiveRoutes()}, nil
 }
 
 // Config returns the client's configuration, defaults filled in.
@@ -84,6 +85,9 @@ func (c *Client[TTx]) rows(ctx context.Context, msgs []Message) ([]postboxdriver
 		if err := m.validate(i, c.cfg.MaxPayloadBytes); err != nil {
 			return nil, err
 		}
+		if len(c.routes) > 0 && c.routes.route(m.Topic) == nil {
+			return nil, invalid(fmt.Sprintf("messages[%d].topic", i), m.Topic, "matches no route: no relay of this client would publish it")
+		}
 		if c.cfg.Validator != nil {
 			if err := c.cfg.Validator.ValidatePayload(m.Topic, m.Payload); err != nil {
 				var ve *ValidationError
@@ -124,7 +128,7 @@ func (c *Client[TTx]) notify() {
 // Start runs the relay in the background until Stop. It fails fast when no
 // Publisher is configured or the tables are not migrated.
 func (c *Client[TTx]) Start(ctx context.Context) error {
-	if c.cfg.Publisher == nil {
+	if len(c.routes) == 0 {
 		return ErrNoPublisher
 	}
 	c.mu.Lock()
@@ -132,7 +136,7 @@ func (c *Client[TTx]) Start(ctx context.Context) error {
 	if c.running != nil {
 		return ErrStarted
 	}
-	r, err := newRelay(ctx, c.store, c.cfg, c.wake)
+	r, err := newRelay(ctx, c.store, c.cfg, c.routes, c.wake)
 	if err != nil {
 		return err
 	}

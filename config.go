@@ -17,9 +17,19 @@ type Config struct {
 	// Default "postbox_".
 	Prefix string
 
-	// Publisher sends messages to the broker. A Client without one can
-	// write, but Start refuses to run a relay.
+	// Publisher sends messages to the broker. A Client without one (and
+	// without Routes) can write, but Start refuses to run a relay.
 	Publisher Publisher
+
+	// Routes send topics to publishers: one relay can feed several
+	// brokers. The first route whose pattern matches a topic wins; with
+	// Publisher set too, it takes every topic no route matches. A relay
+	// reads only the topics it has a route for: rows of other topics
+	// (written by another service, or by a newer version during a rolling
+	// deploy) wait for a relay that knows them, spending no attempt, and
+	// hold back the later messages of their key. A Client with routes and
+	// no Publisher refuses to write a topic no route matches.
+	Routes []Route
 
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
@@ -205,6 +215,14 @@ func (c *Config) Validate() error {
 	}
 	atLeast("PruneInterval", c.PruneInterval, time.Second)
 	positive("PruneBatch", c.PruneBatch, 100_000)
+	for i, r := range c.Routes {
+		if err := ValidateTopicPattern(r.Topics); err != nil {
+			bad(fmt.Sprintf("Routes[%d].Topics", i), r.Topics, "%s", err.(*ValidationError).Reason) //nolint:errorlint // always this type
+		}
+		if r.Publisher == nil {
+			bad(fmt.Sprintf("Routes[%d].Publisher", i), "", "is nil")
+		}
+	}
 	if c.RelayID != "" && (len(c.RelayID) > 200 || !printable(c.RelayID)) {
 		bad("RelayID", c.RelayID, "must be printable text of at most 200 bytes")
 	}

@@ -26,12 +26,12 @@ type DrainResult struct {
 // running on the same tables.
 func (c *Client[TTx]) Drain(ctx context.Context) (DrainResult, error) {
 	var res DrainResult
-	if c.cfg.Publisher == nil {
+	if len(c.routes) == 0 {
 		return res, ErrNoPublisher
 	}
 	cfg := *c.cfg
 	cfg.RelayID = "drain-" + NewID()
-	r, err := newRelay(ctx, c.store, &cfg, nil)
+	r, err := newRelay(ctx, c.store, &cfg, c.routes, nil)
 	if err != nil {
 		return res, err
 	}
@@ -65,7 +65,7 @@ func (c *Client[TTx]) Drain(ctx context.Context) (DrainResult, error) {
 		if len(fence.Generations) == 0 {
 			return res, errors.New("postbox: drain: the leases ran out; raise LeaseDuration")
 		}
-		recs, err := c.store.Fetch(ctx, fetchParams(&cfg, fence))
+		recs, err := c.store.Fetch(ctx, r.fetchParams(fence))
 		if err != nil {
 			return res, err
 		}

@@ -43,6 +43,8 @@ type relay struct {
 	wake   <-chan struct{}
 	nparts int
 	lanes  []*lane
+	pub    Publisher // the routes, or the one publisher
+	topics []string  // what to fetch; nil for every topic
 	// window holds a token per publish awaiting the broker's ack, shared by
 	// the lanes: a lane publishing while others read or mark may use all
 	// of it.
@@ -71,7 +73,7 @@ type relayRun struct {
 	done       chan struct{}
 }
 
-func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, wake <-chan struct{}) (*relay, error) {
+func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs routes, wake <-chan struct{}) (*relay, error) {
 	n, err := ex.Partitions(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("postbox: start relay: %w", err)
@@ -84,7 +86,7 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, wake 
 		id = NewID()
 	}
 	r := &relay{
-		ex: ex, cfg: cfg, id: id, wake: wake, nparts: n,
+		ex: ex, cfg: cfg, id: id, wake: wake, nparts: n, pub: rs, topics: rs.patterns(),
 		log:  cfg.Logger.With(slog.String("relay", id)),
 		held: map[int]int64{},
 	}
@@ -234,7 +236,7 @@ func (l *lane) run(soft, hard context.Context) {
 			l.idle(soft, r.cfg.PollInterval)
 			continue
 		}
-		recs, err := r.ex.Fetch(soft, fetchParams(r.cfg, fence))
+		recs, err := r.ex.Fetch(soft, r.fetchParams(fence))
 		if err != nil {
 			if soft.Err() == nil {
 				l.pause(soft, "fetch", err)
@@ -471,7 +473,7 @@ func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxd
 			if r.cfg.Tracer != nil {
 				end = r.cfg.Tracer.StartPublish(ctx, env)
 			}
-			r.cfg.Publisher.Publish(ctx, env, func(err error) {
+			r.pub.Publish(ctx, env, func(err error) {
 				if once.CompareAndSwap(false, true) {
 					<-r.window // free the slot at once, for every lane
 					if end != nil {
@@ -608,8 +610,8 @@ func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, recs []po
 	return rep, errors.Join(errs...)
 }
 
-func fetchParams(cfg *Config, fence postboxdriver.Fence) postboxdriver.FetchParams {
-	return postboxdriver.FetchParams{Fence: fence, Limit: cfg.BatchSize, BlockOnDead: cfg.BlockOnDead}
+func (r *relay) fetchParams(fence postboxdriver.Fence) postboxdriver.FetchParams {
+	return postboxdriver.FetchParams{Fence: fence, Limit: r.cfg.BatchSize, BlockOnDead: r.cfg.BlockOnDead, Topics: r.topics}
 }
 
 func (r *relay) shutdown(ctx context.Context) {

@@ -146,6 +146,11 @@ type FetchParams struct {
 	Fence       Fence
 	Limit       int
 	BlockOnDead bool
+	// Topics, when not nil, limits the read to topics matching one of these
+	// patterns: an exact topic, or a prefix ending in "*" ("orders.*"; "*"
+	// alone matches every topic). An older row of a key whose topic matches
+	// no pattern holds back the later rows of that key. Empty reads nothing.
+	Topics []string
 }
 
 // Failure is one failed publish to record.

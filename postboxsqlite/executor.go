@@ -62,7 +62,7 @@ func newStore(db *sql.DB, prefix string) (*store, error) {
 func (s *store) Dialect() string { return "sqlite" }
 
 type queries struct {
-	lock, partitions, heartbeat, live, unregister, acquire, release, fetch, fetchStrict, publish, unpend, bury, unbury, retry, stats,
+	lock, partitions, heartbeat, live, unregister, acquire, release, fetch, fetchStrict, fetchRouted, fetchRoutedStrict, publish, unpend, bury, unbury, retry, stats,
 	applied, createMigrations, migrationDone, recordMigration string
 }
 
@@ -95,8 +95,10 @@ WHERE partition IN (SELECT value FROM json_each(?2)) AND (owner IS NULL OR owner
 RETURNING partition, generation, expires_at`),
 		release: r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = {now}
 WHERE owner = ?1 AND partition IN (SELECT value FROM json_each(?2))`),
-		fetch:       r.Replace(fetchSQL(false)),
-		fetchStrict: r.Replace(fetchSQL(true)),
+		fetch:             r.Replace(fetchSQL(false, false)),
+		fetchStrict:       r.Replace(fetchSQL(true, false)),
+		fetchRouted:       r.Replace(fetchSQL(false, true)),
+		fetchRoutedStrict: r.Replace(fetchSQL(true, true)),
 		// MarkPublished copies the fenced rows to the history and deletes
 		// the same rows; both run in one BEGIN IMMEDIATE transaction, so
 		// the fence cannot change between them.
@@ -146,19 +148,34 @@ RETURNING seq, attempts`),
 // an older row of its key waits for a retry (or is dead, when strict):
 // only rows that failed before can do that, and the partial retry index
 // holds exactly those, so the check costs nothing while nothing fails.
-func fetchSQL(strict bool) string {
-	dead := ""
+func fetchSQL(strict, routed bool) string {
+	var with, topic, unrouted, dead string
 	if strict {
 		dead = `
     OR EXISTS (SELECT 1 FROM {p}dead d WHERE d.key = o.key AND d.seq < o.seq)`
 	}
-	return `SELECT o.seq, o.id, o.topic, coalesce(o.key, ''), o.payload, o.headers, o.partition, o.attempts, o.created_at
+	if routed {
+		// ?3 is a JSON array of GLOB patterns: topics hold none of GLOB's
+		// special characters, so a pattern is a topic or a prefix and "*".
+		with = `WITH unrouted AS (
+  SELECT key, min(seq) AS seq FROM {p}outbox
+  WHERE key IS NOT NULL AND partition IN (SELECT value FROM json_each(?1))
+    AND NOT EXISTS (SELECT 1 FROM json_each(?3) WHERE topic GLOB value)
+  GROUP BY key
+)
+`
+		topic = `
+  AND EXISTS (SELECT 1 FROM json_each(?3) WHERE o.topic GLOB value)`
+		unrouted = `
+    OR EXISTS (SELECT 1 FROM unrouted u WHERE u.key = o.key AND u.seq < o.seq)`
+	}
+	return with + `SELECT o.seq, o.id, o.topic, coalesce(o.key, ''), o.payload, o.headers, o.partition, o.attempts, o.created_at
 FROM {p}outbox o
 WHERE o.partition IN (SELECT value FROM json_each(?1))
-  AND o.available_at <= {now}
+  AND o.available_at <= {now}` + topic + `
   AND (o.key IS NULL OR NOT (
     EXISTS (SELECT 1 FROM {p}outbox b
-            WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > {now})` + dead + `))
+            WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > {now})` + dead + unrouted + `))
 ORDER BY o.seq
 LIMIT ?2`
 }
@@ -248,9 +265,24 @@ func (s *store) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postb
 		parts = append(parts, part)
 	}
 	args := []any{intsJSON(parts), p.Limit}
-	q := s.q.fetch
-	if p.BlockOnDead {
+	var q string
+	switch {
+	case p.Topics != nil && len(p.Topics) == 0:
+		return nil, nil
+	case p.Topics != nil:
+		q = s.q.fetchRouted
+		if p.BlockOnDead {
+			q = s.q.fetchRoutedStrict
+		}
+		b, err := json.Marshal(p.Topics)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, string(b))
+	case p.BlockOnDead:
 		q = s.q.fetchStrict
+	default:
+		q = s.q.fetch
 	}
 	rows, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {

@@ -63,7 +63,7 @@ func New(db DB, prefix string) (*Core, error) {
 func (c *Core) Dialect() string { return "postgres" }
 
 type queries struct {
-	insert, partitions, heartbeat, unregister, acquire, release, fetch, fetchStrict,
+	insert, partitions, heartbeat, unregister, acquire, release, fetch, fetchStrict, fetchRouted, fetchRoutedStrict,
 	markPublished, markFailed, applied, stats string
 }
 
@@ -88,9 +88,11 @@ SELECT id FROM {p}relays WHERE expires_at > now() AND id <> $1`),
   expires_at = now() + $3 * interval '1 millisecond'
 WHERE partition = ANY($2::int[]) AND (owner IS NULL OR owner = $1 OR expires_at <= now())
 RETURNING partition, generation, expires_at`),
-		release:     r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = now() WHERE owner = $1 AND partition = ANY($2::int[])`),
-		fetch:       r.Replace(fetchSQL(false)),
-		fetchStrict: r.Replace(fetchSQL(true)),
+		release:           r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = now() WHERE owner = $1 AND partition = ANY($2::int[])`),
+		fetch:             r.Replace(fetchSQL(false, false)),
+		fetchStrict:       r.Replace(fetchSQL(true, false)),
+		fetchRouted:       r.Replace(fetchSQL(false, true)),
+		fetchRoutedStrict: r.Replace(fetchSQL(true, true)),
 		// The fence: the row's partition lease must still be the owner's, at
 		// the generation the owner read it under. A relay whose lease moved
 		// on matches no row and changes nothing.
@@ -143,21 +145,54 @@ SELECT seq, attempts, false FROM retried`),
 // an older row of its key waits for a retry (or is dead, when strict):
 // only rows that failed before can do that, and the partial retry index
 // holds exactly those, so the check costs nothing while nothing fails.
-func fetchSQL(strict bool) string {
-	dead := ""
+//
+// Routed, it reads only the topics matching $3 (LIKE patterns), and a
+// keyed row is also held back by an older row of its key that no route
+// matches: such a row waits for a relay that knows its topic, and its key
+// waits with it. Finding those rows scans the fenced partitions' pending
+// rows once per read, a cost paid only when routes are set.
+func fetchSQL(strict, routed bool) string {
+	var with, topic, unrouted, dead string
 	if strict {
 		dead = `
     OR EXISTS (SELECT 1 FROM {p}dead d WHERE d.key = o.key AND d.seq < o.seq)`
 	}
-	return `SELECT o.seq, o.id::text, o.topic, coalesce(o.key, ''), o.payload, o.headers::text, o.partition, o.attempts, o.created_at
+	if routed {
+		with = `WITH unrouted AS (
+  SELECT key, min(seq) AS seq FROM {p}outbox
+  WHERE key IS NOT NULL AND partition = ANY($1::int[]) AND NOT (topic LIKE ANY($3::text[]))
+  GROUP BY key
+)
+`
+		topic = `
+  AND o.topic LIKE ANY($3::text[])`
+		unrouted = `
+    OR EXISTS (SELECT 1 FROM unrouted u WHERE u.key = o.key AND u.seq < o.seq)`
+	}
+	return with + `SELECT o.seq, o.id::text, o.topic, coalesce(o.key, ''), o.payload, o.headers::text, o.partition, o.attempts, o.created_at
 FROM {p}outbox o
 WHERE o.partition = ANY($1::int[])
-  AND o.available_at <= now()
+  AND o.available_at <= now()` + topic + `
   AND (o.key IS NULL OR NOT (
     EXISTS (SELECT 1 FROM {p}outbox b
-            WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > now())` + dead + `))
+            WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > now())` + dead + unrouted + `))
 ORDER BY o.seq
 LIMIT $2`
+}
+
+// likePatterns turns topic patterns ("orders.created", "orders.*", "*")
+// into LIKE patterns; topics hold no % or \, but may hold _.
+func likePatterns(ps []string) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		lit, wild := strings.CutSuffix(p, "*")
+		lit = strings.ReplaceAll(lit, "_", `\_`)
+		if wild {
+			lit += "%"
+		}
+		out[i] = lit
+	}
+	return out
 }
 
 // Insert writes rows with one statement.
@@ -242,11 +277,23 @@ func (c *Core) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postbo
 	if len(parts) == 0 || p.Limit <= 0 {
 		return nil, nil
 	}
-	q := c.q.fetch
-	if p.BlockOnDead {
+	args := []any{parts, p.Limit}
+	var q string
+	switch {
+	case p.Topics != nil && len(p.Topics) == 0:
+		return nil, nil
+	case p.Topics != nil:
+		q = c.q.fetchRouted
+		if p.BlockOnDead {
+			q = c.q.fetchRoutedStrict
+		}
+		args = append(args, likePatterns(p.Topics))
+	case p.BlockOnDead:
 		q = c.q.fetchStrict
+	default:
+		q = c.q.fetch
 	}
-	rows, err := c.db.Query(ctx, q, parts, p.Limit)
+	rows, err := c.db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, c.wrap(err)
 	}

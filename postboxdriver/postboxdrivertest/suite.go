@@ -27,6 +27,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("LeaseExpiryAndReclaim", s.leaseExpiryAndReclaim)
 	t.Run("StaleMarkChangesNothing", s.staleMarkChangesNothing)
 	t.Run("FetchHoldsBackRetriedKey", s.fetchHoldsBackRetriedKey)
+	t.Run("FetchRoutedTopics", s.fetchRoutedTopics)
 	t.Run("PerKeyOrder", s.perKeyOrder)
 	t.Run("ReplicasKeepKeyOrder", s.replicasKeepKeyOrder)
 	t.Run("OutOfOrderCommitNotSkipped", s.outOfOrderCommit)
@@ -616,6 +617,59 @@ func (s *suite[TTx]) fetchHoldsBackRetriedKey(t *testing.T) {
 	}
 	if fmt.Sprint(got) != "[b:0 :free]" {
 		t.Fatalf("fetch while a:0 waits = %v, want [b:0 :free]", got)
+	}
+}
+
+// A relay reads only the topics it has a route for; a row of a topic it
+// does not know holds back the later rows of its key, and nothing else.
+func (s *suite[TTx]) fetchRoutedTopics(t *testing.T) {
+	e := s.setup(t)
+	ctx := context.Background()
+	c := e.client(t, nil, postbox.Config{})
+	if err := c.Write(ctx,
+		postbox.Message{Topic: "orders.created", Key: "k1", Payload: []byte("A")},
+		postbox.Message{Topic: "audit.x", Key: "k1", Payload: []byte("B")},
+		postbox.Message{Topic: "orders.paid", Key: "k1", Payload: []byte("C")},
+		postbox.Message{Topic: "orders.paid", Key: "k2", Payload: []byte("D")},
+		postbox.Message{Topic: "audit.y", Payload: []byte("E")},
+		postbox.Message{Topic: "orders.z", Payload: []byte("F")},
+		postbox.Message{Topic: "axb", Payload: []byte("G")},
+		postbox.Message{Topic: "a_b", Payload: []byte("H")},
+	); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := e.store.AcquireLeases(ctx, "router", allPartitions(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(topics []string) string {
+		t.Helper()
+		recs, err := e.store.Fetch(ctx, postboxdriver.FetchParams{Fence: fenceOf("router", ls), Limit: 100, Topics: topics})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		for _, r := range recs {
+			got += string(r.Payload)
+		}
+		return got
+	}
+	for _, c := range []struct {
+		topics []string
+		want   string
+	}{
+		{nil, "ABCDEFGH"},
+		{[]string{"*"}, "ABCDEFGH"},
+		{[]string{"orders.*"}, "ADF"},
+		{[]string{"orders.created", "orders.paid"}, "AD"},
+		{[]string{"orders.*", "audit.*"}, "ABCDEF"},
+		{[]string{"a_b"}, "H"},
+		{[]string{"a_*"}, "H"},
+		{[]string{}, ""},
+	} {
+		if got := read(c.topics); got != c.want {
+			t.Errorf("topics %q: read %q, want %q", c.topics, got, c.want)
+		}
 	}
 }
 
