@@ -1,0 +1,267 @@
+package postboxadmin
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/postbox-go/postbox"
+)
+
+// Scope is what a token may do.
+type Scope string
+
+// The scopes. Admin implies Read.
+const (
+	// ScopeRead reads: status, dead messages, dead letters, the replay
+	// audit, the dashboard.
+	ScopeRead Scope = "read"
+	// ScopeAdmin also changes things: requeue, delete, replay, prune.
+	ScopeAdmin Scope = "admin"
+)
+
+// allows reports whether a token of scope s may call an endpoint that
+// needs need.
+func (s Scope) allows(need Scope) bool {
+	return s == ScopeAdmin || s == need
+}
+
+// Token is a bearer token the server accepts.
+type Token struct {
+	// Name identifies the holder: it is the actor recorded in the replay
+	// audit and in the server's log of changes. Printable text of 1 to 200
+	// bytes. Two tokens may share a name (while one is rotated out).
+	Name string
+	// Value is the secret sent as "Authorization: Bearer <Value>": at least
+	// 16 bytes of visible ASCII (no spaces), unique among the tokens.
+	// Generate it, e.g. `openssl rand -base64 32`.
+	Value string
+	// Scope is ScopeRead or ScopeAdmin.
+	Scope Scope
+}
+
+// ConsumerDead is the consumer side's dead letters. *postbox.Inbox[TTx]
+// implements it, for any TTx.
+type ConsumerDead interface {
+	ListDead(ctx context.Context, f postbox.DeadFilter) ([]postbox.DeadLetter, error)
+	GetDead(ctx context.Context, consumer, messageID string) (postbox.DeadLetter, error)
+	DeleteDead(ctx context.Context, consumer, messageID string) (bool, error)
+}
+
+// Defaults.
+const (
+	DefaultMaxBodyBytes    = 1 << 20
+	DefaultReadyTimeout    = 2 * time.Second
+	DefaultShutdownTimeout = 10 * time.Second
+	// MinTokenBytes is the shortest token Value accepted.
+	MinTokenBytes = 16
+	// AnonymousActor is the actor recorded when no tokens are configured
+	// (which is allowed on loopback only).
+	AnonymousActor = "anonymous@loopback"
+	maxActorBytes  = 200
+)
+
+// Config configures a Server. Zero fields take the defaults documented on
+// them; New checks the result and names every bad field at once in a
+// *postbox.ConfigError.
+type Config struct {
+	// Admin serves the outbox side. Required.
+	Admin *postbox.Admin
+
+	// ConsumerDead serves the consumer dead letters under
+	// /v1/consumers/...; nil answers those endpoints with 501.
+	ConsumerDead ConsumerDead
+
+	// Tokens are the bearer tokens accepted. With none, every request is
+	// treated as admin: that is only allowed on a loopback address
+	// (CheckListen), and the handler then also refuses requests that do not
+	// come from, and address, a loopback host.
+	Tokens []Token
+
+	// Ready reports whether the process is ready, for /readyz; its error
+	// text is shown to unauthenticated callers, so keep secrets out of it.
+	// Default: a read of the replay audit through Admin, which fails when
+	// the database is unreachable or not migrated (and then says only
+	// that, logging the detail).
+	Ready func(ctx context.Context) error
+	// ReadyTimeout bounds one Ready call. Default 2s.
+	ReadyTimeout time.Duration
+
+	// Metrics, when set, is served at GET /metrics (e.g. a Prometheus
+	// handler). Without a token unless MetricsRequireToken is set, in
+	// which case it needs the read scope.
+	Metrics             http.Handler
+	MetricsRequireToken bool
+
+	// Logger receives request failures and one line per change (requeue,
+	// delete, replay, prune) with its actor. Default slog.Default().
+	Logger *slog.Logger
+
+	// MaxBodyBytes caps a request body; a larger one gets 413. Default
+	// 1 MiB.
+	MaxBodyBytes int64
+
+	// ShutdownTimeout bounds the graceful shutdown of ListenAndServe and
+	// Serve once their context ends; connections still open after it are
+	// closed. Default 10s.
+	ShutdownTimeout time.Duration
+}
+
+func (c *Config) withDefaults() *Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	if out.MaxBodyBytes == 0 {
+		out.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if out.ReadyTimeout == 0 {
+		out.ReadyTimeout = DefaultReadyTimeout
+	}
+	if out.ShutdownTimeout == 0 {
+		out.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	out.Tokens = append([]Token(nil), out.Tokens...)
+	return &out
+}
+
+func (c *Config) validate() error {
+	var ps []*postbox.ValidationError
+	bad := func(field string, value any, format string, args ...any) {
+		ps = append(ps, invalid(field, value, format, args...))
+	}
+	if c.Admin == nil {
+		bad("Admin", "", "is required")
+	}
+	if c.MaxBodyBytes < 0 {
+		bad("MaxBodyBytes", c.MaxBodyBytes, "must not be negative")
+	}
+	if c.ReadyTimeout < 0 {
+		bad("ReadyTimeout", c.ReadyTimeout, "must not be negative")
+	}
+	if c.ShutdownTimeout < 0 {
+		bad("ShutdownTimeout", c.ShutdownTimeout, "must not be negative")
+	}
+	seen := make(map[[sha256.Size]byte]int, len(c.Tokens))
+	for i, t := range c.Tokens {
+		field := func(f string) string { return fmt.Sprintf("Tokens[%d].%s", i, f) }
+		if t.Name == "" || len(t.Name) > maxActorBytes || !printable(t.Name) {
+			bad(field("Name"), t.Name, "must be printable text of 1 to %d bytes: it is the actor in the replay audit", maxActorBytes)
+		}
+		// The value is a secret: the errors describe it but never show it.
+		switch {
+		case t.Value == "":
+			bad(field("Value"), "", "is empty")
+		case len(t.Value) < MinTokenBytes:
+			bad(field("Value"), "", "is %d bytes; at least %d are required", len(t.Value), MinTokenBytes)
+		case !visibleASCII(t.Value):
+			bad(field("Value"), "", "must be visible ASCII without spaces, as a bearer token is sent")
+		default:
+			d := sha256.Sum256([]byte(t.Value))
+			if j, dup := seen[d]; dup {
+				bad(field("Value"), "", "is the same as Tokens[%d].Value", j)
+			} else {
+				seen[d] = i
+			}
+		}
+		if t.Scope != ScopeRead && t.Scope != ScopeAdmin {
+			bad(field("Scope"), t.Scope, "must be %q or %q", ScopeRead, ScopeAdmin)
+		}
+	}
+	if len(ps) > 0 {
+		return &postbox.ConfigError{Problems: ps}
+	}
+	return nil
+}
+
+// ListenError is returned by CheckListen, ListenAndServe and Serve for an
+// address they refuse: one that is not loopback while no token is
+// configured, which would serve every admin operation to the network.
+type ListenError struct {
+	Addr string
+}
+
+func (e *ListenError) Error() string {
+	return fmt.Sprintf("postboxadmin: refusing to listen on %q with no token configured: it is not a loopback address "+
+		"(127.0.0.0/8, ::1, localhost), and without a token every request may requeue, delete and replay; "+
+		"configure Tokens or listen on 127.0.0.1", e.Addr)
+}
+
+// CheckListen reports whether the server configured by cfg may listen on
+// addr (host:port). With at least one token, any address is allowed. With
+// none, only loopback is: 127.0.0.0/8, ::1 and the name localhost. An empty
+// host (":8080") means every interface and is refused, as is any other
+// name (it could resolve anywhere). The refusal is a *ListenError; an
+// address that is not host:port is a *postbox.ValidationError.
+func CheckListen(addr string, cfg *Config) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return invalid("addr", addr, "is not host:port: %v", err)
+	}
+	if cfg != nil && len(cfg.Tokens) > 0 {
+		return nil
+	}
+	if !loopbackHost(host) {
+		return &ListenError{Addr: addr}
+	}
+	return nil
+}
+
+// loopbackHost reports whether host (no port) names the loopback
+// interface: "localhost" or a loopback IP, IPv4-mapped forms included.
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().IsLoopback()
+}
+
+func invalid(field string, value any, format string, args ...any) *postbox.ValidationError {
+	return &postbox.ValidationError{Field: field, Value: shorten(fmt.Sprint(value), 64), Reason: fmt.Sprintf(format, args...)}
+}
+
+// shorten cuts s to at most n bytes at a rune boundary, marking the cut.
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - 3
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
+
+// printable reports UTF-8 text without control characters (tab allowed),
+// the rule postbox applies to consumer names, ids and actors.
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if r < 0x20 && r != '\t' || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+func visibleASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
+}

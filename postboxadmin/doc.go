@@ -1,0 +1,143 @@
+// Package postboxadmin is the admin HTTP API of postbox: the outbox's
+// status, its dead messages, replay and pruning, and the consumers' dead
+// letters, over the same operations as the postbox CLI (postbox.Admin and
+// postbox.Inbox). It uses net/http only.
+//
+//	srv, err := postboxadmin.New(&postboxadmin.Config{
+//		Admin:        admin, // *postbox.Admin
+//		ConsumerDead: inbox, // optional: a *postbox.Inbox[TTx]
+//		Tokens: []postboxadmin.Token{
+//			{Name: "ops-oncall", Value: os.Getenv("POSTBOX_ADMIN_TOKEN"), Scope: postboxadmin.ScopeAdmin},
+//			{Name: "grafana", Value: os.Getenv("POSTBOX_READ_TOKEN"), Scope: postboxadmin.ScopeRead},
+//		},
+//	})
+//	if err != nil { ... } // a *postbox.ConfigError naming every bad field
+//	err = srv.ListenAndServe(ctx, ":8081") // until ctx ends, then a graceful shutdown
+//
+// Or mount srv.Handler() in a server of your own.
+//
+// # Authentication
+//
+// Requests carry "Authorization: Bearer <token>". A token has the read
+// scope or the admin scope, which implies read. The presented token is
+// compared with every configured one in constant time (SHA-256 digests, so
+// neither its length nor which token matched shows in the timing). A
+// missing, malformed or unknown token gets 401 with WWW-Authenticate:
+// Bearer; a read token on an admin endpoint gets 403. The token's Name is
+// the actor of the replay audit and of the server's log line for every
+// change.
+//
+// With no token configured, every request is admin and its actor is
+// "anonymous@loopback". That mode is for a workstation: ListenAndServe,
+// Serve and CheckListen refuse any address but loopback (127.0.0.0/8, ::1,
+// localhost; ":8080" means every interface and is refused, as is any other
+// name) with a *ListenError, and the handler itself answers 403 unless the
+// client's address is loopback and the Host header names a loopback host,
+// which also defeats DNS rebinding. State-changing requests from a browser
+// page of another origin are refused with 403 in both modes
+// (http.CrossOriginProtection).
+//
+// # Endpoints
+//
+// Bodies and responses are JSON objects with snake_case fields; times are
+// RFC 3339 in UTC. Where a time is accepted (since, until), it is RFC 3339
+// or a duration ago, as the CLI takes it: "90m", "2h", "7d".
+//
+//	method  path                                scope   success
+//	------  ----------------------------------  ------  ---------------------------------------------
+//	GET     /v1/status                          read    200 the status, overall and per topic
+//	GET     /v1/dead                            read    200 {"messages": [...]}, newest first
+//	GET     /v1/dead/{id}                       read    200 one dead message
+//	POST    /v1/dead/requeue                    admin   200 {"count": n}
+//	POST    /v1/dead/delete                     admin   200 {"count": n}
+//	POST    /v1/replay                          admin   200 {"count", "dry_run", "since", "until",
+//	                                                        "topic", "key", "actor"}
+//	GET     /v1/replays                         read    200 {"replays": [...]}, newest first
+//	POST    /v1/prune                           admin   200 {"deleted": n}
+//	GET     /v1/consumers/dead                  read    200 {"dead_letters": [...]}, newest first
+//	GET     /v1/consumers/{consumer}/dead/{id}  read    200 one dead letter
+//	DELETE  /v1/consumers/{consumer}/dead/{id}  admin   200 {"count": 1}
+//	GET     /                                   read    200 the dashboard (HTML)
+//	GET     /healthz                            none    200 {"status": "ok"}
+//	GET     /readyz                             none    200 {"status": "ready"}, or 503
+//	                                                        {"status": "unavailable", "error": "..."}
+//	GET     /metrics                            none*   Config.Metrics' answer
+//
+// (*) read with Config.MetricsRequireToken; 404 when Config.Metrics is nil.
+// GET endpoints answer HEAD too.
+//
+// Query parameters and bodies:
+//
+//	GET  /v1/dead              ?topic= &key= &since= &until= &limit= (1..10000, default 100)
+//	POST /v1/dead/requeue      {"ids": [...], "topic": "", "key": "", "since": "", "until": "", "all": false}
+//	POST /v1/dead/delete       the same
+//	POST /v1/replay            {"since": "", "until": "", "topic": "", "key": "", "dry_run": false}
+//	GET  /v1/replays           ?limit= (1..10000, default 50)
+//	POST /v1/prune             an empty body, or {}
+//	GET  /v1/consumers/dead    ?consumer= &topic= &since= &until= &limit= (1..10000, default 100)
+//
+// Every field and parameter may be left out (null counts as left out), but
+// for replay's "since". The other endpoints take no parameters.
+//
+// Status: {"pending", "dead", "published_kept", "oldest_pending_age_seconds",
+// "topics": [{"topic", "pending", "dead", "oldest_pending_age_seconds",
+// "published_last_minute"}]}.
+//
+// A dead message: {"seq", "id", "topic", "key", "payload", "payload_text",
+// "headers", "attempts", "last_error", "created_at", "dead_at"}. A
+// consumer dead letter: {"consumer", "message_id", "topic", "key",
+// "payload", "payload_text", "headers", "error", "attempts",
+// "first_failure_at", "last_failure_at", "dead_at"}. "payload" is always
+// there, as base64 (lossless for any bytes); "payload_text" is there too
+// when the payload is valid UTF-8, as that text. "headers" is an object of
+// strings; a stored value that is not one is shown as "headers_raw".
+//
+// Requeue and delete select dead messages by "ids" (canonical lower-case
+// UUIDs) and the filters (dead at in [since, until)), which narrow each
+// other; with none of them, "all": true must be set, as the CLI's --all.
+// Replay re-stages published messages created in [since, until) ("since"
+// is required, "until" defaults to now), narrowed by topic and key, under
+// their own ids; every replay, dry runs included, is recorded with the
+// actor (GET /v1/replays). Prune deletes published messages older than
+// the Admin's retention in bounded batches until none is left; it never
+// touches pending or dead ones, and the relay prunes on its own, so this is
+// for a one-off.
+//
+// # Errors
+//
+// Every error is a JSON object {"error": "...", "field": "..."}, with
+// field when one is at fault: the body's field ("ids[2]", "since"), the
+// query parameter ("limit") or the path segment ("id", "consumer").
+//
+//	status  when
+//	------  -------------------------------------------------------------------------------------------
+//	400     malformed JSON, a body that is not an object, data after it, an unknown field (names match
+//	        exactly), a field of the wrong type, an unknown or repeated query parameter, a bad time,
+//	        limit outside 1..10000, an invalid id, topic, key or consumer, since not before until, a
+//	        replay without since, a requeue or delete that selects nothing and does not set "all"
+//	401     no token, a malformed Authorization header, an unknown token (with WWW-Authenticate)
+//	403     a read token on an admin endpoint; with no tokens, a non-loopback client or Host; a
+//	        cross-origin browser request that changes something
+//	404     no such dead message or dead letter; no such endpoint; /metrics without Config.Metrics
+//	405     a method the path does not serve (with Allow)
+//	413     a body over Config.MaxBodyBytes (1 MiB)
+//	422     a replay whose since is before the retention horizon (field "since"): the request is
+//	        well formed, but honouring it could run consumers' handlers twice once their inboxes
+//	        have forgotten the ids
+//	500     a store failure: {"error": "internal error; ...", "request_id"}; the detail (never sent:
+//	        it may name hosts or SQL) is logged with the request id
+//	501     a consumer endpoint when Config.ConsumerDead is nil
+//	503     the tables are not migrated; /readyz failing
+//
+// # Dashboard
+//
+// GET / is a small read-only HTML page: the status per topic and the
+// latest dead messages and dead letters. It has no scripts and loads
+// nothing else (a strict Content-Security-Policy). It needs the read scope
+// like the API, and a token travels only in the Authorization header, so
+// a browser shows it when the server runs without tokens on loopback
+// (postboxadmin on 127.0.0.1, then open http://127.0.0.1:PORT/), or
+// through a proxy that adds the header; curl works with any token:
+//
+//	curl -H "Authorization: Bearer $POSTBOX_READ_TOKEN" http://host:8081/
+package postboxadmin

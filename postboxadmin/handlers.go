@@ -1,0 +1,418 @@
+package postboxadmin
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+	"unicode/utf8"
+
+	"github.com/postbox-go/postbox"
+)
+
+// Default list sizes, as the CLI's.
+const (
+	defaultDeadLimit    = 100
+	defaultReplaysLimit = 50
+)
+
+type statusJSON struct {
+	Pending                 int64       `json:"pending"`
+	Dead                    int64       `json:"dead"`
+	PublishedKept           int64       `json:"published_kept"`
+	OldestPendingAgeSeconds float64     `json:"oldest_pending_age_seconds"`
+	Topics                  []topicJSON `json:"topics"`
+}
+
+type topicJSON struct {
+	Topic                   string  `json:"topic"`
+	Pending                 int64   `json:"pending"`
+	Dead                    int64   `json:"dead"`
+	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
+	PublishedLastMinute     int64   `json:"published_last_minute"`
+}
+
+func (s *Server) getStatus(w http.ResponseWriter, r *http.Request, _ principal) error {
+	if _, err := query(r); err != nil {
+		return err
+	}
+	st, err := s.cfg.Admin.Status(r.Context())
+	if err != nil {
+		return err
+	}
+	out := statusJSON{Pending: st.Pending, Dead: st.Dead, PublishedKept: st.Published,
+		OldestPendingAgeSeconds: st.OldestPendingAge.Seconds(), Topics: make([]topicJSON, 0, len(st.Topics))}
+	for _, t := range st.Topics {
+		out.Topics = append(out.Topics, topicJSON{Topic: t.Topic, Pending: t.Pending, Dead: t.Dead,
+			OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(), PublishedLastMinute: t.PublishedLastMinute})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// payloadJSON carries a payload twice: "payload" as base64 (JSON's
+// encoding of bytes, lossless for any payload) and, when the payload is
+// valid UTF-8, "payload_text" as the text itself.
+type payloadJSON struct {
+	Payload     []byte  `json:"payload"`
+	PayloadText *string `json:"payload_text,omitempty"`
+}
+
+func payloadOf(p []byte) payloadJSON {
+	out := payloadJSON{Payload: p}
+	if p == nil {
+		out.Payload = []byte{}
+	}
+	if utf8.Valid(p) {
+		t := string(p)
+		out.PayloadText = &t
+	}
+	return out
+}
+
+// headersJSON decodes stored headers; a column that is not a JSON object
+// of strings (written by hand, say) is shown raw instead.
+type headersJSON struct {
+	Headers    map[string]string `json:"headers"`
+	HeadersRaw string            `json:"headers_raw,omitempty"`
+}
+
+func headersOf(b []byte) headersJSON {
+	h, err := postbox.DecodeHeaders(b)
+	if err != nil {
+		return headersJSON{Headers: map[string]string{}, HeadersRaw: string(b)}
+	}
+	return headersJSON{Headers: h}
+}
+
+type deadMessageJSON struct {
+	Seq   int64  `json:"seq"`
+	ID    string `json:"id"`
+	Topic string `json:"topic"`
+	Key   string `json:"key"`
+	payloadJSON
+	headersJSON
+	Attempts  int       `json:"attempts"`
+	LastError string    `json:"last_error"`
+	CreatedAt time.Time `json:"created_at"`
+	DeadAt    time.Time `json:"dead_at"`
+}
+
+func deadMessageOf(d *postbox.DeadMessage) deadMessageJSON {
+	return deadMessageJSON{Seq: d.Seq, ID: d.ID, Topic: d.Topic, Key: d.Key, payloadJSON: payloadOf(d.Payload), headersJSON: headersOf(d.Headers),
+		Attempts: d.Attempts, LastError: d.LastError, CreatedAt: d.CreatedAt.UTC(), DeadAt: d.DeadAt.UTC()}
+}
+
+func (s *Server) listDead(w http.ResponseWriter, r *http.Request, _ principal) error {
+	q, err := query(r, "topic", "key", "since", "until", "limit")
+	if err != nil {
+		return err
+	}
+	f, err := deadFilter(q.Get("topic"), q.Get("key"), q.Get("since"), q.Get("until"))
+	if err != nil {
+		return err
+	}
+	if f.Limit, err = parseLimit(q.Get("limit"), defaultDeadLimit); err != nil {
+		return err
+	}
+	ds, err := s.cfg.Admin.DeadMessages(r.Context(), f)
+	if err != nil {
+		return err
+	}
+	out := make([]deadMessageJSON, 0, len(ds))
+	for i := range ds {
+		out = append(out, deadMessageOf(&ds[i]))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"messages": out})
+	return nil
+}
+
+// deadFilter checks and converts the filter of the dead-message
+// endpoints; postbox.Admin checks the rest (ids, the window's order).
+func deadFilter(topic, key, since, until string) (postbox.DeadMessageFilter, error) {
+	if err := checkTopic(topic); err != nil {
+		return postbox.DeadMessageFilter{}, err
+	}
+	if err := checkKey(key); err != nil {
+		return postbox.DeadMessageFilter{}, err
+	}
+	now := time.Now()
+	s, err := parseTime("since", since, now)
+	if err != nil {
+		return postbox.DeadMessageFilter{}, err
+	}
+	u, err := parseTime("until", until, now)
+	if err != nil {
+		return postbox.DeadMessageFilter{}, err
+	}
+	return postbox.DeadMessageFilter{Topic: topic, Key: key, Since: s, Until: u}, nil
+}
+
+func (s *Server) getDead(w http.ResponseWriter, r *http.Request, _ principal) error {
+	if _, err := query(r); err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	if id == "requeue" || id == "delete" {
+		w.Header().Set("Allow", http.MethodPost)
+		return &apiError{status: http.StatusMethodNotAllowed, msg: "method " + r.Method + " is not allowed on " + r.URL.Path + "; allowed: POST"}
+	}
+	d, err := s.cfg.Admin.DeadMessage(r.Context(), id)
+	var ve *postbox.ValidationError
+	if errors.As(err, &ve) {
+		ve.Field = "id" // Admin names it ids[0], as one of a selection
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, deadMessageOf(&d))
+	return nil
+}
+
+// selection reads the body of requeue and delete.
+func selection(r *http.Request) (postbox.DeadSelection, error) {
+	var b struct {
+		ids                      []string
+		topic, key, since, until string
+		all                      bool
+	}
+	err := decodeBody(r, fields{"ids": &b.ids, "topic": &b.topic, "key": &b.key, "since": &b.since, "until": &b.until, "all": &b.all}, false)
+	if err != nil {
+		return postbox.DeadSelection{}, err
+	}
+	f, err := deadFilter(b.topic, b.key, b.since, b.until)
+	if err != nil {
+		return postbox.DeadSelection{}, err
+	}
+	f.IDs = b.ids
+	return postbox.DeadSelection{DeadMessageFilter: f, All: b.all}, nil
+}
+
+func (s *Server) requeueDead(w http.ResponseWriter, r *http.Request, who principal) error {
+	return s.bulk(w, r, who, "requeue", (*postbox.Admin).RequeueDead)
+}
+
+func (s *Server) deleteDead(w http.ResponseWriter, r *http.Request, who principal) error {
+	return s.bulk(w, r, who, "delete", (*postbox.Admin).DeleteDead)
+}
+
+func (s *Server) bulk(w http.ResponseWriter, r *http.Request, who principal, verb string,
+	op func(*postbox.Admin, context.Context, postbox.DeadSelection) (int, error)) error {
+	if _, err := query(r); err != nil {
+		return err
+	}
+	sel, err := selection(r)
+	if err != nil {
+		return err
+	}
+	n, err := op(s.cfg.Admin, r.Context(), sel)
+	if err != nil {
+		return err
+	}
+	s.log.Info("postboxadmin: dead messages "+verb+"d", slog.String("actor", who.name), slog.Int("count", n),
+		slog.Int("ids", len(sel.IDs)), slog.String("topic", sel.Topic), slog.String("key", sel.Key),
+		slog.Time("since", sel.Since), slog.Time("until", sel.Until), slog.Bool("all", sel.All))
+	writeJSON(w, http.StatusOK, map[string]int{"count": n})
+	return nil
+}
+
+type replayJSON struct {
+	Count  int       `json:"count"`
+	DryRun bool      `json:"dry_run"`
+	Since  time.Time `json:"since"`
+	Until  time.Time `json:"until"`
+	Topic  string    `json:"topic"`
+	Key    string    `json:"key"`
+	Actor  string    `json:"actor"`
+}
+
+func (s *Server) replay(w http.ResponseWriter, r *http.Request, who principal) error {
+	if _, err := query(r); err != nil {
+		return err
+	}
+	var b struct {
+		since, until, topic, key string
+		dryRun                   bool
+	}
+	if err := decodeBody(r, fields{"since": &b.since, "until": &b.until, "topic": &b.topic, "key": &b.key, "dry_run": &b.dryRun}, false); err != nil {
+		return err
+	}
+	if b.since == "" {
+		return badRequest("since", `since is required: an RFC 3339 time or a duration ago ("2h", "7d")`)
+	}
+	if err := checkTopic(b.topic); err != nil {
+		return err
+	}
+	if err := checkKey(b.key); err != nil {
+		return err
+	}
+	now := time.Now()
+	since, err := parseTime("since", b.since, now)
+	if err != nil {
+		return err
+	}
+	until, err := parseTime("until", b.until, now)
+	if err != nil {
+		return err
+	}
+	if until.IsZero() {
+		until = now
+	}
+	n, err := s.cfg.Admin.Replay(r.Context(), postbox.ReplayRequest{Since: since, Until: until, Topic: b.topic, Key: b.key, DryRun: b.dryRun, Actor: who.name})
+	if err != nil {
+		return err
+	}
+	s.log.Info("postboxadmin: replay", slog.String("actor", who.name), slog.Int("count", n), slog.Bool("dry_run", b.dryRun),
+		slog.Time("since", since), slog.Time("until", until), slog.String("topic", b.topic), slog.String("key", b.key))
+	writeJSON(w, http.StatusOK, replayJSON{Count: n, DryRun: b.dryRun, Since: since.UTC(), Until: until.UTC(), Topic: b.topic, Key: b.key, Actor: who.name})
+	return nil
+}
+
+func (s *Server) listReplays(w http.ResponseWriter, r *http.Request, _ principal) error {
+	q, err := query(r, "limit")
+	if err != nil {
+		return err
+	}
+	limit, err := parseLimit(q.Get("limit"), defaultReplaysLimit)
+	if err != nil {
+		return err
+	}
+	as, err := s.cfg.Admin.Replays(r.Context(), limit)
+	if err != nil {
+		return err
+	}
+	for i := range as {
+		as[i].At, as[i].Since, as[i].Until = as[i].At.UTC(), as[i].Since.UTC(), as[i].Until.UTC()
+	}
+	if as == nil {
+		as = []postbox.ReplayAudit{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"replays": as})
+	return nil
+}
+
+func (s *Server) prune(w http.ResponseWriter, r *http.Request, who principal) error {
+	if _, err := query(r); err != nil {
+		return err
+	}
+	if err := decodeBody(r, fields{}, true); err != nil {
+		return err
+	}
+	n, err := s.cfg.Admin.Prune(r.Context(), nil)
+	if err != nil {
+		if n > 0 {
+			s.log.Warn("postboxadmin: prune stopped early", slog.String("actor", who.name), slog.Int("deleted", n), slog.Any("error", err))
+		}
+		return err
+	}
+	s.log.Info("postboxadmin: prune", slog.String("actor", who.name), slog.Int("deleted", n))
+	writeJSON(w, http.StatusOK, map[string]int{"deleted": n})
+	return nil
+}
+
+type deadLetterJSON struct {
+	Consumer  string `json:"consumer"`
+	MessageID string `json:"message_id"`
+	Topic     string `json:"topic"`
+	Key       string `json:"key"`
+	payloadJSON
+	headersJSON
+	Error          string    `json:"error"`
+	Attempts       int       `json:"attempts"`
+	FirstFailureAt time.Time `json:"first_failure_at"`
+	LastFailureAt  time.Time `json:"last_failure_at"`
+	DeadAt         time.Time `json:"dead_at"`
+}
+
+func deadLetterOf(d *postbox.DeadLetter) deadLetterJSON {
+	return deadLetterJSON{Consumer: d.Consumer, MessageID: d.MessageID, Topic: d.Topic, Key: d.Key, payloadJSON: payloadOf(d.Payload),
+		headersJSON: headersOf(d.Headers), Error: d.Error, Attempts: d.Attempts,
+		FirstFailureAt: d.FirstFailureAt.UTC(), LastFailureAt: d.LastFailureAt.UTC(), DeadAt: d.DeadAt.UTC()}
+}
+
+var errNoConsumerDead = &apiError{status: http.StatusNotImplemented,
+	msg: "consumer dead letters are not served here: the server has no inbox configured (Config.ConsumerDead)"}
+
+func (s *Server) listConsumerDead(w http.ResponseWriter, r *http.Request, _ principal) error {
+	if s.cfg.ConsumerDead == nil {
+		return errNoConsumerDead
+	}
+	q, err := query(r, "consumer", "topic", "since", "until", "limit")
+	if err != nil {
+		return err
+	}
+	consumer := q.Get("consumer")
+	if err := checkText("consumer", consumer, postbox.MaxConsumerNameBytes, true); err != nil {
+		return err
+	}
+	f, err := deadFilter(q.Get("topic"), "", q.Get("since"), q.Get("until"))
+	if err != nil {
+		return err
+	}
+	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
+		return badRequest("since", "since must be before until")
+	}
+	limit, err := parseLimit(q.Get("limit"), defaultDeadLimit)
+	if err != nil {
+		return err
+	}
+	ds, err := s.cfg.ConsumerDead.ListDead(r.Context(), postbox.DeadFilter{Consumer: consumer, Topic: f.Topic, Since: f.Since, Until: f.Until, Limit: limit})
+	if err != nil {
+		return err
+	}
+	out := make([]deadLetterJSON, 0, len(ds))
+	for i := range ds {
+		out = append(out, deadLetterOf(&ds[i]))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"dead_letters": out})
+	return nil
+}
+
+// consumerPath checks the consumer and message id of a dead letter's path.
+func (s *Server) consumerPath(r *http.Request) (consumer, id string, err error) {
+	if s.cfg.ConsumerDead == nil {
+		return "", "", errNoConsumerDead
+	}
+	if _, err := query(r); err != nil {
+		return "", "", err
+	}
+	consumer, id = r.PathValue("consumer"), r.PathValue("id")
+	if err := checkText("consumer", consumer, postbox.MaxConsumerNameBytes, false); err != nil {
+		return "", "", err
+	}
+	if err := checkText("id", id, postbox.MaxDeliveryIDBytes, false); err != nil {
+		return "", "", err
+	}
+	return consumer, id, nil
+}
+
+func (s *Server) getConsumerDead(w http.ResponseWriter, r *http.Request, _ principal) error {
+	consumer, id, err := s.consumerPath(r)
+	if err != nil {
+		return err
+	}
+	d, err := s.cfg.ConsumerDead.GetDead(r.Context(), consumer, id)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, deadLetterOf(&d))
+	return nil
+}
+
+func (s *Server) deleteConsumerDead(w http.ResponseWriter, r *http.Request, who principal) error {
+	consumer, id, err := s.consumerPath(r)
+	if err != nil {
+		return err
+	}
+	ok, err := s.cfg.ConsumerDead.DeleteDead(r.Context(), consumer, id)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return &apiError{status: http.StatusNotFound, msg: "not found"}
+	}
+	s.log.Info("postboxadmin: consumer dead letter deleted", slog.String("actor", who.name), slog.String("consumer", consumer), slog.String("id", id))
+	writeJSON(w, http.StatusOK, map[string]int{"count": 1})
+	return nil
+}
