@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -101,6 +103,26 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 	return Status{Stats: st, Topics: topics}, err
 }
 
+// validateKey checks a key given as a filter: the rules of a message's key.
+func validateKey(field, key string) error {
+	if len(key) > MaxKeyBytes {
+		return invalid(field, key, "is %d bytes, over the limit of %d", len(key), MaxKeyBytes)
+	}
+	if !utf8.ValidString(key) || strings.IndexByte(key, 0) >= 0 {
+		return invalid(field, key, "is not valid UTF-8 text")
+	}
+	return nil
+}
+
+// validateTime checks a time given as a filter: databases keep years 0001
+// to 9999 at most.
+func validateTime(field string, t time.Time) error {
+	if !t.IsZero() && (t.Year() < 1 || t.Year() > 9999) {
+		return invalid(field, t.Format(time.RFC3339), "is outside the years 0001-9999")
+	}
+	return nil
+}
+
 func validateDeadFilter(f *DeadMessageFilter) error {
 	for i, id := range f.IDs {
 		if u, err := uuid.Parse(id); err != nil || u.String() != id {
@@ -112,8 +134,11 @@ func validateDeadFilter(f *DeadMessageFilter) error {
 			return err
 		}
 	}
-	if len(f.Key) > MaxKeyBytes {
-		return invalid("key", f.Key, "is over %d bytes", MaxKeyBytes)
+	if err := validateKey("key", f.Key); err != nil {
+		return err
+	}
+	if err := errors.Join(validateTime("since", f.Since), validateTime("until", f.Until)); err != nil {
+		return firstValidation(err)
 	}
 	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
 		return invalid("since", f.Since.Format(time.RFC3339), "must be before until (%s)", f.Until.Format(time.RFC3339))
@@ -139,9 +164,8 @@ func (a *Admin) DeadMessages(ctx context.Context, f DeadMessageFilter) ([]DeadMe
 // DeadMessage returns one dead message, or an error wrapping
 // postboxdriver.ErrNotFound.
 func (a *Admin) DeadMessage(ctx context.Context, id string) (DeadMessage, error) {
-	f := DeadMessageFilter{IDs: []string{id}}
-	if err := validateDeadFilter(&f); err != nil {
-		return DeadMessage{}, err
+	if u, err := uuid.Parse(id); err != nil || u.String() != id {
+		return DeadMessage{}, invalid("id", id, "is not a UUID in canonical lower-case form")
 	}
 	return a.ad.GetDeadMessage(ctx, id)
 }
@@ -228,8 +252,9 @@ func (a *Admin) Replay(ctx context.Context, r ReplayRequest) (int, error) {
 		return 0, invalid("since", r.Since.Format(time.RFC3339), "must be before until (%s)", r.Until.Format(time.RFC3339))
 	case r.Actor == "" || len(r.Actor) > 200 || !printable(r.Actor):
 		return 0, invalid("actor", r.Actor, "must be printable text of 1 to 200 bytes")
-	case len(r.Key) > MaxKeyBytes:
-		return 0, invalid("key", r.Key, "is over %d bytes", MaxKeyBytes)
+	}
+	if err := errors.Join(validateKey("key", r.Key), validateTime("since", r.Since), validateTime("until", r.Until)); err != nil {
+		return 0, firstValidation(err)
 	}
 	if r.Topic != "" {
 		if err := ValidateTopic(r.Topic); err != nil {
@@ -251,4 +276,13 @@ func (a *Admin) Replays(ctx context.Context, limit int) ([]ReplayAudit, error) {
 		return nil, invalid("limit", limit, "must be between 0 and 10000")
 	}
 	return a.ad.ListReplays(ctx, limit)
+}
+
+// firstValidation returns the first *ValidationError joined in err.
+func firstValidation(err error) error {
+	var ve *ValidationError
+	if errors.As(err, &ve) {
+		return ve
+	}
+	return err
 }

@@ -387,7 +387,20 @@ type DeadFilter = postboxdriver.DeadFilter
 // ListDead lists consumer dead letters, newest first.
 func (in *Inbox[TTx]) ListDead(ctx context.Context, f DeadFilter) ([]DeadLetter, error) {
 	if f.Limit < 0 || f.Limit > 10_000 {
-		return nil, invalid("Limit", f.Limit, "must be between 0 and 10000")
+		return nil, invalid("limit", f.Limit, "must be between 0 and 10000")
+	}
+	if f.Consumer != "" {
+		if err := validateConsumer(f.Consumer, "-"); err != nil {
+			return nil, err
+		}
+	}
+	if f.Topic != "" {
+		if err := ValidateTopic(f.Topic); err != nil {
+			return nil, err
+		}
+	}
+	if err := errors.Join(validateTime("since", f.Since), validateTime("until", f.Until)); err != nil {
+		return nil, firstValidation(err)
 	}
 	return in.in.ListDead(ctx, f)
 }
@@ -395,11 +408,17 @@ func (in *Inbox[TTx]) ListDead(ctx context.Context, f DeadFilter) ([]DeadLetter,
 // GetDead returns one dead letter, or an error wrapping
 // postboxdriver.ErrNotFound.
 func (in *Inbox[TTx]) GetDead(ctx context.Context, consumer, messageID string) (DeadLetter, error) {
+	if err := validateConsumer(consumer, messageID); err != nil {
+		return DeadLetter{}, err
+	}
 	return in.in.GetDead(ctx, consumer, messageID)
 }
 
 // DeleteDead deletes a dead letter and reports whether it existed.
 func (in *Inbox[TTx]) DeleteDead(ctx context.Context, consumer, messageID string) (bool, error) {
+	if err := validateConsumer(consumer, messageID); err != nil {
+		return false, err
+	}
 	return in.in.DeleteDead(ctx, consumer, messageID)
 }
 
@@ -408,6 +427,9 @@ func (in *Inbox[TTx]) DeleteDead(ctx context.Context, consumer, messageID string
 // letter stays as it was and the error is returned. A dead letter whose
 // message the inbox already recorded (it succeeded since) is just removed.
 func (in *Inbox[TTx]) Requeue(ctx context.Context, consumer, messageID string, h Handler[TTx]) error {
+	if err := validateConsumer(consumer, messageID); err != nil {
+		return err
+	}
 	var d *Delivery
 	take := func(tx TTx) error {
 		dl, err := in.in.TakeDeadTx(ctx, tx, consumer, messageID)

@@ -58,7 +58,7 @@ func (e *errUsage) Error() string { return e.msg }
 func usagef(format string, args ...any) error { return &errUsage{fmt.Sprintf(format, args...)} }
 
 func (f *dbFlags) open(ctx context.Context) (*conn, error) {
-	retention, err := parseDuration(f.retention)
+	retention, err := relayd.ParseDuration(f.retention)
 	if err != nil {
 		return nil, usagef("--retention %q: %v", f.retention, err)
 	}

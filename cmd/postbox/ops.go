@@ -16,23 +16,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/relayd"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxsqlite"
 )
-
-// parseDuration reads a Go duration, or a whole number of days as "7d".
-func parseDuration(s string) (time.Duration, error) {
-	if days, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.Atoi(days)
-		if err != nil || n < 0 {
-			return 0, fmt.Errorf("not a number of days")
-		}
-		return time.Duration(n) * 24 * time.Hour, nil
-	}
-	return time.ParseDuration(s)
-}
 
 // parseTime reads an RFC 3339 time, or a duration meaning that long ago
 // ("2h", "7d").
@@ -43,7 +32,7 @@ func parseTime(flag, s string) (time.Time, error) {
 	if t, err := time.Parse(time.RFC3339, s); err == nil {
 		return t, nil
 	}
-	if d, err := parseDuration(s); err == nil {
+	if d, err := relayd.ParseDuration(s); err == nil {
 		return time.Now().Add(-d), nil
 	}
 	return time.Time{}, usagef("--%s %q: want an RFC 3339 time (2026-01-02T15:04:05Z) or a duration ago (90m, 2h, 7d)", flag, s)

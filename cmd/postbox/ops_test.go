@@ -115,6 +115,7 @@ func TestOperatorCommands(t *testing.T) {
 				{"dead", "show", "x';--"}, {"dead", "requeue"}, {"dead", "delete"}, {"dead", "list", "--topic", "bad topic"},
 				{"dead", "list", "--since", "yesterday"}, {"replay", "--since", "30d"}, {"replay", "--since", "1h", "--until", "2h"},
 				{"migrate", "sql", "--dialect", "oracle"}, {"status", "--retention", "forever"},
+				{"dead", "list", "--since", "106752d"}, {"dead", "list", "--key", "\xff"},
 			} {
 				if out, code := run(t, cmd(bad...)...); code != 2 {
 					t.Errorf("postbox %s: exit %d, want 2\n%s", strings.Join(bad, " "), code, out)

@@ -92,7 +92,7 @@ type Duration time.Duration
 
 // UnmarshalText implements encoding.TextUnmarshaler.
 func (d *Duration) UnmarshalText(b []byte) error {
-	v, err := parseDuration(string(b))
+	v, err := ParseDuration(string(b))
 	if err != nil {
 		return err
 	}
@@ -100,11 +100,16 @@ func (d *Duration) UnmarshalText(b []byte) error {
 	return nil
 }
 
-func parseDuration(s string) (time.Duration, error) {
+// maxDays keeps a number of days well inside time.Duration's range.
+const maxDays = 36_500
+
+// ParseDuration reads a Go duration ("30s", "5m") or a whole number of
+// days ("7d"), at most 100 years.
+func ParseDuration(s string) (time.Duration, error) {
 	if days, ok := strings.CutSuffix(s, "d"); ok {
 		n, err := strconv.Atoi(days)
-		if err != nil || n < 0 {
-			return 0, fmt.Errorf("%q is not a duration", s)
+		if err != nil || n < 0 || n > maxDays {
+			return 0, fmt.Errorf("%q is not a duration of 0 to %d days", s, maxDays)
 		}
 		return time.Duration(n) * 24 * time.Hour, nil
 	}

@@ -133,6 +133,19 @@ func (s *suite[TTx]) adminDead(t *testing.T) {
 	if _, err := ae.admin.DeadMessages(ctx, postbox.DeadMessageFilter{IDs: []string{"x'; DROP TABLE y; --"}}); !errors.As(err, &ve) {
 		t.Fatalf("bad id: %v", err)
 	}
+	for _, f := range []postbox.DeadMessageFilter{
+		{Key: "\xff"}, {Key: "a\x00b"}, {Since: time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)}, {Until: time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC)},
+	} {
+		if _, err := ae.admin.DeadMessages(ctx, f); !errors.As(err, &ve) {
+			t.Fatalf("filter %+v: %v, want *ValidationError", f, err)
+		}
+		if _, err := ae.admin.DeleteDead(ctx, postbox.DeadSelection{DeadMessageFilter: f}); !errors.As(err, &ve) {
+			t.Fatalf("delete %+v: %v, want *ValidationError", f, err)
+		}
+	}
+	if _, err := ae.admin.Replay(ctx, postbox.ReplayRequest{Since: time.Now().Add(-time.Hour), Until: time.Now(), Key: "\xff", Actor: "ops"}); !errors.As(err, &ve) {
+		t.Fatalf("replay with a bad key: %v", err)
+	}
 	if _, err := ae.admin.DeleteDead(ctx, postbox.DeadSelection{}); !errors.Is(err, postbox.ErrEmptySelection) {
 		t.Fatalf("empty delete: %v", err)
 	}

@@ -293,6 +293,16 @@ func (s *suite[TTx]) inboxDeadOps(t *testing.T) {
 	if v := ie.inbox.Handle(ctx, "billing", delivery(ids[0]), ie.effect); !v.Duplicate {
 		t.Fatalf("redelivery after requeue: %+v", v)
 	}
+	var ve *postbox.ValidationError
+	if _, err := ie.inbox.GetDead(ctx, "billing", "\xff"); !errors.As(err, &ve) {
+		t.Fatalf("GetDead with a bad id: %v", err)
+	}
+	if _, err := ie.inbox.DeleteDead(ctx, "\x00", "x"); !errors.As(err, &ve) {
+		t.Fatalf("DeleteDead with a bad consumer: %v", err)
+	}
+	if _, err := ie.inbox.ListDead(ctx, postboxdriver.DeadFilter{Topic: "bad topic"}); !errors.As(err, &ve) {
+		t.Fatalf("ListDead with a bad topic: %v", err)
+	}
 	if err := ie.inbox.Requeue(ctx, "billing", "no-such-id", ie.effect); !errors.Is(err, postboxdriver.ErrNotFound) {
 		t.Fatalf("requeue of a missing letter: %v", err)
 	}
