@@ -67,7 +67,9 @@ type Relay struct {
 	Source        string   `yaml:"source"`
 }
 
-// Admin configures the HTTP listener for health, readiness and metrics.
+// Admin configures the HTTP listener: the admin API and dashboard
+// (postboxadmin), health, readiness and metrics. Without tokens it only
+// listens on a loopback address.
 type Admin struct {
 	Listen string  `yaml:"listen"` // default 127.0.0.1:8089; "" in the file keeps the default, "off" disables
 	Tokens []Token `yaml:"tokens"`

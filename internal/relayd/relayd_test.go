@@ -196,6 +196,12 @@ FROM generate_series(1, 200) g`); err != nil {
 	if code, body := get("/metrics"); code != 200 || !strings.Contains(body, `postbox_published_total{topic="orders.created"} 200`) || !strings.Contains(body, `postbox_pending{shard="0"} 0`) {
 		t.Fatalf("metrics %d\n%s", code, body)
 	}
+	// The admin API, for the first database at / and under /shards/0/.
+	for _, path := range []string{"/v1/status", "/shards/0/v1/status"} {
+		if code, body := get(path); code != 200 || !strings.Contains(body, `"published_kept": 200`) {
+			t.Fatalf("%s: %d %s", path, code, body)
+		}
+	}
 	// NATS down: not ready.
 	natsembed.Shutdown(srv)
 	for code, _ := get("/readyz"); code != http.StatusServiceUnavailable; code, _ = get("/readyz") {
@@ -209,6 +215,26 @@ FROM generate_series(1, 200) g`); err != nil {
 	defer cancel()
 	if err := d.Stop(stop); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestAdminRefusesOpenListenWithoutTokens(t *testing.T) {
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	prefix := testdb.Prefix(t)
+	testdb.DropPrefix(t, pool, prefix)
+	m, _ := postboxmigrate.New(postboxpgx.New(pool), &postboxmigrate.Config{Prefix: prefix})
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv, url, err := natsembed.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer natsembed.Shutdown(srv)
+	cfg, _ := relayd.Load("", env(map[string]string{"POSTBOX_DATABASE_URL": testdb.PostgresURL(), "POSTBOX_PREFIX": prefix, "POSTBOX_NATS_URL": url, "POSTBOX_ADMIN_LISTEN": ":0"}))
+	if _, err := relayd.Start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err == nil || !strings.Contains(err.Error(), "admin.listen") {
+		t.Fatalf("an all-interfaces admin listener without tokens started: %v", err)
 	}
 }
 

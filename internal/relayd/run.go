@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxadmin"
 	"github.com/postbox-go/postbox/postboxnats"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxprom"
@@ -157,28 +158,39 @@ func openShard(ctx context.Context, db Database, cfg *Config, pub postbox.Publis
 	return nil, err
 }
 
+// serve starts the admin listener: the admin API and dashboard of
+// postboxadmin for the first database at /, and for the others under
+// /shards/N/, with health, readiness and metrics.
 func (d *Daemon) serve() error {
+	var tokens []postboxadmin.Token
+	for _, t := range d.cfg.Admin.Tokens {
+		tokens = append(tokens, postboxadmin.Token{Name: t.Name, Value: t.Value, Scope: postboxadmin.Scope(t.Scope)})
+	}
+	metrics := promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		if err := d.Ready(r.Context()); err != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = fmt.Fprintf(w, `{"status":"not ready","error":%q}`+"\n", err.Error())
-			return
+	var first *postboxadmin.Config
+	for i, sh := range d.shards {
+		acfg := &postboxadmin.Config{Admin: sh.admin, Tokens: tokens, Ready: d.Ready, Metrics: metrics, Logger: d.log}
+		srv, err := postboxadmin.New(acfg)
+		if err != nil {
+			return err
 		}
-		_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
-	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))
+		if i == 0 {
+			first = acfg
+			mux.Handle("/", srv.Handler())
+		}
+		prefix := fmt.Sprintf("/shards/%d", i)
+		mux.Handle(prefix+"/", http.StripPrefix(prefix, srv.Handler()))
+	}
+	if err := postboxadmin.CheckListen(d.cfg.Admin.Listen, first); err != nil {
+		return fmt.Errorf("admin.listen: %w", err)
+	}
 	ln, err := net.Listen("tcp", d.cfg.Admin.Listen)
 	if err != nil {
 		return fmt.Errorf("admin.listen %s: %w", d.cfg.Admin.Listen, err)
 	}
 	d.ln = ln
-	d.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
+	d.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute}
 	d.serveWG.Add(1)
 	go func() {
 		defer d.serveWG.Done()
