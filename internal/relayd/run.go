@@ -62,9 +62,15 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger) (_ *Daemon, err e
 		return nil, err
 	}
 	d := &Daemon{cfg: cfg, log: log, reg: prometheus.NewRegistry()}
+	if cfg.Admin.Listen != "off" {
+		// Before anything starts: an open listener without tokens is refused.
+		if err := postboxadmin.CheckListen(cfg.Admin.Listen, &postboxadmin.Config{Tokens: d.tokens()}); err != nil {
+			return nil, fmt.Errorf("admin.listen: %w", err)
+		}
+	}
 	defer func() {
 		if err != nil {
-			d.close(context.WithoutCancel(ctx))
+			_ = d.Stop(context.WithoutCancel(ctx))
 		}
 	}()
 	// Reconnect for ever: while NATS is down, publishes fail as
@@ -162,10 +168,7 @@ func openShard(ctx context.Context, db Database, cfg *Config, pub postbox.Publis
 // postboxadmin for the first database at /, and for the others under
 // /shards/N/, with health, readiness and metrics.
 func (d *Daemon) serve() error {
-	var tokens []postboxadmin.Token
-	for _, t := range d.cfg.Admin.Tokens {
-		tokens = append(tokens, postboxadmin.Token{Name: t.Name, Value: t.Value, Scope: postboxadmin.Scope(t.Scope)})
-	}
+	tokens := d.tokens()
 	metrics := promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
 	var first *postboxadmin.Config
@@ -199,6 +202,14 @@ func (d *Daemon) serve() error {
 		}
 	}()
 	return nil
+}
+
+func (d *Daemon) tokens() []postboxadmin.Token {
+	var out []postboxadmin.Token
+	for _, t := range d.cfg.Admin.Tokens {
+		out = append(out, postboxadmin.Token{Name: t.Name, Value: t.Value, Scope: postboxadmin.Scope(t.Scope)})
+	}
+	return out
 }
 
 // Addr is the admin listener's address, or "off".
@@ -235,7 +246,7 @@ func (d *Daemon) Ready(ctx context.Context) error {
 func (d *Daemon) Stop(ctx context.Context) error {
 	var errs []error
 	for _, sh := range d.shards {
-		if err := sh.client.Stop(ctx); err != nil {
+		if err := sh.client.Stop(ctx); err != nil && !errors.Is(err, postbox.ErrNotStarted) {
 			errs = append(errs, fmt.Errorf("stop shard %s: %w", sh.name, err))
 		}
 	}
