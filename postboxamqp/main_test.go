@@ -1,0 +1,384 @@
+package postboxamqp_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/goleak"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxamqp"
+)
+
+// No ignores: every connection a test opens is closed by its cleanup, and
+// Publishers and Subscribers end their goroutines on Close and when Run
+// returns.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testURL is the machine's RabbitMQ; POSTBOX_TEST_AMQP_URL overrides it.
+func testURL() string {
+	if u := os.Getenv("POSTBOX_TEST_AMQP_URL"); u != "" {
+		return u
+	}
+	return "amqp://guest:guest@127.0.0.1:5672/"
+}
+
+// brokerURL returns testURL, and skips the test when it cannot be
+// reached.
+func brokerURL(t testing.TB) string {
+	t.Helper()
+	u := testURL()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := postboxamqp.URL(u)(ctx)
+	if err != nil {
+		t.Skipf("RabbitMQ at %s is unreachable (%v); set POSTBOX_TEST_AMQP_URL to run against another", u, err)
+	}
+	_ = conn.Close()
+	return u
+}
+
+var quiet = slog.New(slog.DiscardHandler)
+
+var nameSeq atomic.Int64
+
+// uniqueName returns a name no other test, process or run uses.
+func uniqueName() string {
+	return fmt.Sprintf("pbxt.%d.%d.%d", os.Getpid(), time.Now().UnixNano()%1_000_000_000, nameSeq.Add(1))
+}
+
+// admin opens a connection for topology and inspection, closed when t
+// ends (after the cleanups registered later, which run first).
+func admin(t testing.TB, url string) *amqp.Connection {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := postboxamqp.URL(url)(ctx)
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// ensure declares top and deletes what it declared when t ends.
+func ensure(t testing.TB, conn *amqp.Connection, top postboxamqp.Topology) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := postboxamqp.EnsureTopology(ctx, conn, top); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c := conn
+		if c.IsClosed() { // a test restarted the broker
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var err error
+			if c, err = postboxamqp.URL(testURL())(ctx); err != nil {
+				t.Logf("cleanup: %v", err)
+				return
+			}
+			defer c.Close()
+		}
+		ch, err := c.Channel()
+		if err != nil {
+			t.Logf("cleanup: %v", err)
+			return
+		}
+		defer ch.Close()
+		for _, q := range []string{top.Queue, top.DeadLetterQueue} {
+			if q != "" {
+				if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+					t.Logf("delete queue %s: %v", q, err)
+					return
+				}
+			}
+		}
+		for _, x := range []string{top.Exchange, top.DeadLetterExchange} {
+			if x != "" {
+				if err := ch.ExchangeDelete(x, false, false); err != nil {
+					t.Logf("delete exchange %s: %v", x, err)
+					return
+				}
+			}
+		}
+	})
+}
+
+func publisher(t testing.TB, dial postboxamqp.Dialer, cfg *postboxamqp.Config) *postboxamqp.Publisher {
+	t.Helper()
+	c := postboxamqp.Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Logger == nil {
+		c.Logger = quiet
+	}
+	p, err := postboxamqp.New(dial, &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := p.Close(ctx); err != nil {
+			t.Errorf("close publisher: %v", err)
+		}
+	})
+	return p
+}
+
+// result collects one publish's outcome and fails the test if done is
+// called more than once.
+type result struct {
+	t     testing.TB
+	calls atomic.Int32
+	ch    chan error
+}
+
+func newResult(t testing.TB) *result {
+	r := &result{t: t, ch: make(chan error, 1)}
+	t.Cleanup(func() {
+		if n := r.calls.Load(); n > 1 {
+			t.Errorf("done called %d times", n)
+		}
+	})
+	return r
+}
+
+func (r *result) done(err error) {
+	if r.calls.Add(1) == 1 {
+		r.ch <- err
+	}
+}
+
+func (r *result) wait(d time.Duration) error {
+	r.t.Helper()
+	select {
+	case err := <-r.ch:
+		return err
+	case <-time.After(d):
+		r.t.Fatalf("done not called within %s", d)
+		return nil
+	}
+}
+
+func publish(t testing.TB, p *postboxamqp.Publisher, ctx context.Context, env *postbox.Envelope) error {
+	t.Helper()
+	r := newResult(t)
+	p.Publish(ctx, env, r.done)
+	return r.wait(20 * time.Second)
+}
+
+func envelope(topic, payload string) *postbox.Envelope {
+	id := postbox.NewID()
+	return &postbox.Envelope{
+		ID: id, Topic: topic, Payload: []byte(payload),
+		Headers: map[string]string{
+			postbox.HeaderSpecVersion: "1.0", postbox.HeaderID: id, postbox.HeaderType: topic,
+			postbox.HeaderSource: "postboxamqp-test",
+		},
+		CreatedAt: time.Now(), Attempt: 1,
+	}
+}
+
+func mustMessage(t testing.TB, err error, target error) {
+	t.Helper()
+	if err == nil {
+		t.Fatal("publish succeeded, want a message failure")
+	}
+	if !postbox.IsMessageError(err) || postboxamqp.Classify(err) != postboxamqp.Message {
+		t.Fatalf("got infrastructure failure %v, want a message failure", err)
+	}
+	if target != nil && !errors.Is(err, target) {
+		t.Fatalf("got %v, want it to wrap %v", err, target)
+	}
+}
+
+func mustInfra(t testing.TB, err error, target error) {
+	t.Helper()
+	if err == nil {
+		t.Fatal("publish succeeded, want an infrastructure failure")
+	}
+	if postbox.IsMessageError(err) || postboxamqp.Classify(err) != postboxamqp.Infrastructure {
+		t.Fatalf("got message failure %v, want an infrastructure failure", err)
+	}
+	if target != nil && !errors.Is(err, target) {
+		t.Fatalf("got %v, want it to wrap %v", err, target)
+	}
+}
+
+// get takes one message from queue, waiting a bounded time for it.
+func get(t testing.TB, conn *amqp.Connection, queue string) amqp.Delivery {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-ds:
+		if err := d.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no message in %s within 10s", queue)
+		return amqp.Delivery{}
+	}
+}
+
+// proxy is a TCP proxy to the broker for fault injection: it can stall
+// (hold every byte in both directions), cut every connection, and refuse
+// new ones.
+type proxy struct {
+	t      testing.TB
+	ln     net.Listener
+	target string
+
+	mu      sync.Mutex
+	conns   map[net.Conn]bool
+	resume  chan struct{} // closed while flowing; open while stalled
+	refuse  bool
+	accepts int
+	wg      sync.WaitGroup
+}
+
+func newProxy(t testing.TB, target string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flowing := make(chan struct{})
+	close(flowing)
+	p := &proxy{t: t, ln: ln, target: target, conns: map[net.Conn]bool{}, resume: flowing}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+// url returns brokerURL with the host replaced by the proxy's address.
+func (p *proxy) url(user string) string {
+	return fmt.Sprintf("amqp://%s@%s/", user, p.ln.Addr())
+}
+
+func (p *proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		p.accepts++
+		refuse := p.refuse
+		p.mu.Unlock()
+		if refuse {
+			_ = c.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns[c], p.conns[up] = true, true
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.pipe(c, up)
+		go p.pipe(up, c)
+	}
+}
+
+func (p *proxy) pipe(from, to net.Conn) {
+	defer p.wg.Done()
+	defer func() { _ = from.Close(); _ = to.Close() }()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := from.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			resume := p.resume
+			p.mu.Unlock()
+			<-resume
+			if _, werr := to.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				p.t.Logf("proxy: %v", err)
+			}
+			return
+		}
+	}
+}
+
+// stall holds every byte from now on, until flow.
+func (p *proxy) stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.resume = make(chan struct{})
+}
+
+func (p *proxy) flow() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.resume:
+	default:
+		close(p.resume)
+	}
+}
+
+// cut closes every proxied connection, as a network failure would.
+func (p *proxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = map[net.Conn]bool{}
+}
+
+// setRefuse makes the proxy close new connections at once (a broker
+// that is down), or accept them again.
+func (p *proxy) setRefuse(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refuse = on
+}
+
+func (p *proxy) acceptCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accepts
+}
+
+func (p *proxy) close() {
+	_ = p.ln.Close()
+	p.flow()
+	p.cut()
+	p.wg.Wait()
+}
