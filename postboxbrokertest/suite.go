@@ -34,6 +34,17 @@ type Broker struct {
 	// Unroutable is a topic that routes nowhere, where the broker can tell
 	// (Features.RejectsUnroutable).
 	Unroutable string
+	// Prepare, when set, is called with the consumer names a test will use
+	// before it publishes anything: brokers where a consumer is a queue
+	// declare it there, so that nothing published earlier is lost.
+	Prepare func(t *testing.T, consumers ...string)
+}
+
+// prepare tells the broker which consumers a test is about to use.
+func (b *Broker) prepare(t *testing.T, consumers ...string) {
+	if b.Prepare != nil {
+		b.Prepare(t, consumers...)
+	}
 }
 
 // SubscriberOptions are the options every subscriber offers.
@@ -48,7 +59,8 @@ type Features struct {
 	// NativeDedupe: a second publish of an id within the broker's window is
 	// dropped (JetStream's Nats-Msg-Id).
 	NativeDedupe bool
-	// DelayedRedelivery: a Retry verdict's delay is honoured by the broker.
+	// DelayedRedelivery: a Retry verdict's delay is honoured, by the broker
+	// or by the subscriber holding the delivery.
 	DelayedRedelivery bool
 	// OrderPerKey: the subscriber's PerKey option keeps per-key order.
 	OrderPerKey bool
@@ -190,6 +202,7 @@ func distinct(got []*postbox.Delivery) map[string]*postbox.Delivery {
 
 func publishAndConsume(t *testing.T, h Harness) {
 	b := h.New(t)
+	b.prepare(t, "c1", "c2")
 	var envs []*postbox.Envelope
 	for i := range 200 {
 		key := ""
@@ -237,6 +250,7 @@ func dedupe(t *testing.T, h Harness) {
 		t.Skip("broker declares no native dedupe")
 	}
 	b := h.New(t)
+	b.prepare(t, "c")
 	env := envelope(b.Topic, "k", 0)
 	publish(t, b.Publisher, env, env)
 	sentinel := envelope(b.Topic, "k", 1)
@@ -257,6 +271,7 @@ func dedupe(t *testing.T, h Harness) {
 
 func retryRedelivers(t *testing.T, h Harness) {
 	b := h.New(t)
+	b.prepare(t, "c")
 	const delay = 200 * time.Millisecond
 	env := envelope(b.Topic, "", 0)
 	publish(t, b.Publisher, env)
@@ -272,7 +287,9 @@ func retryRedelivers(t *testing.T, h Harness) {
 	if got[1].ID != env.ID {
 		t.Fatalf("redelivered %s, want %s", got[1].ID, env.ID)
 	}
-	if got[0].Delivered != 0 && got[1].Delivered != got[0].Delivered+1 {
+	// Some brokers count only some deliveries (RabbitMQ's classic queues
+	// count none after the first): compare only when both are known.
+	if got[0].Delivered != 0 && got[1].Delivered != 0 && got[1].Delivered != got[0].Delivered+1 {
 		t.Fatalf("delivery counts %d then %d", got[0].Delivered, got[1].Delivered)
 	}
 	if h.Features.DelayedRedelivery && at[1].Sub(at[0]) < delay {
@@ -282,6 +299,7 @@ func retryRedelivers(t *testing.T, h Harness) {
 
 func deadLetteredIsAcked(t *testing.T, h Harness) {
 	b := h.New(t)
+	b.prepare(t, "c")
 	env := envelope(b.Topic, "", 0)
 	publish(t, b.Publisher, env)
 	rec := newRecorder(func(d *postbox.Delivery, _ int) postbox.Verdict {
@@ -292,8 +310,9 @@ func deadLetteredIsAcked(t *testing.T, h Harness) {
 	})
 	consume(t, b.Subscriber(t, "c", SubscriberOptions{}), rec)
 	rec.waitFor(t, "the delivery", func(got []*postbox.Delivery) bool { return len(got) >= 1 })
-	// A retry after the shortest plausible redelivery delay would show by
-	// the time a message published later has come and gone.
+	// An absence cannot be awaited: give a wrongful redelivery a quiet
+	// period to show, then check that a message published later arrives
+	// and the dead-lettered one did not come back.
 	time.Sleep(300 * time.Millisecond)
 	sentinel := envelope(b.Topic, "", 1)
 	publish(t, b.Publisher, sentinel)
@@ -313,6 +332,7 @@ func perKeyOrder(t *testing.T, h Harness) {
 	}
 	b := h.New(t)
 	const keys, per = 8, 15
+	b.prepare(t, "c")
 	var envs []*postbox.Envelope
 	for i := range per {
 		for k := range keys {
@@ -366,6 +386,7 @@ func perKeyOrder(t *testing.T, h Harness) {
 
 func competingConsumers(t *testing.T, h Harness) {
 	b := h.New(t)
+	b.prepare(t, "shared")
 	var envs []*postbox.Envelope
 	for i := range 100 {
 		envs = append(envs, envelope(b.Topic, "", i))
