@@ -24,6 +24,12 @@ type Config struct {
 	// relay of its own, all feeding the same publisher.
 	Databases []Database `yaml:"databases"`
 	NATS      NATS       `yaml:"nats"`
+	AMQP      AMQP       `yaml:"amqp"`
+	// Routes send topics to the publishers above, by name ("nats",
+	// "amqp"); the first matching pattern wins. Without routes, every
+	// topic goes to NATS. A relay reads only routed topics: rows of others
+	// wait, spending no attempt, for a relay that knows them.
+	Routes []RouteConfig `yaml:"routes"`
 	Relay     Relay      `yaml:"relay"`
 	Admin     Admin      `yaml:"admin"`
 	Log       Log        `yaml:"log"`
@@ -42,6 +48,21 @@ type NATS struct {
 	// Streams lists JetStream streams to create or update at start-up
 	// (explicit topology; nothing is created while publishing).
 	Streams []Stream `yaml:"streams"`
+}
+
+// AMQP configures the RabbitMQ publisher, used when a route names it.
+// Exchanges and queues are declared by the operator (or by
+// postboxamqp.EnsureTopology), never by the daemon while publishing.
+type AMQP struct {
+	URL              string   `yaml:"url"`
+	Exchange         string   `yaml:"exchange"`
+	AcceptUnroutable []string `yaml:"accept_unroutable"`
+}
+
+// RouteConfig sends the topics matching Topics to Publisher.
+type RouteConfig struct {
+	Topics    string `yaml:"topics"`
+	Publisher string `yaml:"publisher"` // nats or amqp
 }
 
 // Stream is a JetStream stream to ensure.
@@ -163,6 +184,9 @@ func (c *Config) applyEnv(getenv func(string) string) {
 	if v := getenv("POSTBOX_NATS_SUBJECT_PREFIX"); v != "" {
 		c.NATS.SubjectPrefix = v
 	}
+	if v := getenv("POSTBOX_AMQP_URL"); v != "" {
+		c.AMQP.URL = v
+	}
 	if v := getenv("POSTBOX_ADMIN_LISTEN"); v != "" {
 		c.Admin.Listen = v
 	}
@@ -258,6 +282,22 @@ func (c *Config) Validate() error {
 				ps = append(ps, p)
 			}
 		}
+	}
+	usesAMQP := false
+	for i, r := range c.Routes {
+		if err := postbox.ValidateTopicPattern(r.Topics); err != nil {
+			bad(fmt.Sprintf("routes[%d].topics", i), r.Topics, "%s", err.(*postbox.ValidationError).Reason) //nolint:errorlint // always this type
+		}
+		switch r.Publisher {
+		case "nats":
+		case "amqp":
+			usesAMQP = true
+		default:
+			bad(fmt.Sprintf("routes[%d].publisher", i), r.Publisher, "want nats or amqp")
+		}
+	}
+	if usesAMQP && !strings.HasPrefix(c.AMQP.URL, "amqp://") && !strings.HasPrefix(c.AMQP.URL, "amqps://") {
+		bad("amqp.url", Redact(c.AMQP.URL), "a route names amqp: want amqp://user:pass@host:port/vhost or amqps://...")
 	}
 	if c.Admin.Listen != "off" && !strings.Contains(c.Admin.Listen, ":") {
 		bad("admin.listen", c.Admin.Listen, "want host:port, or off")

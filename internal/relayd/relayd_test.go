@@ -20,6 +20,7 @@ import (
 	"github.com/postbox-go/postbox/internal/natsembed"
 	"github.com/postbox-go/postbox/internal/relayd"
 	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/postboxamqp"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
@@ -247,6 +248,104 @@ func TestStartFailsOnUnmigratedDatabase(t *testing.T) {
 	cfg, _ := relayd.Load("", env(map[string]string{"POSTBOX_DATABASE_URL": testdb.PostgresURL(), "POSTBOX_PREFIX": "never_migrated_", "POSTBOX_NATS_URL": url, "POSTBOX_ADMIN_LISTEN": "off"}))
 	_, err = relayd.Start(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err == nil || !strings.Contains(err.Error(), "not migrated") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// Routes send topics to NATS and to RabbitMQ from one daemon.
+func TestDaemonRoutes(t *testing.T) {
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	prefix := testdb.Prefix(t)
+	testdb.DropPrefix(t, pool, prefix)
+	m, _ := postboxmigrate.New(postboxpgx.New(pool), &postboxmigrate.Config{Prefix: prefix})
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv, url, err := natsembed.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer natsembed.Shutdown(srv)
+	const amqpURL = "amqp://guest:guest@127.0.0.1:5672/"
+	conn, err := postboxamqp.URL(amqpURL)(ctx)
+	if err != nil {
+		t.Fatalf("RabbitMQ: %v", err)
+	}
+	defer conn.Close()
+	exchange, queue := prefix+"audit", prefix+"audit_q"
+	if err := postboxamqp.EnsureTopology(ctx, conn, postboxamqp.Topology{Exchange: exchange, Queue: queue, Bindings: []string{"audit.#"}}); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_, _ = ch.QueueDelete(queue, false, false, false)
+		_ = ch.ExchangeDelete(exchange, false, false)
+		_ = ch.Close()
+	}()
+
+	cfg, err := relayd.Load(writeFile(t, `
+nats:
+  streams: [{name: ORD, subjects: ["orders.>"]}]
+amqp: {exchange: `+exchange+`}
+routes:
+  - {topics: "orders.*", publisher: nats}
+  - {topics: "audit.*", publisher: amqp}
+relay: {lease: 3s, poll_interval: 20ms}
+admin: {listen: "off"}
+`), env(map[string]string{"POSTBOX_DATABASE_URL": testdb.PostgresURL(), "POSTBOX_PREFIX": prefix, "POSTBOX_NATS_URL": url, "POSTBOX_AMQP_URL": amqpURL}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := relayd.Start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = d.Stop(ctx) }()
+	if _, err := pool.Exec(ctx, `INSERT INTO `+prefix+`outbox (id, topic, payload)
+SELECT gen_random_uuid(), CASE WHEN g % 2 = 0 THEN 'orders.created' ELSE 'audit.login' END, '\x00' FROM generate_series(1, 100) g`); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s, err := js.Stream(ctx, "ORD")
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, _ := s.Info(ctx)
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs == 50 && q.Messages == 50 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("NATS holds %d, RabbitMQ %d; want 50 each", info.State.Msgs, q.Messages)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestRouteConfigErrors(t *testing.T) {
+	cfg, _ := relayd.Load(writeFile(t, `
+databases: [{url: "postgres://x/y"}]
+routes:
+  - {topics: "bad topic", publisher: nats}
+  - {topics: "audit.*", publisher: kafka}
+  - {topics: "x.*", publisher: amqp}
+`), env(nil))
+	var ce *postbox.ConfigError
+	if err := cfg.Validate(); !errors.As(err, &ce) || len(ce.Problems) != 3 {
 		t.Fatalf("err = %v", err)
 	}
 }

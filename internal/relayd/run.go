@@ -20,6 +20,7 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/postboxadmin"
+	"github.com/postbox-go/postbox/postboxamqp"
 	"github.com/postbox-go/postbox/postboxnats"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxprom"
@@ -36,6 +37,7 @@ type Daemon struct {
 	log     *slog.Logger
 	nc      *nats.Conn
 	pub     *postboxnats.Publisher
+	amqp    *postboxamqp.Publisher
 	shards  []*shard
 	reg     *prometheus.Registry
 	srv     *http.Server
@@ -92,12 +94,33 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger) (_ *Daemon, err e
 	if err != nil {
 		return nil, err
 	}
+	routes := []postbox.Route{{Topics: "*", Publisher: d.pub}}
+	if len(cfg.Routes) > 0 {
+		routes = routes[:0]
+		for _, r := range cfg.Routes {
+			var p postbox.Publisher = d.pub
+			if r.Publisher == "amqp" {
+				if d.amqp == nil {
+					// The first publish dials, so the daemon starts while
+					// RabbitMQ is down; publishes fail as infrastructure
+					// until it is back.
+					if d.amqp, err = postboxamqp.New(postboxamqp.URL(cfg.AMQP.URL), &postboxamqp.Config{
+						Exchange: cfg.AMQP.Exchange, AcceptUnroutable: cfg.AMQP.AcceptUnroutable, Logger: log,
+					}); err != nil {
+						return nil, fmt.Errorf("amqp: %w", err)
+					}
+				}
+				p = d.amqp
+			}
+			routes = append(routes, postbox.Route{Topics: r.Topics, Publisher: p})
+		}
+	}
 	metrics, err := postboxprom.New(d.reg)
 	if err != nil {
 		return nil, err
 	}
 	for i, db := range cfg.Databases {
-		sh, err := openShard(ctx, db, cfg, d.pub, metrics, log.With(slog.Int("shard", i)))
+		sh, err := openShard(ctx, db, cfg, routes, metrics, log.With(slog.Int("shard", i)))
 		if err != nil {
 			return nil, fmt.Errorf("databases[%d] (%s): %w", i, Redact(db.URL), err)
 		}
@@ -122,9 +145,9 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger) (_ *Daemon, err e
 	return d, nil
 }
 
-func openShard(ctx context.Context, db Database, cfg *Config, pub postbox.Publisher, m postbox.Metrics, log *slog.Logger) (*shard, error) {
+func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.Route, m postbox.Metrics, log *slog.Logger) (*shard, error) {
 	ccfg := cfg.clientConfig(db)
-	ccfg.Publisher, ccfg.Metrics, ccfg.Logger = pub, m, log
+	ccfg.Routes, ccfg.Metrics, ccfg.Logger = routes, m, log
 	acfg := &postbox.AdminConfig{Prefix: db.Prefix, Retention: max(ccfg.Retention, time.Hour)}
 	if strings.HasPrefix(db.URL, "sqlite:") {
 		sdb, err := postboxsqlite.Open(strings.TrimPrefix(strings.TrimPrefix(db.URL, "sqlite:"), "//"))
@@ -261,6 +284,9 @@ func (d *Daemon) close(ctx context.Context) {
 	}
 	if d.pub != nil {
 		_ = d.pub.Close(ctx)
+	}
+	if d.amqp != nil {
+		_ = d.amqp.Close(ctx)
 	}
 	for _, sh := range d.shards {
 		sh.close()
