@@ -14,7 +14,6 @@ import (
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
-	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
 
@@ -24,18 +23,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // private table prefix.
 func newDriver(t *testing.T) (*postboxpgx.Driver, string) {
 	t.Helper()
-	pool := testdb.Pool(t)
-	prefix := testdb.Prefix(t)
-	testdb.DropPrefix(t, pool, prefix)
-	d := postboxpgx.New(pool)
-	m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return d, prefix
+	pool, prefix := testdb.Migrated(t)
+	return postboxpgx.New(pool), prefix
 }
 
 func TestNewClientListsEveryBadField(t *testing.T) {

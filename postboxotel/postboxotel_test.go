@@ -13,7 +13,6 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/testdb"
-	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxotel"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxtest"
@@ -26,14 +25,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // continues it.
 func TestTraceFlow(t *testing.T) {
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	prefix := testdb.Prefix(t)
-	testdb.DropPrefix(t, pool, prefix)
+	pool, prefix := testdb.Migrated(t)
 	d := postboxpgx.New(pool)
-	m, _ := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer func() { _ = tp.Shutdown(ctx) }()

@@ -14,7 +14,6 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/testdb"
-	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxprom"
 )
@@ -23,14 +22,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestMetrics(t *testing.T) {
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	prefix := testdb.Prefix(t)
-	testdb.DropPrefix(t, pool, prefix)
+	pool, prefix := testdb.Migrated(t)
 	d := postboxpgx.New(pool)
-	mig, _ := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
-	if _, err := mig.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
 	reg := prometheus.NewRegistry()
 	m, err := postboxprom.New(reg)
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/testdb"
-	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxtest"
 )
@@ -20,14 +19,8 @@ import (
 // counted once even though the broker delivers a copy.
 func TestDrainToInbox(t *testing.T) {
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	prefix := testdb.Prefix(t)
-	testdb.DropPrefix(t, pool, prefix)
+	pool, prefix := testdb.Migrated(t)
 	d := postboxpgx.New(pool)
-	m, _ := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
 	broker := postboxtest.NewBroker(&postboxtest.BrokerOptions{DedupeWindow: -1})
 	client, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: broker, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond})
 	if err != nil {

@@ -30,9 +30,9 @@ type Config struct {
 	// topic goes to NATS. A relay reads only routed topics: rows of others
 	// wait, spending no attempt, for a relay that knows them.
 	Routes []RouteConfig `yaml:"routes"`
-	Relay     Relay      `yaml:"relay"`
-	Admin     Admin      `yaml:"admin"`
-	Log       Log        `yaml:"log"`
+	Relay  Relay         `yaml:"relay"`
+	Admin  Admin         `yaml:"admin"`
+	Log    Log           `yaml:"log"`
 }
 
 // Database is one database to relay from.

@@ -21,8 +21,6 @@ import (
 	"github.com/postbox-go/postbox/internal/relayd"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxamqp"
-	"github.com/postbox-go/postbox/postboxmigrate"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -116,13 +114,7 @@ log: {level: loud, format: xml}
 // serves health, readiness and metrics, and stops cleanly.
 func TestDaemon(t *testing.T) {
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	prefix := testdb.Prefix(t)
-	testdb.DropPrefix(t, pool, prefix)
-	m, _ := postboxmigrate.New(postboxpgx.New(pool), &postboxmigrate.Config{Prefix: prefix})
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pool, prefix := testdb.Migrated(t)
 	srv, url, err := natsembed.Start(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -221,13 +213,7 @@ FROM generate_series(1, 200) g`); err != nil {
 
 func TestAdminRefusesOpenListenWithoutTokens(t *testing.T) {
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	prefix := testdb.Prefix(t)
-	testdb.DropPrefix(t, pool, prefix)
-	m, _ := postboxmigrate.New(postboxpgx.New(pool), &postboxmigrate.Config{Prefix: prefix})
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
+	_, prefix := testdb.Migrated(t)
 	srv, url, err := natsembed.Start(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -255,13 +241,7 @@ func TestStartFailsOnUnmigratedDatabase(t *testing.T) {
 // Routes send topics to NATS and to RabbitMQ from one daemon.
 func TestDaemonRoutes(t *testing.T) {
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	prefix := testdb.Prefix(t)
-	testdb.DropPrefix(t, pool, prefix)
-	m, _ := postboxmigrate.New(postboxpgx.New(pool), &postboxmigrate.Config{Prefix: prefix})
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pool, prefix := testdb.Migrated(t)
 	srv, url, err := natsembed.Start(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -14,8 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx" for database/sql
+
+	"github.com/postbox-go/postbox/postboxmigrate"
+	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // PostgresURL is the database tests use; POSTBOX_TEST_DATABASE_URL
@@ -68,25 +72,45 @@ func DropPrefix(t testing.TB, pool *pgxpool.Pool, prefix string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND starts_with(tablename, $1)`, prefix)
-		if err != nil {
-			t.Logf("testdb: list tables: %v", err)
-			return
-		}
-		var names []string
-		for rows.Next() {
-			var n string
-			if rows.Scan(&n) == nil {
-				names = append(names, n)
-			}
-		}
-		rows.Close()
-		if len(names) > 0 {
-			if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+strings.Join(names, ", ")+" CASCADE"); err != nil {
-				t.Logf("testdb: drop tables: %v", err)
-			}
+		if err := DropTables(ctx, pool, prefix); err != nil {
+			t.Logf("testdb: %v", err)
 		}
 	})
+}
+
+// DropTables drops every table of the current schema named with prefix.
+func DropTables(ctx context.Context, pool *pgxpool.Pool, prefix string) error {
+	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND starts_with(tablename, $1)`, prefix)
+	if err != nil {
+		return fmt.Errorf("list tables: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("list tables: %w", err)
+	}
+	if len(names) > 0 {
+		if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+strings.Join(names, ", ")+" CASCADE"); err != nil {
+			return fmt.Errorf("drop tables: %w", err)
+		}
+	}
+	return nil
+}
+
+// Migrated returns a pool on the test database and a table prefix of its
+// own with postbox's tables migrated, dropped when t ends.
+func Migrated(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	pool := Pool(t)
+	prefix := Prefix(t)
+	DropPrefix(t, pool, prefix)
+	m, err := postboxmigrate.New(postboxpgx.New(pool), &postboxmigrate.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(context.Background()); err != nil {
+		t.Fatalf("testdb: migrate: %v", err)
+	}
+	return pool, prefix
 }
 
 // SQLitePath returns a path for a fresh SQLite database file in t's
