@@ -1,4 +1,5 @@
-// Package postboxnats publishes postbox messages to NATS JetStream.
+// Package postboxnats publishes postbox messages to NATS JetStream and
+// consumes them into an inbox.
 //
 // A Publisher is the relay's postbox.Publisher for JetStream: each
 // envelope becomes one JetStream message, published asynchronously, and
@@ -93,6 +94,83 @@
 // defaults). A copy sent after the window is stored again, and the
 // consumers' inbox (G6) absorbs it.
 //
+// # Consuming
+//
+// A Subscriber is the consumer side: it pulls from a durable JetStream
+// consumer and hands each delivery to a postbox.Processor, normally
+// Inbox.Processor, which runs the handler in a transaction together with
+// the inbox record (exactly-once effect, G6). The consumer is topology,
+// made once with EnsureConsumer (or by the operator); subscribing creates
+// nothing.
+//
+//	cons, err := postboxnats.EnsureConsumer(ctx, js, "EVENTS", jetstream.ConsumerConfig{
+//		Durable:       "billing",
+//		FilterSubject: "events.orders.>",
+//		AckWait:       time.Minute, // longer than the slowest handler
+//		MaxDeliver:    -1,          // the inbox decides when a message is dead
+//	})
+//	sub, err := postboxnats.NewSubscriber(cons, &postboxnats.SubscriberConfig{SubjectPrefix: "events."})
+//	inbox, err := postbox.NewInbox(postboxpgx.New(pool), nil)
+//	err = sub.Run(ctx, inbox.Processor("billing", handle))
+//
+// Each delivery's Verdict settles it:
+//
+//	verdict        what the Subscriber does
+//	Ack            DoubleAck: ack and wait for the server's confirmation
+//	Retry          NakWithDelay(Delay): the server redelivers after the delay
+//	DeadLettered   DoubleAck: the dead letter is in the inbox's table
+//	(no id)        Term: never redelivered; logged with its stream sequence
+//
+// The ack is sent only after Process returned, so after the handler's
+// transaction committed. If the consumer dies in between, the message
+// comes back after AckWait and the inbox absorbs it as a copy. A message
+// whose ack is not confirmed is logged and comes back the same way.
+//
+// The delivery's id is the Nats-Msg-Id header, else ce-id. A message
+// with neither (not sent by postbox) could not be recorded by an inbox
+// and would be dead-lettered under no name of its own, so it is
+// terminated with an error log naming its stream sequence; it stays in
+// the stream as long as the stream keeps it.
+//
+// MaxDeliver must be -1 or well above the inbox's MaxAttempts: the
+// server drops a message that reaches MaxDeliver from the consumer with
+// no trace but an advisory, where the inbox would have dead-lettered it
+// visibly. AckWait bounds one handler run; see EnsureConsumer.
+//
+// # Order per key
+//
+// With SubscriberConfig.PerKey, deliveries that share a key
+// (ce-partitionkey) are handled one at a time in stream order, retries
+// included; keyless ones stay parallel. JetStream alone does not keep
+// that order: a nak'd message is redelivered when its delay is up, after
+// later messages of its key may already have been delivered. The
+// Subscriber therefore keeps the key's later messages in memory,
+// unacknowledged and kept alive with InProgress, until the earlier one
+// is acked or dead-lettered. At most half of MaxInFlight is spent on
+// such held messages; beyond that a later message is handed back to the
+// server with a delay (one extra delivery, counted by MaxDeliver) and
+// waited for in turn. A retried message whose redelivery never comes
+// (it reached MaxDeliver, was deleted from the stream, or went to
+// another subscriber) is given up after its delay plus AckWait, with a
+// warning, and its key moves on.
+//
+// The order holds within one Run. It does not hold across competing
+// subscribers of one consumer, which JetStream hands different messages
+// of one key; for per-key order, run one Subscriber (one Run) per durable
+// consumer at a time, and start a replacement only once it has stopped.
+// Nor does it hold across a restart: messages held when a Run ends are
+// redelivered after AckWait, and one of them may come back before an
+// earlier message of its key whose retry delay is longer.
+//
+// # Shutdown
+//
+// Run returns nil when its context ends, once the deliveries being
+// processed have finished (the context is theirs too, so a transaction
+// that had not committed rolls back and the message is nak'd) and been
+// settled; deliveries pulled but not started are left to AckWait. Run
+// returns an error when the subscription fails for good: the connection
+// closed, the consumer deleted.
+//
 // # Costs
 //
 // Acks are awaited without a goroutine per message: the Publisher's own
@@ -101,4 +179,10 @@
 // not block. A stream lookup (one per subject at a time) and the report
 // of a timed-out publish run on goroutines of their own; Close waits for
 // them.
+//
+// A Subscriber's Run has one goroutine pulling, one per delivery being
+// processed (at most MaxInFlight), and with PerKey one more that keeps
+// held messages alive; all have ended when Run returns. Each ack costs a
+// round trip to the server, paid concurrently by the deliveries in
+// flight.
 package postboxnats

@@ -1,0 +1,435 @@
+package postboxnats_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/postboxdriver"
+	"github.com/postbox-go/postbox/postboxmigrate"
+	"github.com/postbox-go/postbox/postboxnats"
+	"github.com/postbox-go/postbox/postboxpgx"
+	"github.com/postbox-go/postbox/postboxsqlite"
+)
+
+// The tests in this file run the Subscriber with a real Inbox, over
+// PostgreSQL and over SQLite, against both NATS servers. The handler's
+// effect is an outbox message written with a Client's WriteTx in the
+// handler's transaction, so the number of committed effects is the
+// number of pending outbox rows (the Client is never started).
+
+// consumerDB is an inbox and its database, whatever the transaction type.
+type consumerDB interface {
+	// processor runs the effect for consumer; when fail returns an error
+	// for a delivery, the handler writes the effect and then fails, so
+	// that the effect is rolled back.
+	processor(consumer string, fail func(d *postbox.Delivery) error) postbox.Processor
+	effects(t testing.TB) int64
+	dead(t testing.TB, consumer string) []postbox.DeadLetter
+}
+
+type inboxDB[TTx any] struct {
+	inbox  *postbox.Inbox[TTx]
+	client *postbox.Client[TTx]
+}
+
+func newInboxDB[TTx any](t testing.TB, d postboxdriver.Driver[TTx], prefix string, cfg postbox.InboxConfig) consumerDB {
+	t.Helper()
+	ctx := context.Background()
+	m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	cfg.Prefix = prefix
+	cfg.Logger = testLogger(t)
+	in, err := postbox.NewInbox(d, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &inboxDB[TTx]{inbox: in, client: c}
+}
+
+func (db *inboxDB[TTx]) processor(consumer string, fail func(d *postbox.Delivery) error) postbox.Processor {
+	return db.inbox.Processor(consumer, func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+		if err := db.client.WriteTx(ctx, tx, postbox.Message{Topic: "effect", Payload: d.Payload}); err != nil {
+			return err
+		}
+		if fail != nil {
+			return fail(d)
+		}
+		return nil
+	})
+}
+
+func (db *inboxDB[TTx]) effects(t testing.TB) int64 {
+	t.Helper()
+	st, err := db.client.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Pending
+}
+
+func (db *inboxDB[TTx]) dead(t testing.TB, consumer string) []postbox.DeadLetter {
+	t.Helper()
+	out, err := db.inbox.ListDead(context.Background(), postbox.DeadFilter{Consumer: consumer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// eachDatabase runs fn against a fresh inbox on PostgreSQL and on SQLite.
+func eachDatabase(t *testing.T, cfg postbox.InboxConfig, fn func(t *testing.T, db consumerDB)) {
+	t.Run("postgres", func(t *testing.T) {
+		pool := testdb.Pool(t)
+		prefix := testdb.Prefix(t)
+		testdb.DropPrefix(t, pool, prefix)
+		fn(t, newInboxDB[pgx.Tx](t, postboxpgx.New(pool), prefix, cfg))
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		sdb, err := postboxsqlite.Open(filepath.Join(t.TempDir(), "consumer.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sdb.Close() })
+		d, err := postboxsqlite.New(sdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn(t, newInboxDB[*sql.Tx](t, d, postbox.DefaultPrefix, cfg))
+	})
+}
+
+// eachSetup runs fn for every NATS server and database.
+func eachSetup(t *testing.T, cfg postbox.InboxConfig, fn func(t *testing.T, url string, db consumerDB)) {
+	eachTarget(t, func(t *testing.T, url string) {
+		eachDatabase(t, cfg, func(t *testing.T, db consumerDB) { fn(t, url, db) })
+	})
+}
+
+// fastRetries keeps the inbox's backoff short.
+var fastRetries = postbox.InboxConfig{BackoffBase: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond}
+
+// verdicts records what a wrapped Processor returned, with the delivery.
+type verdicts struct {
+	mu   sync.Mutex
+	list []verdictOf
+}
+
+type verdictOf struct {
+	d *postbox.Delivery
+	v postbox.Verdict
+}
+
+func (vs *verdicts) add(d *postbox.Delivery, v postbox.Verdict) {
+	vs.mu.Lock()
+	vs.list = append(vs.list, verdictOf{d, v})
+	vs.mu.Unlock()
+}
+
+func (vs *verdicts) all() []verdictOf {
+	vs.mu.Lock()
+	defer vs.mu.Unlock()
+	return append([]verdictOf(nil), vs.list...)
+}
+
+func (vs *verdicts) count(match func(verdictOf) bool) int {
+	n := 0
+	for _, x := range vs.all() {
+		if match(x) {
+			n++
+		}
+	}
+	return n
+}
+
+// settledAll waits until the consumer has nothing pending or unacked.
+func settledAll(t testing.TB, c jetstream.Consumer) {
+	t.Helper()
+	waitUntil(t, 15*time.Second, "every delivery settled with the server", func() bool {
+		info := consumerInfo(t, c)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	})
+}
+
+// TestInboxThreeDeliveriesOneEffect: the server delivers one message
+// three times (the first two acks "lost": the handler's transaction
+// committed, then the delivery was nak'd), and the handler's effect
+// happens once.
+func TestInboxThreeDeliveriesOneEffect(t *testing.T) {
+	eachSetup(t, fastRetries, func(t *testing.T, url string, db consumerDB) {
+		_, js := connect(t, url)
+		_, base := stream(t, js, nil)
+		c := ensureConsumer(t, js, base, "billing", nil)
+		inner := db.processor("billing", nil)
+		var vs verdicts
+		p := processorFunc(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
+			v := inner.Process(ctx, d)
+			vs.add(d, v)
+			if v.Action == postbox.Ack && d.Delivered < 3 {
+				return postbox.Verdict{Action: postbox.Retry, Delay: 10 * time.Millisecond}
+			}
+			return v
+		})
+		runSubscriber(t, subscriber(t, c, nil), p)
+		pub := publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."})
+		env := envelope("orders.paid", `{"order":1}`)
+		if err := publish(t, pub, context.Background(), env); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, 15*time.Second, "three deliveries", func() bool { return len(vs.all()) == 3 })
+		settledAll(t, c)
+		for i, x := range vs.all() {
+			if x.d.ID != env.ID || x.d.Delivered != i+1 || x.v.Action != postbox.Ack || x.v.Duplicate != (i > 0) {
+				t.Fatalf("delivery %d: id %s, delivered %d, verdict %+v", i+1, x.d.ID, x.d.Delivered, x.v)
+			}
+		}
+		if n := db.effects(t); n != 1 {
+			t.Fatalf("%d effects, want 1", n)
+		}
+	})
+}
+
+// TestInboxKilledBetweenCommitAndAck: a consumer commits the handler's
+// transaction and dies (its connection closes) before its ack reaches
+// the server. The message comes back after AckWait to a second consumer
+// process, which finds the inbox record and runs nothing.
+func TestInboxKilledBetweenCommitAndAck(t *testing.T) {
+	eachSetup(t, fastRetries, func(t *testing.T, url string, db consumerDB) {
+		ncA, jsA := connect(t, url)
+		_, base := stream(t, jsA, nil)
+		// The stream and consumer outlive connection A.
+		_, js := connect(t, url)
+		t.Cleanup(func() { deleteStream(t, js, base) })
+		const ackWait = time.Second
+		c := ensureConsumer(t, js, base, "billing", func(cc *jetstream.ConsumerConfig) { cc.AckWait = ackWait })
+
+		inner := db.processor("billing", nil)
+		var first verdicts
+		killer := processorFunc(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
+			v := inner.Process(ctx, d)
+			first.add(d, v)
+			ncA.Close() // the process dies after its commit, before its ack
+			return v
+		})
+		cA, err := jsA.Consumer(context.Background(), base, "billing")
+		if err != nil {
+			t.Fatal(err)
+		}
+		doneA := make(chan error, 1)
+		go func() {
+			doneA <- subscriber(t, cA, &postboxnats.SubscriberConfig{Logger: discardLogger()}).Run(context.Background(), killer)
+		}()
+
+		pub := publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."})
+		env := envelope("orders.paid", `{"order":2}`)
+		if err := publish(t, pub, context.Background(), env); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-doneA:
+			if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				t.Fatalf("the killed subscriber's Run: %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("the killed subscriber's Run did not return")
+		}
+		if got := first.all(); len(got) != 1 || got[0].v.Action != postbox.Ack || got[0].v.Duplicate {
+			t.Fatalf("first delivery: %+v", got)
+		}
+		if n := db.effects(t); n != 1 {
+			t.Fatalf("%d effects after the commit, want 1", n)
+		}
+
+		var second verdicts
+		innerB := db.processor("billing", nil)
+		runSubscriber(t, subscriber(t, c, nil), processorFunc(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
+			v := innerB.Process(ctx, d)
+			second.add(d, v)
+			return v
+		}))
+		waitUntil(t, 15*time.Second, "the redelivery after AckWait", func() bool { return len(second.all()) == 1 })
+		settledAll(t, c)
+		if x := second.all()[0]; x.d.ID != env.ID || x.d.Delivered != 2 || x.v.Action != postbox.Ack || !x.v.Duplicate {
+			t.Fatalf("redelivery: delivered %d, verdict %+v; want the second delivery acked as a copy", x.d.Delivered, x.v)
+		}
+		if n := db.effects(t); n != 1 {
+			t.Fatalf("%d effects, want 1", n)
+		}
+	})
+}
+
+// TestInboxConcurrentCopies: eight copies of one message id, stored as
+// eight stream messages (a producer sent it again past any dedupe
+// window), reach eight subscribers of one durable consumer at once; the
+// effect happens once.
+func TestInboxConcurrentCopies(t *testing.T) {
+	eachSetup(t, fastRetries, func(t *testing.T, url string, db consumerDB) {
+		_, js := connect(t, url)
+		_, base := stream(t, js, nil)
+		c := ensureConsumer(t, js, base, "billing", nil)
+		const copies = 8
+		id := postbox.NewID()
+		inner := db.processor("billing", nil)
+		var vs verdicts
+		var mu sync.Mutex
+		arrived, all := 0, make(chan struct{})
+		subs := map[int]bool{}
+		for i := range copies {
+			// Each on a connection of its own, as eight processes would.
+			_, jsi := connect(t, url)
+			ci, err := jsi.Consumer(context.Background(), base, "billing")
+			if err != nil {
+				t.Fatal(err)
+			}
+			runSubscriber(t, subscriber(t, ci, nil), processorFunc(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
+				if d.Delivered == 1 {
+					// Hold every first copy until all eight are in
+					// flight, then let them race for the inbox record.
+					mu.Lock()
+					subs[i] = true
+					if arrived++; arrived == copies {
+						close(all)
+					}
+					mu.Unlock()
+					select {
+					case <-all:
+					case <-time.After(15 * time.Second):
+						t.Error("the eight copies were never in flight at once")
+					}
+				}
+				v := inner.Process(ctx, d)
+				vs.add(d, v)
+				return v
+			}))
+		}
+		for range copies {
+			publishMsg(t, js, base+".orders.paid", `{"order":3}`, map[string]string{postbox.HeaderID: id, postbox.HeaderType: "orders.paid"})
+		}
+		// A store that serializes writers may answer an overlapping copy
+		// with a retry; its redelivery is then a plain copy.
+		waitUntil(t, 15*time.Second, "eight acks", func() bool {
+			return vs.count(func(x verdictOf) bool { return x.v.Action == postbox.Ack }) == copies
+		})
+		settledAll(t, c)
+		if n := vs.count(func(x verdictOf) bool { return x.v.Action == postbox.Ack && !x.v.Duplicate }); n != 1 {
+			t.Fatalf("%d copies ran the handler, want 1", n)
+		}
+		for _, x := range vs.all() {
+			if x.d.ID != id || x.v.Action == postbox.DeadLettered {
+				t.Fatalf("delivery %s: %+v", x.d.ID, x.v)
+			}
+		}
+		if n := db.effects(t); n != 1 {
+			t.Fatalf("%d effects, want 1", n)
+		}
+		mu.Lock()
+		t.Logf("first copies handled by %d subscribers", len(subs))
+		mu.Unlock()
+	})
+}
+
+// TestInboxPoisonDeadLettered: a message whose handler always fails is
+// retried through the broker with the inbox's backoff and, after
+// MaxAttempts runs, dead-lettered and acked; it is not redelivered after
+// that. The messages around it are handled while it still has budget.
+func TestInboxPoisonDeadLettered(t *testing.T) {
+	cfg := fastRetries
+	cfg.MaxAttempts = 3
+	eachSetup(t, cfg, func(t *testing.T, url string, db consumerDB) {
+		_, js := connect(t, url)
+		_, base := stream(t, js, nil)
+		c := ensureConsumer(t, js, base, "billing", nil)
+		pub := publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."})
+		poison := envelope("orders.paid", "poison")
+		poison.Key = "order-9"
+		poison.Headers[postbox.HeaderPartitionKey] = poison.Key
+		inner := db.processor("billing", func(d *postbox.Delivery) error {
+			if d.ID == poison.ID {
+				return errors.New("cannot apply")
+			}
+			return nil
+		})
+		const healthy = 20
+		var vs verdicts
+		flowed := make(chan struct{})
+		var once sync.Once
+		p := processorFunc(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
+			if d.ID == poison.ID && d.Delivered == 2 {
+				// The poison's second run waits until every healthy
+				// message was handled: they flow past it.
+				select {
+				case <-flowed:
+				case <-time.After(15 * time.Second):
+					t.Error("the healthy messages did not flow while the poison was retried")
+				}
+			}
+			v := inner.Process(ctx, d)
+			vs.add(d, v)
+			if vs.count(func(x verdictOf) bool { return x.d.ID != poison.ID && x.v.Action == postbox.Ack }) == healthy {
+				once.Do(func() { close(flowed) })
+			}
+			return v
+		})
+		runSubscriber(t, subscriber(t, c, nil), p)
+		if err := publish(t, pub, context.Background(), poison); err != nil {
+			t.Fatal(err)
+		}
+		for i := range healthy {
+			if err := publish(t, pub, context.Background(), envelope("orders.paid", fmt.Sprint(i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitUntil(t, 15*time.Second, "the poison dead-lettered", func() bool { return len(db.dead(t, "billing")) == 1 })
+		settledAll(t, c)
+
+		dl := db.dead(t, "billing")[0]
+		if dl.MessageID != poison.ID || dl.Attempts != 3 || dl.Error != "cannot apply" || dl.Topic != "orders.paid" ||
+			dl.Key != "order-9" || string(dl.Payload) != "poison" {
+			t.Fatalf("dead letter %+v", dl)
+		}
+		var runs []postbox.Verdict
+		for _, x := range vs.all() {
+			if x.d.ID == poison.ID {
+				runs = append(runs, x.v)
+			}
+		}
+		if len(runs) != 3 || runs[0].Action != postbox.Retry || runs[1].Action != postbox.Retry || runs[2].Action != postbox.DeadLettered {
+			t.Fatalf("poison runs %+v, want retry, retry, dead-lettered", runs)
+		}
+		if n := db.effects(t); n != healthy {
+			t.Fatalf("%d effects, want %d (the healthy ones; the poison's rolled back)", n, healthy)
+		}
+		// Nothing is pending for the consumer (checked above), so the
+		// server has no redelivery of the poison scheduled; a message
+		// published after it arrives while the poison does not.
+		sentinel := envelope("orders.paid", "sentinel")
+		if err := publish(t, pub, context.Background(), sentinel); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, 15*time.Second, "the sentinel", func() bool {
+			return vs.count(func(x verdictOf) bool { return x.d.ID == sentinel.ID }) == 1
+		})
+		if n := vs.count(func(x verdictOf) bool { return x.d.ID == poison.ID }); n != 3 {
+			t.Fatalf("the poison ran %d times, want 3", n)
+		}
+	})
+}

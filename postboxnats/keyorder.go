@@ -1,0 +1,276 @@
+package postboxnats
+
+import (
+	"context"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/postbox-go/postbox"
+)
+
+// Per-key order (SubscriberConfig.PerKey).
+//
+// JetStream delivers a consumer's new messages in stream order, but a
+// message nak'd with a delay comes back when the delay is up, after
+// later messages of its key may have been delivered. So the order is kept
+// here: each key has a queue of its deliveries by stream sequence, and
+// only its head is processed, one at a time. A head that is to be retried
+// is nak'd and stays in the queue as a marker, without a message, until
+// its redelivery fills it; the later messages of its key wait behind it,
+// unacknowledged, in memory.
+//
+// Held messages take tokens of the MaxInFlight window. If they could take
+// every token, the puller could never fetch the redelivery they wait for.
+// So at most half the window holds messages; a message that would exceed
+// that is handed back to the server (nak'd with a delay that ends about
+// when its key's head is due) and becomes a marker too, which costs a
+// delivery of that message and nothing else. The other half is always
+// free for the heads, so the puller always gets a token back.
+//
+// A held message's AckWait is kept from running out with InProgress, so
+// the server does not redeliver it meanwhile (to this subscriber, or to
+// another one of the consumer). A marker whose redelivery does not come
+// within its delay plus AckWait (the message hit MaxDeliver, was deleted
+// from the stream, or went to another subscriber) is given up with a
+// warning, and its key moves on. The markers are not given up while the
+// puller is short of tokens: then a redelivery may simply not have been
+// fetched yet.
+
+// minBounce is the shortest delay a message handed back for lack of room
+// is nak'd with: long enough not to spin, short enough that a key blocked
+// by a running delivery moves on soon after.
+const minBounce = 100 * time.Millisecond
+
+// entry is one message of a key: held (msg set), being processed
+// (keyQueue.running), or a marker awaiting its redelivery (msg nil).
+type entry struct {
+	key     string
+	seq     uint64 // stream sequence
+	msg     jetstream.Msg
+	d       *postbox.Delivery
+	touched time.Time // last delivery or InProgress of a held message
+	due     time.Time // marker: when the redelivery is expected
+	expires time.Time // marker: when waiting for it is given up
+}
+
+type keyQueue struct {
+	entries []*entry // by stream sequence, one per sequence
+	running *entry
+}
+
+// keyOrder schedules the deliveries of one Run that carry a key.
+type keyOrder struct {
+	r          *run
+	maxHeld    int
+	giveUp     time.Duration // a marker's wait beyond its delay
+	touchEvery time.Duration
+	interval   time.Duration
+
+	mu   sync.Mutex
+	keys map[string]*keyQueue
+	held int // entries with a message, not running
+}
+
+// newKeyOrder: ackMin and ackMax are the shortest and longest time the
+// server waits for an ack before it redelivers. Held messages are kept
+// alive well within the first; a marker is waited for its delay plus the
+// second, the latest a redelivery comes when the nak itself was lost.
+func newKeyOrder(r *run, maxInFlight int, ackMin, ackMax time.Duration) *keyOrder {
+	return &keyOrder{
+		r:          r,
+		maxHeld:    maxInFlight / 2,
+		giveUp:     ackMax + time.Second,
+		touchEvery: ackMin / 3,
+		interval:   min(max(ackMin/4, 10*time.Millisecond), time.Second),
+		keys:       map[string]*keyQueue{},
+	}
+}
+
+// arrive takes in a delivery, which holds a token.
+func (k *keyOrder) arrive(e *entry) {
+	now := time.Now()
+	in := e.msg // the delivery just taken in, whichever entry files it
+	var start, bounce *entry
+	var bounceDelay time.Duration
+	release := false
+
+	k.mu.Lock()
+	q := k.keys[e.key]
+	if q == nil {
+		q = &keyQueue{}
+		k.keys[e.key] = q
+	}
+	i := sort.Search(len(q.entries), func(i int) bool { return q.entries[i].seq >= e.seq })
+	added := e
+	if i < len(q.entries) && q.entries[i].seq == e.seq {
+		x := q.entries[i]
+		switch {
+		case x == q.running:
+			// A copy of the delivery being processed, sent because the
+			// run outlived AckWait. Its outcome settles the message by
+			// stream sequence, whichever delivery it came with.
+			added, release = nil, true
+		case x.msg == nil:
+			// The redelivery a marker waited for.
+			x.msg, x.d, x.touched = e.msg, e.d, now
+			x.due, x.expires = time.Time{}, time.Time{}
+			k.held++
+			added = x
+		default:
+			// A held message the server sent again: keep the newer
+			// delivery, drop the older one's token.
+			x.msg, x.d, x.touched = e.msg, e.d, now
+			added, release = nil, true
+		}
+	} else {
+		q.entries = append(q.entries, nil)
+		copy(q.entries[i+1:], q.entries[i:])
+		q.entries[i] = e
+		k.held++
+	}
+	start = k.next(q)
+	if added != nil && added != start && k.held > k.maxHeld {
+		bounceDelay = minBounce
+		if h := q.entries[0]; h.msg == nil && h.due.Sub(now) > bounceDelay {
+			bounceDelay = h.due.Sub(now) + 10*time.Millisecond
+		}
+		bounce = added
+		k.toMarker(bounce, now, bounceDelay)
+		k.held--
+	}
+	k.mu.Unlock()
+
+	if release {
+		k.r.release()
+	}
+	if bounce != nil {
+		if err := in.NakWithDelay(bounceDelay); err != nil {
+			k.r.s.log.Warn("postboxnats subscriber: could not hand a held message back; it comes back after AckWait",
+				slog.String("consumer", k.r.s.name), slog.String("key", bounce.key), slog.Uint64("stream_seq", bounce.seq), slog.Any("error", err))
+		}
+		k.r.release()
+	}
+	if start != nil {
+		k.start(start)
+	}
+}
+
+// toMarker turns e into a marker expected after delay; k.mu is held.
+func (k *keyOrder) toMarker(e *entry, now time.Time, delay time.Duration) {
+	e.msg = nil
+	e.due = now.Add(delay)
+	e.expires = e.due.Add(k.giveUp)
+}
+
+// next marks q's head as running and returns it, when q has nothing
+// running and its head is a held message; k.mu is held. Once ctx has
+// ended nothing new starts: held messages are abandoned to AckWait.
+func (k *keyOrder) next(q *keyQueue) *entry {
+	if q.running != nil || len(q.entries) == 0 || q.entries[0].msg == nil || k.r.ctx.Err() != nil {
+		return nil
+	}
+	q.running = q.entries[0]
+	k.held--
+	return q.running
+}
+
+func (k *keyOrder) start(e *entry) {
+	k.r.wg.Add(1)
+	go func() {
+		defer k.r.wg.Done()
+		again, delay := k.r.process(e.msg, e.d)
+		k.settled(e, again, delay)
+	}()
+}
+
+// settled records the outcome of e's run, already settled with the
+// server: done, or to be redelivered after delay. It starts the key's
+// next message.
+func (k *keyOrder) settled(e *entry, again bool, delay time.Duration) {
+	now := time.Now()
+	k.mu.Lock()
+	q := k.keys[e.key]
+	q.running = nil
+	if again {
+		k.toMarker(e, now, delay)
+	} else {
+		for i, x := range q.entries {
+			if x == e {
+				q.entries = append(q.entries[:i], q.entries[i+1:]...)
+				break
+			}
+		}
+	}
+	start := k.next(q)
+	if len(q.entries) == 0 {
+		delete(k.keys, e.key)
+	}
+	k.mu.Unlock()
+	k.r.release()
+	if start != nil {
+		k.start(start)
+	}
+}
+
+// tick keeps held messages alive and gives up markers that waited too
+// long, until ctx ends.
+func (k *keyOrder) tick(ctx context.Context, wg *sync.WaitGroup, saturated *atomic.Bool) {
+	defer wg.Done()
+	t := time.NewTicker(k.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			k.sweep(now, saturated.Load())
+		}
+	}
+}
+
+func (k *keyOrder) sweep(now time.Time, saturated bool) {
+	var touch []jetstream.Msg
+	var expired, starts []*entry
+	k.mu.Lock()
+	for key, q := range k.keys {
+		kept := q.entries[:0]
+		for _, e := range q.entries {
+			switch {
+			case e.msg == nil:
+				if !saturated && now.After(e.expires) {
+					expired = append(expired, e)
+					continue
+				}
+			case e != q.running && now.Sub(e.touched) >= k.touchEvery:
+				touch = append(touch, e.msg)
+				e.touched = now
+			}
+			kept = append(kept, e)
+		}
+		clear(q.entries[len(kept):])
+		q.entries = kept
+		if s := k.next(q); s != nil {
+			starts = append(starts, s)
+		}
+		if len(q.entries) == 0 {
+			delete(k.keys, key)
+		}
+	}
+	k.mu.Unlock()
+	for _, m := range touch {
+		_ = m.InProgress() // a lost one costs a redelivery, which arrive absorbs
+	}
+	for _, e := range expired {
+		k.r.s.log.Warn("postboxnats subscriber: a retried message was not redelivered in time; its key moves on, so its order may break",
+			slog.String("consumer", k.r.s.name), slog.String("key", e.key), slog.Uint64("stream_seq", e.seq),
+			slog.String("hint", "MaxDeliver reached, message deleted from the stream, or delivered to another subscriber of the consumer"))
+	}
+	for _, e := range starts {
+		k.start(e)
+	}
+}

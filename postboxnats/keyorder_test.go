@@ -1,0 +1,196 @@
+package postboxnats_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxnats"
+)
+
+// orderChecker is a Processor that fails some first deliveries and checks
+// that each key's messages are handled one at a time and in order.
+type orderChecker struct {
+	t     testing.TB
+	retry func(d *postbox.Delivery, first bool) (bool, time.Duration)
+
+	mu        sync.Mutex
+	active    map[string]bool
+	next      map[string]int
+	seen      map[string]int
+	calls     int
+	handedOn  int // first runs of messages delivered before: handed back unprocessed
+	violation string
+}
+
+func newOrderChecker(t testing.TB, retry func(d *postbox.Delivery, first bool) (bool, time.Duration)) *orderChecker {
+	return &orderChecker{t: t, retry: retry, active: map[string]bool{}, next: map[string]int{}, seen: map[string]int{}}
+}
+
+func (o *orderChecker) Process(_ context.Context, d *postbox.Delivery) postbox.Verdict {
+	o.mu.Lock()
+	o.calls++
+	if d.Key != "" && o.active[d.Key] && o.violation == "" {
+		o.violation = "two deliveries of key " + d.Key + " at once"
+	}
+	o.active[d.Key] = true
+	first := o.seen[d.ID] == 0
+	o.seen[d.ID]++
+	if first && d.Delivered > 1 {
+		o.handedOn++
+	}
+	o.mu.Unlock()
+
+	// Give a concurrent delivery of the same key the chance to show.
+	time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.active[d.Key] = false
+	if again, delay := o.retry(d, first); again {
+		return postbox.Verdict{Action: postbox.Retry, Delay: delay}
+	}
+	if d.Key != "" {
+		n, _ := strconv.Atoi(string(d.Payload))
+		if n != o.next[d.Key] && o.violation == "" {
+			o.violation = fmt.Sprintf("key %s: message %d handled when %d was due", d.Key, n, o.next[d.Key])
+		}
+		o.next[d.Key] = n + 1
+	}
+	return postbox.Verdict{Action: postbox.Ack}
+}
+
+func (o *orderChecker) done(keys []string, per int) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, k := range keys {
+		if o.next[k] != per {
+			return false
+		}
+	}
+	return true
+}
+
+func (o *orderChecker) check() {
+	o.t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.violation != "" {
+		o.t.Fatal(o.violation)
+	}
+}
+
+// TestPerKeyOrderUnderPressure: a window of 2 leaves room to hold one
+// message, so most messages of a blocked key are handed back to the
+// server and come back later; the order holds all the same.
+func TestPerKeyOrderUnderPressure(t *testing.T) {
+	eachTarget(t, func(t *testing.T, url string) {
+		_, js := connect(t, url)
+		_, base := stream(t, js, nil)
+		c := ensureConsumer(t, js, base, "c", nil)
+		const per = 12
+		keys := []string{"a", "b", "c", "d", "e"}
+		for i := range per {
+			for _, k := range keys {
+				publishMsg(t, js, base+".t", strconv.Itoa(i), map[string]string{jetstream.MsgIDHeader: postbox.NewID(), postbox.HeaderPartitionKey: k})
+			}
+		}
+		o := newOrderChecker(t, func(_ *postbox.Delivery, first bool) (bool, time.Duration) {
+			return first && rand.IntN(3) == 0, time.Duration(rand.IntN(30)) * time.Millisecond
+		})
+		runSubscriber(t, subscriber(t, c, &postboxnats.SubscriberConfig{PerKey: true, MaxInFlight: 2}), o)
+		waitUntil(t, 30*time.Second, "every key to the end", func() bool { return o.done(keys, per) })
+		o.check()
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		t.Logf("%d runs, %d messages handed back to the server before their first run", o.calls, o.handedOn)
+		if o.handedOn == 0 {
+			t.Fatal("no message was handed back: the test did not fill the room for held messages")
+		}
+	})
+}
+
+// TestPerKeyHeldMessageKeptAlive: a message held behind its key's retry
+// for longer than AckWait is not redelivered meanwhile, and messages
+// without a key keep flowing.
+func TestPerKeyHeldMessageKeptAlive(t *testing.T) {
+	eachTarget(t, func(t *testing.T, url string) {
+		_, js := connect(t, url)
+		_, base := stream(t, js, nil)
+		c := ensureConsumer(t, js, base, "c", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 500 * time.Millisecond })
+		const delay = 1500 * time.Millisecond
+		var mu sync.Mutex
+		var order []string
+		var firstAt, keylessAt time.Time
+		p := processorFunc(func(_ context.Context, d *postbox.Delivery) postbox.Verdict {
+			mu.Lock()
+			defer mu.Unlock()
+			order = append(order, fmt.Sprintf("%s/%d", d.Payload, d.Delivered))
+			switch {
+			case string(d.Payload) == "first" && d.Delivered == 1:
+				firstAt = time.Now()
+				return postbox.Verdict{Action: postbox.Retry, Delay: delay}
+			case string(d.Payload) == "keyless":
+				keylessAt = time.Now()
+			}
+			return postbox.Verdict{Action: postbox.Ack}
+		})
+		runSubscriber(t, subscriber(t, c, &postboxnats.SubscriberConfig{PerKey: true}), p)
+		publishMsg(t, js, base+".t", "first", map[string]string{jetstream.MsgIDHeader: "1", postbox.HeaderPartitionKey: "k"})
+		publishMsg(t, js, base+".t", "second", map[string]string{jetstream.MsgIDHeader: "2", postbox.HeaderPartitionKey: "k"})
+		publishMsg(t, js, base+".t", "keyless", map[string]string{jetstream.MsgIDHeader: "3"})
+		waitUntil(t, 15*time.Second, "both messages of the key", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(order) == 4
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		var keyed []string
+		for _, s := range order {
+			if s != "keyless/1" {
+				keyed = append(keyed, s)
+			}
+		}
+		if want := []string{"first/1", "first/2", "second/1"}; fmt.Sprint(keyed) != fmt.Sprint(want) {
+			t.Fatalf("key k handled as %v, want %v (second held, never redelivered)", keyed, want)
+		}
+		if keylessAt.IsZero() || keylessAt.Sub(firstAt) >= delay {
+			t.Fatalf("the keyless message waited for the key's retry: %v", order)
+		}
+	})
+}
+
+// TestPerKeyLostRedelivery: when a retried message never comes back (here
+// it is deleted from the stream), its key moves on after the retry's
+// delay plus AckWait instead of blocking for good.
+func TestPerKeyLostRedelivery(t *testing.T) {
+	eachTarget(t, func(t *testing.T, url string) {
+		_, js := connect(t, url)
+		s, base := stream(t, js, nil)
+		c := ensureConsumer(t, js, base, "c", func(cc *jetstream.ConsumerConfig) { cc.AckWait = 500 * time.Millisecond })
+		col := &collector{verdict: func(d *postbox.Delivery) postbox.Verdict {
+			if string(d.Payload) == "doomed" {
+				if err := s.DeleteMsg(context.Background(), 1); err != nil {
+					t.Errorf("delete: %v", err)
+				}
+				return postbox.Verdict{Action: postbox.Retry, Delay: 50 * time.Millisecond}
+			}
+			return postbox.Verdict{Action: postbox.Ack}
+		}}
+		runSubscriber(t, subscriber(t, c, &postboxnats.SubscriberConfig{PerKey: true, Logger: discardLogger()}), col)
+		publishMsg(t, js, base+".t", "doomed", map[string]string{jetstream.MsgIDHeader: "1", postbox.HeaderPartitionKey: "k"})
+		publishMsg(t, js, base+".t", "next", map[string]string{jetstream.MsgIDHeader: "2", postbox.HeaderPartitionKey: "k"})
+		waitUntil(t, 15*time.Second, "the key's next message", func() bool { return len(col.byPayload("next")) == 1 })
+		if n := len(col.byPayload("doomed")); n != 1 {
+			t.Fatalf("the deleted message was processed %d times", n)
+		}
+	})
+}
