@@ -433,3 +433,76 @@ func TestInboxPoisonDeadLettered(t *testing.T) {
 		}
 	})
 }
+
+// TestInboxPerKeyPoison: with PerKey, a poison message holds back the
+// later messages of its key, through the inbox's retries, until it is
+// dead-lettered; then they are handled, in order. Other keys flow
+// meanwhile.
+func TestInboxPerKeyPoison(t *testing.T) {
+	cfg := fastRetries
+	cfg.MaxAttempts = 3
+	eachSetup(t, cfg, func(t *testing.T, url string, db consumerDB) {
+		_, js := connect(t, url)
+		_, base := stream(t, js, nil)
+		c := ensureConsumer(t, js, base, "billing", nil)
+		pub := publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."})
+		keyed := func(key, payload string) *postbox.Envelope {
+			env := envelope("orders.paid", payload)
+			env.Key = key
+			env.Headers[postbox.HeaderPartitionKey] = key
+			return env
+		}
+		poison := keyed("k1", "k1:poison")
+		envs := []*postbox.Envelope{poison, keyed("k1", "k1:1"), keyed("k2", "k2:0"), keyed("k1", "k1:2"), keyed("k2", "k2:1")}
+		inner := db.processor("billing", func(d *postbox.Delivery) error {
+			if d.ID == poison.ID {
+				return errors.New("cannot apply")
+			}
+			return nil
+		})
+		var vs verdicts
+		k2done := make(chan struct{})
+		var once sync.Once
+		runSubscriber(t, subscriber(t, c, &postboxnats.SubscriberConfig{PerKey: true}), processorFunc(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
+			if d.ID == poison.ID && d.Delivered == 2 {
+				// Key k2 is handled while k1 waits for its poison.
+				select {
+				case <-k2done:
+				case <-time.After(15 * time.Second):
+					t.Error("key k2 did not flow while key k1 was blocked")
+				}
+			}
+			v := inner.Process(ctx, d)
+			vs.add(d, v)
+			if vs.count(func(x verdictOf) bool { return x.d.Key == "k2" && x.v.Action == postbox.Ack }) == 2 {
+				once.Do(func() { close(k2done) })
+			}
+			return v
+		}))
+		for _, env := range envs {
+			if err := publish(t, pub, context.Background(), env); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitUntil(t, 15*time.Second, "every message settled", func() bool {
+			return vs.count(func(x verdictOf) bool { return x.v.Action != postbox.Retry }) == len(envs)
+		})
+		settledAll(t, c)
+		var k1 []string
+		for _, x := range vs.all() {
+			if x.d.Key == "k1" {
+				k1 = append(k1, fmt.Sprintf("%s/%s", x.d.Payload, x.v.Action))
+			}
+		}
+		want := []string{"k1:poison/retry", "k1:poison/retry", "k1:poison/dead-lettered", "k1:1/ack", "k1:2/ack"}
+		if fmt.Sprint(k1) != fmt.Sprint(want) {
+			t.Fatalf("key k1 handled as %v, want %v", k1, want)
+		}
+		if n := db.effects(t); n != 4 {
+			t.Fatalf("%d effects, want 4", n)
+		}
+		if dead := db.dead(t, "billing"); len(dead) != 1 || dead[0].MessageID != poison.ID || dead[0].Attempts != 3 {
+			t.Fatalf("dead letters %+v", dead)
+		}
+	})
+}
