@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/natsembed"
 	"github.com/postbox-go/postbox/postboxnats"
 )
 
@@ -487,3 +489,42 @@ func TestMaxInFlight(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// TestRunSurvivesServerRestart: Run keeps consuming across a restart of
+// the server (the client reconnects and pulls again) instead of
+// returning, and leaves nothing unsettled.
+func TestRunSurvivesServerRestart(t *testing.T) {
+	dir := t.TempDir()
+	srv, url, err := natsembed.Start(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { natsembed.Shutdown(srv) }()
+	nc, js := connect(t, url, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	name := uniqueName()
+	if _, err := postboxnats.EnsureStream(context.Background(), js, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	c := ensureConsumer(t, js, name, "c", func(cc *jetstream.ConsumerConfig) { cc.AckWait = time.Second })
+	col := &collector{}
+	r := runSubscriber(t, subscriber(t, c, &postboxnats.SubscriberConfig{Logger: discardLogger()}), col)
+	publishMsg(t, js, name+".t", "before", map[string]string{jetstream.MsgIDHeader: "1"})
+	waitUntil(t, 10*time.Second, "the first message", func() bool { return len(col.byPayload("before")) == 1 })
+
+	port := srv.Addr().(*net.TCPAddr).Port
+	down(t, srv, nc)
+	opts := natsembed.DefaultOptions(dir)
+	opts.Port = port
+	srv, _, err = natsembed.StartOptions(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the client to reconnect", func() bool { return nc.Status() == nats.CONNECTED })
+	publishMsg(t, js, name+".t", "after", map[string]string{jetstream.MsgIDHeader: "2"})
+	waitUntil(t, 15*time.Second, "a message published after the restart", func() bool { return len(col.byPayload("after")) >= 1 })
+	settledAll(t, c)
+	if err := r.stop(15 * time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	deleteStream(t, js, name)
+}
