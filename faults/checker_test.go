@@ -1,0 +1,422 @@
+//go:build faults
+
+package faults
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The checker judges a run from what the harness recorded on its own: the
+// history file (every message and the fate of its transaction), the
+// stream as the watcher read it, and the consumer's effects table. Of
+// postbox's tables it reads only the consumer's dead letters and the
+// relay's dead table, to check who is dead, never to decide what was
+// committed, published or applied.
+
+// violation is one broken rule.
+type violation struct {
+	Rule      string `json:"rule"`
+	Guarantee string `json:"guarantee"`
+	ID        string `json:"id,omitempty"`
+	Key       string `json:"key,omitempty"`
+	Detail    string `json:"detail"`
+}
+
+// recovery measures how the system came back from one fault. Times are
+// the stream's own storage timestamps against the fault's start and lift.
+type recovery struct {
+	// BacklogAtStart counts messages committed before the fault and not
+	// yet in the stream when it began.
+	BacklogAtStart int `json:"backlog_at_start"`
+	// FirstPublishMs is the time from the fault to the next message
+	// stored in the stream (other relays may go on publishing).
+	FirstPublishMs int64 `json:"first_publish_ms"`
+	// BacklogDrainMs is the time from the fault until every message
+	// committed before it is in the stream (0 when none was waiting);
+	// for a crash it is about the lease. -1: never.
+	BacklogDrainMs int64 `json:"backlog_drain_ms"`
+	// DrainAfterLiftMs is the time from the fault's lift (restart, SIGCONT,
+	// end of the loop or the hole) until every message committed before
+	// the lift is in the stream; 0 when all were in by then. -1: never.
+	DrainAfterLiftMs int64 `json:"drain_after_lift_ms"`
+	// MaxLagMs is the longest commit-to-stored time of the messages
+	// committed while the fault held, and up to 2s after.
+	MaxLagMs int64 `json:"max_lag_ms"`
+}
+
+type counts struct {
+	Transactions     int64 `json:"transactions"`
+	Committed        int   `json:"committed"`
+	CommittedPoison  int   `json:"committed_poison"`
+	RolledBack       int   `json:"rolled_back"`
+	Aborted          int   `json:"aborted"`
+	UnknownResolved  int   `json:"unknown_commits_resolved"`
+	WriteErrors      int64 `json:"write_errors"`
+	StreamMessages   int   `json:"stream_messages"`
+	StreamDistinct   int   `json:"stream_distinct"`
+	StreamDuplicates int   `json:"stream_duplicates"`
+	Effects          int   `json:"effects"`
+	DupEffects       int   `json:"dup_effects"`
+	ConsumerDead     int   `json:"consumer_dead_letters"`
+	RelayDead        int   `json:"relay_dead"`
+	OutboxPending    int   `json:"outbox_pending_at_end"`
+}
+
+type lagStats struct {
+	P50Ms int64 `json:"p50_ms"`
+	P99Ms int64 `json:"p99_ms"`
+	MaxMs int64 `json:"max_ms"`
+}
+
+type relayStats struct {
+	Starts          int      `json:"starts"`
+	UnexpectedExits []string `json:"unexpected_exits,omitempty"`
+	CleanStop       bool     `json:"clean_stop"`
+}
+
+type report struct {
+	Pass           bool           `json:"pass"`
+	Seed           uint64         `json:"seed"`
+	Profile        profile        `json:"profile"`
+	Dedupe         string         `json:"dedupe"` // broker or inbox: the stream's duplicate window`
+	Started        time.Time      `json:"started"`
+	Elapsed        string         `json:"elapsed"`
+	Settled        bool           `json:"settled"`
+	SettleMs       int64          `json:"settle_ms"` // from the writers' end until everything arrived
+	Prefix         string         `json:"prefix"`
+	Stream         string         `json:"stream"`
+	Dir            string         `json:"dir"`
+	Counts         counts         `json:"counts"`
+	Lag            lagStats       `json:"lag"`
+	FaultsByKind   map[string]int `json:"faults_by_kind"`
+	Faults         []*fault       `json:"faults"`
+	Relays         []relayStats   `json:"relays"`
+	ByRule         map[string]int `json:"violations_by_rule"`
+	ViolationCount int            `json:"violation_count"`
+	Violations     []violation    `json:"violations"` // at most 20 per rule
+	Notes          []string       `json:"notes,omitempty"`
+}
+
+func (r *report) Summary() string {
+	verdict := "PASS"
+	if !r.Pass {
+		verdict = "FAIL"
+	}
+	c := r.Counts
+	kinds := make([]string, 0, len(r.FaultsByKind))
+	for k, n := range r.FaultsByKind {
+		kinds = append(kinds, fmt.Sprintf("%s×%d", k, n))
+	}
+	sort.Strings(kinds)
+	var maxBacklog, maxLift int64
+	for _, f := range r.Faults {
+		if f.Recovery != nil {
+			maxBacklog = max(maxBacklog, f.Recovery.BacklogDrainMs)
+			maxLift = max(maxLift, f.Recovery.DrainAfterLiftMs)
+		}
+	}
+	starts := 0
+	exits := 0
+	for _, rs := range r.Relays {
+		starts += rs.Starts
+		exits += len(rs.UnexpectedExits)
+	}
+	return fmt.Sprintf("%s seed=%d profile=%s dedupe=%s elapsed=%s | tx %d: committed %d (poison %d), rolled back %d (aborted %d), unknown resolved %d | "+
+		"stream %d stored, %d distinct, %d duplicates | effects %d, double applications %d, consumer dead letters %d, relay dead %d | "+
+		"faults %d [%s], relay starts %d, unexpected exits %d | lag p50 %dms p99 %dms max %dms, worst backlog drain %dms, worst drain after a lift %dms, settled %v in %dms | violations %d %v",
+		verdict, r.Seed, r.Profile.Name, r.Dedupe, r.Elapsed, c.Transactions, c.Committed, c.CommittedPoison, c.RolledBack, c.Aborted, c.UnknownResolved,
+		c.StreamMessages, c.StreamDistinct, c.StreamDuplicates, c.Effects, c.DupEffects, c.ConsumerDead, c.RelayDead,
+		len(r.Faults), strings.Join(kinds, " "), starts, exits, r.Lag.P50Ms, r.Lag.P99Ms, r.Lag.MaxMs, maxBacklog, maxLift, r.Settled, r.SettleMs,
+		r.ViolationCount, r.ByRule)
+}
+
+type effectRow struct {
+	ID, Key string
+	Seq     int
+	At      time.Time
+}
+
+// observed is everything the checker judges.
+type observed struct {
+	hist         map[string]histRec
+	stream       []seen // in stream order
+	effects      []effectRow
+	dups         []string
+	consumerDead []string
+	relayDead    []string
+}
+
+// check gathers what the run left behind and judges it.
+func (h *harness) check(ctx context.Context) *report {
+	t := h.t
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	var o observed
+	var err error
+	if o.hist, err = readHistory(h.hist.path); err != nil {
+		t.Fatalf("checker: %v", err)
+	}
+	o.stream = h.watch.snapshot()
+	p := h.prefix
+	rows, _ := h.pool.Query(ctx, `SELECT message_id, key, seq, applied_at FROM `+p+`effects`)
+	o.effects, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (effectRow, error) {
+		var e effectRow
+		return e, r.Scan(&e.ID, &e.Key, &e.Seq, &e.At)
+	})
+	if err != nil {
+		t.Fatalf("checker: effects: %v", err)
+	}
+	strs := func(q string, args ...any) []string {
+		rows, _ := h.pool.Query(ctx, q, args...)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatalf("checker: %s: %v", q, err)
+		}
+		return out
+	}
+	o.dups = strs(`SELECT message_id FROM ` + p + `dup_effects`)
+	o.consumerDead = strs(`SELECT message_id FROM `+p+`consumer_dead WHERE consumer = $1`, consumerName)
+	o.relayDead = strs(`SELECT id::text FROM ` + p + `dead`)
+
+	var faults []*fault
+	if sched := h.faults(); sched != nil {
+		faults = sched
+	}
+	rep := judge(o, faults)
+	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM `+p+`outbox`).Scan(&rep.Counts.OutboxPending)
+	rep.Counts.Transactions = h.hist.transactions()
+	rep.Counts.WriteErrors = h.writeErrs.Load()
+	rep.Seed, rep.Profile, rep.Started = h.seed, h.prof, h.started
+	rep.Settled, rep.SettleMs = h.settled, h.settledAt.Sub(h.writersDone).Milliseconds()
+	rep.Prefix, rep.Stream, rep.Dir = p, h.stream, h.dir
+	for i, r := range h.relays {
+		starts, exits := r.stats()
+		clean := i < len(h.cleanStops) && h.cleanStops[i]
+		rep.Relays = append(rep.Relays, relayStats{Starts: starts, UnexpectedExits: exits, CleanStop: clean})
+		if len(exits) > 0 {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("relay %d exited on its own %d times (see relay%d.log)", i, len(exits), i))
+		}
+		if !clean {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("relay %d did not stop cleanly on SIGTERM", i))
+		}
+	}
+	if h.consumerErr != nil {
+		rep.add("harness", "-", "", "", "the consumer stopped: %v", h.consumerErr)
+	}
+	if h.watcherErr != nil {
+		rep.add("harness", "-", "", "", "the stream watcher stopped: %v", h.watcherErr)
+	}
+	if !h.settled {
+		rep.Notes = append(rep.Notes, "the run did not settle within the drain limit: what is missing is listed as violations")
+	}
+	rep.Pass = rep.ViolationCount == 0
+	return rep
+}
+
+func (h *harness) faults() []*fault { return h.sched }
+
+func (r *report) add(rule, guarantee, id, key, format string, args ...any) {
+	if r.ByRule == nil {
+		r.ByRule = map[string]int{}
+	}
+	r.ViolationCount++
+	r.ByRule[rule]++
+	if r.ByRule[rule] <= 20 {
+		r.Violations = append(r.Violations, violation{Rule: rule, Guarantee: guarantee, ID: id, Key: key, Detail: fmt.Sprintf(format, args...)})
+	}
+}
+
+// judge applies the rules. It is a pure function of what was observed.
+func judge(o observed, faults []*fault) *report {
+	r := &report{ByRule: map[string]int{}, FaultsByKind: map[string]int{}, Faults: faults}
+	c := &r.Counts
+	commitAt := map[string]time.Time{}
+	for id, h := range o.hist {
+		switch h.Outcome {
+		case committed:
+			c.Committed++
+			commitAt[id] = h.At
+			if h.Poison {
+				c.CommittedPoison++
+			}
+		case rolledBack:
+			c.RolledBack++
+			if strings.HasPrefix(h.Note, "aborted") {
+				c.Aborted++
+			}
+		default:
+			r.add("unresolved_commit", "-", id, h.Key, "the outcome of this commit could not be settled")
+		}
+		if h.Resolved {
+			c.UnknownResolved++
+		}
+	}
+
+	// The stream: no message of a rolled-back transaction (G1), one id
+	// from the writer to the broker (G7), every committed message (G2),
+	// each key's first copies in write order (G4).
+	first := map[string]seen{}
+	lastSeq := map[string]int{}
+	c.StreamMessages = len(o.stream)
+	for _, s := range o.stream {
+		if s.MsgID != s.P.ID {
+			r.add("identity", "G7", s.MsgID, s.P.Key, "stream seq %d: Nats-Msg-Id %q but the payload was written with id %q", s.StreamSeq, s.MsgID, s.P.ID)
+		}
+		h, ok := o.hist[s.MsgID]
+		switch {
+		case !ok:
+			r.add("unknown_published", "G1", s.MsgID, s.P.Key, "stream seq %d: no writer wrote this id", s.StreamSeq)
+		case h.Outcome == rolledBack:
+			r.add("rolled_back_published", "G1", s.MsgID, h.Key, "stream seq %d: published, but its transaction rolled back (%s)", s.StreamSeq, h.Note)
+		}
+		if _, dup := first[s.MsgID]; dup {
+			c.StreamDuplicates++
+			continue
+		}
+		first[s.MsgID] = s
+		if !ok || h.Outcome != committed {
+			continue
+		}
+		if prev, had := lastSeq[h.Key]; had && h.Seq <= prev {
+			r.add("stream_order", "G4", s.MsgID, h.Key, "stream seq %d: key %s seq %d first stored after seq %d", s.StreamSeq, h.Key, h.Seq, prev)
+		}
+		lastSeq[h.Key] = max(lastSeq[h.Key], h.Seq)
+	}
+	c.StreamDistinct = len(first)
+	for id := range commitAt {
+		if _, ok := first[id]; !ok {
+			h := o.hist[id]
+			r.add("committed_not_published", "G2", id, h.Key, "key %s seq %d committed at %s, never stored in the stream", h.Key, h.Seq, h.At.Format(time.RFC3339Nano))
+		}
+	}
+
+	// The effects: each committed message applied exactly once (G6), none
+	// of a rolled-back transaction (G1), poison never, and per key in
+	// write order.
+	c.Effects, c.DupEffects = len(o.effects), len(o.dups)
+	applied := map[string]bool{}
+	byKey := map[string][]effectRow{}
+	for _, e := range o.effects {
+		applied[e.ID] = true
+		h, ok := o.hist[e.ID]
+		switch {
+		case !ok:
+			r.add("unknown_effect", "G6", e.ID, e.Key, "applied, but no writer wrote this id")
+			continue
+		case h.Outcome == rolledBack:
+			r.add("rolled_back_applied", "G1", e.ID, h.Key, "applied, but its transaction rolled back")
+		case h.Poison:
+			r.add("poison_applied", "G6", e.ID, h.Key, "a poison message was applied")
+		}
+		if e.Key != h.Key || e.Seq != h.Seq {
+			r.add("effect_mismatch", "G6", e.ID, h.Key, "effect says key %s seq %d, history key %s seq %d", e.Key, e.Seq, h.Key, h.Seq)
+		}
+		byKey[h.Key] = append(byKey[h.Key], effectRow{ID: e.ID, Key: h.Key, Seq: h.Seq, At: e.At})
+	}
+	for _, id := range o.dups {
+		r.add("applied_twice", "G6", id, o.hist[id].Key, "the handler's effect committed a second time")
+	}
+	for id := range commitAt {
+		if h := o.hist[id]; !h.Poison && !applied[id] {
+			r.add("not_applied", "G2 G6", id, h.Key, "key %s seq %d committed, never applied", h.Key, h.Seq)
+		}
+	}
+	for key, es := range byKey {
+		sort.SliceStable(es, func(i, j int) bool { return es[i].At.Before(es[j].At) })
+		for i := 1; i < len(es); i++ {
+			if es[i].Seq <= es[i-1].Seq {
+				r.add("apply_order", "G4", es[i].ID, key, "key %s seq %d applied at %s, after seq %d at %s",
+					key, es[i].Seq, es[i].At.Format(time.RFC3339Nano), es[i-1].Seq, es[i-1].At.Format(time.RFC3339Nano))
+			}
+		}
+	}
+
+	// Dead letters: every committed poison message, and nothing else, in
+	// the consumer's dead letters; nothing dead at the relay.
+	c.ConsumerDead, c.RelayDead = len(o.consumerDead), len(o.relayDead)
+	dead := map[string]bool{}
+	for _, id := range o.consumerDead {
+		dead[id] = true
+		h, ok := o.hist[id]
+		if !ok || h.Outcome != committed || !h.Poison {
+			r.add("unexpected_dead_letter", "G2 G6", id, h.Key, "dead-lettered by the consumer but not a committed poison message (outcome %q)", h.Outcome)
+		}
+	}
+	for id := range commitAt {
+		if h := o.hist[id]; h.Poison && !dead[id] {
+			r.add("poison_not_dead", "G2", id, h.Key, "a committed poison message is not in the consumer's dead letters")
+		}
+	}
+	for _, id := range o.relayDead {
+		r.add("relay_dead", "G2", id, o.hist[id].Key, "the relay buried a message no broker rejected")
+	}
+
+	// Latency from commit to the stream, overall and around each fault.
+	var lags []int64
+	for id, at := range commitAt {
+		if s, ok := first[id]; ok {
+			lags = append(lags, max(s.Stored.Sub(at).Milliseconds(), 0))
+		}
+	}
+	slices.Sort(lags)
+	if n := len(lags); n > 0 {
+		r.Lag = lagStats{P50Ms: lags[n/2], P99Ms: lags[min(n-1, n*99/100)], MaxMs: lags[n-1]}
+	}
+	stored := make([]time.Time, 0, len(first))
+	for _, s := range first {
+		stored = append(stored, s.Stored)
+	}
+	slices.SortFunc(stored, func(a, b time.Time) int { return a.Compare(b) })
+	for _, f := range faults {
+		if f.Start.IsZero() {
+			continue
+		}
+		r.FaultsByKind[f.Kind]++
+		rec := &recovery{FirstPublishMs: -1}
+		if i, _ := slices.BinarySearchFunc(stored, f.Start, func(a, b time.Time) int { return a.Compare(b) }); i < len(stored) {
+			rec.FirstPublishMs = stored[i].Sub(f.Start).Milliseconds()
+		}
+		backlog, lifted := f.Start, f.Lifted
+		backlogMissing, liftMissing := false, false
+		for id, at := range commitAt {
+			s, ok := first[id]
+			if at.Before(f.Start) {
+				if !ok {
+					backlogMissing = true
+				} else if !s.Stored.Before(f.Start) {
+					rec.BacklogAtStart++
+					if s.Stored.After(backlog) {
+						backlog = s.Stored
+					}
+				}
+			}
+			if at.Before(f.Lifted) {
+				if !ok {
+					liftMissing = true
+				} else if s.Stored.After(lifted) {
+					lifted = s.Stored
+				}
+			}
+			if ok && !at.Before(f.Start) && at.Before(f.Lifted.Add(2*time.Second)) {
+				rec.MaxLagMs = max(rec.MaxLagMs, s.Stored.Sub(at).Milliseconds())
+			}
+		}
+		rec.BacklogDrainMs = backlog.Sub(f.Start).Milliseconds()
+		if backlogMissing {
+			rec.BacklogDrainMs = -1
+		}
+		rec.DrainAfterLiftMs = lifted.Sub(f.Lifted).Milliseconds()
+		if liftMissing {
+			rec.DrainAfterLiftMs = -1
+		}
+		f.Recovery = rec
+	}
+	return r
+}

@@ -1,0 +1,177 @@
+//go:build faults
+
+// Package faults is the fault-injection harness (issue 6): real relay
+// processes against the machine's PostgreSQL and NATS JetStream, writers
+// that commit and roll back keyed messages, a consumer that applies them
+// through the inbox, faults on a schedule drawn from a seed, and a checker
+// that judges the recorded history on its own. See RELIABILITY.md.
+//
+//	go test -tags faults -run TestFaults -v ./faults/
+//
+// Environment: POSTBOX_FAULTS_PROFILE (short, the default, or soak),
+// POSTBOX_FAULTS_SEED (a run with the same seed draws the same schedule
+// and the same writer decisions), POSTBOX_FAULTS_REPORT (the JSON report's
+// path), POSTBOX_FAULTS_DIR (keep the run's files: relay logs, history),
+// POSTBOX_TEST_DATABASE_URL and POSTBOX_TEST_NATS_URL.
+package faults
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// profile sizes a run.
+type profile struct {
+	Name string `json:"name"`
+	// WriteFor is how long the writers run; the faults fit inside it.
+	WriteFor time.Duration `json:"write_for"`
+	// Rounds of the fault mix; each round is every fault of Mix once, in
+	// an order drawn from the seed. 0 repeats rounds while time remains.
+	Rounds int `json:"rounds"`
+	// Mix counts each fault kind in one round.
+	Mix map[string]int `json:"mix"`
+	// Writers, keys, pace and the share of rollbacks and poison.
+	Writers    int           `json:"writers"`
+	Keys       int           `json:"keys"`
+	Pace       time.Duration `json:"pace"` // the most a writer sleeps between transactions
+	Rollback   float64       `json:"rollback"`
+	Poison     float64       `json:"poison"`
+	DrainLimit time.Duration `json:"drain_limit"`
+	// Relay settings (relay: section of the daemon's YAML).
+	Lease         time.Duration `json:"lease"`
+	BatchDeadline time.Duration `json:"batch_deadline"`
+}
+
+var profiles = map[string]profile{
+	"short": {
+		Name: "short", WriteFor: 75 * time.Second, Rounds: 1,
+		Mix: map[string]int{
+			faultKill: 4, faultStop: 2, faultPGTerm: 2, faultBlackhole: 1, faultReset: 1, faultXmin: 1,
+		},
+		Writers: 4, Keys: 40, Pace: 40 * time.Millisecond, Rollback: 0.15, Poison: 0.01,
+		DrainLimit: 60 * time.Second, Lease: 3 * time.Second, BatchDeadline: time.Second,
+	},
+	"soak": {
+		Name: "soak", WriteFor: 20 * time.Minute, Rounds: 0,
+		Mix: map[string]int{
+			faultKill: 4, faultStop: 2, faultPGTerm: 2, faultBlackhole: 1, faultReset: 1, faultXmin: 1,
+		},
+		Writers: 4, Keys: 200, Pace: 40 * time.Millisecond, Rollback: 0.15, Poison: 0.005,
+		DrainLimit: 3 * time.Minute, Lease: 3 * time.Second, BatchDeadline: time.Second,
+	},
+}
+
+func TestFaults(t *testing.T) {
+	name := os.Getenv("POSTBOX_FAULTS_PROFILE")
+	if name == "" {
+		name = "short"
+	}
+	prof, ok := profiles[name]
+	if !ok {
+		t.Fatalf("POSTBOX_FAULTS_PROFILE=%q: want short or soak", name)
+	}
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("POSTBOX_FAULTS_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("POSTBOX_FAULTS_SEED=%q: want an unsigned integer", s)
+		}
+		seed = v
+	}
+	t.Logf("faults: profile %s, seed %d (rerun with POSTBOX_FAULTS_SEED=%d)", prof.Name, seed, seed)
+
+	dir := os.Getenv("POSTBOX_FAULTS_DIR")
+	if dir == "" {
+		dir = t.TempDir()
+	} else {
+		dir = filepath.Join(dir, fmt.Sprintf("run-%d", seed))
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reportPath := os.Getenv("POSTBOX_FAULTS_REPORT")
+	if reportPath == "" {
+		reportPath = filepath.Join(dir, "report.json")
+	}
+
+	// Everything the run does is bounded: the writers by WriteFor, the
+	// drain by DrainLimit, the rest by this.
+	budget := prof.WriteFor + prof.DrainLimit + 2*time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)) //nolint:gosec // a reproducible schedule, not a secret
+	sched := schedule(rng, prof)
+	for _, f := range sched {
+		t.Logf("faults: scheduled %s", f)
+	}
+
+	// The stream's duplicate window: "broker" (10 minutes) lets JetStream
+	// drop the relays' re-sends by Nats-Msg-Id; "inbox" (1 second, below
+	// the lease) lets the copies through, so that the inbox must absorb
+	// them, as with a broker that has no dedupe. Drawn from the seed
+	// unless POSTBOX_FAULTS_DEDUPE says.
+	dedupe := []string{"broker", "inbox"}[rng.IntN(2)]
+	if v := os.Getenv("POSTBOX_FAULTS_DEDUPE"); v != "" {
+		dedupe = v
+	}
+	window := map[string]time.Duration{"broker": 10 * time.Minute, "inbox": time.Second}[dedupe]
+	if window == 0 {
+		t.Fatalf("POSTBOX_FAULTS_DEDUPE=%q: want broker or inbox", dedupe)
+	}
+	t.Logf("faults: dedupe by the %s (stream duplicate window %s)", dedupe, window)
+
+	h := newHarness(t, ctx, prof, seed, dir, window)
+	start := time.Now()
+	h.run(ctx, sched)
+	rep := h.check(ctx)
+	rep.Elapsed = time.Since(start).Round(time.Millisecond).String()
+	rep.Dedupe = dedupe
+
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(reportPath, b, 0o600); err != nil {
+		t.Fatalf("write report: %v", err)
+	}
+	t.Logf("faults: report written to %s", reportPath)
+	t.Logf("faults: %s", rep.Summary())
+	for _, v := range rep.Violations {
+		t.Errorf("violation %s (%s): %s", v.Rule, v.Guarantee, v.Detail)
+	}
+	if rep.ViolationCount > len(rep.Violations) {
+		t.Errorf("... and %d more violations (see the report)", rep.ViolationCount-len(rep.Violations))
+	}
+	if !rep.Pass {
+		t.Errorf("faults: FAIL with seed %d; files in %s", seed, dir)
+	}
+}
+
+// appName is a PostgreSQL application_name: letters and digits only, so
+// that it can sit in a LIKE pattern as it is.
+func appName(run, role string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return -1
+	}, "fx"+run+role)
+}
+
+// withAppName adds application_name to a postgres:// URL.
+func withAppName(url, name string) string {
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	return url + sep + "application_name=" + name
+}

@@ -1,0 +1,424 @@
+//go:build faults
+
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/postboxmigrate"
+	"github.com/postbox-go/postbox/postboxpgx"
+)
+
+const (
+	topic        = "fx.changed"
+	consumerName = "fx"
+	relays       = 3
+)
+
+// harness owns everything a run starts; every piece is stopped by run or
+// by the test's cleanups.
+type harness struct {
+	t     *testing.T
+	prof  profile
+	seed  uint64
+	dir   string
+	runID string
+
+	prefix  string
+	dbURL   string
+	pool    *pgxpool.Pool // writers and the harness (application_name fx<run>writer)
+	cpool   *pgxpool.Pool // the consumer (fx<run>consumer)
+	client  *postbox.Client[pgx.Tx]
+	natsURL string
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	stream  string
+	subj    string // subject prefix, "fx<run>."
+	proxy   *proxy
+	relays  []*relayProc
+	hist    *history
+	watch   *watcher
+	sched   []*fault
+
+	writeErrs   atomic.Int64
+	started     time.Time
+	writersDone time.Time
+	settledAt   time.Time
+	settled     bool
+	cleanStops  []bool
+	consumerErr error
+	watcherErr  error
+}
+
+func natsURL() string {
+	if u := os.Getenv("POSTBOX_TEST_NATS_URL"); u != "" {
+		return u
+	}
+	return "nats://127.0.0.1:4222"
+}
+
+func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, dir string, dupWindow time.Duration) *harness {
+	t.Helper()
+	run := fmt.Sprintf("%d%d", os.Getpid()%100000, time.Now().UnixNano()%1_000_000)
+	h := &harness{t: t, prof: prof, seed: seed, dir: dir, runID: run, prefix: "fx" + run + "_", dbURL: testdb.PostgresURL(), natsURL: natsURL()}
+	h.stream = "FX" + run
+	h.subj = "fx" + run + "."
+
+	h.pool = h.openPool(ctx, "writer", int32(prof.Writers+4))
+	h.cpool = h.openPool(ctx, "consumer", 8)
+	if os.Getenv("POSTBOX_FAULTS_KEEP") == "" {
+		testdb.DropPrefix(t, h.pool, h.prefix)
+	}
+	m, err := postboxmigrate.New(postboxpgx.New(h.pool), &postboxmigrate.Config{Prefix: h.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	p := h.prefix
+	for _, q := range []string{
+		// The domain: one row per key, locked by each writer, so that write
+		// order per key is defined (DESIGN §1, "write order").
+		`CREATE TABLE ` + p + `entities (key text PRIMARY KEY, seq integer NOT NULL DEFAULT 0)`,
+		// A domain row per message, in the writer's transaction: it settles
+		// a commit whose outcome the writer could not see.
+		`CREATE TABLE ` + p + `writes (message_id text PRIMARY KEY, key text NOT NULL, seq integer NOT NULL)`,
+		// The consumer's effects, written with the inbox record.
+		`CREATE TABLE ` + p + `effects (message_id text PRIMARY KEY, key text NOT NULL, seq integer NOT NULL, applied_at timestamptz NOT NULL)`,
+		// A second application of a message lands here instead of failing.
+		`CREATE TABLE ` + p + `dup_effects (message_id text NOT NULL, applied_at timestamptz NOT NULL)`,
+		`INSERT INTO ` + p + `entities (key) SELECT 'k' || lpad(g::text, 4, '0') FROM generate_series(0, ` + fmt.Sprint(prof.Keys-1) + `) g`,
+	} {
+		if _, err := h.pool.Exec(ctx, q); err != nil {
+			t.Fatalf("domain tables: %v", err)
+		}
+	}
+	h.client, err = postbox.NewClient(postboxpgx.New(h.pool), &postbox.Config{Prefix: p, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	h.nc, err = nats.Connect(h.natsURL, nats.Name("postbox faults harness"), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatalf("NATS at %s: %v", h.natsURL, err)
+	}
+	t.Cleanup(h.nc.Close)
+	h.js, err = jetstream.New(h.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: h.stream, Subjects: []string{h.subj + ">"}, Storage: jetstream.FileStorage,
+		Duplicates: dupWindow, MaxAge: 2 * time.Hour, // MaxAge: gone by itself if the cleanup is skipped
+	}); err != nil {
+		t.Fatalf("create stream %s: %v", h.stream, err)
+	}
+	t.Cleanup(func() {
+		if os.Getenv("POSTBOX_FAULTS_KEEP") != "" {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = h.js.DeleteStream(ctx, h.stream)
+	})
+
+	h.proxy, err = newProxy(strings.TrimPrefix(h.natsURL, "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.proxy.close)
+
+	bin := buildPostbox(t, dir)
+	cfg := filepath.Join(dir, "relay.yaml")
+	yaml := fmt.Sprintf(`nats:
+  subject_prefix: %q
+relay:
+  lease: %s
+  batch_deadline: %s
+  backoff_base: 100ms
+  backoff_max: 2s
+  poll_interval: 50ms
+  batch_size: 200
+  lanes: 2
+log:
+  level: info
+`, h.subj, prof.Lease, prof.BatchDeadline)
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := make([]string, 0, len(os.Environ()))
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "POSTBOX_") {
+			base = append(base, e)
+		}
+	}
+	for i := range relays {
+		env := append(append([]string(nil), base...),
+			"POSTBOX_CONFIG="+cfg,
+			"POSTBOX_DATABASE_URL="+withAppName(h.dbURL, appName(run, fmt.Sprintf("relay%d", i))),
+			"POSTBOX_PREFIX="+p,
+			"POSTBOX_NATS_URL=nats://"+h.proxy.addr(),
+			"POSTBOX_ADMIN_LISTEN=off",
+		)
+		h.relays = append(h.relays, &relayProc{n: i, bin: bin, env: env, logs: filepath.Join(dir, fmt.Sprintf("relay%d.log", i))})
+	}
+	t.Cleanup(func() {
+		for _, r := range h.relays {
+			r.close(2 * time.Second)
+		}
+	})
+
+	h.hist, err = newHistory(filepath.Join(dir, "history.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.watch = &watcher{first: map[string]time.Time{}}
+	t.Logf("faults: prefix %s, stream %s, NATS proxy %s, files in %s", p, h.stream, h.proxy.addr(), dir)
+	return h
+}
+
+func (h *harness) openPool(ctx context.Context, role string, conns int32) *pgxpool.Pool {
+	h.t.Helper()
+	cfg, err := pgxpool.ParseConfig(withAppName(h.dbURL, appName(h.runID, role)))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	cfg.MaxConns = conns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		h.t.Fatalf("PostgreSQL: %v", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		h.t.Fatalf("PostgreSQL at %s: %v", h.dbURL, err)
+	}
+	h.t.Cleanup(pool.Close)
+	return pool
+}
+
+// run starts the consumer, the watcher and the relays, runs the writers
+// and the faults, waits for the system to settle, and stops everything.
+func (h *harness) run(ctx context.Context, sched []*fault) {
+	t := h.t
+	h.sched = sched
+	bg, stopBG := context.WithCancel(ctx)
+	defer stopBG()
+	var bgWG sync.WaitGroup
+	bgWG.Add(2)
+	go func() {
+		defer bgWG.Done()
+		h.watcherErr = h.watch.run(bg, h.js, h.stream)
+	}()
+	consumerCtx, stopConsumer := context.WithCancel(ctx)
+	defer stopConsumer()
+	go func() {
+		defer bgWG.Done()
+		h.consumerErr = h.consume(consumerCtx)
+	}()
+	for _, r := range h.relays {
+		if err := r.start(); err != nil {
+			t.Fatalf("start relay %d: %v", r.n, err)
+		}
+	}
+
+	h.started = time.Now()
+	until := h.started.Add(h.prof.WriteFor)
+	var wg sync.WaitGroup
+	for n := range h.prof.Writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.writer(ctx, n, until)
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		h.inject(ctx, sched)
+	}()
+	wg.Wait()
+	h.writersDone = time.Now()
+	t.Logf("faults: writers done after %s: %d transactions, %d write errors", h.writersDone.Sub(h.started).Round(time.Millisecond), h.hist.transactions(), h.writeErrs.Load())
+	h.resolveUnknown(ctx)
+
+	h.settled = h.waitSettled(ctx)
+	h.settledAt = time.Now()
+	t.Logf("faults: settled=%v %s after the writers stopped", h.settled, h.settledAt.Sub(h.writersDone).Round(time.Millisecond))
+
+	for _, r := range h.relays {
+		h.cleanStops = append(h.cleanStops, r.close(20*time.Second))
+	}
+	// The watcher reads the whole stream before it stops, so the checker
+	// sees every copy that was ever stored.
+	h.catchUp(ctx)
+	stopConsumer()
+	stopBG()
+	bgWG.Wait()
+	if err := h.hist.close(); err != nil {
+		t.Errorf("history: %v", err)
+	}
+}
+
+// waitSettled waits until every committed message is in the stream, every
+// committed non-poison message applied and every poison one dead-lettered,
+// or the drain limit passes.
+func (h *harness) waitSettled(ctx context.Context) bool {
+	deadline := time.Now().Add(h.prof.DrainLimit)
+	committed, poison := h.hist.committedIDs()
+	want := len(committed) - poison
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		missing := 0
+		for id := range committed {
+			if !h.watch.has(id) {
+				missing++
+			}
+		}
+		var effects, dead int
+		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.prefix+`effects`).Scan(&effects)
+		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.prefix+`consumer_dead`).Scan(&dead)
+		if missing == 0 && effects >= want && dead >= poison {
+			return true
+		}
+		sleep(ctx, 250*time.Millisecond)
+	}
+	return false
+}
+
+// catchUp waits (bounded) until the watcher has read up to the stream's
+// last sequence.
+func (h *harness) catchUp(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	s, err := h.js.Stream(ctx, h.stream)
+	if err != nil {
+		h.t.Logf("faults: stream info: %v", err)
+		return
+	}
+	for ctx.Err() == nil {
+		info, err := s.Info(ctx)
+		if err == nil && h.watch.last() >= info.State.LastSeq {
+			return
+		}
+		sleep(ctx, 100*time.Millisecond)
+	}
+	h.t.Logf("faults: the watcher did not catch up with the stream")
+}
+
+// inject runs the schedule. Every fault is lifted, also when ctx ends.
+func (h *harness) inject(ctx context.Context, sched []*fault) {
+	for _, f := range sched {
+		sleep(ctx, time.Until(h.started.Add(f.At)))
+		if ctx.Err() != nil {
+			return
+		}
+		f.Start = time.Now()
+		switch f.Kind {
+		case faultKill:
+			r := h.relays[f.Relay]
+			if err := r.kill(); err != nil {
+				f.Note = "kill: " + err.Error()
+			}
+			sleep(ctx, f.Hold)
+			if err := r.start(); err != nil {
+				f.Note += " restart: " + err.Error()
+			}
+		case faultStop:
+			r := h.relays[f.Relay]
+			if _, err := r.signal(syscall.SIGSTOP); err != nil {
+				f.Note = "stop: " + err.Error()
+			}
+			sleep(ctx, f.Hold)
+			if _, err := r.signal(syscall.SIGCONT); err != nil {
+				f.Note += " cont: " + err.Error()
+			}
+		case faultPGTerm:
+			f.Note = fmt.Sprintf("terminated %d backends", h.terminateLoop(ctx, f.Hold, f.Consumer))
+		case faultBlackhole:
+			lift := h.proxy.blackhole()
+			sleep(ctx, f.Hold)
+			lift()
+		case faultReset:
+			f.Note = fmt.Sprintf("reset %d connections", h.proxy.reset())
+		case faultXmin:
+			if err := h.holdXmin(ctx, f.Hold); err != nil {
+				f.Note = "xmin: " + err.Error()
+			}
+		}
+		f.Lifted = time.Now()
+		h.t.Logf("faults: %s done %s", f, f.Note)
+	}
+}
+
+// terminateLoop kills the relays' database connections, and the
+// consumer's too when asked, every 150ms for d.
+func (h *harness) terminateLoop(ctx context.Context, d time.Duration, consumer bool) int {
+	end := time.Now().Add(d)
+	pattern := appName(h.runID, "relay") + "%"
+	other := "-" // matches no application_name of ours
+	if consumer {
+		other = appName(h.runID, "consumer")
+	}
+	total := 0
+	for time.Now().Before(end) && ctx.Err() == nil {
+		var n int
+		err := h.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE (application_name LIKE $1 OR application_name = $2) AND pid <> pg_backend_pid()`, pattern, other).Scan(&n)
+		if err == nil {
+			total += n
+		}
+		sleep(ctx, 150*time.Millisecond)
+	}
+	return total
+}
+
+// holdXmin keeps a transaction with an xid and a snapshot open for d.
+func (h *harness) holdXmin(ctx context.Context, d time.Duration) error {
+	tx, err := h.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var xid int64
+	if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&xid); err != nil {
+		return err
+	}
+	var n int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+h.prefix+`outbox`).Scan(&n); err != nil {
+		return err
+	}
+	sleep(ctx, d)
+	return nil
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+var errPoison = errors.New("poison: this consumer always rejects this message")

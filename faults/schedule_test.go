@@ -1,0 +1,113 @@
+//go:build faults
+
+package faults
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+)
+
+// The fault kinds.
+const (
+	faultKill      = "sigkill"        // SIGKILL a relay, restart it after Hold
+	faultStop      = "sigstop"        // SIGSTOP a relay for Hold (past its lease), then SIGCONT
+	faultPGTerm    = "pg_terminate"   // pg_terminate_backend the relays' (and, drawn, the consumer's) connections in a loop for Hold
+	faultBlackhole = "nats_blackhole" // the proxy between relays and NATS forwards nothing for Hold
+	faultReset     = "nats_reset"     // the proxy resets every relay connection to NATS (RST)
+	faultXmin      = "xmin_hold"      // a transaction holds xmin back for Hold
+)
+
+// guarantees lists what each fault puts to the test, for the report.
+var guarantees = map[string]string{
+	faultKill:      "G2 G3 G4 G6 G7: a crash between publish and mark re-sends the same id; lease expiry hands the partitions on",
+	faultStop:      "G4 G2: a paused relay outlives its lease; on SIGCONT its stale publishes and marks must change nothing",
+	faultPGTerm:    "G2 G5 G6: lost database connections during fetch, mark, heartbeat (and the consumer's commit); reconnect, lose nothing, apply once",
+	faultBlackhole: "G3 G2 G4: no PubAck arrives; nothing is marked, order holds when the stalled bytes arrive late",
+	faultReset:     "G3 G2: connections reset under in-flight publishes; reconnect, re-send with the same id",
+	faultXmin:      "G2 G4: a long snapshot (dead tuples, late-visible rows) must not skip or reorder rows",
+}
+
+// fault is one scheduled fault and, once run, what happened.
+type fault struct {
+	Kind  string `json:"kind"`
+	Relay int    `json:"relay"` // -1 when the fault targets no single relay
+	// Consumer: pg_terminate also kills the consumer's connections.
+	Consumer bool          `json:"consumer,omitempty"`
+	At       time.Duration `json:"at"` // from the start of the writers
+	Hold     time.Duration `json:"hold"`
+	Tests    string        `json:"tests"`
+	Start    time.Time     `json:"start"`
+	Lifted   time.Time     `json:"lifted"`
+	Note     string        `json:"note,omitempty"`
+	// Filled in by the checker.
+	Recovery *recovery `json:"recovery,omitempty"`
+}
+
+func (f *fault) String() string {
+	target := "all relays"
+	if f.Consumer {
+		target += " and the consumer"
+	}
+	if f.Relay >= 0 {
+		target = fmt.Sprintf("relay %d", f.Relay)
+	}
+	return fmt.Sprintf("%s on %s at +%s for %s", f.Kind, target, f.At.Round(time.Millisecond), f.Hold.Round(time.Millisecond))
+}
+
+// schedule draws the faults from rng: rounds of the profile's mix, each
+// in a shuffled order, one fault at a time with a gap after each, all
+// ending well before the writers stop. The same seed gives the same
+// schedule.
+func schedule(rng *rand.Rand, p profile) []*fault {
+	kinds := make([]string, 0, len(p.Mix))
+	for k := range p.Mix {
+		kinds = append(kinds, k)
+	}
+	slices.Sort(kinds) // map order is random; the draw must not be
+	at := 5 * time.Second
+	end := p.WriteFor - 8*time.Second
+	var out []*fault
+	for round := 0; p.Rounds == 0 || round < p.Rounds; round++ {
+		var bag []string
+		for _, k := range kinds {
+			for range p.Mix[k] {
+				bag = append(bag, k)
+			}
+		}
+		rng.Shuffle(len(bag), func(i, j int) { bag[i], bag[j] = bag[j], bag[i] })
+		for _, k := range bag {
+			f := &fault{Kind: k, Relay: rng.IntN(3), Tests: guarantees[k]}
+			switch k {
+			case faultKill:
+				f.Hold = jitter(rng, 500*time.Millisecond, 2500*time.Millisecond)
+			case faultStop:
+				f.Hold = p.Lease + jitter(rng, time.Second, 2*time.Second)
+			case faultPGTerm:
+				f.Relay = -1
+				f.Consumer = rng.IntN(2) == 0
+				f.Hold = jitter(rng, 2*time.Second, 4*time.Second)
+			case faultBlackhole:
+				f.Relay = -1
+				f.Hold = jitter(rng, 2*time.Second, 5*time.Second)
+			case faultReset:
+				f.Relay = -1
+			case faultXmin:
+				f.Relay = -1
+				f.Hold = jitter(rng, 5*time.Second, 10*time.Second)
+			}
+			if at+f.Hold > end {
+				return out
+			}
+			f.At = at
+			out = append(out, f)
+			at += f.Hold + jitter(rng, time.Second, 3*time.Second)
+		}
+	}
+	return out
+}
+
+func jitter(rng *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(rng.Int64N(int64(hi-lo)+1))
+}

@@ -1,0 +1,384 @@
+//go:build faults
+
+package faults
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxnats"
+	"github.com/postbox-go/postbox/postboxpgx"
+)
+
+// payload is what every message carries: its own id (to check that the
+// broker's message id is the one made before the insert, G7), its key,
+// its per-key sequence number in write order, and whether the consumer
+// must reject it.
+type payload struct {
+	ID     string `json:"id"`
+	Key    string `json:"key"`
+	Seq    int    `json:"seq"`
+	Poison bool   `json:"poison,omitempty"`
+}
+
+// Outcomes in the history.
+const (
+	committed  = "committed"
+	rolledBack = "rolled_back"
+	unknown    = "unknown" // Commit returned an error: settled later from the domain table
+)
+
+// histRec is one line of the history file: a message and what became of
+// its transaction. A later line for the same id (Resolved) overrides.
+type histRec struct {
+	ID       string    `json:"id"`
+	Key      string    `json:"key"`
+	Seq      int       `json:"seq"`
+	Poison   bool      `json:"poison,omitempty"`
+	Outcome  string    `json:"outcome"`
+	At       time.Time `json:"at"` // when the writer saw the outcome
+	Writer   int       `json:"writer"`
+	Tx       int64     `json:"tx"`
+	Note     string    `json:"note,omitempty"`
+	Resolved bool      `json:"resolved,omitempty"`
+}
+
+// history appends records to a JSONL file as the writers go; the checker
+// reads the file back, not this process's memory.
+type history struct {
+	path string
+	mu   sync.Mutex
+	f    *os.File
+	w    *bufio.Writer
+	enc  *json.Encoder
+	txs  int64
+	mem  map[string]histRec // for the settle wait and the unknown commits
+}
+
+func newHistory(path string) (*history, error) {
+	f, err := os.Create(path) //nolint:gosec // the harness's own file
+	if err != nil {
+		return nil, err
+	}
+	w := bufio.NewWriter(f)
+	return &history{path: path, f: f, w: w, enc: json.NewEncoder(w), mem: map[string]histRec{}}, nil
+}
+
+func (h *history) add(recs ...histRec) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.txs++
+	for _, r := range recs {
+		r.Tx = h.txs
+		_ = h.enc.Encode(r)
+		h.mem[r.ID] = r
+	}
+}
+
+func (h *history) resolve(r histRec) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_ = h.enc.Encode(r)
+	h.mem[r.ID] = r
+}
+
+func (h *history) transactions() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.txs
+}
+
+func (h *history) committedIDs() (ids map[string]bool, poison int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ids = map[string]bool{}
+	for id, r := range h.mem {
+		if r.Outcome == committed {
+			ids[id] = true
+			if r.Poison {
+				poison++
+			}
+		}
+	}
+	return ids, poison
+}
+
+func (h *history) unknownIDs() []histRec {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []histRec
+	for _, r := range h.mem {
+		if r.Outcome == unknown {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (h *history) close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return errors.Join(h.w.Flush(), h.f.Close())
+}
+
+// readHistory reads the history file: the final outcome of every message.
+func readHistory(path string) (map[string]histRec, error) {
+	f, err := os.Open(path) //nolint:gosec // the harness's own file
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]histRec{}
+	dec := json.NewDecoder(f)
+	for {
+		var r histRec
+		if err := dec.Decode(&r); err != nil {
+			if errors.Is(err, io.EOF) {
+				return out, nil
+			}
+			return nil, fmt.Errorf("history %s: %w", path, err)
+		}
+		out[r.ID] = r
+	}
+}
+
+// writer commits and rolls back transactions until until. Each takes the
+// row lock of one key's entity, so one key's writes are serialized and
+// their order is the order of the per-key sequence numbers; its decisions
+// come from a generator seeded from the run's seed.
+func (h *harness) writer(ctx context.Context, n int, until time.Time) {
+	rng := rand.New(rand.NewPCG(h.seed, uint64(n)+1)) //nolint:gosec // reproducible decisions
+	for time.Now().Before(until) && ctx.Err() == nil {
+		key := fmt.Sprintf("k%04d", rng.IntN(h.prof.Keys))
+		count := 1
+		if rng.IntN(4) == 0 {
+			count += 1 + rng.IntN(2)
+		}
+		poison := make([]bool, count)
+		for i := range poison {
+			poison[i] = rng.Float64() < h.prof.Poison
+		}
+		rollback := rng.Float64() < h.prof.Rollback
+		pause := time.Duration(rng.Int64N(int64(h.prof.Pace) + 1))
+		h.writeTx(ctx, n, key, poison, rollback)
+		sleep(ctx, pause)
+	}
+}
+
+func (h *harness) writeTx(ctx context.Context, n int, key string, poison []bool, rollback bool) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	count := len(poison)
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		h.writeErrs.Add(1)
+		return
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var last int
+	if err := tx.QueryRow(ctx, `UPDATE `+h.prefix+`entities SET seq = seq + $2 WHERE key = $1 RETURNING seq`, key, count).Scan(&last); err != nil {
+		h.writeErrs.Add(1)
+		return
+	}
+	recs := make([]histRec, count)
+	msgs := make([]postbox.Message, count)
+	ids, seqs := make([]string, count), make([]int, count)
+	for i := range count {
+		seq := last - count + 1 + i
+		id := postbox.NewID()
+		body, _ := json.Marshal(payload{ID: id, Key: key, Seq: seq, Poison: poison[i]})
+		msgs[i] = postbox.Message{ID: id, Topic: topic, Key: key, Payload: body, ContentType: "application/json"}
+		recs[i] = histRec{ID: id, Key: key, Seq: seq, Poison: poison[i], Writer: n}
+		ids[i], seqs[i] = id, seq
+	}
+	outcome, note := rolledBack, ""
+	err = h.client.WriteTx(ctx, tx, msgs...)
+	if err == nil {
+		_, err = tx.Exec(ctx, `INSERT INTO `+h.prefix+`writes (message_id, key, seq) SELECT u.id, $3, u.seq FROM unnest($1::text[], $2::int[]) AS u(id, seq)`, ids, seqs, key)
+	}
+	switch {
+	case err != nil:
+		// Aborted: rolled back, so these must never be published either.
+		h.writeErrs.Add(1)
+		note = "aborted: " + err.Error()
+		_ = tx.Rollback(ctx)
+	case rollback:
+		if err := tx.Rollback(ctx); err != nil {
+			note = "rollback error: " + err.Error()
+		}
+	default:
+		if err := tx.Commit(ctx); err != nil {
+			outcome, note = unknown, "commit error: "+err.Error()
+		} else {
+			outcome = committed
+		}
+	}
+	now := time.Now()
+	for i := range recs {
+		recs[i].Outcome, recs[i].Note, recs[i].At = outcome, note, now
+	}
+	h.hist.add(recs...)
+}
+
+// resolveUnknown settles commits whose outcome the writer could not see,
+// from the domain rows written in the same transaction.
+func (h *harness) resolveUnknown(ctx context.Context) {
+	for _, r := range h.hist.unknownIDs() {
+		var exists bool
+		if err := h.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+h.prefix+`writes WHERE message_id = $1)`, r.ID).Scan(&exists); err != nil {
+			h.t.Errorf("resolve unknown commit %s: %v", r.ID, err)
+			continue
+		}
+		r.Resolved = true
+		r.Outcome = rolledBack
+		if exists {
+			r.Outcome = committed
+		}
+		h.hist.resolve(r)
+	}
+}
+
+// consume applies the stream through the inbox: the effect row and the
+// inbox record commit together; poison messages are always rejected.
+func (h *harness) consume(ctx context.Context) error {
+	logf, err := os.Create(filepath.Join(h.dir, "consumer.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	log := slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	inbox, err := postbox.NewInbox(postboxpgx.New(h.cpool), &postbox.InboxConfig{
+		Prefix: h.prefix, Logger: log,
+		MaxAttempts: 3, BackoffBase: 50 * time.Millisecond, BackoffMax: 250 * time.Millisecond,
+	})
+	if err != nil {
+		return err
+	}
+	cons, err := postboxnats.EnsureConsumer(ctx, h.js, h.stream, jetstream.ConsumerConfig{
+		Durable: "fxconsumer", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1,
+		AckWait: 30 * time.Second, MaxAckPending: 20_000,
+	})
+	if err != nil {
+		return err
+	}
+	sub, err := postboxnats.NewSubscriber(cons, &postboxnats.SubscriberConfig{PerKey: true, SubjectPrefix: h.subj, Logger: log})
+	if err != nil {
+		return err
+	}
+	return sub.Run(ctx, inbox.Processor(consumerName, h.apply))
+}
+
+func (h *harness) apply(ctx context.Context, tx pgx.Tx, d *postbox.Delivery) error {
+	var p payload
+	if err := json.Unmarshal(d.Payload, &p); err != nil {
+		return fmt.Errorf("undecodable payload: %w", err)
+	}
+	if p.Poison {
+		return errPoison
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO `+h.prefix+`effects (message_id, key, seq, applied_at)
+		VALUES ($1, $2, $3, clock_timestamp()) ON CONFLICT (message_id) DO NOTHING`, d.ID, p.Key, p.Seq)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		// The inbox let a copy through: record the second application
+		// instead of failing, so the checker counts it.
+		_, err = tx.Exec(ctx, `INSERT INTO `+h.prefix+`dup_effects (message_id, applied_at) VALUES ($1, clock_timestamp())`, d.ID)
+	}
+	return err
+}
+
+// seen is one message as stored in the stream.
+type seen struct {
+	StreamSeq uint64
+	MsgID     string // Nats-Msg-Id
+	Subject   string
+	P         payload
+	Stored    time.Time // the server's timestamp: when it was stored and acknowledged
+}
+
+// watcher reads the stream from the start with an ordered consumer, on
+// its own connection to NATS (not through the proxy).
+type watcher struct {
+	mu      sync.Mutex
+	msgs    []seen
+	first   map[string]time.Time
+	lastSeq uint64
+}
+
+func (w *watcher) run(ctx context.Context, js jetstream.JetStream, stream string) error {
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return err
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	for {
+		nctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		msg, err := it.Next(jetstream.NextContext(nctx))
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				continue
+			}
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return err
+			}
+			sleep(ctx, 100*time.Millisecond)
+			continue
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		s := seen{StreamSeq: meta.Sequence.Stream, MsgID: msg.Headers().Get(jetstream.MsgIDHeader), Subject: msg.Subject(), Stored: meta.Timestamp}
+		_ = json.Unmarshal(msg.Data(), &s.P)
+		w.mu.Lock()
+		w.msgs = append(w.msgs, s)
+		if _, ok := w.first[s.MsgID]; !ok {
+			w.first[s.MsgID] = s.Stored
+		}
+		w.lastSeq = s.StreamSeq
+		w.mu.Unlock()
+	}
+}
+
+func (w *watcher) has(id string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, ok := w.first[id]
+	return ok
+}
+
+func (w *watcher) last() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lastSeq
+}
+
+func (w *watcher) snapshot() []seen {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]seen(nil), w.msgs...)
+}
