@@ -3,6 +3,7 @@
 package faults
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -75,4 +76,25 @@ func TestFaultsChecker(t *testing.T) {
 			t.Errorf("rules fired:\n got %v\nwant %v", got, want)
 		}
 	})
+}
+
+// TestFaultsSchedule checks that a seed reproduces its schedule.
+func TestFaultsSchedule(t *testing.T) {
+	for _, p := range profiles {
+		draw := func(seed uint64) string {
+			rng := seeded(seed)
+			var s string
+			for _, f := range schedule(rng, p) {
+				s += f.String() + fmt.Sprint(f.Consumer) + "\n"
+			}
+			return s
+		}
+		a, b, c := draw(42), draw(42), draw(43)
+		if a == "" || a != b {
+			t.Errorf("%s: seed 42 drew different schedules:\n%s\n%s", p.Name, a, b)
+		}
+		if a == c {
+			t.Errorf("%s: seeds 42 and 43 drew the same schedule", p.Name)
+		}
+	}
 }

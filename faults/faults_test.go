@@ -108,7 +108,7 @@ func TestFaults(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 
-	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)) //nolint:gosec // a reproducible schedule, not a secret
+	rng := seeded(seed)
 	sched := schedule(rng, prof)
 	for _, f := range sched {
 		t.Logf("faults: scheduled %s", f)
@@ -174,4 +174,10 @@ func withAppName(url, name string) string {
 		sep = "&"
 	}
 	return url + sep + "application_name=" + name
+}
+
+// seeded is the run's generator: the schedule and the dedupe mode come
+// from it, in that order.
+func seeded(seed uint64) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)) //nolint:gosec // a reproducible schedule, not a secret
 }
