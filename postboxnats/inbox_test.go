@@ -506,3 +506,106 @@ func TestInboxPerKeyPoison(t *testing.T) {
 		}
 	})
 }
+
+// TestEndToEndThroughInbox: a producer writes messages over several keys
+// to its PostgreSQL outbox; its relay publishes them with the Publisher;
+// consumer services, with their inbox on PostgreSQL or on SQLite, consume
+// them with a PerKey Subscriber whose handler fails some first runs. Every message
+// takes effect exactly once, each key's in write order.
+func TestEndToEndThroughInbox(t *testing.T) {
+	eachTarget(t, func(t *testing.T, url string) {
+		ctx := context.Background()
+		_, js := connect(t, url)
+		_, base := stream(t, js, nil)
+
+		// The producer.
+		pool := testdb.Pool(t)
+		prefix := testdb.Prefix(t)
+		testdb.DropPrefix(t, pool, prefix)
+		d := postboxpgx.New(pool)
+		m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Up(ctx); err != nil {
+			t.Fatal(err)
+		}
+		producer, err := postbox.NewClient(d, &postbox.Config{
+			Prefix: prefix, Publisher: publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."}),
+			Logger: discardLogger(), PollInterval: 10 * time.Millisecond,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const keys, per = 10, 20
+		for i := range per {
+			msgs := make([]postbox.Message, 0, keys)
+			for k := range keys {
+				msgs = append(msgs, postbox.Message{Topic: "orders.changed", Key: fmt.Sprintf("order-%d", k), Payload: fmt.Appendf(nil, "%d", i)})
+			}
+			if err := producer.Write(ctx, msgs...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := producer.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := producer.Stop(stopCtx); err != nil {
+				t.Errorf("stop the relay: %v", err)
+			}
+		})
+
+		// A consumer service with its inbox on PostgreSQL, another on
+		// SQLite; each has a durable consumer of its own.
+		eachDatabase(t, fastRetries, func(t *testing.T, db consumerDB) {
+			c := ensureConsumer(t, js, base, fmt.Sprintf("shipping%d", nameSeq.Add(1)), nil)
+			var mu sync.Mutex
+			fails := map[string]bool{}
+			next := map[string]int{}
+			var violation string
+			inner := db.processor("shipping", func(d *postbox.Delivery) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if d.Delivered == 1 && len(fails)%3 == 0 && !fails[d.ID] {
+					fails[d.ID] = true
+					return errors.New("not yet")
+				}
+				fails[d.ID] = true
+				return nil
+			})
+			p := processorFunc(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
+				v := inner.Process(ctx, d)
+				if v.Action == postbox.Ack && !v.Duplicate {
+					mu.Lock()
+					n := 0
+					_, _ = fmt.Sscanf(string(d.Payload), "%d", &n)
+					if n != next[d.Key] && violation == "" {
+						violation = fmt.Sprintf("key %s: message %d took effect when %d was due", d.Key, n, next[d.Key])
+					}
+					next[d.Key] = n + 1
+					mu.Unlock()
+				}
+				return v
+			})
+			runSubscriber(t, subscriber(t, c, &postboxnats.SubscriberConfig{PerKey: true, SubjectPrefix: base + "."}), p)
+			waitUntil(t, 30*time.Second, "every message to take effect", func() bool { return db.effects(t) == keys*per })
+			settledAll(t, c)
+			mu.Lock()
+			defer mu.Unlock()
+			if violation != "" {
+				t.Fatal(violation)
+			}
+			for k := range keys {
+				if key := fmt.Sprintf("order-%d", k); next[key] != per {
+					t.Fatalf("key %s: %d messages took effect, want %d", key, next[key], per)
+				}
+			}
+			if n := db.effects(t); n != keys*per {
+				t.Fatalf("%d effects, want %d", n, keys*per)
+			}
+		})
+	})
+}
