@@ -77,7 +77,10 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger) (_ *Daemon, err e
 	}()
 	// Reconnect for ever: while NATS is down, publishes fail as
 	// infrastructure failures and the relay pauses; nothing is lost.
-	d.nc, err = nats.Connect(cfg.NATS.URL, nats.Name("postbox relay"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(false))
+	// A short reconnect wait: while disconnected the relay publishes
+	// nothing, and nats.go's default (2s) doubles a broker blip's stall.
+	d.nc, err = nats.Connect(cfg.NATS.URL, nats.Name("postbox relay"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond), nats.ReconnectJitter(100*time.Millisecond, time.Second), nats.RetryOnFailedConnect(false))
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", Redact(cfg.NATS.URL), err)
 	}
