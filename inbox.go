@@ -340,12 +340,16 @@ func (in *Inbox[TTx]) bury(ctx context.Context, consumer string, d *Delivery, he
 		headers = []byte("{}")
 	}
 	dl := postboxdriver.DeadLetter{
-		Consumer: truncate(consumer, MaxConsumerNameBytes), MessageID: truncate(d.ID, MaxDeliveryIDBytes),
+		Consumer: truncate(consumer, MaxConsumerNameBytes), MessageID: d.ID,
 		Topic: d.Topic, Key: d.Key, Payload: d.Payload, Headers: headers,
 		Error: truncate(herr.Error(), 2000), Attempts: a.Attempts, FirstFailureAt: a.FirstFailureAt, LastFailureAt: a.LastFailureAt,
 	}
-	if dl.MessageID == "" {
-		dl.MessageID = "(empty)"
+	if validateConsumer("-", d.ID) != nil {
+		// An id the inbox cannot record (empty, too long, not text) gets a
+		// name of its own, so that two such letters never overwrite each
+		// other; the error keeps what the id was.
+		dl.MessageID = "invalid-id:" + NewID()
+		dl.Error = truncate(fmt.Sprintf("%s (delivered with id %q)", dl.Error, truncate(d.ID, 64)), 2000)
 	}
 	if err := in.in.Bury(ctx, dl); err != nil {
 		in.log.Warn("postbox inbox: could not write a dead letter; redelivering", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", err))

@@ -3,6 +3,7 @@ package postboxdrivertest
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -216,6 +217,27 @@ func (s *suite[TTx]) inboxPoison(t *testing.T) {
 		string(dl.Payload) != string(poison.Payload) || headerOf(t, dl.Headers, "h") != "v" ||
 		dl.FirstFailureAt.IsZero() || dl.LastFailureAt.Before(dl.FirstFailureAt) {
 		t.Fatalf("dead letter = %+v", dl)
+	}
+	// Deliveries the inbox cannot record (no id, an id too long) are
+	// buried at once, each in a dead letter of its own.
+	for _, id := range []string{"", "", strings.Repeat("x", 300), strings.Repeat("x", 300) + "y"} {
+		d := delivery(id)
+		if v := ie.inbox.Handle(ctx, "billing", d, ie.effect); v.Action != postbox.DeadLettered {
+			t.Fatalf("id %.10q: %+v", id, v)
+		}
+	}
+	letters, err := ie.inbox.ListDead(ctx, postboxdriver.DeadFilter{Consumer: "billing", Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	invalid := 0
+	for _, l := range letters {
+		if strings.HasPrefix(l.MessageID, "invalid-id:") {
+			invalid++
+		}
+	}
+	if invalid != 4 {
+		t.Fatalf("%d dead letters for 4 deliveries without a usable id", invalid)
 	}
 	// A panicking handler counts as a failure, not a crash.
 	v := ie.inbox.Handle(ctx, "billing", delivery(postbox.NewID()), func(context.Context, TTx, *postbox.Delivery) error { panic("oops") })
