@@ -293,13 +293,21 @@ func TestContextEnds(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		r := newResult(t)
 		p.Publish(ctx, envelope("x", "stuck"), r.done)
-		if p.Pending() != 1 {
-			t.Fatalf("Pending() = %d, want 1", p.Pending())
-		}
+		pending := p.Pending()
 		cancel()
 		err = r.wait(5 * time.Second)
+		if err == nil || postbox.IsMessageError(err) {
+			t.Fatalf("got %v, want an infrastructure failure", err)
+		}
 		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("got %v, want context.Canceled", err)
+			// The client may refuse the publish at once while it is
+			// disconnected, before the context ends: also infrastructure,
+			// and then nothing holds a slot.
+			t.Logf("refused while disconnected: %v", err)
+			return
+		}
+		if pending != 1 {
+			t.Fatalf("Pending() = %d while awaiting the ack, want 1", pending)
 		}
 		// The abandoned publish keeps its slot until the broker settles
 		// it; with the window full, the next Publish waits for its
