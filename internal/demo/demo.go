@@ -22,6 +22,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"modernc.org/sqlite"
+
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/natsembed"
 	"github.com/postbox-go/postbox/postboxmigrate"
@@ -294,52 +296,76 @@ func (s *state) consumedAll() bool {
 func placeOrder(ctx context.Context, db *sql.DB, client *postbox.Client[*sql.Tx], st *state, order string, rollbackRate float64) error {
 	steps := 1 + rand.IntN(len(kinds)) //nolint:gosec // demo mix
 	for step := 0; step < steps; step++ {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		var version int
-		err = tx.QueryRowContext(ctx, `SELECT version FROM orders WHERE id = ?`, order).Scan(&version)
-		if errors.Is(err, sql.ErrNoRows) {
-			_, err = tx.ExecContext(ctx, `INSERT INTO orders (id, customer, status, version) VALUES (?, ?, 'new', 0)`, order, fmt.Sprintf("customer-%d", rand.IntN(100))) //nolint:gosec // demo data
-		}
-		if err != nil {
-			_ = tx.Rollback()
-			return err
-		}
-		kind := kinds[min(version, len(kinds)-1)]
-		payload, _ := json.Marshal(event{Order: order, Seq: version, Kind: kind})
-		msg := postbox.Message{ID: postbox.NewID(), Topic: kind, Key: order, Payload: payload, Subject: order, ContentType: "application/json"}
-		if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, version = version + 1 WHERE id = ?`, kind, order); err != nil {
-			_ = tx.Rollback()
-			return err
-		}
-		if err := client.WriteTx(ctx, tx, msg); err != nil {
-			_ = tx.Rollback()
-			return err
-		}
-		if rand.Float64() < rollbackRate { //nolint:gosec // demo mix
-			if err := tx.Rollback(); err != nil {
+		// A transaction that cannot get SQLite's write lock within the busy
+		// timeout (a loaded machine) is tried again, as a service would.
+		for attempt := 1; ; attempt++ {
+			err := writeEvent(ctx, db, client, st, order, rollbackRate)
+			if err == nil {
+				break
+			}
+			if !busy(err) || attempt == 5 || ctx.Err() != nil {
 				return err
 			}
-			st.mu.Lock()
-			st.rolledBack[msg.ID] = true
-			st.mu.Unlock()
-			continue
+			time.Sleep(time.Duration(attempt) * 50 * time.Millisecond)
 		}
-		// Recorded before the commit returns, so a consumer that sees the
-		// message first still finds it committed; a failed commit moves it
-		// to the rolled-back set.
-		st.mu.Lock()
-		st.committed[msg.ID] = true
-		st.mu.Unlock()
-		if err := tx.Commit(); err != nil {
-			st.mu.Lock()
-			delete(st.committed, msg.ID)
-			st.rolledBack[msg.ID] = true
-			st.mu.Unlock()
+	}
+	return nil
+}
+
+// busy reports SQLite's "database is locked".
+func busy(err error) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code()&0xff == 5 // SQLITE_BUSY
+}
+
+// writeEvent writes one event of order in a transaction of its own,
+// rolled back on purpose with the given chance.
+func writeEvent(ctx context.Context, db *sql.DB, client *postbox.Client[*sql.Tx], st *state, order string, rollbackRate float64) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	var version int
+	err = tx.QueryRowContext(ctx, `SELECT version FROM orders WHERE id = ?`, order).Scan(&version)
+	if errors.Is(err, sql.ErrNoRows) {
+		_, err = tx.ExecContext(ctx, `INSERT INTO orders (id, customer, status, version) VALUES (?, ?, 'new', 0)`, order, fmt.Sprintf("customer-%d", rand.IntN(100))) //nolint:gosec // demo data
+	}
+	if err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	kind := kinds[min(version, len(kinds)-1)]
+	payload, _ := json.Marshal(event{Order: order, Seq: version, Kind: kind})
+	msg := postbox.Message{ID: postbox.NewID(), Topic: kind, Key: order, Payload: payload, Subject: order, ContentType: "application/json"}
+	if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, version = version + 1 WHERE id = ?`, kind, order); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := client.WriteTx(ctx, tx, msg); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if rand.Float64() < rollbackRate { //nolint:gosec // demo mix
+		if err := tx.Rollback(); err != nil {
 			return err
 		}
+		st.mu.Lock()
+		st.rolledBack[msg.ID] = true
+		st.mu.Unlock()
+		return nil
+	}
+	// Recorded before the commit returns, so a consumer that sees the
+	// message first still finds it committed; a failed commit moves it
+	// to the rolled-back set.
+	st.mu.Lock()
+	st.committed[msg.ID] = true
+	st.mu.Unlock()
+	if err := tx.Commit(); err != nil {
+		st.mu.Lock()
+		delete(st.committed, msg.ID)
+		st.rolledBack[msg.ID] = true
+		st.mu.Unlock()
+		return err
 	}
 	return nil
 }
