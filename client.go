@@ -85,8 +85,16 @@ func (c *Client[TTx]) rows(ctx context.Context, msgs []Message) ([]postboxdriver
 		if err := m.validate(i, c.cfg.MaxPayloadBytes); err != nil {
 			return nil, err
 		}
-		if len(c.routes) > 0 && c.routes.route(m.Topic) == nil {
-			return nil, invalid(fmt.Sprintf("messages[%d].topic", i), m.Topic, "matches no route: no relay of this client would publish it")
+		if len(c.routes) > 0 {
+			pub := c.routes.route(m.Topic)
+			if pub == nil {
+				return nil, invalid(fmt.Sprintf("messages[%d].topic", i), m.Topic, "matches no route: no relay of this client would publish it")
+			}
+			if mc, ok := pub.(MessageChecker); ok {
+				if err := mc.CheckMessage(m.Topic, m.Headers); err != nil {
+					return nil, &ValidationError{Field: fmt.Sprintf("messages[%d]", i), Value: truncate(m.Topic, 64), Reason: "its publisher refuses it: " + err.Error()}
+				}
+			}
 		}
 		if c.cfg.Validator != nil {
 			if err := c.cfg.Validator.ValidatePayload(m.Topic, m.Payload); err != nil {

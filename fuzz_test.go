@@ -170,7 +170,12 @@ func headerNameOK(n string) bool {
 		}
 	}
 	l := strings.ToLower(n)
-	return !strings.HasPrefix(l, "ce-") && !strings.HasPrefix(l, "nats-") && !strings.HasPrefix(l, "postbox-") && l != "content-type"
+	for _, p := range []string{"ce-", "ce_", "cloudevents:", "cloudevents_", "nats-", "postbox-"} {
+		if strings.HasPrefix(l, p) {
+			return false
+		}
+	}
+	return l != "content-type"
 }
 
 const fuzzMaxPayload = 64

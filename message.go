@@ -39,8 +39,8 @@ type Message struct {
 	// Payload is sent as it is, up to Config.MaxPayloadBytes.
 	Payload []byte
 	// Headers travel with the message. Names are HTTP tokens; names
-	// beginning with "ce-", "nats-", "postbox-" and "content-type" are
-	// reserved.
+	// beginning with "ce-", "ce_", "cloudEvents:", "cloudEvents_",
+	// "nats-", "postbox-", and "content-type" are reserved.
 	Headers map[string]string
 
 	// CloudEvents attributes, sent in binary mode (ce-* headers).
@@ -93,9 +93,17 @@ func tokenByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
+// reservedHeader reports names postbox or a broker binding gives a meaning
+// of their own: CloudEvents attributes in their HTTP (ce-), Kafka (ce_) and
+// AMQP (cloudEvents: / cloudEvents_) spellings, NATS's and postbox's own.
 func reservedHeader(name string) bool {
 	l := strings.ToLower(name)
-	return strings.HasPrefix(l, "ce-") || strings.HasPrefix(l, "nats-") || strings.HasPrefix(l, "postbox-") || l == HeaderContentType
+	for _, p := range [...]string{"ce-", "ce_", "cloudevents:", "cloudevents_", "nats-", "postbox-"} {
+		if strings.HasPrefix(l, p) {
+			return true
+		}
+	}
+	return l == HeaderContentType
 }
 
 // validate checks m as message number i, with the payload cap maxPayload.
@@ -160,7 +168,7 @@ func validateHeader(name, value string) error {
 		}
 	}
 	if reservedHeader(name) {
-		return fmt.Errorf("header name is reserved (ce-*, nats-*, postbox-*, content-type)")
+		return fmt.Errorf("header name is reserved (ce-*, ce_*, cloudEvents*, nats-*, postbox-*, content-type)")
 	}
 	if len(value) > MaxHeaderValueBytes {
 		return fmt.Errorf("header value is %d bytes, over the limit of %d", len(value), MaxHeaderValueBytes)

@@ -48,3 +48,13 @@ type PublisherFunc func(ctx context.Context, env *Envelope) error
 func (f PublisherFunc) Publish(ctx context.Context, env *Envelope, done func(error)) {
 	done(f(ctx, env))
 }
+
+// MessageChecker is implemented by publishers that can tell, before a
+// message is written, that they could never deliver it: a topic their
+// broker cannot name, a header their protocol reserves. A Client calls it
+// for each message with the publisher of the message's route and refuses
+// the write with a *ValidationError, instead of letting the message spend
+// its attempts and end in the dead table (G9).
+type MessageChecker interface {
+	CheckMessage(topic string, headers map[string]string) error
+}

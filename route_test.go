@@ -111,3 +111,36 @@ func TestRouting(t *testing.T) {
 		t.Fatalf("bad routes: %v", err)
 	}
 }
+
+type pickyPublisher struct{ capture }
+
+func (pickyPublisher) CheckMessage(topic string, headers map[string]string) error {
+	if headers["bad"] != "" {
+		return errors.New("header bad is not allowed here")
+	}
+	return nil
+}
+
+// A route's publisher can refuse, at write time, a message it could never
+// deliver; nothing of the call is written.
+func TestRoutePublisherChecksMessages(t *testing.T) {
+	d, prefix := newDriver(t)
+	ctx := context.Background()
+	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Routes: []postbox.Route{{Topics: "*", Publisher: &pickyPublisher{}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ve *postbox.ValidationError
+	err = c.Write(ctx, postbox.Message{Topic: "ok"}, postbox.Message{Topic: "ok", Headers: map[string]string{"bad": "1"}})
+	if !errors.As(err, &ve) || ve.Field != "messages[1]" {
+		t.Fatalf("err = %v", err)
+	}
+	if st, _ := c.Stats(ctx); st.Pending != 0 {
+		t.Fatalf("%d rows written", st.Pending)
+	}
+	for _, name := range []string{"ce_id", "cloudEvents:type", "CloudEvents_source", "CE-ID"} {
+		if err := c.Write(ctx, postbox.Message{Topic: "ok", Headers: map[string]string{name: "x"}}); !errors.As(err, &ve) {
+			t.Fatalf("reserved header %q accepted: %v", name, err)
+		}
+	}
+}

@@ -152,7 +152,7 @@ func messageCases() []messageCase {
 	for _, reserved := range []string{"ce-id", "CE-Type", "ce-", "nats-msg-id", "Nats-Expected-Stream", "postbox-attempt", "POSTBOX-x", "content-type", "Content-Type"} {
 		cases = append(cases, messageCase{
 			name: "header reserved " + reserved, edit: func(m *postbox.Message) { m.Headers = map[string]string{reserved: "v"} },
-			field: "headers", reason: "header name is reserved (ce-*, nats-*, postbox-*, content-type)", value: reserved,
+			field: "headers", reason: "header name is reserved (ce-*, ce_*, cloudEvents*, nats-*, postbox-*, content-type)", value: reserved,
 		})
 	}
 	for _, free := range []string{"x-ce-id", "ce", "nats", "contenttype", "content-type-x", "content-length", "postbox"} {

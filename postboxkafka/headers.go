@@ -134,3 +134,10 @@ func delivery(r *kgo.Record, attempt int) *postbox.Delivery {
 	}
 	return d
 }
+
+// CheckMessage implements postbox.MessageChecker: a topic this Publisher
+// cannot map to a Kafka topic is refused when the message is written.
+func (p *Publisher) CheckMessage(topic string, _ map[string]string) error {
+	_, err := p.KafkaTopic(topic)
+	return err
+}

@@ -179,3 +179,18 @@ func shorten(s string) string {
 	}
 	return s[:cut] + "..."
 }
+
+// CheckMessage implements postbox.MessageChecker: a topic with no
+// destination, or a header HTTP cannot carry or the publisher sets itself,
+// is refused when the message is written.
+func (p *Publisher) CheckMessage(topic string, headers map[string]string) error {
+	if p.route(topic) == nil {
+		return fmt.Errorf("%w for topic %q", ErrNoDestination, shorten(topic))
+	}
+	for name, value := range headers {
+		if err := checkHeader(name, value); err != nil {
+			return err
+		}
+	}
+	return nil
+}
