@@ -4,6 +4,7 @@ package relayd
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -153,18 +154,50 @@ const (
 // environment (getenv, usually os.Getenv). Unknown keys in the file are
 // errors, so that a typo is not silently ignored.
 func Load(path string, getenv func(string) string) (*Config, error) {
-	cfg := &Config{}
+	var b []byte
 	if path != "" {
-		b, err := os.ReadFile(path) //nolint:gosec // the operator names the config file
-		if err != nil {
+		var err error
+		if b, err = os.ReadFile(path); err != nil { //nolint:gosec // the operator names the config file
 			return nil, fmt.Errorf("read config: %w", err)
 		}
-		if err := yaml.NewDecoder(bytes.NewReader(b), yaml.DisallowUnknownField()).Decode(cfg); err != nil {
-			return nil, fmt.Errorf("config %s: %s", path, yaml.FormatError(err, false, true))
+	}
+	cfg, err := Parse(b, getenv)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Parse reads a YAML configuration (empty for none), then applies the
+// environment.
+func Parse(b []byte, getenv func(string) string) (cfg *Config, err error) {
+	cfg = &Config{}
+	if len(bytes.TrimSpace(b)) > 0 {
+		if err := decodeYAML(b, cfg); err != nil {
+			return nil, err
 		}
 	}
 	cfg.applyEnv(getenv)
 	return cfg, nil
+}
+
+// ErrBadYAML is returned (wrapped) for a configuration the YAML decoder
+// could not read.
+var ErrBadYAML = errors.New("not a valid configuration file")
+
+// decodeYAML decodes b into cfg, refusing unknown keys. The decoder panics
+// on some malformed input (a !!binary tag where a list belongs, found by
+// FuzzRelayConfig); that is bad input too, and gets an error like any.
+func decodeYAML(b []byte, cfg *Config) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: the YAML decoder failed on it (%v)", ErrBadYAML, p)
+		}
+	}()
+	if err := yaml.NewDecoder(bytes.NewReader(b), yaml.DisallowUnknownField()).Decode(cfg); err != nil {
+		return fmt.Errorf("%w: %s", ErrBadYAML, yaml.FormatError(err, false, true))
+	}
+	return nil
 }
 
 // applyEnv overrides the file with POSTBOX_* variables. A variable that
