@@ -1,0 +1,150 @@
+package postboxredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/postbox-go/postbox"
+)
+
+// Errors this package reports as the cause of a message failure. The
+// Publisher wraps them with postbox.NewMessageError; errors.Is finds them
+// through that wrapper.
+var (
+	// ErrNoStream means the message's stream does not exist. Publishing
+	// never creates a stream (XADD NOMKSTREAM): streams are topology, made
+	// with EnsureGroup or by the operator.
+	ErrNoStream = errors.New("postboxredis: the stream does not exist")
+	// ErrWrongType means the message's stream name holds a key of another
+	// type (a string, a hash, ...).
+	ErrWrongType = errors.New("postboxredis: the key is not a stream")
+	// ErrInvalidStream means the topic mapped to a stream name this
+	// package refuses (see ValidateStreamName).
+	ErrInvalidStream = errors.New("postboxredis: invalid stream name")
+	// ErrTooLarge means the entry is over Config.MaxEntryBytes.
+	ErrTooLarge = errors.New("postboxredis: entry too large")
+	// ErrInvalidHeader means a header name or value is not valid UTF-8,
+	// so it cannot travel in the entry's JSON headers field unchanged.
+	ErrInvalidHeader = errors.New("postboxredis: invalid header")
+	// ErrNoID means the envelope carries no usable message id: empty,
+	// over MaxIDBytes, or holding control characters.
+	ErrNoID = errors.New("postboxredis: envelope has no usable message id")
+)
+
+// Errors of infrastructure failures.
+var (
+	// ErrClosed is the failure of publishes cut off by Close, and of
+	// every Publish after it.
+	ErrClosed = errors.New("postboxredis: publisher closed")
+	// ErrPublishTimeout means Redis did not answer within
+	// Config.PublishTimeout. The entry may have been stored; its retry
+	// carries the same id and the dedupe guard absorbs it.
+	ErrPublishTimeout = errors.New("postboxredis: no reply within the publish timeout")
+	// ErrNotReplicated means fewer than Config.MinReplicas replicas
+	// confirmed the write (WAIT) within Config.ReplicaTimeout. The entry
+	// is stored on the primary; its retry is absorbed by the dedupe guard.
+	ErrNotReplicated = errors.New("postboxredis: write not confirmed by enough replicas")
+)
+
+// ErrNoGroup means the consumer group (or its stream) does not exist:
+// subscribing creates neither, EnsureGroup does.
+var ErrNoGroup = errors.New("postboxredis: the consumer group does not exist")
+
+// Class is how a publish error counts for the relay.
+type Class int
+
+const (
+	// Infrastructure: Redis could not be reached, did not answer in time,
+	// or is in a state that passes (loading, read-only replica, out of
+	// memory, busy script). The relay spends no attempt, keeps the message
+	// pending and pauses.
+	Infrastructure Class = iota
+	// Message: the message itself cannot be stored (no stream, a key of
+	// another type, an invalid stream name or header, too large). The
+	// relay spends one attempt and backs the message off.
+	Message
+)
+
+func (c Class) String() string {
+	switch c {
+	case Infrastructure:
+		return "infrastructure"
+	case Message:
+		return "message"
+	}
+	return fmt.Sprintf("Class(%d)", int(c))
+}
+
+// messageReplyPrefixes are the Redis error replies caused by the message
+// and returned again for the same message, so that retrying it soon
+// cannot help. Every other error reply (LOADING, READONLY, MASTERDOWN,
+// CLUSTERDOWN, TRYAGAIN, NOREPLICAS, BUSY, OOM, NOAUTH, WRONGPASS,
+// NOPERM, max clients, ...) is a state of the server or of its
+// configuration, and counts as infrastructure.
+var messageReplyPrefixes = []string{
+	"WRONGTYPE ",
+	// The keys of one entry (its stream and its dedupe key) always share
+	// a slot; a stream name that breaks that is the topic's mapping.
+	"CROSSSLOT ",
+	// An argument over the server's proto-max-bulk-len. The server closes
+	// the connection after this reply, so the rest of the pipeline fails
+	// as infrastructure; Config.MaxEntryBytes keeps such entries from
+	// being sent.
+	"ERR Protocol error: invalid bulk length",
+	"ERR string exceeds maximum allowed size",
+}
+
+// Classify tells how err, returned by a publish, counts for the relay.
+// err must not be nil.
+//
+//   - Message: an error already wrapped with postbox.NewMessageError;
+//     ErrNoStream, ErrWrongType, ErrInvalidStream, ErrTooLarge,
+//     ErrInvalidHeader, ErrNoID; and the error replies WRONGTYPE,
+//     CROSSSLOT and an argument over the server's proto-max-bulk-len.
+//   - Infrastructure: everything else: context errors, ErrClosed,
+//     ErrPublishTimeout, ErrNotReplicated, network errors (connection
+//     refused, reset, EOF, timeouts), redis.ErrClosed, pool timeouts, the
+//     error replies LOADING, READONLY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN,
+//     NOREPLICAS, BUSY, OOM, NOAUTH, WRONGPASS, NOPERM and "max number of
+//     clients", and unknown errors. An unknown error is treated as the
+//     broker's fault on purpose: that costs a pause and never an attempt,
+//     so it can delay a message but never bury one.
+func Classify(err error) Class {
+	var me *postbox.MessageError
+	switch {
+	case errors.As(err, &me):
+		return Message
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return Infrastructure
+	case errors.Is(err, ErrNoStream), errors.Is(err, ErrWrongType), errors.Is(err, ErrInvalidStream),
+		errors.Is(err, ErrTooLarge), errors.Is(err, ErrInvalidHeader), errors.Is(err, ErrNoID):
+		return Message
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		msg := re.Error()
+		for _, p := range messageReplyPrefixes {
+			if strings.HasPrefix(msg, p) {
+				return Message
+			}
+		}
+	}
+	return Infrastructure
+}
+
+// classified wraps err for done: message failures with
+// postbox.NewMessageError, the rest as they are.
+func classified(err error) error {
+	if Classify(err) == Message {
+		var me *postbox.MessageError
+		if errors.As(err, &me) {
+			return err
+		}
+		return postbox.NewMessageError(err)
+	}
+	return err
+}
