@@ -114,7 +114,7 @@ func TestRouting(t *testing.T) {
 
 type pickyPublisher struct{ capture }
 
-func (pickyPublisher) CheckMessage(topic string, headers map[string]string) error {
+func (*pickyPublisher) CheckMessage(_ string, headers map[string]string) error {
 	if headers["bad"] != "" {
 		return errors.New("header bad is not allowed here")
 	}
