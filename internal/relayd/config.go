@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -26,6 +27,8 @@ type Config struct {
 	Databases []Database `yaml:"databases"`
 	NATS      NATS       `yaml:"nats"`
 	AMQP      AMQP       `yaml:"amqp"`
+	Kafka     Kafka      `yaml:"kafka"`
+	Redis     Redis      `yaml:"redis"`
 	// Routes send topics to the publishers above, by name ("nats",
 	// "amqp"); the first matching pattern wins. Without routes, every
 	// topic goes to NATS. A relay reads only routed topics: rows of others
@@ -60,10 +63,25 @@ type AMQP struct {
 	AcceptUnroutable []string `yaml:"accept_unroutable"`
 }
 
+// Kafka configures the Kafka publisher, used when a route names it. The
+// client is built with acks=all and idempotence; topics are created by the
+// operator (or postboxkafka.EnsureTopic), never while publishing.
+type Kafka struct {
+	Seeds       []string `yaml:"seeds"`
+	TopicPrefix string   `yaml:"topic_prefix"`
+}
+
+// Redis configures the Redis Streams publisher, used when a route names it.
+// Streams must exist (postboxredis.EnsureGroup creates one with its group).
+type Redis struct {
+	URL          string `yaml:"url"` // redis://host:port/db
+	StreamPrefix string `yaml:"stream_prefix"`
+}
+
 // RouteConfig sends the topics matching Topics to Publisher.
 type RouteConfig struct {
 	Topics    string `yaml:"topics"`
-	Publisher string `yaml:"publisher"` // nats or amqp
+	Publisher string `yaml:"publisher"` // nats, amqp, kafka or redis
 }
 
 // Stream is a JetStream stream to ensure.
@@ -220,6 +238,12 @@ func (c *Config) applyEnv(getenv func(string) string) {
 	if v := getenv("POSTBOX_AMQP_URL"); v != "" {
 		c.AMQP.URL = v
 	}
+	if v := getenv("POSTBOX_KAFKA_SEEDS"); v != "" {
+		c.Kafka.Seeds = strings.Split(v, ",")
+	}
+	if v := getenv("POSTBOX_REDIS_URL"); v != "" {
+		c.Redis.URL = v
+	}
 	if v := getenv("POSTBOX_ADMIN_LISTEN"); v != "" {
 		c.Admin.Listen = v
 	}
@@ -316,21 +340,31 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	usesAMQP := false
+	uses := map[string]bool{}
 	for i, r := range c.Routes {
 		if err := postbox.ValidateTopicPattern(r.Topics); err != nil {
 			bad(fmt.Sprintf("routes[%d].topics", i), r.Topics, "%s", err.(*postbox.ValidationError).Reason) //nolint:errorlint // always this type
 		}
 		switch r.Publisher {
-		case "nats":
-		case "amqp":
-			usesAMQP = true
+		case "nats", "amqp", "kafka", "redis":
+			uses[r.Publisher] = true
 		default:
-			bad(fmt.Sprintf("routes[%d].publisher", i), r.Publisher, "want nats or amqp")
+			bad(fmt.Sprintf("routes[%d].publisher", i), r.Publisher, "want nats, amqp, kafka or redis")
 		}
 	}
-	if usesAMQP && !strings.HasPrefix(c.AMQP.URL, "amqp://") && !strings.HasPrefix(c.AMQP.URL, "amqps://") {
+	if uses["amqp"] && !strings.HasPrefix(c.AMQP.URL, "amqp://") && !strings.HasPrefix(c.AMQP.URL, "amqps://") {
 		bad("amqp.url", Redact(c.AMQP.URL), "a route names amqp: want amqp://user:pass@host:port/vhost or amqps://...")
+	}
+	if uses["kafka"] && len(c.Kafka.Seeds) == 0 {
+		bad("kafka.seeds", "", "a route names kafka: at least one host:port is required")
+	}
+	for i, seed := range c.Kafka.Seeds {
+		if _, _, err := net.SplitHostPort(seed); err != nil {
+			bad(fmt.Sprintf("kafka.seeds[%d]", i), seed, "want host:port")
+		}
+	}
+	if uses["redis"] && !strings.HasPrefix(c.Redis.URL, "redis://") && !strings.HasPrefix(c.Redis.URL, "rediss://") {
+		bad("redis.url", Redact(c.Redis.URL), "a route names redis: want redis://host:port/db or rediss://...")
 	}
 	if c.Admin.Listen != "off" && !strings.Contains(c.Admin.Listen, ":") {
 		bad("admin.listen", c.Admin.Listen, "want host:port, or off")

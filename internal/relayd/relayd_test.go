@@ -14,6 +14,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
 	"github.com/postbox-go/postbox"
@@ -21,6 +24,8 @@ import (
 	"github.com/postbox-go/postbox/internal/relayd"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxamqp"
+	"github.com/postbox-go/postbox/postboxkafka"
+	"github.com/postbox-go/postbox/postboxredis"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -327,5 +332,89 @@ routes:
 	var ce *postbox.ConfigError
 	if err := cfg.Validate(); !errors.As(err, &ce) || len(ce.Problems) != 3 {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// Routes also reach Kafka (kfake) and Redis Streams.
+func TestDaemonKafkaAndRedisRoutes(t *testing.T) {
+	ctx := context.Background()
+	pool, prefix := testdb.Migrated(t)
+	srv, url, err := natsembed.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer natsembed.Shutdown(srv)
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	admin, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ktopic := prefix + "orders.created"
+	if err := postboxkafka.EnsureTopic(ctx, admin, ktopic, 1, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer rdb.Close()
+	stream := prefix + "audit.login"
+	if err := postboxredis.EnsureGroup(ctx, rdb, stream, "g", "0"); err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Del(ctx, stream)
+
+	cfg, err := relayd.Parse([]byte(`
+kafka: {topic_prefix: "`+prefix+`"}
+redis: {url: "redis://127.0.0.1:6379/0", stream_prefix: "`+prefix+`"}
+routes:
+  - {topics: "orders.*", publisher: kafka}
+  - {topics: "audit.*", publisher: redis}
+relay: {lease: 3s, poll_interval: 20ms}
+admin: {listen: "off"}
+`), env(map[string]string{"POSTBOX_DATABASE_URL": testdb.PostgresURL(), "POSTBOX_PREFIX": prefix, "POSTBOX_NATS_URL": url,
+		"POSTBOX_KAFKA_SEEDS": strings.Join(cluster.ListenAddrs(), ",")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := relayd.Start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = d.Stop(ctx) }()
+	if _, err := pool.Exec(ctx, `INSERT INTO `+prefix+`outbox (id, topic, key, payload)
+SELECT gen_random_uuid(), CASE WHEN g % 2 = 0 THEN 'orders.created' ELSE 'audit.login' END, 'k' || (g % 3), '\x01' FROM generate_series(1, 40) g`); err != nil {
+		t.Fatal(err)
+	}
+	consumer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics(ktopic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	got := 0
+	deadline := time.Now().Add(20 * time.Second)
+	for got < 20 {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		fetches := consumer.PollFetches(pctx)
+		cancel()
+		got += fetches.NumRecords()
+		if time.Now().After(deadline) {
+			t.Fatalf("kafka holds %d records, want 20", got)
+		}
+	}
+	for {
+		n, err := rdb.XLen(ctx, stream).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis stream holds %d entries, want 20", n)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -17,13 +17,17 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/postboxadmin"
 	"github.com/postbox-go/postbox/postboxamqp"
+	"github.com/postbox-go/postbox/postboxkafka"
 	"github.com/postbox-go/postbox/postboxnats"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxprom"
+	"github.com/postbox-go/postbox/postboxredis"
 	"github.com/postbox-go/postbox/postboxsqlite"
 )
 
@@ -38,6 +42,10 @@ type Daemon struct {
 	nc      *nats.Conn
 	pub     *postboxnats.Publisher
 	amqp    *postboxamqp.Publisher
+	kafka   *postboxkafka.Publisher
+	kcl     *kgo.Client
+	redis   *postboxredis.Publisher
+	rcl     *redis.Client
 	shards  []*shard
 	reg     *prometheus.Registry
 	srv     *http.Server
@@ -101,19 +109,9 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger) (_ *Daemon, err e
 	if len(cfg.Routes) > 0 {
 		routes = routes[:0]
 		for _, r := range cfg.Routes {
-			var p postbox.Publisher = d.pub
-			if r.Publisher == "amqp" {
-				if d.amqp == nil {
-					// The first publish dials, so the daemon starts while
-					// RabbitMQ is down; publishes fail as infrastructure
-					// until it is back.
-					if d.amqp, err = postboxamqp.New(postboxamqp.URL(cfg.AMQP.URL), &postboxamqp.Config{
-						Exchange: cfg.AMQP.Exchange, AcceptUnroutable: cfg.AMQP.AcceptUnroutable, Logger: log,
-					}); err != nil {
-						return nil, fmt.Errorf("amqp: %w", err)
-					}
-				}
-				p = d.amqp
+			p, err := d.publisher(r.Publisher, log)
+			if err != nil {
+				return nil, err
 			}
 			routes = append(routes, postbox.Route{Topics: r.Topics, Publisher: p})
 		}
@@ -146,6 +144,47 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger) (_ *Daemon, err e
 	}
 	log.Info("postbox relay daemon running", slog.Int("databases", len(d.shards)), slog.String("nats", Redact(cfg.NATS.URL)), slog.String("admin", d.Addr()))
 	return d, nil
+}
+
+// publisher returns the publisher a route names, making it on first use.
+// None of them needs its broker up to be made: the first publishes fail
+// as infrastructure until it is.
+func (d *Daemon) publisher(name string, log *slog.Logger) (postbox.Publisher, error) {
+	var err error
+	switch name {
+	case "amqp":
+		if d.amqp == nil {
+			if d.amqp, err = postboxamqp.New(postboxamqp.URL(d.cfg.AMQP.URL), &postboxamqp.Config{
+				Exchange: d.cfg.AMQP.Exchange, AcceptUnroutable: d.cfg.AMQP.AcceptUnroutable, Logger: log,
+			}); err != nil {
+				return nil, fmt.Errorf("amqp: %w", err)
+			}
+		}
+		return d.amqp, nil
+	case "kafka":
+		if d.kafka == nil {
+			if d.kcl, err = kgo.NewClient(kgo.SeedBrokers(d.cfg.Kafka.Seeds...), kgo.RequiredAcks(kgo.AllISRAcks())); err != nil {
+				return nil, fmt.Errorf("kafka: %w", err)
+			}
+			if d.kafka, err = postboxkafka.New(d.kcl, &postboxkafka.Config{TopicPrefix: d.cfg.Kafka.TopicPrefix, Logger: log}); err != nil {
+				return nil, fmt.Errorf("kafka: %w", err)
+			}
+		}
+		return d.kafka, nil
+	case "redis":
+		if d.redis == nil {
+			opts, err := redis.ParseURL(d.cfg.Redis.URL)
+			if err != nil {
+				return nil, fmt.Errorf("redis.url: %w", err)
+			}
+			d.rcl = redis.NewClient(opts)
+			if d.redis, err = postboxredis.New(d.rcl, &postboxredis.Config{StreamPrefix: d.cfg.Redis.StreamPrefix}); err != nil {
+				return nil, fmt.Errorf("redis: %w", err)
+			}
+		}
+		return d.redis, nil
+	}
+	return d.pub, nil
 }
 
 func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.Route, m postbox.Metrics, log *slog.Logger) (*shard, error) {
@@ -290,6 +329,18 @@ func (d *Daemon) close(ctx context.Context) {
 	}
 	if d.amqp != nil {
 		_ = d.amqp.Close(ctx)
+	}
+	if d.kafka != nil {
+		_ = d.kafka.Close(ctx)
+	}
+	if d.kcl != nil {
+		d.kcl.Close()
+	}
+	if d.redis != nil {
+		_ = d.redis.Close(ctx)
+	}
+	if d.rcl != nil {
+		_ = d.rcl.Close()
 	}
 	for _, sh := range d.shards {
 		sh.close()
