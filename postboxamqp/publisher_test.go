@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/postboxamqp"
 )
 
@@ -168,12 +169,12 @@ func TestReturnsMatchTheirMessages(t *testing.T) {
 		if i%3 == 0 {
 			topic = "unrouted"
 		}
-		results[i] = newResult(t)
-		p.Publish(context.Background(), envelope(topic, "x"), results[i].done)
+		results[i] = pubtest.NewResult(t)
+		p.Publish(context.Background(), envelope(topic, "x"), results[i].Done)
 	}
 	routed := 0
 	for i, r := range results {
-		err := r.wait(20 * time.Second)
+		err := r.Wait(20 * time.Second)
 		if i%3 == 0 {
 			mustMessage(t, err, postboxamqp.ErrUnroutable)
 			continue
@@ -316,16 +317,16 @@ func TestSuspectIsBlamedAlone(t *testing.T) {
 		var rs []*result
 		for i, env := range goods {
 			if withBad && i == len(goods)/2 {
-				r := newResult(t)
-				p.Publish(ctx, bad, r.done)
-				defer func() { badErr = r.wait(20 * time.Second) }()
+				r := pubtest.NewResult(t)
+				p.Publish(ctx, bad, r.Done)
+				defer func() { badErr = r.Wait(20 * time.Second) }()
 			}
-			r := newResult(t)
+			r := pubtest.NewResult(t)
 			rs = append(rs, r)
-			p.Publish(ctx, env, r.done)
+			p.Publish(ctx, env, r.Done)
 		}
 		for i, r := range rs {
-			err := r.wait(20 * time.Second)
+			err := r.Wait(20 * time.Second)
 			if err != nil && postbox.IsMessageError(err) {
 				t.Fatalf("a good message was blamed: %v", err)
 			}
@@ -393,13 +394,13 @@ func TestConnectionLostIsInfrastructure(t *testing.T) {
 	px.stall()
 	var rs []*result
 	for range 10 {
-		r := newResult(t)
+		r := pubtest.NewResult(t)
 		rs = append(rs, r)
-		p.Publish(ctx, envelope("t", "x"), r.done)
+		p.Publish(ctx, envelope("t", "x"), r.Done)
 	}
 	px.cut()
 	for _, r := range rs {
-		mustInfra(t, r.wait(20*time.Second), postboxamqp.ErrConnectionLost)
+		mustInfra(t, r.Wait(20*time.Second), postboxamqp.ErrConnectionLost)
 	}
 	px.flow()
 	if err := publish(t, p, ctx, envelope("t", "again")); err != nil {
@@ -425,10 +426,10 @@ func TestTimeoutAndCancelAreInfrastructure(t *testing.T) {
 	px.stall()
 	mustInfra(t, publish(t, p, context.Background(), envelope("t", "late")), postboxamqp.ErrPublishTimeout)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := newResult(t)
-	p.Publish(ctx, envelope("t", "canceled"), r.done)
+	r := pubtest.NewResult(t)
+	p.Publish(ctx, envelope("t", "canceled"), r.Done)
 	cancel()
-	mustInfra(t, r.wait(5*time.Second), context.Canceled)
+	mustInfra(t, r.Wait(5*time.Second), context.Canceled)
 	if n := p.Pending(); n != 2 {
 		t.Fatalf("Pending = %d, want the 2 unconfirmed publishes", n)
 	}
@@ -459,15 +460,15 @@ func TestCloseFailsUnconfirmed(t *testing.T) {
 		t.Fatal(err)
 	}
 	px.stall()
-	r := newResult(t)
-	p.Publish(context.Background(), envelope("t", "stuck"), r.done)
+	r := pubtest.NewResult(t)
+	p.Publish(context.Background(), envelope("t", "stuck"), r.Done)
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	if err := p.Close(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Close = %v, want the deadline", err)
 	}
 	px.cut()
-	mustInfra(t, r.wait(10*time.Second), nil)
+	mustInfra(t, r.Wait(10*time.Second), nil)
 }
 
 // Dialing is single-flight: publishes that find no connection share one

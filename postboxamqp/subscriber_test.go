@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/postboxamqp"
 )
 
@@ -66,11 +67,11 @@ func publishAll(t *testing.T, p *postboxamqp.Publisher, envs ...*postbox.Envelop
 	t.Helper()
 	rs := make([]*result, len(envs))
 	for i, env := range envs {
-		rs[i] = newResult(t)
-		p.Publish(context.Background(), env, rs[i].done)
+		rs[i] = pubtest.NewResult(t)
+		p.Publish(context.Background(), env, rs[i].Done)
 	}
 	for i, r := range rs {
-		if err := r.wait(20 * time.Second); err != nil {
+		if err := r.Wait(20 * time.Second); err != nil {
 			t.Fatalf("publish %s: %v", envs[i].ID, err)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/postboxkafka"
 )
 
@@ -152,42 +153,13 @@ func envelope(topic, key string, payload string) *postbox.Envelope {
 	return &postbox.Envelope{ID: id, Topic: topic, Key: key, Payload: []byte(payload), Headers: h, CreatedAt: time.Now(), Attempt: 1}
 }
 
-// result collects one publish's outcome and fails the test if done is
-// called more than once.
-type result struct {
-	t     testing.TB
-	calls atomic.Int32
-	ch    chan error
-}
-
-func newResult(t testing.TB) *result { return &result{t: t, ch: make(chan error, 1)} }
-
-func (r *result) done(err error) {
-	if r.calls.Add(1) > 1 {
-		r.t.Errorf("done called %d times", r.calls.Load())
-		return
-	}
-	r.ch <- err
-}
-
-// wait returns the outcome, failing t if none comes within d.
-func (r *result) wait(d time.Duration) error {
-	r.t.Helper()
-	select {
-	case err := <-r.ch:
-		return err
-	case <-time.After(d):
-		r.t.Fatalf("done not called within %s", d)
-		return nil
-	}
-}
+// result is one publish's outcome.
+type result = pubtest.Result
 
 // publish publishes env and returns its outcome.
 func publish(t testing.TB, ctx context.Context, p postbox.Publisher, env *postbox.Envelope) error {
 	t.Helper()
-	r := newResult(t)
-	p.Publish(ctx, env, r.done)
-	return r.wait(30 * time.Second)
+	return pubtest.Publish(t, ctx, p, env, 30*time.Second)
 }
 
 // consumeAll reads every record of topic from the start, with a client of

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/postboxkafka"
 )
 
@@ -364,9 +365,9 @@ func TestCanceledAndTimedOut(t *testing.T) {
 		return nil, nil, false
 	})
 	defer once.Do(func() { close(release) })
-	r := newResult(t)
-	pub.Publish(context.Background(), envelope(topic, "", "late"), r.done)
-	err := r.wait(10 * time.Second)
+	r := pubtest.NewResult(t)
+	pub.Publish(context.Background(), envelope(topic, "", "late"), r.Done)
+	err := r.Wait(10 * time.Second)
 	if !errors.Is(err, postboxkafka.ErrPublishTimeout) || postbox.IsMessageError(err) {
 		t.Fatalf("stalled publish: %v, want an infrastructure failure wrapping ErrPublishTimeout", err)
 	}
@@ -378,7 +379,7 @@ func TestCanceledAndTimedOut(t *testing.T) {
 	if err := pub.Close(closeCtx); err != nil {
 		t.Fatal(err)
 	}
-	if n := r.calls.Load(); n != 1 {
+	if n := r.Calls(); n != 1 {
 		t.Fatalf("done called %d times", n)
 	}
 	if recs := consumeAll(t, c, topic, 1); string(recs[0].Value) != "late" {
@@ -404,15 +405,15 @@ func TestClose(t *testing.T) {
 		return nil, nil, false
 	})
 	defer once.Do(func() { close(release) })
-	r := newResult(t)
-	pub.Publish(context.Background(), envelope(topic, "", "x"), r.done)
+	r := pubtest.NewResult(t)
+	pub.Publish(context.Background(), envelope(topic, "", "x"), r.Done)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	if err := pub.Close(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Close with a produce outstanding: %v", err)
 	}
-	if err := r.wait(time.Second); !errors.Is(err, postboxkafka.ErrClosed) || postbox.IsMessageError(err) {
+	if err := r.Wait(time.Second); !errors.Is(err, postboxkafka.ErrClosed) || postbox.IsMessageError(err) {
 		t.Fatalf("outstanding publish at Close: %v", err)
 	}
 	if err := publish(t, context.Background(), pub, envelope(topic, "", "y")); !errors.Is(err, postboxkafka.ErrClosed) || postbox.IsMessageError(err) {
@@ -425,7 +426,7 @@ func TestClose(t *testing.T) {
 	if err := cl.Flush(ctx2); err != nil {
 		t.Fatal(err)
 	}
-	if n := r.calls.Load(); n != 1 {
+	if n := r.Calls(); n != 1 {
 		t.Fatalf("done called %d times", n)
 	}
 }
@@ -450,12 +451,12 @@ func TestConcurrentPublishes(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			env := envelope(topic, fmt.Sprintf("k%d", i%16), fmt.Sprint(i))
-			r := newResult(t)
-			pub.Publish(ctx, env, r.done)
+			r := pubtest.NewResult(t)
+			pub.Publish(ctx, env, r.Done)
 			if i%10 == 0 {
 				cancel()
 			}
-			if err := r.wait(30 * time.Second); err == nil {
+			if err := r.Wait(30 * time.Second); err == nil {
 				mu.Lock()
 				acked[env.ID] = true
 				mu.Unlock()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/natsembed"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/postboxnats"
 )
 
@@ -173,47 +174,13 @@ func publisher(t testing.TB, js jetstream.JetStream, cfg *postboxnats.Config) *p
 	return p
 }
 
-// result collects one publish's outcome and fails the test if done is
-// called more than once.
-type result struct {
-	t     testing.TB
-	calls atomic.Int32
-	ch    chan error
-}
+// result is one publish's outcome.
+type result = pubtest.Result
 
-func newResult(t testing.TB) *result {
-	r := &result{t: t, ch: make(chan error, 1)}
-	t.Cleanup(func() {
-		if n := r.calls.Load(); n > 1 {
-			t.Errorf("done called %d times", n)
-		}
-	})
-	return r
-}
-
-func (r *result) done(err error) {
-	if r.calls.Add(1) == 1 {
-		r.ch <- err
-	}
-}
-
-// wait returns the outcome, failing the test after a bounded wait.
-func (r *result) wait(d time.Duration) error {
-	r.t.Helper()
-	select {
-	case err := <-r.ch:
-		return err
-	case <-time.After(d):
-		r.t.Fatalf("done not called within %s", d)
-		return nil
-	}
-}
-
+// publish publishes env and returns its outcome.
 func publish(t testing.TB, p *postboxnats.Publisher, ctx context.Context, env *postbox.Envelope) error {
 	t.Helper()
-	r := newResult(t)
-	p.Publish(ctx, env, r.done)
-	return r.wait(15 * time.Second)
+	return pubtest.Publish(t, ctx, p, env, 15*time.Second)
 }
 
 func envelope(topic string, payload string) *postbox.Envelope {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/natsembed"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/postboxnats"
 )
 
@@ -142,12 +143,12 @@ func TestNoStreamIsMessageFailure(t *testing.T) {
 		// Several at once share one stream lookup.
 		var rs []*result
 		for i := 0; i < 20; i++ {
-			r := newResult(t)
-			p.Publish(context.Background(), envelope("nowhere", "x"), r.done)
+			r := pubtest.NewResult(t)
+			p.Publish(context.Background(), envelope("nowhere", "x"), r.Done)
 			rs = append(rs, r)
 		}
 		for _, r := range rs {
-			mustMessage(t, r.wait(15*time.Second), postboxnats.ErrNoStream)
+			mustMessage(t, r.Wait(15*time.Second), postboxnats.ErrNoStream)
 		}
 	})
 }
@@ -291,11 +292,11 @@ func TestContextEnds(t *testing.T) {
 		down(t, srv, nc)
 
 		ctx, cancel := context.WithCancel(context.Background())
-		r := newResult(t)
-		p.Publish(ctx, envelope("x", "stuck"), r.done)
+		r := pubtest.NewResult(t)
+		p.Publish(ctx, envelope("x", "stuck"), r.Done)
 		pending := p.Pending()
 		cancel()
-		err = r.wait(5 * time.Second)
+		err = r.Wait(5 * time.Second)
 		if err == nil || postbox.IsMessageError(err) {
 			t.Fatalf("got %v, want an infrastructure failure", err)
 		}
@@ -394,18 +395,18 @@ func TestServerShutdown(t *testing.T) {
 						}
 					}()
 				}
-				r := newResult(t)
+				r := pubtest.NewResult(t)
 				rs = append(rs, r)
-				p.Publish(ctx, envelope("x", "in flight"), r.done)
+				p.Publish(ctx, envelope("x", "in flight"), r.Done)
 			}
 			wg.Wait()
 			for i := 0; i < after; i++ {
-				r := newResult(t)
+				r := pubtest.NewResult(t)
 				rs = append(rs, r)
-				p.Publish(ctx, envelope("x", "after"), r.done)
+				p.Publish(ctx, envelope("x", "after"), r.Done)
 			}
 			for _, r := range rs {
-				record(r.wait(15 * time.Second))
+				record(r.Wait(15 * time.Second))
 			}
 			if infra < after {
 				t.Fatalf("%d infrastructure failures, want at least the %d publishes after the shutdown", infra, after)
@@ -434,15 +435,15 @@ func TestClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	down(t, srv, nc)
-	r := newResult(t)
-	p.Publish(context.Background(), envelope("x", "stuck"), r.done)
+	r := pubtest.NewResult(t)
+	p.Publish(context.Background(), envelope("x", "stuck"), r.Done)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := p.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	err = r.wait(5 * time.Second)
+	err = r.Wait(5 * time.Second)
 	mustInfra(t, err)
 	if !errors.Is(err, postboxnats.ErrClosed) {
 		t.Fatalf("in-flight publish got %v, want ErrClosed", err)
@@ -468,7 +469,7 @@ func TestManyInFlight(t *testing.T) {
 		const lanes, n = 4, 3000
 		rs := make([]*result, n)
 		for i := range rs {
-			rs[i] = newResult(t)
+			rs[i] = pubtest.NewResult(t)
 		}
 		var wg sync.WaitGroup
 		for l := 0; l < lanes; l++ {
@@ -476,7 +477,7 @@ func TestManyInFlight(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for i := l; i < n; i += lanes {
-					p.Publish(ctx, envelope("many", "x"), rs[i].done)
+					p.Publish(ctx, envelope("many", "x"), rs[i].Done)
 					if p.Pending() > 32 {
 						t.Errorf("Pending() = %d, over MaxPending", p.Pending())
 						return
@@ -486,7 +487,7 @@ func TestManyInFlight(t *testing.T) {
 		}
 		wg.Wait()
 		for _, r := range rs {
-			if err := r.wait(15 * time.Second); err != nil {
+			if err := r.Wait(15 * time.Second); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -585,14 +586,14 @@ func TestDonePublishesAgain(t *testing.T) {
 			t.Fatalf("no ack timeout after %d publishes, last: %v", i, err)
 		}
 	}
-	second := newResult(t)
-	first := newResult(t)
+	second := pubtest.NewResult(t)
+	first := pubtest.NewResult(t)
 	p.Publish(context.Background(), envelope("x", "first"), func(err error) {
-		first.done(err)
-		p.Publish(context.Background(), envelope("x", "second"), second.done)
+		first.Done(err)
+		p.Publish(context.Background(), envelope("x", "second"), second.Done)
 	})
 	for _, r := range []*result{first, second} {
-		if err := r.wait(5 * time.Second); !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+		if err := r.Wait(5 * time.Second); !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
 			t.Fatalf("got %v, want an ack timeout", err)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/postboxredis"
 )
 
@@ -297,8 +298,8 @@ func TestWindowFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := newResult(t)
-	p.Publish(context.Background(), envelope("t", "", "1"), first.done)
+	first := pubtest.NewResult(t)
+	p.Publish(context.Background(), envelope("t", "", "1"), first.Done)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	mustInfra(t, publish(t, p, ctx, envelope("t", "", "2")), context.DeadlineExceeded)
@@ -309,7 +310,7 @@ func TestWindowFull(t *testing.T) {
 		defer cancel()
 		closed <- p.Close(cctx)
 	}()
-	mustInfra(t, first.wait(10*time.Second), postboxredis.ErrClosed)
+	mustInfra(t, first.Wait(10*time.Second), postboxredis.ErrClosed)
 	srv.close() // the client's read fails, and the pipeline returns
 	if err := <-closed; err != nil {
 		t.Fatalf("Close: %v", err)

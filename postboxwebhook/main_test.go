@@ -10,13 +10,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/postboxwebhook"
 )
 
@@ -84,47 +84,13 @@ func one(url string, secrets ...string) *postboxwebhook.Config {
 	return &postboxwebhook.Config{Destinations: []postboxwebhook.Destination{{Topics: "*", URL: url, Secrets: ss}}}
 }
 
-// result collects one publish's outcome and fails the test if done is
-// called more than once.
-type result struct {
-	t     testing.TB
-	calls atomic.Int32
-	ch    chan error
-}
+// result is one publish's outcome.
+type result = pubtest.Result
 
-func newResult(t testing.TB) *result {
-	r := &result{t: t, ch: make(chan error, 1)}
-	t.Cleanup(func() {
-		if n := r.calls.Load(); n > 1 {
-			t.Errorf("done called %d times", n)
-		}
-	})
-	return r
-}
-
-func (r *result) done(err error) {
-	if r.calls.Add(1) == 1 {
-		r.ch <- err
-	}
-}
-
-// wait returns the outcome, failing the test after a bounded wait.
-func (r *result) wait() error {
-	r.t.Helper()
-	select {
-	case err := <-r.ch:
-		return err
-	case <-time.After(15 * time.Second):
-		r.t.Fatal("done not called within 15s")
-		return nil
-	}
-}
-
+// publish publishes env and returns its outcome.
 func publish(t testing.TB, p postbox.Publisher, ctx context.Context, env *postbox.Envelope) error {
 	t.Helper()
-	r := newResult(t)
-	p.Publish(ctx, env, r.done)
-	return r.wait()
+	return pubtest.Publish(t, ctx, p, env, 15*time.Second)
 }
 
 func envelope(topic, key, payload string) *postbox.Envelope {

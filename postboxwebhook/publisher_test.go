@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/postboxwebhook"
 )
 
@@ -218,11 +219,11 @@ func TestTransportFailuresAreInfrastructure(t *testing.T) {
 		}))
 		p := publisher(t, one(srv.URL, newSecret(t)))
 		ctx, cancel := context.WithCancel(context.Background())
-		r := newResult(t)
-		p.Publish(ctx, envelope("t", "", "x"), r.done)
+		r := pubtest.NewResult(t)
+		p.Publish(ctx, envelope("t", "", "x"), r.Done)
 		<-arrived
 		cancel()
-		if err := r.wait(); !errors.Is(err, context.Canceled) || postbox.IsMessageError(err) {
+		if err := r.Wait(15 * time.Second); !errors.Is(err, context.Canceled) || postbox.IsMessageError(err) {
 			t.Fatalf("publish whose context ended: %v, want context.Canceled as infrastructure", err)
 		}
 	})
@@ -249,9 +250,9 @@ func TestPerDestinationTimeout(t *testing.T) {
 		{Topics: "hung", URL: hung.URL, Secrets: []postboxwebhook.Secret{secret}, Timeout: 100 * time.Millisecond},
 		{Topics: "slow", URL: slow.URL, Secrets: []postboxwebhook.Secret{secret}, Timeout: 10 * time.Second},
 	}})
-	slowResult := newResult(t)
+	slowResult := pubtest.NewResult(t)
 	began := time.Now()
-	p.Publish(context.Background(), envelope("slow", "", "x"), slowResult.done)
+	p.Publish(context.Background(), envelope("slow", "", "x"), slowResult.Done)
 	err := publish(t, p, context.Background(), envelope("hung", "", "x"))
 	mustInfra(t, err)
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "timeout 100ms") {
@@ -263,7 +264,7 @@ func TestPerDestinationTimeout(t *testing.T) {
 	// The slow destination's request has now been open longer than the
 	// hung one's timeout; it still succeeds.
 	close(release)
-	if err := slowResult.wait(); err != nil {
+	if err := slowResult.Wait(15 * time.Second); err != nil {
 		t.Fatalf("slow destination with a 10s timeout: %v", err)
 	}
 }
@@ -462,9 +463,9 @@ func TestMaxInFlight(t *testing.T) {
 	cfg := one(srv.URL, newSecret(t))
 	cfg.Destinations[0].MaxInFlight = 2
 	p := publisher(t, cfg)
-	first, second := newResult(t), newResult(t)
-	p.Publish(context.Background(), envelope("t", "", "1"), first.done)
-	p.Publish(context.Background(), envelope("t", "", "2"), second.done)
+	first, second := pubtest.NewResult(t), pubtest.NewResult(t)
+	p.Publish(context.Background(), envelope("t", "", "1"), first.Done)
+	p.Publish(context.Background(), envelope("t", "", "2"), second.Done)
 	<-arrived
 	<-arrived
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -474,10 +475,10 @@ func TestMaxInFlight(t *testing.T) {
 		t.Fatalf("publish beyond MaxInFlight: %v, want its context's end as infrastructure", err)
 	}
 	close(gate)
-	if err := first.wait(); err != nil {
+	if err := first.Wait(15 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := second.wait(); err != nil {
+	if err := second.Wait(15 * time.Second); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -549,15 +550,15 @@ func TestClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	open := newResult(t)
-	p.Publish(context.Background(), envelope("t", "", "x"), open.done)
+	open := pubtest.NewResult(t)
+	p.Publish(context.Background(), envelope("t", "", "x"), open.Done)
 	<-arrived
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	if err := p.Close(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Close with a request open past its context: %v", err)
 	}
-	if err := open.wait(); !errors.Is(err, postboxwebhook.ErrClosed) || postbox.IsMessageError(err) {
+	if err := open.Wait(15 * time.Second); !errors.Is(err, postboxwebhook.ErrClosed) || postbox.IsMessageError(err) {
 		t.Fatalf("request cut off by Close: %v, want ErrClosed as infrastructure", err)
 	}
 	err = publish(t, p, context.Background(), envelope("t", "", "x"))
