@@ -153,9 +153,6 @@ func envelope(topic, key string, payload string) *postbox.Envelope {
 	return &postbox.Envelope{ID: id, Topic: topic, Key: key, Payload: []byte(payload), Headers: h, CreatedAt: time.Now(), Attempt: 1}
 }
 
-// result is one publish's outcome.
-type result = pubtest.Result
-
 // publish publishes env and returns its outcome.
 func publish(t testing.TB, ctx context.Context, p postbox.Publisher, env *postbox.Envelope) error {
 	t.Helper()

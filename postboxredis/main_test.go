@@ -158,9 +158,6 @@ func running(t testing.TB, sub postbox.Subscriber, p postbox.Processor) (stop fu
 	return stop
 }
 
-// result is one publish's outcome.
-type result = pubtest.Result
-
 // publish publishes env and returns its outcome.
 func publish(t testing.TB, p postbox.Publisher, ctx context.Context, env *postbox.Envelope) error {
 	t.Helper()

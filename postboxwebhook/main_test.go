@@ -84,9 +84,6 @@ func one(url string, secrets ...string) *postboxwebhook.Config {
 	return &postboxwebhook.Config{Destinations: []postboxwebhook.Destination{{Topics: "*", URL: url, Secrets: ss}}}
 }
 
-// result is one publish's outcome.
-type result = pubtest.Result
-
 // publish publishes env and returns its outcome.
 func publish(t testing.TB, p postbox.Publisher, ctx context.Context, env *postbox.Envelope) error {
 	t.Helper()
