@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
@@ -120,11 +121,7 @@ log: {level: loud, format: xml}
 func TestDaemon(t *testing.T) {
 	ctx := context.Background()
 	pool, prefix := testdb.Migrated(t)
-	srv, url, err := natsembed.Start(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer natsembed.Shutdown(srv)
+	srv, url := embeddedNATS(t)
 
 	cfg, err := relayd.Load(writeFile(t, `
 nats:
@@ -219,11 +216,7 @@ FROM generate_series(1, 200) g`); err != nil {
 func TestAdminRefusesOpenListenWithoutTokens(t *testing.T) {
 	ctx := context.Background()
 	_, prefix := testdb.Migrated(t)
-	srv, url, err := natsembed.Start(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer natsembed.Shutdown(srv)
+	_, url := embeddedNATS(t)
 	cfg, _ := relayd.Load("", env(map[string]string{"POSTBOX_DATABASE_URL": testdb.PostgresURL(), "POSTBOX_PREFIX": prefix, "POSTBOX_NATS_URL": url, "POSTBOX_ADMIN_LISTEN": ":0"}))
 	if _, err := relayd.Start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err == nil || !strings.Contains(err.Error(), "admin.listen") {
 		t.Fatalf("an all-interfaces admin listener without tokens started: %v", err)
@@ -231,13 +224,9 @@ func TestAdminRefusesOpenListenWithoutTokens(t *testing.T) {
 }
 
 func TestStartFailsOnUnmigratedDatabase(t *testing.T) {
-	srv, url, err := natsembed.Start(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer natsembed.Shutdown(srv)
+	_, url := embeddedNATS(t)
 	cfg, _ := relayd.Load("", env(map[string]string{"POSTBOX_DATABASE_URL": testdb.PostgresURL(), "POSTBOX_PREFIX": "never_migrated_", "POSTBOX_NATS_URL": url, "POSTBOX_ADMIN_LISTEN": "off"}))
-	_, err = relayd.Start(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	_, err := relayd.Start(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err == nil || !strings.Contains(err.Error(), "not migrated") {
 		t.Fatalf("err = %v", err)
 	}
@@ -247,11 +236,7 @@ func TestStartFailsOnUnmigratedDatabase(t *testing.T) {
 func TestDaemonRoutes(t *testing.T) {
 	ctx := context.Background()
 	pool, prefix := testdb.Migrated(t)
-	srv, url, err := natsembed.Start(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer natsembed.Shutdown(srv)
+	_, url := embeddedNATS(t)
 	const amqpURL = "amqp://guest:guest@127.0.0.1:5672/"
 	conn, err := postboxamqp.URL(amqpURL)(ctx)
 	if err != nil {
@@ -339,11 +324,7 @@ routes:
 func TestDaemonKafkaAndRedisRoutes(t *testing.T) {
 	ctx := context.Background()
 	pool, prefix := testdb.Migrated(t)
-	srv, url, err := natsembed.Start(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer natsembed.Shutdown(srv)
+	_, url := embeddedNATS(t)
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {
 		t.Fatal(err)
@@ -417,4 +398,16 @@ SELECT gen_random_uuid(), CASE WHEN g % 2 = 0 THEN 'orders.created' ELSE 'audit.
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// embeddedNATS starts an in-process NATS server with JetStream, stopped
+// when t ends (stopping it earlier is fine).
+func embeddedNATS(t *testing.T) (*server.Server, string) {
+	t.Helper()
+	srv, url, err := natsembed.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { natsembed.Shutdown(srv) })
+	return srv, url
 }
