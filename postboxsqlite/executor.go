@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"slices"
 	"sort"
 	"strconv"
@@ -437,26 +436,7 @@ func (s *store) Stats(ctx context.Context) (postboxdriver.Stats, error) {
 
 // Migrations implements postboxdriver.Executor.
 func (s *store) Migrations() []postboxdriver.Migration {
-	entries, err := fs.ReadDir(migrationFS, "migrations")
-	if err != nil {
-		panic(err) // embedded at build time
-	}
-	out := make([]postboxdriver.Migration, 0, len(entries))
-	for _, e := range entries {
-		name := strings.TrimSuffix(e.Name(), ".sql")
-		num, rest, _ := strings.Cut(name, "_")
-		v, err := strconv.Atoi(num)
-		if err != nil {
-			panic(fmt.Sprintf("postboxsqlite: migration %s is not numbered", e.Name()))
-		}
-		body, err := migrationFS.ReadFile("migrations/" + e.Name())
-		if err != nil {
-			panic(err)
-		}
-		out = append(out, postboxdriver.Migration{Version: v, Name: rest, SQL: strings.ReplaceAll(string(body), "{prefix}", s.prefix)})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
-	return out
+	return postboxdriver.LoadMigrations(migrationFS, "migrations", s.prefix)
 }
 
 // AppliedMigrations implements postboxdriver.Executor.

@@ -8,9 +8,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -357,26 +355,7 @@ func (c *Core) Stats(ctx context.Context) (postboxdriver.Stats, error) {
 
 // Migrations implements postboxdriver.Executor.
 func (c *Core) Migrations() []postboxdriver.Migration {
-	entries, err := fs.ReadDir(migrationFS, "migrations")
-	if err != nil {
-		panic(err) // embedded at build time
-	}
-	out := make([]postboxdriver.Migration, 0, len(entries))
-	for _, e := range entries {
-		name := strings.TrimSuffix(e.Name(), ".sql")
-		num, rest, _ := strings.Cut(name, "_")
-		v, err := strconv.Atoi(num)
-		if err != nil {
-			panic(fmt.Sprintf("pgsql: migration %s is not numbered", e.Name()))
-		}
-		body, err := migrationFS.ReadFile("migrations/" + e.Name())
-		if err != nil {
-			panic(err)
-		}
-		out = append(out, postboxdriver.Migration{Version: v, Name: rest, SQL: strings.ReplaceAll(string(body), "{prefix}", c.prefix)})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
-	return out
+	return postboxdriver.LoadMigrations(migrationFS, "migrations", c.prefix)
 }
 
 // AppliedMigrations implements postboxdriver.Executor.
