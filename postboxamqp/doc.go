@@ -85,8 +85,8 @@
 //	header unfit for AMQP, or one that steers RabbitMQ   message         ErrInvalidHeader
 //	no message id                                        message         ErrNoID
 //	channel exception over content (406, 501, 502, 505)
-//	  with this message the only one in flight           message         ErrRejected + *amqp.Error
-//	  with others in flight                              infrastructure  ErrConnectionLost + *amqp.Error
+//	  this message a suspect sent alone                  message         ErrRejected + *amqp.Error
+//	  otherwise (it becomes a suspect)                   infrastructure  ErrConnectionLost + *amqp.Error
 //	basic.nack                                           infrastructure  ErrNacked
 //	exchange missing (404 on publish)                    infrastructure  ErrNoExchange
 //	connection or channel lost before the confirm        infrastructure  ErrConnectionLost
@@ -103,11 +103,12 @@
 // purpose: a pause can delay a message, an attempt can bury it.
 //
 // A channel exception does not name the publish that caused it. When the
-// broker closes the channel over content while several messages are in
-// flight, each fails as infrastructure and becomes a suspect: its next
-// attempt is published alone (it takes the whole MaxPending window), so
-// that if it breaks the channel again it is blamed, and spends an
-// attempt, on its own.
+// broker closes the channel over content, every message still in flight
+// fails as infrastructure and becomes a suspect: its next attempt is
+// published alone (it takes the whole MaxPending window), so that if it
+// breaks the channel again it is blamed, and spends an attempt, on its
+// own. A message is never blamed on first sight, even when it was the only
+// one in flight: the publish at fault may have failed on another path.
 //
 // # Connections
 //

@@ -347,11 +347,12 @@ func (s *session) unroutable(f *flight) error {
 // a close of our own).
 //
 // A channel exception raised over the content of a publish does not say
-// which publish. With one flight left, it is that one: a message failure.
-// With several, each fails as infrastructure and its id becomes a
-// suspect, which its next attempt sends alone, so that a message that
-// keeps breaking channels is blamed on its own and the others are not
-// held back.
+// which publish. Every flight left fails as infrastructure and its id
+// becomes a suspect, which its next attempt sends alone; a suspect that
+// is the only flight left when a content exception comes again is blamed:
+// a message failure. A first sighting is never blamed, even alone: the
+// publish at fault may have been settled on another path (a failed
+// write), leaving an innocent one as the only flight.
 func (s *session) die(cause *amqp.Error) {
 	s.mu.Lock()
 	s.dead = true
@@ -374,8 +375,7 @@ func (s *session) die(cause *amqp.Error) {
 		switch {
 		case f.returned != "":
 			err = s.unroutable(f)
-		case fault && len(left) == 1:
-			s.p.markSuspect(f.id)
+		case fault && len(left) == 1 && s.p.suspect(f.id):
 			err = postbox.NewMessageError(fmt.Errorf("postboxamqp: publish %s: %w: %w", f.id, ErrRejected, cause))
 		case closing && cause == nil:
 			err = fmt.Errorf("postboxamqp: publish %s: %w", f.id, ErrClosed)
