@@ -9,11 +9,22 @@ import (
 	"github.com/postbox-go/postbox/internal/bench"
 )
 
+// benchCommands make the subcommands of `postbox bench`, one benchmark
+// each; a benchmark's file adds its own in an init function.
+var benchCommands = []func() *cobra.Command{newBenchDrain}
+
 func newBench() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Benchmarks against real servers, each with a baseline from the same run",
 	}
+	for _, mk := range benchCommands {
+		cmd.AddCommand(mk())
+	}
+	return cmd
+}
+
+func newBenchDrain() *cobra.Command {
 	var opts bench.DrainOptions
 	var runs int
 	drain := &cobra.Command{
@@ -52,6 +63,5 @@ func newBench() *cobra.Command {
 	f.IntVar(&opts.BatchSize, "batch", 500, "relay batch size")
 	f.IntVar(&opts.Lanes, "lanes", 0, "relay lanes (default the library's)")
 	f.StringVar(&opts.CPUProfile, "cpuprofile", "", "write a CPU profile of the drain phase to this file")
-	cmd.AddCommand(drain)
-	return cmd
+	return drain
 }
