@@ -178,6 +178,13 @@ ORDER BY o.seq
 LIMIT $2`
 }
 
+// FetchStatement is the relay's default fetch (no routes, not strict) for
+// the tables named with prefix: $1 the partitions (int[]), $2 the limit.
+// Benchmarks EXPLAIN it; the relay runs it through Core.Fetch.
+func FetchStatement(prefix string) string {
+	return strings.ReplaceAll(fetchSQL(false, false), "{p}", prefix)
+}
+
 // likePatterns turns topic patterns ("orders.created", "orders.*", "*")
 // into LIKE patterns; topics hold no % or \, but may hold _.
 func likePatterns(ps []string) []string {
