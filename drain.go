@@ -11,6 +11,12 @@ import (
 // of the partitions: stop it first, or let it do the work.
 var ErrPartitionsHeld = errors.New("postbox: drain: partitions held by a running relay")
 
+// ErrLeaseLost is returned by Drain when another relay took a partition's
+// lease while Drain held it: the marks of the batch it had in flight were
+// fenced out, so those rows are still pending and will be published again,
+// under the same ids, by whoever holds the lease now (a later Drain, too).
+var ErrLeaseLost = errors.New("postbox: drain: a partition's lease passed to another owner mid-batch")
+
 // DrainResult counts what Drain did.
 type DrainResult struct {
 	Published int // rows published and marked
@@ -83,9 +89,9 @@ func (c *Client[TTx]) Drain(ctx context.Context) (DrainResult, error) {
 			deadline = until
 		}
 		batch := r.publish(ctx, deadline, recs)
-		res.Published += len(batch.published)
 		res.Failed += len(batch.failed)
 		rep, err := r.record(ctx, fence, recs, batch)
+		res.Published += len(batch.published) - rep.FencedOut
 		res.Dead += rep.dead
 		if m := cfg.Metrics; m != nil {
 			rep.Duration = time.Since(began)
@@ -96,6 +102,9 @@ func (c *Client[TTx]) Drain(ctx context.Context) (DrainResult, error) {
 		}
 		if batch.infra != nil {
 			return res, fmt.Errorf("postbox: drain: %w", batch.infra)
+		}
+		if rep.FencedOut > 0 {
+			return res, fmt.Errorf("%w: %d acknowledged rows left pending", ErrLeaseLost, rep.FencedOut)
 		}
 	}
 }

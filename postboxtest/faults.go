@@ -24,6 +24,9 @@ var ErrCrashedBeforeMark = errors.New("postboxtest: relay crashed between the br
 //   - FailNext: the next publishes fail with an error of the test's choice
 //     (postbox.NewMessageError for a rejection that spends an attempt, any
 //     other error for an outage that spends none).
+//   - AfterPublish: a function of the test's runs after the broker's ack
+//     and before the relay hears of it — where ExpireLeases makes a relay
+//     lose its partitions mid-batch.
 //
 // Safe for concurrent use.
 type Faulty struct {
@@ -34,6 +37,7 @@ type Faulty struct {
 	stall     time.Duration
 	failNext  int
 	failErr   error
+	after     func(*postbox.Envelope)
 }
 
 // NewFaulty wraps p, with no fault switched on.
@@ -64,10 +68,19 @@ func (f *Faulty) FailNext(n int, err error) {
 	f.mu.Unlock()
 }
 
+// AfterPublish makes every publish the broker acknowledges run fn before
+// the relay is told, until it is called again with nil. fn runs on the
+// publisher's goroutine, once per message; it must not block for long.
+func (f *Faulty) AfterPublish(fn func(env *postbox.Envelope)) {
+	f.mu.Lock()
+	f.after = fn
+	f.mu.Unlock()
+}
+
 // Publish implements postbox.Publisher.
 func (f *Faulty) Publish(ctx context.Context, env *postbox.Envelope, done func(error)) {
 	f.mu.Lock()
-	stall, crash := f.stall, false
+	stall, crash, after := f.stall, false, f.after
 	var fail error
 	switch {
 	case f.failNext > 0:
@@ -92,12 +105,15 @@ func (f *Faulty) Publish(ctx context.Context, env *postbox.Envelope, done func(e
 			return
 		}
 	}
-	if !crash {
+	if !crash && after == nil {
 		f.inner.Publish(ctx, env, done)
 		return
 	}
 	f.inner.Publish(ctx, env, func(err error) {
-		if err == nil {
+		if err == nil && after != nil {
+			after(env)
+		}
+		if err == nil && crash {
 			err = ErrCrashedBeforeMark
 		}
 		done(err)

@@ -1,0 +1,101 @@
+package postboxtest_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/postboxdriver"
+	"github.com/postbox-go/postbox/postboxpgx"
+	"github.com/postbox-go/postbox/postboxtest"
+)
+
+// A relay that loses its leases between the broker's ack and its mark
+// changes nothing with the mark; the rows are sent again under the same
+// ids, and the inbox runs the handler once per message.
+func TestExpireLeasesMidBatch(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) {
+		driver, done := openExampleDB()
+		defer done()
+		expireMidBatch(t, driver, "", func(ctx context.Context, in *postbox.Inbox[*sql.Tx], d *postbox.Delivery, run func()) {
+			in.Handle(ctx, "ledger", d, func(context.Context, *sql.Tx, *postbox.Delivery) error { run(); return nil })
+		})
+	})
+	t.Run("postgres", func(t *testing.T) {
+		pool, prefix := testdb.Migrated(t)
+		expireMidBatch(t, postboxpgx.New(pool), prefix, func(ctx context.Context, in *postbox.Inbox[pgx.Tx], d *postbox.Delivery, run func()) {
+			in.Handle(ctx, "ledger", d, func(context.Context, pgx.Tx, *postbox.Delivery) error { run(); return nil })
+		})
+	})
+}
+
+func expireMidBatch[TTx any](t *testing.T, driver postboxdriver.Driver[TTx], prefix string,
+	handle func(context.Context, *postbox.Inbox[TTx], *postbox.Delivery, func())) {
+	ctx := context.Background()
+	broker := postboxtest.NewBroker(&postboxtest.BrokerOptions{DedupeWindow: -1})
+	faulty := postboxtest.NewFaulty(broker)
+	client, err := postbox.NewClient(driver, &postbox.Config{Prefix: prefix, Publisher: faulty})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a", "b", "a"} {
+		if err := client.Write(ctx, postbox.Message{Topic: "orders.paid", Key: k}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var once sync.Once
+	var taken int
+	faulty.AfterPublish(func(*postbox.Envelope) {
+		once.Do(func() {
+			taken, err = postboxtest.ExpireLeases(ctx, driver, prefix)
+		})
+	})
+	first, derr := client.Drain(ctx)
+	if !errors.Is(derr, postbox.ErrLeaseLost) {
+		t.Fatalf("first drain: %v; want ErrLeaseLost", derr)
+	}
+	if err != nil || taken == 0 {
+		t.Fatalf("ExpireLeases: %d partitions, %v", taken, err)
+	}
+	if first.Published != 0 {
+		t.Fatalf("the first drain marked %d rows after losing its leases", first.Published)
+	}
+	faulty.AfterPublish(nil)
+	res, err := client.Drain(ctx)
+	if err != nil || res.Published != 3 {
+		t.Fatalf("second drain: %+v, %v", res, err)
+	}
+	msgs := broker.Messages()
+	seen := map[string]int{}
+	for _, m := range msgs {
+		seen[m.ID]++
+	}
+	if len(seen) != 3 || len(msgs) <= 3 {
+		t.Fatalf("broker holds %d copies of %d ids; want every id, some twice", len(msgs), len(seen))
+	}
+	inbox, err := postbox.NewInbox(driver, &postbox.InboxConfig{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	for _, env := range msgs {
+		handle(ctx, inbox, &postbox.Delivery{ID: env.ID, Topic: env.Topic}, func() { runs++ })
+	}
+	if runs != 3 {
+		t.Fatalf("handler ran %d times for 3 messages delivered %d times", runs, len(msgs))
+	}
+}
+
+func TestExpireLeasesBadPrefix(t *testing.T) {
+	driver, done := openExampleDB()
+	defer done()
+	if _, err := postboxtest.ExpireLeases(context.Background(), driver, "bad;prefix"); err == nil {
+		t.Fatal("a bad prefix was accepted")
+	}
+}
