@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -27,11 +28,18 @@ func newBench() *cobra.Command {
 func newBenchDrain() *cobra.Command {
 	var opts bench.DrainOptions
 	var runs int
+	var jsonFile string
 	drain := &cobra.Command{
 		Use:   "drain",
 		Short: "Backlog drain, PostgreSQL to NATS JetStream, against the raw JetStream publish rate",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if opts.SampleEvery < 0 {
+				return fmt.Errorf("--sample-every must not be negative, got %s", opts.SampleEvery)
+			}
+			if jsonFile == "" {
+				opts.SampleEvery = 0 // the timeline only goes to the JSON file
+			}
 			out := cmd.OutOrStdout()
 			var results []bench.DrainResult
 			for i := range runs {
@@ -49,7 +57,12 @@ func newBenchDrain() *cobra.Command {
 			}
 			med := bench.Median(results)
 			fmt.Fprintf(tw, "median\t%.0f\t%.0f\t%.2f\t%.0f\t\n", med.RawRate, med.DrainRate, med.Ratio, med.WriteRate)
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			return writeJSON(jsonFile, struct {
+				Runs []bench.DrainResult
+			}{results})
 		},
 	}
 	f := drain.Flags()
@@ -63,5 +76,7 @@ func newBenchDrain() *cobra.Command {
 	f.IntVar(&opts.BatchSize, "batch", 500, "relay batch size")
 	f.IntVar(&opts.Lanes, "lanes", 0, "relay lanes (default the library's)")
 	f.StringVar(&opts.CPUProfile, "cpuprofile", "", "write a CPU profile of the drain phase to this file")
+	f.StringVar(&jsonFile, "json", "", "also write each run's figures, with the remaining rows over time, as JSON to this file")
+	f.DurationVar(&opts.SampleEvery, "sample-every", 100*time.Millisecond, "with --json, count the remaining rows this often during the drain (0: no timeline)")
 	return drain
 }

@@ -15,6 +15,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -39,6 +40,16 @@ type DrainOptions struct {
 	// CPUProfile, when set, names a file that receives a CPU profile of
 	// the drain phase.
 	CPUProfile string
+	// SampleEvery, when positive, counts the outbox's remaining rows at
+	// this interval during the drain (a count(*) each time, on a
+	// connection of its own) and keeps them in DrainResult.Timeline.
+	SampleEvery time.Duration
+}
+
+// DrainSample is the outbox's remaining rows at a moment of the drain.
+type DrainSample struct {
+	Seconds   float64 `json:"s"` // since the relay started
+	Remaining int64   `json:"remaining"`
 }
 
 // DrainResult is one run's figures.
@@ -49,6 +60,10 @@ type DrainResult struct {
 	DrainRate    float64 // backlog rows published and acknowledged per second
 	DrainElapsed time.Duration
 	Ratio        float64 // DrainRate / RawRate
+	// Timeline holds the remaining rows sampled during the drain, when
+	// DrainOptions.SampleEvery asked for it: from the backlog at 0 s to
+	// 0 at the end.
+	Timeline []DrainSample
 }
 
 func (o *DrainOptions) defaults() {
@@ -206,6 +221,17 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		return res, err
 	}
 	defer func() { _ = client.Stop(context.WithoutCancel(ctx)) }()
+	var timeline <-chan []DrainSample
+	sctx, stopSampling := context.WithCancel(ctx)
+	defer func() {
+		stopSampling()
+		if timeline != nil {
+			<-timeline
+		}
+	}()
+	if opts.SampleEvery > 0 {
+		timeline = sampleRemaining(sctx, opts.DatabaseURL, prefix+"outbox", start, opts.SampleEvery, int64(opts.Messages))
+	}
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -225,6 +251,16 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	res.DrainElapsed = time.Since(start)
 	res.DrainRate = float64(opts.Messages) / res.DrainElapsed.Seconds()
 	res.Ratio = res.DrainRate / res.RawRate
+	if timeline != nil {
+		stopSampling()
+		for _, smp := range <-timeline {
+			if smp.Seconds < res.DrainElapsed.Seconds() {
+				res.Timeline = append(res.Timeline, smp)
+			}
+		}
+		res.Timeline = append(res.Timeline, DrainSample{Seconds: res.DrainElapsed.Seconds()})
+		timeline = nil
+	}
 	s, err := js.Stream(ctx, drainStream)
 	if err != nil {
 		return res, err
@@ -238,6 +274,40 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	}
 	fmt.Fprintf(out, "postbox: drained %d messages in %s: %.0f msg/s\n", opts.Messages, res.DrainElapsed.Round(time.Millisecond), res.DrainRate)
 	return res, nil
+}
+
+// sampleRemaining counts table's rows every d from start, on a connection
+// of its own, until ctx ends or the table is empty, then sends the
+// samples, which begin with total at 0 s.
+func sampleRemaining(ctx context.Context, url, table string, start time.Time, d time.Duration, total int64) <-chan []DrainSample {
+	out := make(chan []DrainSample, 1)
+	go func() {
+		samples := []DrainSample{{Seconds: 0, Remaining: total}}
+		defer func() { out <- samples }()
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return
+		}
+		defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+		tick := time.NewTicker(d)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return
+			}
+			var n int64
+			if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+				return
+			}
+			samples = append(samples, DrainSample{Seconds: time.Since(start).Seconds(), Remaining: n})
+			if n == 0 {
+				return
+			}
+		}
+	}()
+	return out
 }
 
 func dropPrefix(pool *pgxpool.Pool, prefix string) {

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/postbox-go/postbox/internal/bench"
+)
+
+func init() { benchCommands = append(benchCommands, newBenchLatency) }
+
+func newBenchLatency() *cobra.Command {
+	var opts bench.LatencyOptions
+	var jsonFile string
+	var noIdle bool
+	cmd := &cobra.Command{
+		Use:   "latency",
+		Short: "Commit to JetStream ack latency at a steady rate, and the idle relay's statements per second",
+		Long: `Starts a relay at default settings publishing to a JetStream stream and counts
+the statements it sends while it has nothing to do (--idle). Then writers
+commit one message per transaction at --rate for --duration; each message's
+latency runs from its commit's return to the broker's ack as the publisher
+reports it. Prints percentiles, and with --json writes them with the whole
+distribution for the plot.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := firstErr(
+				atLeast("rate", opts.Rate, 1),
+				atLeastDuration("duration", opts.Duration, time.Second),
+				atLeastDuration("warmup", opts.Warmup, 0),
+				atLeast("writers", opts.Writers, 1),
+				atLeast("payload", opts.PayloadBytes, 1),
+				atLeast("keys", opts.Keys, 0),
+				atLeastDuration("idle", opts.Idle, 0),
+				atLeastDuration("poll-interval", opts.PollInterval, 0),
+				atLeast("lanes", opts.Lanes, 0),
+				atLeastDuration("ack-timeout", opts.AckTimeout, time.Second),
+			); err != nil {
+				return err
+			}
+			if noIdle || opts.Idle == 0 {
+				opts.Idle = -1
+			}
+			if opts.Warmup == 0 {
+				opts.Warmup = time.Nanosecond // keep every message
+			}
+			if total := float64(opts.Rate) * opts.Duration.Seconds(); total < 10 {
+				return fmt.Errorf("--rate × --duration makes %.0f messages; at least 10 are needed", total)
+			}
+			out := cmd.OutOrStdout()
+			res, err := bench.Latency(cmd.Context(), opts, out)
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+			fmt.Fprintf(tw, "\ncommit → ack, ms\tmin\tp50\tp90\tp99\tp99.9\tmax\tmean\t\n")
+			row := func(name string, p bench.Percentiles) {
+				fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t\n", name, p.Min, p.P50, p.P90, p.P99, p.P999, p.Max, p.Mean)
+			}
+			row("from commit return", res.Latency)
+			row("from commit start", res.CommitLatency)
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "%d messages at %d msg/s asked, %.0f msg/s achieved (a writer started a slot at worst %.1f ms late); %d measured after the warm-up\n",
+				res.Written, res.Rate, res.Achieved, res.MaxBehindMillis, res.Measured)
+			fmt.Fprintf(out, "checked: %d distinct ids acknowledged, %d duplicate acks, the stream holds them all\n", res.Acked, res.Duplicates)
+			fmt.Fprintf(out, "relay statements/s (poll interval %s, %d lanes): idle %.1f over %.0f s, under this load %.1f\n",
+				res.PollInterval, res.Lanes, res.IdleQueriesPerSec, res.IdleSeconds, res.BusyQueriesPerSec)
+			for _, k := range res.StatementKinds() {
+				fmt.Fprintf(out, "  idle: %-50s %6d  (%.2f/s)\n", k, res.IdleStatements[k], float64(res.IdleStatements[k])/res.IdleSeconds)
+			}
+			return writeJSON(jsonFile, res)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
+	f.StringVar(&opts.NatsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL (JetStream enabled)")
+	f.IntVar(&opts.Rate, "rate", 1000, "messages committed per second, one per transaction")
+	f.DurationVar(&opts.Duration, "duration", 30*time.Second, "length of the paced writing")
+	f.DurationVar(&opts.Warmup, "warmup", 2*time.Second, "first part of the writing left out of the percentiles (at most a fifth of --duration)")
+	f.IntVar(&opts.Writers, "writers", 8, "writer goroutines taking the paced slots")
+	f.IntVar(&opts.PayloadBytes, "payload", 256, "payload bytes")
+	f.IntVar(&opts.Keys, "keys", 1000, "distinct ordering keys (0: keyless)")
+	f.BoolVar(&opts.SeparateWriter, "separate-writer", false, "write through a client of its own, so the relay finds rows only by polling")
+	f.DurationVar(&opts.Idle, "idle", 10*time.Second, "how long to count the idle relay's statements (0 skips)")
+	f.BoolVar(&noIdle, "no-idle", false, "skip the idle count")
+	f.DurationVar(&opts.PollInterval, "poll-interval", 0, "relay poll interval (0: the library's default)")
+	f.IntVar(&opts.Lanes, "lanes", 0, "relay lanes (0: the library's default)")
+	f.DurationVar(&opts.AckTimeout, "ack-timeout", 30*time.Second, "longest wait for the last acks after the writing")
+	f.StringVar(&jsonFile, "json", "", "also write the results, with the latency distribution, as JSON to this file")
+	return cmd
+}

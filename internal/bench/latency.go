@@ -1,0 +1,610 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxmigrate"
+	"github.com/postbox-go/postbox/postboxnats"
+	"github.com/postbox-go/postbox/postboxpgx"
+)
+
+// LatencyOptions configure the commit-to-ack latency benchmark.
+type LatencyOptions struct {
+	DatabaseURL string
+	NatsURL     string
+	// Rate is the messages committed per second, one per transaction;
+	// default 1,000.
+	Rate int
+	// Duration of the paced writing; default 30s.
+	Duration time.Duration
+	// Warmup is the first part of the writing whose messages are left out
+	// of the percentiles; default 2s (never more than a fifth of Duration).
+	Warmup time.Duration
+	// Writers are the goroutines that take the paced slots, each with a
+	// connection of its own; default 8.
+	Writers      int
+	PayloadBytes int // default 256
+	Keys         int // distinct ordering keys; 0 means keyless; default 1,000
+	// SeparateWriter writes through a Client of its own, as another
+	// service would: the relay learns of the rows only by polling. By
+	// default the writers use the relay's Client, whose WriteTx wakes it.
+	SeparateWriter bool
+	// Idle is how long the idle relay's statements are counted before
+	// the writing starts; default 10s, negative skips it.
+	Idle time.Duration
+	// PollInterval and Lanes set the relay's; zero keeps the library's
+	// defaults.
+	PollInterval time.Duration
+	Lanes        int
+	// AckTimeout bounds the wait for the last acks after the writing;
+	// default 30s.
+	AckTimeout time.Duration
+}
+
+// Validate reports the first bad option, naming its command-line flag.
+func (o *LatencyOptions) Validate() error {
+	switch {
+	case o.Rate < 0 || o.Rate > 1_000_000:
+		return fmt.Errorf("--rate must be between 1 and 1000000 messages per second, got %d", o.Rate)
+	case o.Duration < 0:
+		return fmt.Errorf("--duration must be positive, got %s", o.Duration)
+	case o.Warmup < 0:
+		return fmt.Errorf("--warmup must not be negative, got %s", o.Warmup)
+	case o.Writers < 0 || o.Writers > 256:
+		return fmt.Errorf("--writers must be between 1 and 256, got %d", o.Writers)
+	case o.PayloadBytes < 0 || o.PayloadBytes > postbox.DefaultMaxPayloadBytes:
+		return fmt.Errorf("--payload must be between 1 and %d bytes, got %d", postbox.DefaultMaxPayloadBytes, o.PayloadBytes)
+	case o.Keys < 0:
+		return fmt.Errorf("--keys must not be negative, got %d", o.Keys)
+	case o.PollInterval < 0 || (o.PollInterval > 0 && o.PollInterval < time.Millisecond):
+		return fmt.Errorf("--poll-interval must be at least 1ms, got %s", o.PollInterval)
+	case o.Lanes < 0 || o.Lanes > 64:
+		return fmt.Errorf("--lanes must be between 1 and 64, got %d", o.Lanes)
+	case o.AckTimeout < 0:
+		return fmt.Errorf("--ack-timeout must be positive, got %s", o.AckTimeout)
+	}
+	return nil
+}
+
+func (o *LatencyOptions) defaults() {
+	if o.DatabaseURL == "" {
+		o.DatabaseURL = defaultDatabaseURL
+	}
+	if o.NatsURL == "" {
+		o.NatsURL = nats.DefaultURL
+	}
+	if o.Rate == 0 {
+		o.Rate = 1000
+	}
+	if o.Duration == 0 {
+		o.Duration = 30 * time.Second
+	}
+	if o.Warmup == 0 {
+		o.Warmup = 2 * time.Second
+	}
+	o.Warmup = min(o.Warmup, o.Duration/5)
+	if o.Writers == 0 {
+		o.Writers = 8
+	}
+	if o.PayloadBytes == 0 {
+		o.PayloadBytes = 256
+	}
+	if o.Idle == 0 {
+		o.Idle = 10 * time.Second
+	}
+	if o.AckTimeout == 0 {
+		o.AckTimeout = 30 * time.Second
+	}
+}
+
+// Percentiles of a latency distribution, in milliseconds.
+type Percentiles struct {
+	Min, P50, P90, P99, P999, Max, Mean float64
+}
+
+// CDFPoint is one point of a latency distribution: the fraction of
+// messages acknowledged within Millis of their commit.
+type CDFPoint struct {
+	Fraction float64 `json:"fraction"`
+	Millis   float64 `json:"ms"`
+}
+
+// LatencyResult is the benchmark's outcome.
+type LatencyResult struct {
+	Rate       int     `json:"rate"`       // the paced rate asked for, msg/s
+	Achieved   float64 `json:"achieved"`   // messages committed per second
+	Written    int     `json:"written"`    // messages committed
+	Measured   int     `json:"measured"`   // of them, after the warm-up
+	Acked      int     `json:"acked"`      // distinct ids acknowledged
+	Duplicates int     `json:"duplicates"` // acks beyond the first per id
+	// MaxBehind is how late a writer started its slot at worst: the pacing
+	// holds when it is small against the interval between slots.
+	MaxBehindMillis float64 `json:"max_behind_ms"`
+	// Latency is commit return to broker ack; CommitLatency is the same
+	// taken from just before the COMMIT was sent (an upper bound that
+	// includes the commit's own round trip).
+	Latency       Percentiles `json:"latency_ms"`
+	CommitLatency Percentiles `json:"from_commit_start_ms"`
+	CDF           []CDFPoint  `json:"cdf"`
+	// Statements the relay sent per second while idle and while relaying
+	// the paced load, and what they were.
+	IdleSeconds       float64          `json:"idle_seconds"`
+	IdleQueriesPerSec float64          `json:"idle_queries_per_s"`
+	IdleStatements    map[string]int64 `json:"idle_statements"`
+	BusyQueriesPerSec float64          `json:"busy_queries_per_s"`
+	SeparateWriter    bool             `json:"separate_writer"`
+	PollInterval      time.Duration    `json:"poll_interval_ns"`
+	Lanes             int              `json:"lanes"`
+}
+
+// Latency measures the time from a message's commit to the broker's ack
+// at a steady paced rate, with a relay at default settings publishing to
+// JetStream, and first counts the statements that relay sends while idle.
+func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyResult, error) {
+	var res LatencyResult
+	if err := opts.Validate(); err != nil {
+		return res, err
+	}
+	opts.defaults()
+	res.Rate = opts.Rate
+	res.SeparateWriter = opts.SeparateWriter
+	nc, err := nats.Connect(opts.NatsURL)
+	if err != nil {
+		return res, fmt.Errorf("connect to NATS at %s: %w", opts.NatsURL, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return res, err
+	}
+	tag := randTag()
+	stream := "BENCH_LATENCY_" + tag
+	subjects := "bench.latency." + tag + "."
+	if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: stream, Subjects: []string{subjects + ">"}}); err != nil {
+		return res, err
+	}
+	defer func() { _ = js.DeleteStream(context.WithoutCancel(ctx), stream) }()
+
+	// Two pools: the writers' own, and the relay's, whose every statement
+	// is counted.
+	wcfg, err := pgxpool.ParseConfig(opts.DatabaseURL)
+	if err != nil {
+		return res, fmt.Errorf("--database-url: %w", err)
+	}
+	wcfg.MaxConns = int32(opts.Writers + 2) //nolint:gosec // at most 258
+	wcfg.MinConns = int32(opts.Writers)     //nolint:gosec // at most 256
+	wpool, err := pgxpool.NewWithConfig(ctx, wcfg)
+	if err != nil {
+		return res, err
+	}
+	defer wpool.Close()
+	if err := wpool.Ping(ctx); err != nil {
+		return res, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	prefix := "bench_" + tag + "_"
+	defer dropPrefix(wpool, prefix)
+	m, err := postboxmigrate.New(postboxpgx.New(wpool), &postboxmigrate.Config{Prefix: prefix})
+	if err != nil {
+		return res, err
+	}
+	if _, err := m.Up(ctx); err != nil {
+		return res, err
+	}
+	counter := &statementCounter{prefix: prefix}
+	rcfg, err := pgxpool.ParseConfig(opts.DatabaseURL)
+	if err != nil {
+		return res, err
+	}
+	rcfg.ConnConfig.Tracer = counter
+	rpool, err := pgxpool.NewWithConfig(ctx, rcfg)
+	if err != nil {
+		return res, err
+	}
+	defer rpool.Close()
+
+	inner, err := postboxnats.New(js, &postboxnats.Config{SubjectPrefix: subjects})
+	if err != nil {
+		return res, err
+	}
+	defer func() { _ = inner.Close(context.WithoutCancel(ctx)) }()
+	acks := newAckRecorder(inner)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	relay, err := postbox.NewClient(postboxpgx.New(rpool), &postbox.Config{
+		Prefix: prefix, Publisher: acks, Logger: quiet, PollInterval: opts.PollInterval, Lanes: opts.Lanes,
+	})
+	if err != nil {
+		return res, err
+	}
+	cfg := relay.Config()
+	res.PollInterval, res.Lanes = cfg.PollInterval, cfg.Lanes
+	writer := relay
+	if opts.SeparateWriter {
+		writer, err = postbox.NewClient(postboxpgx.New(wpool), &postbox.Config{Prefix: prefix, Logger: quiet})
+		if err != nil {
+			return res, err
+		}
+	}
+	if err := relay.Start(ctx); err != nil {
+		return res, err
+	}
+	defer func() { _ = relay.Stop(context.WithoutCancel(ctx)) }()
+
+	if opts.Idle > 0 {
+		// Let the start-up statements (partitions, durability settings,
+		// the first heartbeat and leases) pass, then count.
+		fmt.Fprintf(out, "idle relay (poll interval %s, %d lanes): counting its statements for %s\n", cfg.PollInterval, cfg.Lanes, opts.Idle)
+		if err := sleepCtx(ctx, time.Second); err != nil {
+			return res, err
+		}
+		before := counter.snapshot()
+		start := time.Now()
+		if err := sleepCtx(ctx, opts.Idle); err != nil {
+			return res, err
+		}
+		res.IdleSeconds = time.Since(start).Seconds()
+		res.IdleStatements = counter.snapshot().minus(before)
+		var total int64
+		for _, n := range res.IdleStatements {
+			total += n
+		}
+		res.IdleQueriesPerSec = float64(total) / res.IdleSeconds
+		fmt.Fprintf(out, "idle relay: %.1f statements/s\n", res.IdleQueriesPerSec)
+	}
+
+	total := int(float64(opts.Rate) * opts.Duration.Seconds())
+	warm := int(float64(opts.Rate) * opts.Warmup.Seconds())
+	fmt.Fprintf(out, "writing %d messages at %d msg/s (%d writers, %d keys, %s), one per transaction\n",
+		total, opts.Rate, opts.Writers, opts.Keys, map[bool]string{false: "relay's client: in-process wake-up", true: "separate client: polling only"}[opts.SeparateWriter])
+	payload := makePayload(opts.PayloadBytes)
+	period := time.Second / time.Duration(opts.Rate)
+	commits := make([]commitTimes, total)
+	ids := make([]string, total)
+	for i := range ids {
+		ids[i] = postbox.NewID()
+	}
+	var next atomic.Int64
+	var behind atomic.Int64
+	errc := make(chan error, opts.Writers)
+	var wg sync.WaitGroup
+	busyBefore := counter.snapshot()
+	start := time.Now().Add(10 * time.Millisecond)
+	for range opts.Writers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= total || ctx.Err() != nil {
+					return
+				}
+				due := start.Add(time.Duration(i) * period)
+				if d := time.Until(due); d > 0 {
+					time.Sleep(d)
+				} else if late := int64(-d); late > behind.Load() {
+					behind.Store(late) // racy maximum: a report, not a check
+				}
+				msg := postbox.Message{ID: ids[i], Topic: "m", Payload: payload}
+				if opts.Keys > 0 {
+					msg.Key = fmt.Sprintf("key-%d", i%opts.Keys)
+				}
+				ct, err := writeOne(ctx, wpool, writer, msg)
+				if err != nil {
+					errc <- err
+					return
+				}
+				commits[i] = ct
+			}
+		})
+	}
+	progress := time.NewTicker(5 * time.Second)
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+wait:
+	for {
+		select {
+		case <-done:
+			break wait
+		case <-progress.C:
+			fmt.Fprintf(out, "  %s: %d written, %d acknowledged\n", time.Since(start).Round(time.Second), min(int(next.Load()), total), acks.count())
+		}
+	}
+	progress.Stop()
+	writeEnd := time.Now()
+	close(errc)
+	if err := <-errc; err != nil {
+		return res, fmt.Errorf("writer: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	res.Written = total
+	res.Achieved = float64(total) / writeEnd.Sub(start).Seconds()
+	res.MaxBehindMillis = float64(behind.Load()) / 1e6
+
+	deadline := time.Now().Add(opts.AckTimeout)
+	for acks.count() < total {
+		if time.Now().After(deadline) {
+			return res, fmt.Errorf("%d of %d messages acknowledged %s after the writing ended", acks.count(), total, opts.AckTimeout)
+		}
+		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			return res, err
+		}
+	}
+	busy := counter.snapshot().minus(busyBefore)
+	var busyN int64
+	for _, n := range busy {
+		busyN += n
+	}
+	res.BusyQueriesPerSec = float64(busyN) / time.Since(start).Seconds()
+
+	ackAt, dups := acks.result()
+	res.Acked, res.Duplicates = len(ackAt), dups
+	var lat, fromStart []float64
+	for i, id := range ids {
+		at, ok := ackAt[id]
+		if !ok {
+			return res, fmt.Errorf("message %s was never acknowledged", id)
+		}
+		if i < warm {
+			continue
+		}
+		lat = append(lat, float64(at.Sub(commits[i].end))/1e6)
+		fromStart = append(fromStart, float64(at.Sub(commits[i].start))/1e6)
+	}
+	if len(ackAt) != total {
+		return res, fmt.Errorf("%d distinct ids acknowledged, %d written", len(ackAt), total)
+	}
+	res.Measured = len(lat)
+	res.Latency = percentiles(lat) // sorts lat, which cdf needs
+	res.CommitLatency = percentiles(fromStart)
+	res.CDF = cdf(lat)
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return res, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return res, err
+	}
+	if info.State.Msgs != uint64(total) { //nolint:gosec // total is positive
+		return res, fmt.Errorf("stream holds %d messages, want %d", info.State.Msgs, total)
+	}
+	return res, nil
+}
+
+type commitTimes struct{ start, end time.Time }
+
+// writeOne commits msg alone in a transaction and reports when the COMMIT
+// was sent and when it returned.
+func writeOne(ctx context.Context, pool *pgxpool.Pool, client *postbox.Client[pgx.Tx], msg postbox.Message) (commitTimes, error) {
+	var ct commitTimes
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return ct, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := client.WriteTx(ctx, tx, msg); err != nil {
+		return ct, err
+	}
+	ct.start = time.Now()
+	if err := tx.Commit(ctx); err != nil {
+		return ct, err
+	}
+	ct.end = time.Now()
+	return ct, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ackRecorder is a Publisher that passes each envelope on and records
+// when the broker acknowledged it.
+type ackRecorder struct {
+	next postbox.Publisher
+	mu   sync.Mutex
+	at   map[string]time.Time // first ack per id
+	dups int
+}
+
+func newAckRecorder(next postbox.Publisher) *ackRecorder {
+	return &ackRecorder{next: next, at: map[string]time.Time{}}
+}
+
+func (a *ackRecorder) Publish(ctx context.Context, env *postbox.Envelope, done func(error)) {
+	id := env.ID
+	a.next.Publish(ctx, env, func(err error) {
+		if err == nil {
+			now := time.Now()
+			a.mu.Lock()
+			if _, ok := a.at[id]; ok {
+				a.dups++
+			} else {
+				a.at[id] = now
+			}
+			a.mu.Unlock()
+		}
+		done(err)
+	})
+}
+
+func (a *ackRecorder) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.at)
+}
+
+func (a *ackRecorder) result() (map[string]time.Time, int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.at, a.dups
+}
+
+// percentiles takes nearest-rank percentiles of xs (sorted in place).
+func percentiles(xs []float64) Percentiles {
+	if len(xs) == 0 {
+		return Percentiles{}
+	}
+	sort.Float64s(xs)
+	var sum float64
+	for _, x := range xs {
+		sum += x
+	}
+	return Percentiles{
+		Min: xs[0], P50: rank(xs, 0.50), P90: rank(xs, 0.90), P99: rank(xs, 0.99), P999: rank(xs, 0.999),
+		Max: xs[len(xs)-1], Mean: sum / float64(len(xs)),
+	}
+}
+
+func rank(sorted []float64, q float64) float64 {
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// cdf samples a sorted distribution: every 0.5% up to 99%, then finer
+// into the tail, and the maximum.
+func cdf(sorted []float64) []CDFPoint {
+	if len(sorted) == 0 {
+		return nil
+	}
+	var qs []float64
+	for q := 0.005; q < 0.99; q += 0.005 {
+		qs = append(qs, q)
+	}
+	for q := 0.99; q < 0.999; q += 0.0005 {
+		qs = append(qs, q)
+	}
+	for q := 0.999; q < 1; q += 0.0001 {
+		qs = append(qs, q)
+	}
+	qs = append(qs, 1)
+	out := make([]CDFPoint, 0, len(qs))
+	for _, q := range qs {
+		out = append(out, CDFPoint{Fraction: q, Millis: rank(sorted, q)})
+	}
+	return out
+}
+
+// statementCounter is a pgx tracer counting the statements a pool sends,
+// by kind: queries, and the queries of batches and copies.
+type statementCounter struct {
+	prefix string
+	mu     sync.Mutex
+	counts map[string]int64
+}
+
+type statementCounts map[string]int64
+
+func (s statementCounts) minus(before statementCounts) map[string]int64 {
+	out := map[string]int64{}
+	for k, v := range s {
+		if d := v - before[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+func (c *statementCounter) add(kind string) {
+	c.mu.Lock()
+	if c.counts == nil {
+		c.counts = map[string]int64{}
+	}
+	c.counts[kind]++
+	c.mu.Unlock()
+}
+
+func (c *statementCounter) snapshot() statementCounts {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(statementCounts, len(c.counts))
+	for k, v := range c.counts {
+		out[k] = v
+	}
+	return out
+}
+
+// kind names a statement of the relay's for the report.
+func (c *statementCounter) kind(sql string) string {
+	s := strings.Join(strings.Fields(sql), " ")
+	switch {
+	case strings.Contains(s, "ORDER BY o.seq"):
+		return "fetch pending rows"
+	case strings.Contains(s, "INSERT INTO "+c.prefix+"relays"):
+		return "heartbeat"
+	case strings.HasPrefix(s, "UPDATE "+c.prefix+"leases"):
+		return "acquire/renew leases"
+	}
+	s = strings.ReplaceAll(s, c.prefix, "")
+	if len(s) > 48 {
+		s = s[:48] + "…"
+	}
+	return s
+}
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	c.add(c.kind(data.SQL))
+	return ctx
+}
+
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (c *statementCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	c.add("batch: " + c.kind(data.SQL))
+}
+
+func (c *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+func (c *statementCounter) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
+	c.add("copy: " + data.TableName.Sanitize())
+	return ctx
+}
+
+func (c *statementCounter) TraceCopyFromEnd(context.Context, *pgx.Conn, pgx.TraceCopyFromEndData) {}
+
+// sortedStatements lists counts by kind, the most frequent first.
+func sortedStatements(m map[string]int64) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int {
+		if m[a] != m[b] {
+			if m[a] > m[b] {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	return keys
+}
+
+// StatementKinds lists the kinds of r's idle statements, the most
+// frequent first.
+func (r LatencyResult) StatementKinds() []string { return sortedStatements(r.IdleStatements) }

@@ -1,0 +1,86 @@
+package bench_test
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/postbox-go/postbox/internal/bench"
+)
+
+// A short latency run at a low rate, in both writing modes: every message
+// written is acknowledged exactly once and the stream holds them all
+// (Latency checks the ids and the stream), the percentiles are ordered,
+// and the idle relay's statements were counted.
+func TestLatencySmall(t *testing.T) {
+	for _, separate := range []bool{false, true} {
+		var out bytes.Buffer
+		res, err := bench.Latency(context.Background(), bench.LatencyOptions{
+			Rate: 200, Duration: 2 * time.Second, Warmup: 200 * time.Millisecond, Writers: 2, Keys: 10,
+			SeparateWriter: separate, Idle: time.Second,
+		}, &out)
+		if err != nil {
+			t.Fatalf("separate writer %v: %v\n%s", separate, err, out.String())
+		}
+		if res.Written != 400 || res.Acked != 400 || res.Duplicates != 0 {
+			t.Fatalf("separate writer %v: written %d, acked %d, duplicates %d", separate, res.Written, res.Acked, res.Duplicates)
+		}
+		if res.Measured != 400-40 {
+			t.Fatalf("measured %d, want 360 (the warm-up left out)", res.Measured)
+		}
+		p := res.Latency
+		if p.P50 > p.P90 || p.P90 > p.P99 || p.P99 > p.P999 || p.P999 > p.Max || p.Min > p.P50 {
+			t.Fatalf("percentiles out of order: %+v", p)
+		}
+		if n := len(res.CDF); n == 0 || res.CDF[n-1].Fraction != 1 || res.CDF[n-1].Millis != p.Max {
+			t.Fatalf("cdf ends %+v, max %v", res.CDF[len(res.CDF)-1], p.Max)
+		}
+		if res.IdleQueriesPerSec <= 0 || len(res.IdleStatements) == 0 {
+			t.Fatalf("idle statements not counted: %+v", res.IdleStatements)
+		}
+	}
+}
+
+func TestLatencyRejectsBadOptions(t *testing.T) {
+	for _, tc := range []struct {
+		opts bench.LatencyOptions
+		flag string
+	}{
+		{bench.LatencyOptions{Rate: -1}, "--rate"},
+		{bench.LatencyOptions{Writers: -1}, "--writers"},
+		{bench.LatencyOptions{Keys: -3}, "--keys"},
+		{bench.LatencyOptions{PollInterval: time.Microsecond}, "--poll-interval"},
+		{bench.LatencyOptions{Lanes: 100}, "--lanes"},
+	} {
+		_, err := bench.Latency(context.Background(), tc.opts, &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), tc.flag) {
+			t.Errorf("options %+v: error %v, want one naming %s", tc.opts, err, tc.flag)
+		}
+	}
+}
+
+// The drain's timeline, which the plot of drain throughput reads: it
+// starts at the whole backlog, never grows, and ends empty at the drain's
+// end.
+func TestDrainTimeline(t *testing.T) {
+	var out bytes.Buffer
+	res, err := bench.Drain(context.Background(), bench.DrainOptions{Messages: 3000, Keys: 50, SampleEvery: 20 * time.Millisecond}, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	tl := res.Timeline
+	if len(tl) < 2 || tl[0].Remaining != 3000 || tl[0].Seconds != 0 {
+		t.Fatalf("timeline %+v", tl)
+	}
+	last := tl[len(tl)-1]
+	if last.Remaining != 0 || last.Seconds != res.DrainElapsed.Seconds() {
+		t.Fatalf("timeline ends %+v, drain took %s", last, res.DrainElapsed)
+	}
+	for i := 1; i < len(tl); i++ {
+		if tl[i].Seconds < tl[i-1].Seconds || tl[i].Remaining > tl[i-1].Remaining {
+			t.Fatalf("timeline goes back at %d: %+v then %+v", i, tl[i-1], tl[i])
+		}
+	}
+}
