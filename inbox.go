@@ -316,6 +316,13 @@ func (in *Inbox[TTx]) handle(ctx context.Context, consumer string, d *Delivery, 
 		in.log.Warn("postbox inbox: store failure; redelivering", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", err))
 		return Verdict{Action: Retry, Delay: inboxInfraRetryDelay, Err: err}
 	}
+	return in.failed(ctx, consumer, d, he)
+}
+
+// failed settles a delivery whose handler run (or whose recording) failed
+// and was rolled back: it counts the attempt and asks for a redelivery
+// with backoff, or buries the message once its budget is spent.
+func (in *Inbox[TTx]) failed(ctx context.Context, consumer string, d *Delivery, he *handlerError) Verdict {
 	var ve *ValidationError
 	if errors.As(he.err, &ve) {
 		// A delivery postbox cannot even record (an empty or oversized id)
@@ -367,7 +374,8 @@ func truncate(s string, n int) string {
 }
 
 // Processor returns the Processor a broker subscriber uses to run h for
-// consumer.
+// consumer: one transaction, and one commit, per delivery. Under load,
+// BatchProcessor commits many deliveries at once.
 func (in *Inbox[TTx]) Processor(consumer string, h Handler[TTx]) Processor {
 	return processor[TTx]{in: in, consumer: consumer, h: h}
 }

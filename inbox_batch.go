@@ -1,0 +1,363 @@
+package postbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/postbox-go/postbox/postboxdriver"
+)
+
+// BatchConfig configures Inbox.BatchProcessor. Zero fields take the
+// documented defaults.
+type BatchConfig struct {
+	// MaxBatch bounds the deliveries one transaction commits. Default 32,
+	// at most 64: every handler runs in a savepoint of its own, that is a
+	// subtransaction, and a PostgreSQL transaction with more than 64 of
+	// them that wrote overflows its backend's cache of subtransaction ids,
+	// which slows down the snapshots of every other session while it runs.
+	MaxBatch int
+	// MaxWait is how long a batch that could start waits for more
+	// deliveries to join it, unless MaxBatch of them are already there.
+	// Default 0: a batch starts at once with whatever is waiting. Batches
+	// still grow with the load: while Concurrency batches run, new
+	// deliveries queue up and form the next one. At most 1s.
+	MaxWait time.Duration
+	// Concurrency bounds the batches in flight at once, each holding one
+	// database connection for its transaction. Default 2. Keep it below
+	// the pool's size: counting a failed attempt and writing a dead letter
+	// take a connection of their own while the batch's is held.
+	Concurrency int
+}
+
+// Batch processing defaults and bounds.
+const (
+	DefaultBatchMax         = 32
+	DefaultBatchConcurrency = 2
+	maxBatchMax             = 64
+	maxBatchConcurrency     = 256
+	maxBatchWait            = time.Second
+
+	// batchSavepoint names the savepoint each handler of a batch runs in.
+	// Savepoints are opened one inside the other and never released:
+	// ROLLBACK TO names the latest of the name, which is the one just
+	// before the failing handler, and the commit keeps them all.
+	batchSavepoint = "postbox_handler"
+)
+
+func (c *BatchConfig) withDefaults() BatchConfig {
+	var out BatchConfig
+	if c != nil {
+		out = *c
+	}
+	if out.MaxBatch == 0 {
+		out.MaxBatch = DefaultBatchMax
+	}
+	if out.Concurrency == 0 {
+		out.Concurrency = DefaultBatchConcurrency
+	}
+	return out
+}
+
+func (c *BatchConfig) validate() error {
+	var ps []*ValidationError
+	if c.MaxBatch < 1 || c.MaxBatch > maxBatchMax {
+		ps = append(ps, invalid("MaxBatch", c.MaxBatch, "must be between 1 and %d: each handler is a subtransaction, and PostgreSQL slows every session down when a transaction holds more than 64", maxBatchMax))
+	}
+	if c.MaxWait < 0 || c.MaxWait > maxBatchWait {
+		ps = append(ps, invalid("MaxWait", c.MaxWait, "must be between 0 and %s", maxBatchWait))
+	}
+	if c.Concurrency < 1 || c.Concurrency > maxBatchConcurrency {
+		ps = append(ps, invalid("Concurrency", c.Concurrency, "must be between 1 and %d", maxBatchConcurrency))
+	}
+	if len(ps) > 0 {
+		return &ConfigError{Problems: ps}
+	}
+	return nil
+}
+
+// BatchProcessor returns a Processor that runs h for consumer with group
+// commit: the deliveries that arrive while earlier batches are being
+// committed are gathered, up to cfg.MaxBatch, into one transaction. It
+// records all of them in the inbox with one statement, runs the handler
+// of each first copy in a savepoint of its own, so that a failing handler
+// rolls back only its own message, and commits once. Then every delivery
+// gets its verdict, and the subscriber acks; exactly as with Processor, a
+// delivery is acknowledged only after its transaction committed, a copy
+// runs no handler, and a failed run is counted, retried with backoff and
+// dead-lettered after its budget.
+//
+// Use it when one commit per message is the bottleneck: many small
+// deliveries from a subscriber that processes several at once (its
+// in-flight window, MaxInFlight for NATS, well above Concurrency). One
+// commit then serves many messages; on PostgreSQL this multiplies the
+// consumer's throughput. The price: a batch holds its locks, and its
+// deliveries wait for their acks, until its slowest handler is done, and
+// a handler that waits on another transaction holds up the whole batch.
+// Handlers run one after the other in a batch, in the order of their
+// keys (deliveries of one key in arrival order), so that handlers that
+// lock a row per key take the locks of two batches in the same order. If
+// the batch's transaction itself fails (a deadlock, a lost connection),
+// nothing of it committed, and each of its deliveries is processed again
+// on its own. A delivery alone in its batch is processed as Processor
+// would.
+//
+// Process may be called concurrently, and must be for batches to form. A
+// batch runs until the contexts of all its deliveries have ended. The
+// store must implement postboxdriver.InboxBatcher (the PostgreSQL drivers
+// and SQLite do). cfg may be nil for the defaults; an invalid one returns
+// a *ConfigError.
+func (in *Inbox[TTx]) BatchProcessor(consumer string, h Handler[TTx], cfg *BatchConfig) (Processor, error) {
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	if err := validateConsumer(consumer, "-"); err != nil {
+		return nil, err
+	}
+	if h == nil {
+		return nil, invalid("handler", nil, "must not be nil")
+	}
+	bi, ok := in.store.(postboxdriver.InboxBatcher[TTx])
+	if !ok {
+		return nil, fmt.Errorf("postbox: the %s driver (%T) cannot batch the inbox (no postboxdriver.InboxBatcher); use Inbox.Processor", in.store.Dialect(), in.store)
+	}
+	return &batchProcessor[TTx]{in: in, bi: bi, consumer: consumer, h: h, cfg: c}, nil
+}
+
+type batchProcessor[TTx any] struct {
+	in       *Inbox[TTx]
+	bi       postboxdriver.InboxBatcher[TTx]
+	consumer string
+	h        Handler[TTx]
+	cfg      BatchConfig
+
+	mu      sync.Mutex
+	queue   []*batchItem // waiting for a batch, in arrival order
+	running int          // batches in flight
+	fill    chan struct{}
+}
+
+// batchItem is one delivery on its way through a batch.
+type batchItem struct {
+	ctx   context.Context
+	d     *Delivery
+	start time.Time
+	lead  chan struct{} // closed when the item is to lead a batch
+	done  chan struct{} // closed when v is set
+	v     Verdict
+
+	// Set while its batch runs.
+	hctx  context.Context
+	end   func(Verdict)
+	fresh bool // first copy: its handler ran
+	herr  error
+}
+
+// Process implements Processor.
+func (p *batchProcessor[TTx]) Process(ctx context.Context, d *Delivery) Verdict {
+	if validateConsumer(p.consumer, d.ID) != nil {
+		// An id the inbox cannot record: Handle buries it.
+		return p.in.Handle(ctx, p.consumer, d, p.h)
+	}
+	it := &batchItem{ctx: ctx, d: d, start: time.Now(), lead: make(chan struct{}), done: make(chan struct{})}
+	p.mu.Lock()
+	p.queue = append(p.queue, it)
+	p.promoteLocked()
+	if p.fill != nil && len(p.queue) >= p.cfg.MaxBatch-1 {
+		close(p.fill)
+		p.fill = nil
+	}
+	p.mu.Unlock()
+	select {
+	case <-it.done:
+	case <-it.lead:
+		p.lead(it)
+	}
+	return it.v
+}
+
+// promoteLocked lets the oldest waiting deliveries lead a batch each while
+// fewer than Concurrency run; p.mu is held.
+func (p *batchProcessor[TTx]) promoteLocked() {
+	for p.running < p.cfg.Concurrency && len(p.queue) > 0 {
+		it := p.queue[0]
+		p.queue[0] = nil
+		p.queue = p.queue[1:]
+		p.running++
+		close(it.lead)
+	}
+}
+
+// lead runs one batch made of first and the deliveries waiting behind it.
+func (p *batchProcessor[TTx]) lead(first *batchItem) {
+	if p.cfg.MaxWait > 0 {
+		p.waitFill()
+	}
+	p.mu.Lock()
+	n := min(len(p.queue), p.cfg.MaxBatch-1)
+	batch := make([]*batchItem, 0, n+1)
+	batch = append(batch, first)
+	batch = append(batch, p.queue[:n]...)
+	rest := copy(p.queue, p.queue[n:])
+	clear(p.queue[rest:])
+	p.queue = p.queue[:rest]
+	p.mu.Unlock()
+
+	p.run(batch)
+
+	p.mu.Lock()
+	p.running--
+	p.promoteLocked()
+	p.mu.Unlock()
+}
+
+// waitFill waits up to MaxWait for MaxBatch-1 deliveries to queue up.
+func (p *batchProcessor[TTx]) waitFill() {
+	p.mu.Lock()
+	if len(p.queue) >= p.cfg.MaxBatch-1 {
+		p.mu.Unlock()
+		return
+	}
+	if p.fill == nil {
+		p.fill = make(chan struct{})
+	}
+	ch := p.fill
+	p.mu.Unlock()
+	t := time.NewTimer(p.cfg.MaxWait)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	}
+}
+
+// run processes a batch and settles every item in it.
+func (p *batchProcessor[TTx]) run(batch []*batchItem) {
+	if len(batch) == 1 {
+		it := batch[0]
+		it.v = p.in.Handle(it.ctx, p.consumer, it.d, p.h)
+		close(it.done)
+		return
+	}
+	ctx, stop := batchContext(batch)
+	defer stop()
+
+	// Handlers run in key order, a key's deliveries in arrival order.
+	sort.SliceStable(batch, func(i, j int) bool { return batch[i].d.Key < batch[j].d.Key })
+	// A second copy of an id in the same batch waits for the batch to
+	// commit and then goes through the inbox on its own: it finds the
+	// record, or runs if the first copy's handler failed.
+	seen := make(map[string]bool, len(batch))
+	members := batch[:0:0]
+	var copies []*batchItem
+	for _, it := range batch {
+		if seen[it.d.ID] {
+			copies = append(copies, it)
+			continue
+		}
+		seen[it.d.ID] = true
+		members = append(members, it)
+	}
+	ids := make([]string, len(members))
+	for i, it := range members {
+		ids[i] = it.d.ID
+		it.hctx = ctx
+		if t := p.in.cfg.Tracer; t != nil {
+			it.hctx, it.end = t.StartHandle(ctx, p.consumer, it.d)
+		}
+	}
+
+	err := p.in.store.InTx(ctx, func(tx TTx) error {
+		fresh, err := p.bi.InboxInsertManyTx(ctx, tx, p.consumer, ids)
+		if err != nil {
+			return err
+		}
+		var failed []string
+		for i, it := range members {
+			it.fresh, it.herr = fresh[i], nil
+			if !it.fresh {
+				continue
+			}
+			if err := p.bi.SavepointTx(ctx, tx, batchSavepoint); err != nil {
+				return err
+			}
+			if herr := callHandler(it.hctx, p.h, tx, it.d); herr != nil {
+				it.herr = herr
+				if err := p.bi.RollbackToSavepointTx(ctx, tx, batchSavepoint); err != nil {
+					return err
+				}
+				failed = append(failed, it.d.ID)
+			}
+		}
+		return p.bi.InboxDeleteTx(ctx, tx, p.consumer, failed)
+	})
+
+	for _, it := range members {
+		switch {
+		case err != nil:
+			// Nothing of the batch committed (or, after a commit whose
+			// outcome was lost, the inbox holds its records): each
+			// delivery goes through the inbox again on its own.
+			it.v = p.in.handle(it.hctx, p.consumer, it.d, p.h)
+		case !it.fresh:
+			it.v = Verdict{Action: Ack, Duplicate: true}
+		case it.herr == nil:
+			it.v = Verdict{Action: Ack}
+		default:
+			it.v = p.in.failed(it.hctx, p.consumer, it.d, &handlerError{it.herr})
+		}
+		if m := p.in.cfg.Metrics; m != nil {
+			m.InboxHandled(p.consumer, it.v, time.Since(it.start))
+		}
+		if it.end != nil {
+			it.end(it.v)
+		}
+		close(it.done)
+	}
+	if err != nil {
+		p.in.log.Warn("postbox inbox: a batch transaction failed; its messages were processed one by one",
+			slog.String("consumer", p.consumer), slog.Int("size", len(members)), slog.Any("error", err))
+	}
+	for _, it := range copies {
+		it.v = p.in.Handle(it.ctx, p.consumer, it.d, p.h)
+		close(it.done)
+	}
+}
+
+// batchContext returns the context a batch runs in: the values of its
+// first delivery's context, ended once every delivery's context has
+// ended, or by the returned stop.
+func batchContext(batch []*batchItem) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(batch[0].ctx))
+	var live atomic.Int64
+	live.Store(int64(len(batch)))
+	stops := make([]func() bool, len(batch))
+	for i, it := range batch {
+		stops[i] = context.AfterFunc(it.ctx, func() {
+			if live.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, s := range stops {
+			s()
+		}
+		cancel()
+	}
+}
+
+// callHandler runs h, turning a panic into an error.
+func callHandler[TTx any](ctx context.Context, h Handler[TTx], tx TTx, d *Delivery) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return h(ctx, tx, d)
+}
