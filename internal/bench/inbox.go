@@ -1,0 +1,391 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"runtime/pprof"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxmigrate"
+	"github.com/postbox-go/postbox/postboxnats"
+	"github.com/postbox-go/postbox/postboxpgx"
+)
+
+// InboxOptions configure the consumer benchmark.
+type InboxOptions struct {
+	DatabaseURL  string
+	NatsURL      string
+	Messages     int // default 20,000
+	PayloadBytes int // default 256
+	Keys         int // distinct ordering keys, one counter row each; default 1,000
+	// MaxInFlight is the subscriber's; 0 means the library's default.
+	MaxInFlight int
+	// PoolSize is the pgx pool's MaxConns; 0 means pgxpool's default.
+	PoolSize int
+	// PerKey turns on the subscriber's per-key order.
+	PerKey bool
+	// Batch, when above 0, runs the inbox through Inbox.BatchProcessor
+	// with this MaxBatch; 0 runs one transaction per message
+	// (Inbox.Processor).
+	Batch            int
+	BatchWait        time.Duration
+	BatchConcurrency int
+	// CPUProfile, when set, names a file that receives a CPU profile of
+	// the inbox phase.
+	CPUProfile string
+	// Progress is the interval of progress lines; default 1s.
+	Progress time.Duration
+}
+
+// InboxResult is one run's figures, each in messages per second.
+type InboxResult struct {
+	Messages int
+	// RawRate: the subscriber with a processor that only acks.
+	RawRate float64
+	// PlainRate: the same subscriber and domain write, one transaction per
+	// message, no inbox.
+	PlainRate float64
+	// InboxRate: the domain write through the inbox.
+	InboxRate float64
+	// Ratio is InboxRate / PlainRate; RawRatio InboxRate / RawRate.
+	Ratio    float64
+	RawRatio float64
+	// InboxCommits counts the inbox phase's transactions.
+	InboxCommits int
+}
+
+func (o *InboxOptions) defaults() {
+	if o.DatabaseURL == "" {
+		o.DatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	if o.NatsURL == "" {
+		o.NatsURL = nats.DefaultURL
+	}
+	if o.Messages <= 0 {
+		o.Messages = 20_000
+	}
+	if o.PayloadBytes <= 0 {
+		o.PayloadBytes = 256
+	}
+	if o.Keys <= 0 {
+		o.Keys = 1000
+	}
+	if o.Progress <= 0 {
+		o.Progress = time.Second
+	}
+}
+
+// Inbox fills a JetStream stream with messages and consumes it three times
+// with the postboxnats Subscriber, each time through a durable consumer of
+// its own: acking only (raw), applying a domain write (a counter per key)
+// in a transaction of its own per message (plain), and applying the same
+// write through the inbox on PostgreSQL. It then checks that the inbox
+// applied every message exactly once.
+func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, error) {
+	opts.defaults()
+	res := InboxResult{Messages: opts.Messages}
+	nc, err := nats.Connect(opts.NatsURL)
+	if err != nil {
+		return res, fmt.Errorf("connect to NATS at %s: %w", opts.NatsURL, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(256))
+	if err != nil {
+		return res, err
+	}
+	tag := fmt.Sprintf("%d", rand.Uint32()) //nolint:gosec // a name, not a secret
+	streamName := "BENCH_INBOX_" + tag
+	subject := "bench.inbox." + tag
+	if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: streamName, Subjects: []string{subject + ".>"}}); err != nil {
+		return res, err
+	}
+	defer func() { _ = js.DeleteStream(context.WithoutCancel(ctx), streamName) }()
+
+	payload := make([]byte, opts.PayloadBytes)
+	for i := range payload {
+		payload[i] = 'a' + byte(i%26)
+	}
+	fmt.Fprintf(out, "filling stream %s: %d messages of %d bytes over %d keys\n", streamName, opts.Messages, opts.PayloadBytes, opts.Keys)
+	want := make(map[string]int64, opts.Keys)
+	for i := range opts.Messages {
+		key := fmt.Sprintf("key-%d", i%opts.Keys)
+		want[key]++
+		m := nats.NewMsg(subject + ".m")
+		m.Data = payload
+		m.Header.Set(postbox.HeaderPartitionKey, key)
+		for {
+			_, err := js.PublishMsgAsync(m, jetstream.WithMsgID(postbox.NewID()))
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+				return res, fmt.Errorf("fill: %w", err)
+			}
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		return res, ctx.Err()
+	}
+
+	cfg, err := pgxpool.ParseConfig(opts.DatabaseURL)
+	if err != nil {
+		return res, err
+	}
+	if opts.PoolSize > 0 {
+		cfg.MaxConns = int32(opts.PoolSize) //nolint:gosec // a flag of a few dozen
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return res, err
+	}
+	defer pool.Close()
+	prefix := "bench_" + tag + "_"
+	defer dropPrefix(pool, prefix)
+	driver := postboxpgx.New(pool)
+	m, err := postboxmigrate.New(driver, &postboxmigrate.Config{Prefix: prefix})
+	if err != nil {
+		return res, err
+	}
+	if _, err := m.Up(ctx); err != nil {
+		return res, err
+	}
+	for _, t := range []string{"counts_plain", "counts_inbox"} {
+		if _, err := pool.Exec(ctx, "CREATE TABLE "+prefix+t+" (key text PRIMARY KEY, n bigint NOT NULL)"); err != nil {
+			return res, err
+		}
+	}
+	upsert := func(table string) string {
+		return "INSERT INTO " + prefix + table + " (key, n) VALUES ($1, 1) ON CONFLICT (key) DO UPDATE SET n = " + prefix + table + ".n + 1"
+	}
+	upsertPlain, upsertInbox := upsert("counts_plain"), upsert("counts_inbox")
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+
+	phase := func(name string, p postbox.Processor, profile string) (float64, error) {
+		cons, err := postboxnats.EnsureConsumer(ctx, js, streamName, jetstream.ConsumerConfig{
+			Durable: name, AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1, MaxAckPending: 20_000,
+		})
+		if err != nil {
+			return 0, err
+		}
+		sub, err := postboxnats.NewSubscriber(cons, &postboxnats.SubscriberConfig{
+			MaxInFlight: opts.MaxInFlight, PerKey: opts.PerKey, SubjectPrefix: subject + ".", Logger: quiet,
+		})
+		if err != nil {
+			return 0, err
+		}
+		var done atomic.Int64
+		all := make(chan struct{})
+		counted := processorFunc(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
+			v := p.Process(ctx, d)
+			if v.Action == postbox.Ack && !v.Duplicate && done.Add(1) == int64(opts.Messages) {
+				close(all)
+			}
+			return v
+		})
+		if profile != "" {
+			f, err := os.Create(profile)
+			if err != nil {
+				return 0, err
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return 0, err
+			}
+			defer pprof.StopCPUProfile()
+		}
+		runCtx, stop := context.WithCancel(ctx)
+		ran := make(chan error, 1)
+		start := time.Now()
+		go func() { ran <- sub.Run(runCtx, counted) }()
+		tick := time.NewTicker(opts.Progress)
+		defer tick.Stop()
+		last, lastAt := int64(0), start
+		var runErr error
+	wait:
+		for {
+			select {
+			case <-all:
+				break wait
+			case now := <-tick.C:
+				n := done.Load()
+				fmt.Fprintf(out, "  %s: %d/%d, %.0f msg/s\n", name, n, opts.Messages, float64(n-last)/now.Sub(lastAt).Seconds())
+				last, lastAt = n, now
+			case runErr = <-ran:
+				break wait
+			case <-ctx.Done():
+				runErr = ctx.Err()
+				break wait
+			}
+		}
+		elapsed := time.Since(start)
+		stop()
+		if runErr == nil {
+			runErr = <-ran
+		}
+		if runErr != nil {
+			return 0, fmt.Errorf("%s: subscriber: %w", name, runErr)
+		}
+		if n := done.Load(); n != int64(opts.Messages) {
+			return 0, fmt.Errorf("%s: %d of %d messages applied", name, n, opts.Messages)
+		}
+		rate := float64(opts.Messages) / elapsed.Seconds()
+		fmt.Fprintf(out, "  %s: %d messages in %s: %.0f msg/s\n", name, opts.Messages, elapsed.Round(time.Millisecond), rate)
+		return rate, nil
+	}
+
+	fmt.Fprintf(out, "raw: subscriber acks only (max in flight %d)\n", orDefault(opts.MaxInFlight, postboxnats.DefaultMaxInFlight))
+	raw := processorFunc(func(context.Context, *postbox.Delivery) postbox.Verdict { return postbox.Verdict{Action: postbox.Ack} })
+	if res.RawRate, err = phase("raw", raw, ""); err != nil {
+		return res, err
+	}
+
+	fmt.Fprintf(out, "plain: counter upsert in a transaction per message, no inbox (pool %d)\n", cfg.MaxConns)
+	plain := processorFunc(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, upsertPlain, d.Key)
+			return err
+		})
+		if err != nil {
+			return postbox.Verdict{Action: postbox.Retry, Delay: time.Second, Err: err}
+		}
+		return postbox.Verdict{Action: postbox.Ack}
+	})
+	if res.PlainRate, err = phase("plain", plain, ""); err != nil {
+		return res, err
+	}
+
+	in, err := postbox.NewInbox(driver, &postbox.InboxConfig{Prefix: prefix, Logger: quiet})
+	if err != nil {
+		return res, err
+	}
+	handler := func(ctx context.Context, tx pgx.Tx, d *postbox.Delivery) error {
+		_, err := tx.Exec(ctx, upsertInbox, d.Key)
+		return err
+	}
+	var p postbox.Processor
+	if opts.Batch > 0 {
+		fmt.Fprintf(out, "inbox: counter upsert through the inbox, batches of up to %d (wait %s, %d at once; pool %d)\n",
+			opts.Batch, opts.BatchWait, opts.BatchConcurrency, cfg.MaxConns)
+		p, err = in.BatchProcessor("bench", handler, &postbox.BatchConfig{MaxBatch: opts.Batch, MaxWait: opts.BatchWait, Concurrency: opts.BatchConcurrency})
+		if err != nil {
+			return res, err
+		}
+	} else {
+		fmt.Fprintf(out, "inbox: counter upsert through the inbox, a transaction per message (pool %d)\n", cfg.MaxConns)
+		p = in.Processor("bench", handler)
+	}
+	if res.InboxRate, err = phase("inbox", p, opts.CPUProfile); err != nil {
+		return res, err
+	}
+	res.Ratio = res.InboxRate / res.PlainRate
+	res.RawRatio = res.InboxRate / res.RawRate
+
+	// Exactly once: every key's counter equals its number of messages, in
+	// both tables, and the inbox holds one record per message.
+	for _, t := range []string{"counts_plain", "counts_inbox"} {
+		if err := checkCounts(ctx, pool, prefix+t, want); err != nil {
+			return res, err
+		}
+	}
+	var records int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+prefix+"inbox WHERE consumer = 'bench'").Scan(&records); err != nil {
+		return res, err
+	}
+	if records != opts.Messages {
+		return res, fmt.Errorf("the inbox holds %d records, want %d", records, opts.Messages)
+	}
+	// Each transaction stamps its records with its own start time (now()),
+	// so the distinct stamps count the inbox's commits.
+	if err := pool.QueryRow(ctx, "SELECT count(DISTINCT received_at) FROM "+prefix+"inbox WHERE consumer = 'bench'").Scan(&res.InboxCommits); err != nil {
+		return res, err
+	}
+	fmt.Fprintf(out, "checked: every counter equals its key's message count; %d inbox records in %d transactions (%.1f per commit)\n",
+		records, res.InboxCommits, float64(records)/float64(max(res.InboxCommits, 1)))
+	return res, nil
+}
+
+func checkCounts(ctx context.Context, pool *pgxpool.Pool, table string, want map[string]int64) error {
+	rows, err := pool.Query(ctx, "SELECT key, n FROM "+table)
+	if err != nil {
+		return err
+	}
+	got := map[string]int64{}
+	var key string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&key, &n}, func() error {
+		got[key] = n
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if len(got) != len(want) {
+		return fmt.Errorf("%s: %d keys, want %d", table, len(got), len(want))
+	}
+	for k, w := range want {
+		if got[k] != w {
+			return fmt.Errorf("%s: key %s applied %d times, want %d", table, k, got[k], w)
+		}
+	}
+	return nil
+}
+
+type processorFunc func(ctx context.Context, d *postbox.Delivery) postbox.Verdict
+
+func (f processorFunc) Process(ctx context.Context, d *postbox.Delivery) postbox.Verdict { return f(ctx, d) }
+
+func orDefault(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// MedianInbox returns the median of each figure over runs, figure by
+// figure.
+func MedianInbox(runs []InboxResult) InboxResult {
+	pick := func(f func(InboxResult) float64) float64 {
+		xs := make([]float64, len(runs))
+		for i, r := range runs {
+			xs[i] = f(r)
+		}
+		return median(xs)
+	}
+	if len(runs) == 0 {
+		return InboxResult{}
+	}
+	return InboxResult{
+		Messages:  runs[0].Messages,
+		RawRate:   pick(func(r InboxResult) float64 { return r.RawRate }),
+		PlainRate: pick(func(r InboxResult) float64 { return r.PlainRate }),
+		InboxRate: pick(func(r InboxResult) float64 { return r.InboxRate }),
+		Ratio:     pick(func(r InboxResult) float64 { return r.Ratio }),
+		RawRatio:  pick(func(r InboxResult) float64 { return r.RawRatio }),
+	}
+}
+
+func median(xs []float64) float64 {
+	sort.Float64s(xs)
+	if len(xs) == 0 {
+		return 0
+	}
+	if len(xs)%2 == 1 {
+		return xs[len(xs)/2]
+	}
+	return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
+}
