@@ -347,7 +347,9 @@ func checkCounts(ctx context.Context, pool *pgxpool.Pool, table string, want map
 
 type processorFunc func(ctx context.Context, d *postbox.Delivery) postbox.Verdict
 
-func (f processorFunc) Process(ctx context.Context, d *postbox.Delivery) postbox.Verdict { return f(ctx, d) }
+func (f processorFunc) Process(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
+	return f(ctx, d)
+}
 
 func orDefault(v, def int) int {
 	if v == 0 {
