@@ -48,6 +48,8 @@ type harness struct {
 	cpool   *pgxpool.Pool // the consumer (fx<run>consumer)
 	client  *postbox.Client[pgx.Tx]
 	natsURL string
+	natsSrv *natsServer
+	pg      *pgCluster
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	stream  string
@@ -68,17 +70,14 @@ type harness struct {
 	watcherErr  error
 }
 
-func natsURL() string {
-	if u := os.Getenv("POSTBOX_TEST_NATS_URL"); u != "" {
-		return u
-	}
-	return "nats://127.0.0.1:4222"
-}
-
 func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, dir string, dupWindow time.Duration) *harness {
 	t.Helper()
 	run := fmt.Sprintf("%d%d", os.Getpid()%100000, time.Now().UnixNano()%1_000_000)
-	h := &harness{t: t, prof: prof, seed: seed, dir: dir, runID: run, prefix: "fx" + run + "_", dbURL: testdb.PostgresURL(), natsURL: natsURL()}
+	h := &harness{t: t, prof: prof, seed: seed, dir: dir, runID: run, prefix: "fx" + run + "_"}
+	h.pg = startPG(t, ctx)
+	h.dbURL = h.pg.url()
+	h.natsSrv = startNATS(t, ctx, dir)
+	h.natsURL = h.natsSrv.url()
 	h.stream = "FX" + run
 	h.subj = "fx" + run + "."
 
@@ -360,6 +359,18 @@ func (h *harness) inject(ctx context.Context, sched []*fault) {
 		case faultXmin:
 			if err := h.holdXmin(ctx, f.Hold); err != nil {
 				f.Note = "xmin: " + err.Error()
+			}
+		case faultNATS:
+			if err := h.natsSrv.stop(10 * time.Second); err != nil {
+				f.Note = "stop: " + err.Error()
+			}
+			sleep(ctx, f.Hold)
+			if err := h.natsSrv.start(context.WithoutCancel(ctx)); err != nil {
+				f.Note += " start: " + err.Error()
+			}
+		case faultPGRestart:
+			if err := h.pg.restart(ctx, f.Mode, f.Hold); err != nil {
+				f.Note = err.Error()
 			}
 		}
 		f.Lifted = time.Now()

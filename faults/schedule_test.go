@@ -17,6 +17,8 @@ const (
 	faultBlackhole = "nats_blackhole" // the proxy between relays and NATS forwards nothing for Hold
 	faultReset     = "nats_reset"     // the proxy resets every relay connection to NATS (RST)
 	faultXmin      = "xmin_hold"      // a transaction holds xmin back for Hold
+	faultNATS      = "nats_restart"   // stop the NATS server (SIGTERM), start it again after Hold
+	faultPGRestart = "pg_restart"     // stop PostgreSQL (Mode fast or immediate, a crash), start it again after Hold
 )
 
 // guarantees lists what each fault puts to the test, for the report.
@@ -27,6 +29,8 @@ var guarantees = map[string]string{
 	faultBlackhole: "G3 G2 G4: no PubAck arrives; nothing is marked, order holds when the stalled bytes arrive late",
 	faultReset:     "G3 G2: connections reset under in-flight publishes; reconnect, re-send with the same id",
 	faultXmin:      "G2 G4: a long snapshot (dead tuples, late-visible rows) must not skip or reorder rows",
+	faultNATS:      "G2 G3 G4 G6: the broker goes away and comes back with its store; relays pause, spend no attempt, re-send by id; the consumer resumes",
+	faultPGRestart: "G1 G2 G5 G6: the database stops or crashes and recovers from its WAL; every committed row survives, no rolled-back one appears, relays and the consumer reconnect",
 }
 
 // fault is one scheduled fault and, once run, what happened.
@@ -37,6 +41,7 @@ type fault struct {
 	Consumer bool          `json:"consumer,omitempty"`
 	At       time.Duration `json:"at"` // from the start of the writers
 	Hold     time.Duration `json:"hold"`
+	Mode     string        `json:"mode,omitempty"` // pg_restart: fast or immediate
 	Tests    string        `json:"tests"`
 	Start    time.Time     `json:"start"`
 	Lifted   time.Time     `json:"lifted"`
@@ -53,7 +58,11 @@ func (f *fault) String() string {
 	if f.Relay >= 0 {
 		target = fmt.Sprintf("relay %d", f.Relay)
 	}
-	return fmt.Sprintf("%s on %s at +%s for %s", f.Kind, target, f.At.Round(time.Millisecond), f.Hold.Round(time.Millisecond))
+	kind := f.Kind
+	if f.Mode != "" {
+		kind += " (" + f.Mode + ")"
+	}
+	return fmt.Sprintf("%s on %s at +%s for %s", kind, target, f.At.Round(time.Millisecond), f.Hold.Round(time.Millisecond))
 }
 
 // schedule draws the faults from rng: rounds of the profile's mix, each
@@ -96,6 +105,13 @@ func schedule(rng *rand.Rand, p profile) []*fault {
 			case faultXmin:
 				f.Relay = -1
 				f.Hold = jitter(rng, 5*time.Second, 10*time.Second)
+			case faultNATS:
+				f.Relay = -1
+				f.Hold = jitter(rng, time.Second, 4*time.Second)
+			case faultPGRestart:
+				f.Relay = -1
+				f.Mode = []string{"fast", "immediate"}[rng.IntN(2)]
+				f.Hold = jitter(rng, 500*time.Millisecond, 3*time.Second)
 			}
 			if at+f.Hold > end {
 				return out

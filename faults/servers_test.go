@@ -1,0 +1,246 @@
+//go:build faults
+
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The harness runs a broker and a database of its own, real server
+// processes from the machine's packages, so that stopping the broker and
+// restarting PostgreSQL break nothing but this run.
+
+// freePort asks the kernel for a loopback port nobody listens on.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitPort waits until something accepts connections on 127.0.0.1:port.
+func waitPort(ctx context.Context, port int, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 200*time.Millisecond)
+		if err == nil {
+			_ = c.Close()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("port %d did not open within %s: %w", port, limit, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// natsServer is a nats-server process with JetStream and a store of its
+// own, which the broker faults stop and start again on the same port and
+// store (POSTBOX_FAULTS_NATS_SERVER names the binary; default nats-server
+// on PATH or /usr/sbin/nats-server).
+type natsServer struct {
+	bin, dir, log string
+	port          int
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startNATS(t *testing.T, ctx context.Context, dir string) *natsServer {
+	t.Helper()
+	bin := os.Getenv("POSTBOX_FAULTS_NATS_SERVER")
+	if bin == "" {
+		var err error
+		if bin, err = exec.LookPath("nats-server"); err != nil {
+			bin = "/usr/sbin/nats-server"
+		}
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("nats-server binary: %v (set POSTBOX_FAULTS_NATS_SERVER)", err)
+	}
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &natsServer{bin: bin, dir: filepath.Join(dir, "nats"), log: filepath.Join(dir, "nats-server.log"), port: port}
+	if err := os.MkdirAll(s.dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.start(ctx); err != nil {
+		t.Fatalf("nats-server: %v", err)
+	}
+	t.Cleanup(func() { _ = s.stop(10 * time.Second) })
+	return s
+}
+
+func (s *natsServer) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", s.port) }
+
+func (s *natsServer) start(ctx context.Context) error {
+	s.mu.Lock()
+	cmd := exec.Command(s.bin, "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-js", "-sd", s.dir, "-l", s.log) //nolint:gosec // the machine's server binary
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	done := make(chan struct{})
+	s.cmd, s.done = cmd, done
+	go func() { _ = cmd.Wait(); close(done) }()
+	s.mu.Unlock()
+	return waitPort(ctx, s.port, 20*time.Second)
+}
+
+// stop ends the server cleanly (SIGTERM: it flushes its store), with
+// SIGKILL after grace.
+func (s *natsServer) stop(grace time.Duration) error {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+		return nil
+	case <-time.After(grace):
+		_ = cmd.Process.Kill()
+		<-done
+		return errors.New("nats-server did not stop on SIGTERM; killed")
+	}
+}
+
+// pgCluster is a PostgreSQL cluster made for the run with the machine's
+// binaries (POSTBOX_FAULTS_PG_BINDIR, default the newest
+// /usr/lib/postgresql/*/bin), with fsync and synchronous_commit on, which
+// the database faults restart: fast (a clean shutdown) or immediate (a
+// crash, recovered from the WAL at start). As root it runs as the
+// postgres user, since PostgreSQL refuses to run as root.
+type pgCluster struct {
+	bindir, data, sock, log string
+	port                    int
+	runAs                   *user.User // nil: the current user
+	base                    string     // removed at the end
+}
+
+func startPG(t *testing.T, ctx context.Context) *pgCluster {
+	t.Helper()
+	bindir := os.Getenv("POSTBOX_FAULTS_PG_BINDIR")
+	if bindir == "" {
+		dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+		sort.Slice(dirs, func(i, j int) bool { return pgMajor(dirs[i]) < pgMajor(dirs[j]) })
+		if len(dirs) == 0 {
+			t.Fatal("no PostgreSQL binaries in /usr/lib/postgresql/*/bin (set POSTBOX_FAULTS_PG_BINDIR)")
+		}
+		bindir = dirs[len(dirs)-1]
+	}
+	// Not under the test's temporary directory: that one is private to
+	// root, and the server runs as postgres.
+	base, err := os.MkdirTemp("", "postbox-faults-pg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &pgCluster{bindir: bindir, data: filepath.Join(base, "data"), sock: filepath.Join(base, "sock"),
+		log: filepath.Join(base, "postgresql.log"), port: port, base: base}
+	if os.Geteuid() == 0 {
+		if c.runAs, err = user.Lookup("postgres"); err != nil {
+			t.Fatalf("running as root needs a postgres user to run the server: %v", err)
+		}
+	}
+	for _, d := range []string{base, c.sock} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.own(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := c.run(ctx, "initdb", "-D", c.data, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"); err != nil {
+		t.Fatalf("initdb: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = c.run(ctx, "pg_ctl", "-D", c.data, "-m", "immediate", "-w", "stop")
+		_ = os.RemoveAll(c.base)
+	})
+	if err := c.start(ctx); err != nil {
+		t.Fatalf("start PostgreSQL: %v", err)
+	}
+	return c
+}
+
+func pgMajor(bindir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(bindir)))
+	return n
+}
+
+func (c *pgCluster) url() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+}
+
+func (c *pgCluster) own(path string) error {
+	if c.runAs == nil {
+		return nil
+	}
+	uid, _ := strconv.Atoi(c.runAs.Uid)
+	gid, _ := strconv.Atoi(c.runAs.Gid)
+	return os.Chown(path, uid, gid)
+}
+
+// run runs one of the cluster's programs, as the postgres user when the
+// harness runs as root.
+func (c *pgCluster) run(ctx context.Context, prog string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.bindir, prog), args...) //nolint:gosec // the machine's PostgreSQL binaries
+	if c.runAs != nil {
+		uid, _ := strconv.ParseUint(c.runAs.Uid, 10, 32)
+		gid, _ := strconv.ParseUint(c.runAs.Gid, 10, 32)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+		cmd.Dir = c.base
+		cmd.Env = append(os.Environ(), "HOME="+c.base)
+	}
+	return cmd.CombinedOutput()
+}
+
+func (c *pgCluster) start(ctx context.Context) error {
+	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories=%s -c max_connections=200"+
+		" -c fsync=on -c synchronous_commit=on -c shared_buffers=64MB", c.port, c.sock)
+	out, err := c.run(ctx, "pg_ctl", "-D", c.data, "-l", c.log, "-o", opts, "-w", "-t", "60", "start")
+	if err != nil {
+		return fmt.Errorf("pg_ctl start: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// restart stops the cluster in mode ("fast" or "immediate"), waits hold,
+// and starts it again.
+func (c *pgCluster) restart(ctx context.Context, mode string, hold time.Duration) error {
+	if out, err := c.run(ctx, "pg_ctl", "-D", c.data, "-m", mode, "-w", "-t", "60", "stop"); err != nil {
+		return fmt.Errorf("pg_ctl stop -m %s: %w\n%s", mode, err, out)
+	}
+	sleep(ctx, hold)
+	return c.start(context.WithoutCancel(ctx))
+}
