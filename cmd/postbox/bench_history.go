@@ -34,10 +34,11 @@ at the end. The 10M-row default writes about 5 GB.`,
 				return err
 			}
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintln(tw, "\npublished rows\thistory MB\tfetch p50\tfetch p99\tp50 ratio\tp99 ratio\tmark p50\tmark p99\tmark ratio\tfill rows/s\t")
+			fmt.Fprintln(tw, "\npublished rows\thistory MB\tfetch p50\tfetch p99\tcontrol p50\tcontrol p99\tp50 / control\tp99 / control\tp50 / step 0\tp99 / step 0\tmark p50\tmark p99\tmark / control\tmark / step 0\t")
 			for _, s := range res.Steps {
-				fmt.Fprintf(tw, "%d\t%.0f\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%.2f\t%.0f\t\n", s.Published, s.HistoryMB,
-					ms(s.FetchP50), ms(s.FetchP99), s.FetchRatio, s.FetchRatio9, ms(s.MarkP50), ms(s.MarkP99), s.MarkRatio, s.FillRate)
+				fmt.Fprintf(tw, "%d\t%.0f\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%s\t%.2f\t%.2f\t\n", s.Published, s.HistoryMB,
+					ms(s.FetchP50), ms(s.FetchP99), ms(s.CtlFetchP50), ms(s.CtlFetchP99), s.FetchVsCtl, s.FetchVsCtl9, s.FetchRatio, s.FetchRatio9,
+					ms(s.MarkP50), ms(s.MarkP99), s.MarkVsCtl, s.MarkRatio)
 			}
 			if err := tw.Flush(); err != nil {
 				return err

@@ -54,6 +54,10 @@ type HistoryStep struct {
 	FetchRatio  float64 // FetchP50 / the first step's FetchP50
 	FetchRatio9 float64 // FetchP99 / the first step's FetchP99
 	MarkRatio   float64 // MarkP50 / the first step's MarkP50
+	// The control (same backlog, empty history), timed in alternation
+	// with the measured tables, and the ratios to it.
+	CtlFetchP50, CtlFetchP99, CtlMarkP50 time.Duration
+	FetchVsCtl, FetchVsCtl9, MarkVsCtl   float64
 }
 
 // HistoryResult holds every step, and the EXPLAIN output when asked.
@@ -115,7 +119,13 @@ func uuidv7SQL(ts, n string) string {
 
 // History fills a published history step by step and, at each step,
 // times the relay's own fetch statement on a fixed pending backlog, then
-// the mark that moves a batch into the history.
+// the mark that moves the backlog into the history batch by batch.
+//
+// A control set of tables, with the same backlog and an empty history, is
+// timed in alternation with the measured one, so each step also has a
+// baseline taken at the same moments: on a shared machine the load
+// changes between steps, and the ratio to the control separates the
+// history's effect from it.
 func History(ctx context.Context, opts HistoryOptions, out io.Writer) (HistoryResult, error) {
 	opts.defaults()
 	var res HistoryResult
@@ -127,23 +137,27 @@ func History(ctx context.Context, opts HistoryOptions, out io.Writer) (HistoryRe
 		return res, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer pool.Close()
-	prefix := fmt.Sprintf("bench_hist_%d_", rand.Uint32()) //nolint:gosec // a name, not a secret
-	defer dropPrefix(pool, prefix)
+	tag := rand.Uint32() //nolint:gosec // a name, not a secret
+	prefix := fmt.Sprintf("bench_hist_%d_", tag)
+	ctlPrefix := fmt.Sprintf("bench_histctl_%d_", tag)
 	driver := postboxpgx.New(pool)
-	m, err := postboxmigrate.New(driver, &postboxmigrate.Config{Prefix: prefix})
-	if err != nil {
-		return res, err
-	}
-	if _, err := m.Up(ctx); err != nil {
-		return res, err
-	}
-	store, err := driver.Open(prefix)
-	if err != nil {
-		return res, err
-	}
-	// Outbox seqs come after the history's, as they would in production.
-	if _, err := pool.Exec(ctx, fmt.Sprintf("ALTER TABLE %soutbox ALTER COLUMN seq RESTART WITH %d", prefix, opts.Max+1)); err != nil {
-		return res, err
+	var stores [2]postboxdriver.Executor
+	for i, p := range []string{prefix, ctlPrefix} {
+		defer dropPrefix(pool, p)
+		m, err := postboxmigrate.New(driver, &postboxmigrate.Config{Prefix: p})
+		if err != nil {
+			return res, err
+		}
+		if _, err := m.Up(ctx); err != nil {
+			return res, err
+		}
+		if stores[i], err = driver.Open(p); err != nil {
+			return res, err
+		}
+		// Outbox seqs come after the history's, as they would in production.
+		if _, err := pool.Exec(ctx, fmt.Sprintf("ALTER TABLE %soutbox ALTER COLUMN seq RESTART WITH %d", p, opts.Max+1)); err != nil {
+			return res, err
+		}
 	}
 	// One lane's share at default settings: every 4th of 64 partitions.
 	parts := map[int]int64{}
@@ -153,6 +167,7 @@ func History(ctx context.Context, opts HistoryOptions, out io.Writer) (HistoryRe
 	steps := []int{0, opts.Max / 10, 3 * opts.Max / 10, opts.Max}
 	filled := 0
 	for i, target := range steps {
+		st := HistoryStep{}
 		if target > filled {
 			fmt.Fprintf(out, "history: filling %s to %d rows\n", prefix+"published", target)
 			began := time.Now()
@@ -164,47 +179,51 @@ func History(ctx context.Context, opts HistoryOptions, out io.Writer) (HistoryRe
 				filled += n
 				fmt.Fprintf(out, "  %d rows (%.0f rows/s)\n", filled, float64(filled-steps[i-1])/time.Since(began).Seconds())
 			}
-			res.Steps = append(res.Steps, HistoryStep{FillRate: float64(target-steps[i-1]) / time.Since(began).Seconds()})
-		} else {
-			res.Steps = append(res.Steps, HistoryStep{})
+			st.FillRate = float64(target-steps[i-1]) / time.Since(began).Seconds()
 		}
-		st := &res.Steps[len(res.Steps)-1]
-		if err := fillPending(ctx, pool, prefix, opts.Pending, opts.Keys); err != nil {
-			return res, err
-		}
-		if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+prefix+"outbox"); err != nil {
-			return res, err
-		}
-		if _, err := pool.Exec(ctx, "ANALYZE "+prefix+"published"); err != nil {
-			return res, err
+		for _, p := range []string{prefix, ctlPrefix} {
+			if err := fillPending(ctx, pool, p, opts.Pending, opts.Keys); err != nil {
+				return res, err
+			}
+			if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+p+"outbox"); err != nil {
+				return res, err
+			}
+			if _, err := pool.Exec(ctx, "ANALYZE "+p+"published"); err != nil {
+				return res, err
+			}
 		}
 		var bytes int64
 		if err := pool.QueryRow(ctx, "SELECT count(*), pg_total_relation_size($1::regclass) FROM "+prefix+"published", prefix+"published").Scan(&st.Published, &bytes); err != nil {
 			return res, err
 		}
 		st.HistoryMB = float64(bytes) / (1 << 20)
-		fmt.Fprintf(out, "step %d: %d published rows (%.0f MB), %d pending: timing %d fetches\n", i, st.Published, st.HistoryMB, opts.Pending, opts.Reps)
+		fmt.Fprintf(out, "step %d: %d published rows (%.0f MB), %d pending: timing %d fetches, alternating with the control\n", i, st.Published, st.HistoryMB, opts.Pending, opts.Reps)
 		fence := postboxdriver.Fence{Owner: "bench", Generations: parts}
 		params := postboxdriver.FetchParams{Fence: fence, Limit: postbox.DefaultBatchSize}
 		// Warm up, as a running relay would be.
 		for range 10 {
-			if _, err := store.Fetch(ctx, params); err != nil {
-				return res, err
+			for _, s := range stores {
+				if _, err := s.Fetch(ctx, params); err != nil {
+					return res, err
+				}
 			}
 		}
-		lat := make([]time.Duration, 0, opts.Reps)
+		var lat [2][]time.Duration
 		for range opts.Reps {
-			began := time.Now()
-			recs, err := store.Fetch(ctx, params)
-			if err != nil {
-				return res, err
-			}
-			lat = append(lat, time.Since(began))
-			if len(recs) == 0 {
-				return res, fmt.Errorf("fetch returned no row of a %d-row backlog", opts.Pending)
+			for j, s := range stores {
+				began := time.Now()
+				recs, err := s.Fetch(ctx, params)
+				if err != nil {
+					return res, err
+				}
+				lat[j] = append(lat[j], time.Since(began))
+				if len(recs) == 0 {
+					return res, fmt.Errorf("fetch returned no row of a %d-row backlog", opts.Pending)
+				}
 			}
 		}
-		st.FetchP50, st.FetchP99 = durQuantile(lat, 0.50), durQuantile(lat, 0.99)
+		st.FetchP50, st.FetchP99 = durQuantile(lat[0], 0.50), durQuantile(lat[0], 0.99)
+		st.CtlFetchP50, st.CtlFetchP99 = durQuantile(lat[1], 0.50), durQuantile(lat[1], 0.99)
 		if opts.Explain && (i == 0 || i == len(steps)-1) {
 			plan, err := explainFetch(ctx, pool, prefix, parts)
 			if err != nil {
@@ -216,17 +235,31 @@ func History(ctx context.Context, opts HistoryOptions, out io.Writer) (HistoryRe
 				res.ExplainLast = plan
 			}
 		}
-		// The mark: drain the backlog in batches, moving each into the
-		// history with the relay's fenced statement.
-		if st.MarkP50, st.MarkP99, err = timeMarks(ctx, store, opts.Pending); err != nil {
+		// The mark: drain both backlogs in batches, alternating, moving
+		// each into its history with the relay's fenced statement.
+		marks, err := timeMarks(ctx, stores, opts.Pending)
+		if err != nil {
 			return res, err
 		}
-		st.FetchRatio = durRatio(st.FetchP50, res.Steps[0].FetchP50)
-		st.FetchRatio9 = durRatio(st.FetchP99, res.Steps[0].FetchP99)
-		st.MarkRatio = durRatio(st.MarkP50, res.Steps[0].MarkP50)
-		fmt.Fprintf(out, "  fetch p50 %s p99 %s (×%.2f, ×%.2f of step 0); mark p50 %s p99 %s (×%.2f)\n",
-			st.FetchP50.Round(time.Microsecond), st.FetchP99.Round(time.Microsecond), st.FetchRatio, st.FetchRatio9,
-			st.MarkP50.Round(time.Microsecond), st.MarkP99.Round(time.Microsecond), st.MarkRatio)
+		st.MarkP50, st.MarkP99 = durQuantile(marks[0], 0.50), durQuantile(marks[0], 0.99)
+		st.CtlMarkP50 = durQuantile(marks[1], 0.50)
+		// The control's history stays empty.
+		if _, err := pool.Exec(ctx, "TRUNCATE "+ctlPrefix+"published"); err != nil {
+			return res, err
+		}
+		res.Steps = append(res.Steps, st)
+		first := &res.Steps[0]
+		last := &res.Steps[len(res.Steps)-1]
+		last.FetchRatio = durRatio(last.FetchP50, first.FetchP50)
+		last.FetchRatio9 = durRatio(last.FetchP99, first.FetchP99)
+		last.MarkRatio = durRatio(last.MarkP50, first.MarkP50)
+		last.FetchVsCtl = durRatio(last.FetchP50, last.CtlFetchP50)
+		last.FetchVsCtl9 = durRatio(last.FetchP99, last.CtlFetchP99)
+		last.MarkVsCtl = durRatio(last.MarkP50, last.CtlMarkP50)
+		fmt.Fprintf(out, "  fetch p50 %s p99 %s (control %s, %s: ×%.2f, ×%.2f); mark p50 %s p99 %s (control %s: ×%.2f)\n",
+			last.FetchP50.Round(time.Microsecond), last.FetchP99.Round(time.Microsecond),
+			last.CtlFetchP50.Round(time.Microsecond), last.CtlFetchP99.Round(time.Microsecond), last.FetchVsCtl, last.FetchVsCtl9,
+			last.MarkP50.Round(time.Microsecond), last.MarkP99.Round(time.Microsecond), last.CtlMarkP50.Round(time.Microsecond), last.MarkVsCtl)
 	}
 	return res, nil
 }
@@ -244,6 +277,8 @@ func durRatio(a, b time.Duration) float64 {
 // default 7-day retention), in seq order.
 func fillHistory(ctx context.Context, pool *pgxpool.Pool, prefix string, from, n, total, keys int) error {
 	ts := `now() - interval '6 days' + (i::float8 / $3) * interval '6 days'`
+	// One md5 per row feeds the id's random bits, the payload and the
+	// trace id.
 	q := `INSERT INTO ` + prefix + `published (seq, id, topic, key, payload, headers, partition, created_at, attempts, published_at)
 SELECT i, (lpad(to_hex((extract(epoch FROM ts) * 1000)::bigint), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
   'orders.' || (ARRAY['created','paid','shipped','cancelled'])[1 + i % 4],
@@ -273,49 +308,58 @@ FROM generate_series(1, $1::bigint) AS i`
 	return err
 }
 
-// timeMarks leases every partition and moves the whole backlog to the
-// history a batch at a time, timing each mark.
-func timeMarks(ctx context.Context, store postboxdriver.Executor, pending int) (p50, p99 time.Duration, err error) {
+// timeMarks leases every partition of each store and moves each backlog
+// to its history a batch at a time, the stores in alternation, timing
+// each mark.
+func timeMarks(ctx context.Context, stores [2]postboxdriver.Executor, pending int) ([2][]time.Duration, error) {
+	var lat [2][]time.Duration
 	all := make([]int, 64)
 	for i := range all {
 		all[i] = i
 	}
 	owner := postbox.NewID()
-	leases, err := store.AcquireLeases(ctx, owner, all, time.Minute)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer func() { _ = store.ReleaseLeases(context.WithoutCancel(ctx), owner, all) }()
-	fence := postboxdriver.Fence{Owner: owner, Generations: map[int]int64{}}
-	for _, l := range leases {
-		fence.Generations[l.Partition] = l.Generation
-	}
-	var lat []time.Duration
-	moved := 0
-	for moved < pending {
-		recs, err := store.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: postbox.DefaultBatchSize})
+	var fences [2]postboxdriver.Fence
+	for j, s := range stores {
+		leases, err := s.AcquireLeases(ctx, owner, all, time.Minute)
 		if err != nil {
-			return 0, 0, err
+			return lat, err
 		}
-		if len(recs) == 0 {
-			return 0, 0, fmt.Errorf("backlog empty after %d of %d rows moved", moved, pending)
+		defer func() { _ = s.ReleaseLeases(context.WithoutCancel(ctx), owner, all) }()
+		fences[j] = postboxdriver.Fence{Owner: owner, Generations: map[int]int64{}}
+		for _, l := range leases {
+			fences[j].Generations[l.Partition] = l.Generation
 		}
-		seqs := make([]int64, len(recs))
-		for i := range recs {
-			seqs[i] = recs[i].Seq
-		}
-		began := time.Now()
-		n, err := store.MarkPublished(ctx, fence, seqs)
-		if err != nil {
-			return 0, 0, err
-		}
-		lat = append(lat, time.Since(began))
-		if n != len(seqs) {
-			return 0, 0, fmt.Errorf("mark moved %d of %d rows", n, len(seqs))
-		}
-		moved += n
 	}
-	return durQuantile(lat, 0.50), durQuantile(lat, 0.99), nil
+	var moved [2]int
+	for moved[0] < pending || moved[1] < pending {
+		for j, s := range stores {
+			if moved[j] >= pending {
+				continue
+			}
+			recs, err := s.Fetch(ctx, postboxdriver.FetchParams{Fence: fences[j], Limit: postbox.DefaultBatchSize})
+			if err != nil {
+				return lat, err
+			}
+			if len(recs) == 0 {
+				return lat, fmt.Errorf("backlog empty after %d of %d rows moved", moved[j], pending)
+			}
+			seqs := make([]int64, len(recs))
+			for i := range recs {
+				seqs[i] = recs[i].Seq
+			}
+			began := time.Now()
+			n, err := s.MarkPublished(ctx, fences[j], seqs)
+			if err != nil {
+				return lat, err
+			}
+			lat[j] = append(lat[j], time.Since(began))
+			if n != len(seqs) {
+				return lat, fmt.Errorf("mark moved %d of %d rows", n, len(seqs))
+			}
+			moved[j] += n
+		}
+	}
+	return lat, nil
 }
 
 func explainFetch(ctx context.Context, pool *pgxpool.Pool, prefix string, parts map[int]int64) (string, error) {
