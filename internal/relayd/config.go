@@ -39,6 +39,21 @@ type Config struct {
 	Log    Log           `yaml:"log"`
 }
 
+// UsesNATS reports whether the daemon needs NATS: no routes (every topic
+// goes to NATS), a route naming it, or streams to ensure. A daemon that
+// routes only to other brokers never connects to NATS.
+func (c *Config) UsesNATS() bool {
+	if len(c.Routes) == 0 || len(c.NATS.Streams) > 0 {
+		return true
+	}
+	for _, r := range c.Routes {
+		if r.Publisher == "nats" {
+			return true
+		}
+	}
+	return false
+}
+
 // Database is one database to relay from.
 type Database struct {
 	URL    string `yaml:"url"`    // postgres://... or sqlite:PATH

@@ -321,10 +321,12 @@ routes:
 }
 
 // Routes also reach Kafka (kfake) and Redis Streams.
+// Routes that name only Kafka and Redis: the daemon never connects to
+// NATS (nothing listens at the NATS URL given) and is ready without it.
 func TestDaemonKafkaAndRedisRoutes(t *testing.T) {
 	ctx := context.Background()
 	pool, prefix := testdb.Migrated(t)
-	_, url := embeddedNATS(t)
+	const url = "nats://127.0.0.1:1"
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {
 		t.Fatal(err)
@@ -365,6 +367,9 @@ admin: {listen: "off"}
 		t.Fatal(err)
 	}
 	defer func() { _ = d.Stop(ctx) }()
+	if err := d.Ready(ctx); err != nil {
+		t.Fatalf("ready: %v", err)
+	}
 	if _, err := pool.Exec(ctx, `INSERT INTO `+prefix+`outbox (id, topic, key, payload)
 SELECT gen_random_uuid(), CASE WHEN g % 2 = 0 THEN 'orders.created' ELSE 'audit.login' END, 'k' || (g % 3), '\x01' FROM generate_series(1, 40) g`); err != nil {
 		t.Fatal(err)

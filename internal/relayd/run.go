@@ -83,31 +83,15 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger) (_ *Daemon, err e
 			_ = d.Stop(context.WithoutCancel(ctx))
 		}
 	}()
-	// Reconnect for ever: while NATS is down, publishes fail as
-	// infrastructure failures and the relay pauses; nothing is lost.
-	// A short reconnect wait: while disconnected the relay publishes
-	// nothing, and nats.go's default (2s) doubles a broker blip's stall.
-	d.nc, err = nats.Connect(cfg.NATS.URL, nats.Name("postbox relay"), nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond), nats.ReconnectJitter(100*time.Millisecond, time.Second), nats.RetryOnFailedConnect(false))
-	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", Redact(cfg.NATS.URL), err)
-	}
-	js, err := jetstream.New(d.nc)
-	if err != nil {
-		return nil, err
-	}
-	for _, s := range cfg.NATS.Streams {
-		if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: s.Name, Subjects: s.Subjects, Duplicates: time.Duration(s.Duplicates)}); err != nil {
-			return nil, fmt.Errorf("ensure stream %s: %w", s.Name, err)
+	if cfg.UsesNATS() {
+		if err := d.connectNATS(ctx); err != nil {
+			return nil, err
 		}
 	}
-	d.pub, err = postboxnats.New(js, &postboxnats.Config{SubjectPrefix: cfg.NATS.SubjectPrefix})
-	if err != nil {
-		return nil, err
-	}
-	routes := []postbox.Route{{Topics: "*", Publisher: d.pub}}
-	if len(cfg.Routes) > 0 {
-		routes = routes[:0]
+	var routes []postbox.Route
+	if len(cfg.Routes) == 0 {
+		routes = []postbox.Route{{Topics: "*", Publisher: d.pub}}
+	} else {
 		for _, r := range cfg.Routes {
 			p, err := d.publisher(r.Publisher, log)
 			if err != nil {
@@ -142,8 +126,39 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger) (_ *Daemon, err e
 			return nil, err
 		}
 	}
-	log.Info("postbox relay daemon running", slog.Int("databases", len(d.shards)), slog.String("nats", Redact(cfg.NATS.URL)), slog.String("admin", d.Addr()))
+	nurl := "unused"
+	if d.nc != nil {
+		nurl = Redact(cfg.NATS.URL)
+	}
+	log.Info("postbox relay daemon running", slog.Int("databases", len(d.shards)), slog.String("nats", nurl), slog.String("admin", d.Addr()))
 	return d, nil
+}
+
+// connectNATS connects the JetStream publisher, ensuring the configured
+// streams first.
+func (d *Daemon) connectNATS(ctx context.Context) error {
+	cfg := d.cfg
+	// Reconnect for ever: while NATS is down, publishes fail as
+	// infrastructure failures and the relay pauses; nothing is lost.
+	// A short reconnect wait: while disconnected the relay publishes
+	// nothing, and nats.go's default (2s) doubles a broker blip's stall.
+	var err error
+	d.nc, err = nats.Connect(cfg.NATS.URL, nats.Name("postbox relay"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond), nats.ReconnectJitter(100*time.Millisecond, time.Second), nats.RetryOnFailedConnect(false))
+	if err != nil {
+		return fmt.Errorf("connect to NATS at %s: %w", Redact(cfg.NATS.URL), err)
+	}
+	js, err := jetstream.New(d.nc)
+	if err != nil {
+		return err
+	}
+	for _, s := range cfg.NATS.Streams {
+		if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: s.Name, Subjects: s.Subjects, Duplicates: time.Duration(s.Duplicates)}); err != nil {
+			return fmt.Errorf("ensure stream %s: %w", s.Name, err)
+		}
+	}
+	d.pub, err = postboxnats.New(js, &postboxnats.Config{SubjectPrefix: cfg.NATS.SubjectPrefix})
+	return err
 }
 
 // publisher returns the publisher a route names, making it on first use.
@@ -289,7 +304,7 @@ func (d *Daemon) Addr() string {
 // database answering, and no message pending longer than
 // ReadyMaxPendingAge.
 func (d *Daemon) Ready(ctx context.Context) error {
-	if !d.nc.IsConnected() {
+	if d.nc != nil && !d.nc.IsConnected() {
 		return fmt.Errorf("NATS is not connected (%s)", d.nc.Status())
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
