@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"text/tabwriter"
 	"time"
 
@@ -38,11 +39,18 @@ distribution for the plot.`,
 				atLeastDuration("poll-interval", opts.PollInterval, 0),
 				atLeast("lanes", opts.Lanes, 0),
 				atLeastDuration("ack-timeout", opts.AckTimeout, time.Second),
+				atLeastDuration("baseline", opts.Baseline, 0),
 			); err != nil {
 				return err
 			}
+			if opts.IdleOnly && (noIdle || opts.Idle == 0) {
+				return fmt.Errorf("--idle-only needs a positive --idle and no --no-idle")
+			}
 			if noIdle || opts.Idle == 0 {
 				opts.Idle = -1
+			}
+			if opts.Baseline == 0 {
+				opts.Baseline = -1 // --baseline 0 skips it
 			}
 			if opts.Warmup == 0 {
 				opts.Warmup = time.Nanosecond // keep every message
@@ -55,6 +63,10 @@ distribution for the plot.`,
 			if err != nil {
 				return err
 			}
+			if opts.IdleOnly {
+				printIdle(out, res)
+				return writeJSON(jsonFile, res)
+			}
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 			fmt.Fprintf(tw, "\ncommit → ack, ms\tmin\tp50\tp90\tp99\tp99.9\tmax\tmean\t\n")
 			row := func(name string, p bench.Percentiles) {
@@ -62,17 +74,18 @@ distribution for the plot.`,
 			}
 			row("from commit return", res.Latency)
 			row("from commit start", res.CommitLatency)
+			if res.BaselineMeasured > 0 {
+				row("baseline: direct publish", res.Baseline)
+				fmt.Fprintf(tw, "postbox / baseline\t\t%.2f\t%.2f\t%.2f\t%.2f\t\t\t\n", res.Latency.P50/res.Baseline.P50, res.Latency.P90/res.Baseline.P90, res.Latency.P99/res.Baseline.P99, res.Latency.P999/res.Baseline.P999)
+			}
 			if err := tw.Flush(); err != nil {
 				return err
 			}
 			fmt.Fprintf(out, "%d messages at %d msg/s asked, %.0f msg/s achieved (a writer started a slot at worst %.1f ms late); %d measured after the warm-up\n",
 				res.Written, res.Rate, res.Achieved, res.MaxBehindMillis, res.Measured)
 			fmt.Fprintf(out, "checked: %d distinct ids acknowledged, %d duplicate acks, the stream holds them all\n", res.Acked, res.Duplicates)
-			fmt.Fprintf(out, "relay statements/s (poll interval %s, %d lanes): idle %.1f over %.0f s, under this load %.1f\n",
-				res.PollInterval, res.Lanes, res.IdleQueriesPerSec, res.IdleSeconds, res.BusyQueriesPerSec)
-			for _, k := range res.StatementKinds() {
-				fmt.Fprintf(out, "  idle: %-50s %6d  (%.2f/s)\n", k, res.IdleStatements[k], float64(res.IdleStatements[k])/res.IdleSeconds)
-			}
+			fmt.Fprintf(out, "relay statements/s under this load: %.1f\n", res.BusyQueriesPerSec)
+			printIdle(out, res)
 			return writeJSON(jsonFile, res)
 		},
 	}
@@ -82,15 +95,27 @@ distribution for the plot.`,
 	f.IntVar(&opts.Rate, "rate", 1000, "messages committed per second, one per transaction")
 	f.DurationVar(&opts.Duration, "duration", 30*time.Second, "length of the paced writing")
 	f.DurationVar(&opts.Warmup, "warmup", 2*time.Second, "first part of the writing left out of the percentiles (at most a fifth of --duration)")
-	f.IntVar(&opts.Writers, "writers", 8, "writer goroutines taking the paced slots")
+	f.IntVar(&opts.Writers, "writers", 16, "writer goroutines taking the paced slots, each with a connection")
 	f.IntVar(&opts.PayloadBytes, "payload", 256, "payload bytes")
 	f.IntVar(&opts.Keys, "keys", 1000, "distinct ordering keys (0: keyless)")
 	f.BoolVar(&opts.SeparateWriter, "separate-writer", false, "write through a client of its own, so the relay finds rows only by polling")
 	f.DurationVar(&opts.Idle, "idle", 10*time.Second, "how long to count the idle relay's statements (0 skips)")
 	f.BoolVar(&noIdle, "no-idle", false, "skip the idle count")
+	f.BoolVar(&opts.IdleOnly, "idle-only", false, "only count the idle relay's statements")
 	f.DurationVar(&opts.PollInterval, "poll-interval", 0, "relay poll interval (0: the library's default)")
 	f.IntVar(&opts.Lanes, "lanes", 0, "relay lanes (0: the library's default)")
 	f.DurationVar(&opts.AckTimeout, "ack-timeout", 30*time.Second, "longest wait for the last acks after the writing")
+	f.DurationVar(&opts.Baseline, "baseline", 10*time.Second, "how long to measure the same-run floor first: commit, then publish straight to JetStream (0 skips)")
 	f.StringVar(&jsonFile, "json", "", "also write the results, with the latency distribution, as JSON to this file")
 	return cmd
+}
+
+func printIdle(out io.Writer, res bench.LatencyResult) {
+	if res.IdleSeconds == 0 {
+		return
+	}
+	fmt.Fprintf(out, "idle relay (poll interval %s, %d lanes): %.1f statements/s over %.0f s\n", res.PollInterval, res.Lanes, res.IdleQueriesPerSec, res.IdleSeconds)
+	for _, k := range res.StatementKinds() {
+		fmt.Fprintf(out, "  %-50s %6d  (%.2f/s)\n", k, res.IdleStatements[k], float64(res.IdleStatements[k])/res.IdleSeconds)
+	}
 }

@@ -75,8 +75,8 @@ notification per notifying commit.`,
 	f := cmd.Flags()
 	f.StringVar(&opts.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
 	f.IntVar(&opts.Writers, "writers", 16, "concurrent writers")
-	f.DurationVar(&opts.Duration, "duration", 10*time.Second, "length of each phase")
-	f.IntVar(&opts.Runs, "runs", 3, "runs; each runs every phase")
+	f.DurationVar(&opts.Duration, "duration", 5*time.Second, "length of each phase")
+	f.IntVar(&opts.Runs, "runs", 5, "runs; each runs every phase")
 	f.DurationVar(&opts.Warmup, "warmup", time.Second, "uncounted warm-up before the first run")
 	f.StringVar(&jsonFile, "json", "", "also write the results as JSON to this file")
 	return cmd

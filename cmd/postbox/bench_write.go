@@ -62,13 +62,15 @@ medians. No relay runs: the figure is the cost of the write itself.`,
 				return err
 			}
 			fmt.Fprintf(out, "checked: %d domain rows and %d outbox rows, as committed\n", res.DomainRows, res.OutboxRows)
+			fmt.Fprintf(out, "stored per row: domain %.0f bytes (%.0f with indexes), outbox message %.0f bytes (%.0f with indexes)\n",
+				res.DomainRowBytes, perRow(res.DomainTableBytes, res.DomainRows), res.OutboxRowBytes, perRow(res.OutboxTableBytes, res.OutboxRows))
 			return writeJSON(jsonFile, res)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
-	f.DurationVar(&opts.Duration, "duration", 10*time.Second, "length of each measured phase")
-	f.IntVar(&opts.Runs, "runs", 3, "runs; each runs every case without and with postbox, alternating which goes first")
+	f.DurationVar(&opts.Duration, "duration", 5*time.Second, "length of each measured phase")
+	f.IntVar(&opts.Runs, "runs", 5, "runs; each runs every case without and with postbox, alternating which goes first")
 	f.IntSliceVar(&opts.Writers, "writers", []int{1, 8}, "writer counts of the one-row cases")
 	f.IntVar(&opts.PayloadBytes, "payload", 256, "message payload bytes")
 	f.IntVar(&opts.Batch, "batch", 100, "rows and messages per transaction of the batched case (0 skips it)")
@@ -76,6 +78,13 @@ medians. No relay runs: the figure is the cost of the write itself.`,
 	f.DurationVar(&opts.Warmup, "warmup", time.Second, "uncounted warm-up before the first phase")
 	f.StringVar(&jsonFile, "json", "", "also write the results as JSON to this file")
 	return cmd
+}
+
+func perRow(bytes, rows int64) float64 {
+	if rows == 0 {
+		return 0
+	}
+	return float64(bytes) / float64(rows)
 }
 
 // firstErr returns the first non-nil error.

@@ -37,7 +37,7 @@ type LatencyOptions struct {
 	// of the percentiles; default 2s (never more than a fifth of Duration).
 	Warmup time.Duration
 	// Writers are the goroutines that take the paced slots, each with a
-	// connection of its own; default 8.
+	// connection of its own; default 16.
 	Writers      int
 	PayloadBytes int // default 256
 	Keys         int // distinct ordering keys; 0 means keyless; default 1,000
@@ -55,6 +55,13 @@ type LatencyOptions struct {
 	// AckTimeout bounds the wait for the last acks after the writing;
 	// default 30s.
 	AckTimeout time.Duration
+	// IdleOnly stops after the idle count: no writing, no latency.
+	IdleOnly bool
+	// Baseline is how long the same-run floor is measured before the
+	// postbox phase, at the same rate: each writer commits a domain row and
+	// then publishes the message to JetStream itself, waiting for the ack
+	// (the dual write the outbox replaces). Default 10s, negative skips it.
+	Baseline time.Duration
 }
 
 // Validate reports the first bad option, naming its command-line flag.
@@ -76,6 +83,8 @@ func (o *LatencyOptions) Validate() error {
 		return fmt.Errorf("--poll-interval must be at least 1ms, got %s", o.PollInterval)
 	case o.Lanes < 0 || o.Lanes > 64:
 		return fmt.Errorf("--lanes must be between 1 and 64, got %d", o.Lanes)
+	case o.IdleOnly && o.Idle < 0:
+		return fmt.Errorf("--idle-only needs a positive --idle")
 	case o.AckTimeout < 0:
 		return fmt.Errorf("--ack-timeout must be positive, got %s", o.AckTimeout)
 	}
@@ -100,7 +109,7 @@ func (o *LatencyOptions) defaults() {
 	}
 	o.Warmup = min(o.Warmup, o.Duration/5)
 	if o.Writers == 0 {
-		o.Writers = 8
+		o.Writers = 16
 	}
 	if o.PayloadBytes == 0 {
 		o.PayloadBytes = 256
@@ -110,6 +119,9 @@ func (o *LatencyOptions) defaults() {
 	}
 	if o.AckTimeout == 0 {
 		o.AckTimeout = 30 * time.Second
+	}
+	if o.Baseline == 0 {
+		o.Baseline = 10 * time.Second
 	}
 }
 
@@ -142,6 +154,12 @@ type LatencyResult struct {
 	Latency       Percentiles `json:"latency_ms"`
 	CommitLatency Percentiles `json:"from_commit_start_ms"`
 	CDF           []CDFPoint  `json:"cdf"`
+	// The same-run floor: commit return to ack when the writer publishes
+	// straight to JetStream after its commit.
+	Baseline         Percentiles `json:"baseline_ms"`
+	BaselineCDF      []CDFPoint  `json:"baseline_cdf"`
+	BaselineAchieved float64     `json:"baseline_achieved"`
+	BaselineMeasured int         `json:"baseline_measured"`
 	// Statements the relay sent per second while idle and while relaying
 	// the paced load, and what they were.
 	IdleSeconds       float64          `json:"idle_seconds"`
@@ -266,74 +284,94 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 		res.IdleQueriesPerSec = float64(total) / res.IdleSeconds
 		fmt.Fprintf(out, "idle relay: %.1f statements/s\n", res.IdleQueriesPerSec)
 	}
+	if opts.IdleOnly {
+		return res, nil
+	}
 
 	total := int(float64(opts.Rate) * opts.Duration.Seconds())
 	warm := int(float64(opts.Rate) * opts.Warmup.Seconds())
-	fmt.Fprintf(out, "writing %d messages at %d msg/s (%d writers, %d keys, %s), one per transaction\n",
-		total, opts.Rate, opts.Writers, opts.Keys, map[bool]string{false: "relay's client: in-process wake-up", true: "separate client: polling only"}[opts.SeparateWriter])
 	payload := makePayload(opts.PayloadBytes)
-	period := time.Second / time.Duration(opts.Rate)
+	key := func(i int) string {
+		if opts.Keys == 0 {
+			return ""
+		}
+		return fmt.Sprintf("key-%d", i%opts.Keys)
+	}
+
+	baselineN := 0
+	if opts.Baseline > 0 {
+		// The floor: the dual write the outbox replaces. Each writer
+		// commits a domain row, then publishes the message to JetStream
+		// itself and waits for the PubAck.
+		n := max(int(float64(opts.Rate)*opts.Baseline.Seconds()), 1)
+		baselineN = n
+		bwarm := min(warm, n/5)
+		fmt.Fprintf(out, "baseline, direct publish after commit: %d messages at %d msg/s (%d writers)\n", n, opts.Rate, opts.Writers)
+		domain := prefix + "orders"
+		if _, err := wpool.Exec(ctx, "CREATE TABLE "+domain+" (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, key text NOT NULL, payload bytea NOT NULL)"); err != nil {
+			return res, err
+		}
+		times := make([]commitTimes, n)
+		acked := make([]time.Time, n)
+		bids := make([]string, n)
+		for i := range bids {
+			bids[i] = postbox.NewID()
+		}
+		p, err := pace(ctx, n, opts.Rate, opts.Writers, out, func() string { return "" }, func(i int) error {
+			tx, err := wpool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+			if _, err := tx.Exec(ctx, "INSERT INTO "+domain+" (key, payload) VALUES ($1, $2)", key(i), payload); err != nil {
+				return err
+			}
+			times[i].start = time.Now()
+			if err := tx.Commit(ctx); err != nil {
+				return err
+			}
+			times[i].end = time.Now()
+			msg := nats.NewMsg(subjects + "direct")
+			msg.Data = payload
+			if _, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(bids[i])); err != nil {
+				return fmt.Errorf("direct publish: %w", err)
+			}
+			acked[i] = time.Now()
+			return nil
+		})
+		if err != nil {
+			return res, err
+		}
+		var lat []float64
+		for i := bwarm; i < n; i++ {
+			lat = append(lat, float64(acked[i].Sub(times[i].end))/1e6)
+		}
+		res.Baseline = percentiles(lat)
+		res.BaselineCDF = cdf(lat)
+		res.BaselineAchieved = p.achieved
+		res.BaselineMeasured = len(lat)
+	}
+
+	fmt.Fprintf(out, "postbox: writing %d messages at %d msg/s (%d writers, %d keys, %s), one per transaction\n",
+		total, opts.Rate, opts.Writers, opts.Keys, map[bool]string{false: "relay's client: in-process wake-up", true: "separate client: polling only"}[opts.SeparateWriter])
 	commits := make([]commitTimes, total)
 	ids := make([]string, total)
 	for i := range ids {
 		ids[i] = postbox.NewID()
 	}
-	var next atomic.Int64
-	var behind atomic.Int64
-	errc := make(chan error, opts.Writers)
-	var wg sync.WaitGroup
 	busyBefore := counter.snapshot()
-	start := time.Now().Add(10 * time.Millisecond)
-	for range opts.Writers {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= total || ctx.Err() != nil {
-					return
-				}
-				due := start.Add(time.Duration(i) * period)
-				if d := time.Until(due); d > 0 {
-					time.Sleep(d)
-				} else if late := int64(-d); late > behind.Load() {
-					behind.Store(late) // racy maximum: a report, not a check
-				}
-				msg := postbox.Message{ID: ids[i], Topic: "m", Payload: payload}
-				if opts.Keys > 0 {
-					msg.Key = fmt.Sprintf("key-%d", i%opts.Keys)
-				}
-				ct, err := writeOne(ctx, wpool, writer, msg)
-				if err != nil {
-					errc <- err
-					return
-				}
-				commits[i] = ct
-			}
-		})
-	}
-	progress := time.NewTicker(5 * time.Second)
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-wait:
-	for {
-		select {
-		case <-done:
-			break wait
-		case <-progress.C:
-			fmt.Fprintf(out, "  %s: %d written, %d acknowledged\n", time.Since(start).Round(time.Second), min(int(next.Load()), total), acks.count())
-		}
-	}
-	progress.Stop()
-	writeEnd := time.Now()
-	close(errc)
-	if err := <-errc; err != nil {
-		return res, fmt.Errorf("writer: %w", err)
-	}
-	if err := ctx.Err(); err != nil {
+	busyStart := time.Now()
+	p, err := pace(ctx, total, opts.Rate, opts.Writers, out, func() string { return fmt.Sprintf(", %d acknowledged", acks.count()) }, func(i int) error {
+		ct, err := writeOne(ctx, wpool, writer, postbox.Message{ID: ids[i], Topic: "m", Key: key(i), Payload: payload})
+		commits[i] = ct
+		return err
+	})
+	if err != nil {
 		return res, err
 	}
 	res.Written = total
-	res.Achieved = float64(total) / writeEnd.Sub(start).Seconds()
-	res.MaxBehindMillis = float64(behind.Load()) / 1e6
+	res.Achieved = p.achieved
+	res.MaxBehindMillis = p.maxBehind.Seconds() * 1000
 
 	deadline := time.Now().Add(opts.AckTimeout)
 	for acks.count() < total {
@@ -349,7 +387,7 @@ wait:
 	for _, n := range busy {
 		busyN += n
 	}
-	res.BusyQueriesPerSec = float64(busyN) / time.Since(start).Seconds()
+	res.BusyQueriesPerSec = float64(busyN) / time.Since(busyStart).Seconds()
 
 	ackAt, dups := acks.result()
 	res.Acked, res.Duplicates = len(ackAt), dups
@@ -380,13 +418,80 @@ wait:
 	if err != nil {
 		return res, err
 	}
-	if info.State.Msgs != uint64(total) { //nolint:gosec // total is positive
-		return res, fmt.Errorf("stream holds %d messages, want %d", info.State.Msgs, total)
+	if want := uint64(total + baselineN); info.State.Msgs != want { //nolint:gosec // both are positive
+		return res, fmt.Errorf("stream holds %d messages, want %d (%d from postbox, %d from the baseline)", info.State.Msgs, want, total, baselineN)
 	}
 	return res, nil
 }
 
 type commitTimes struct{ start, end time.Time }
+
+type paced struct {
+	achieved  float64       // slots done per second
+	maxBehind time.Duration // how late a slot was started at worst
+}
+
+// pace runs do(i) for i in [0, total), slot i due at rate slots per second
+// from now, on writers goroutines that each take the next slot and wait
+// for its time; a writer that is late starts at once. It prints progress
+// every 5 s, with what more() adds.
+func pace(ctx context.Context, total, rate, writers int, out io.Writer, more func() string, do func(i int) error) (paced, error) {
+	var res paced
+	period := time.Second / time.Duration(rate)
+	var next, behind atomic.Int64
+	errc := make(chan error, writers)
+	var wg sync.WaitGroup
+	start := time.Now().Add(10 * time.Millisecond)
+	for range writers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= total || ctx.Err() != nil {
+					return
+				}
+				due := start.Add(time.Duration(i) * period)
+				if d := time.Until(due); d > 0 {
+					time.Sleep(d)
+				} else {
+					for late := int64(-d); ; {
+						was := behind.Load()
+						if late <= was || behind.CompareAndSwap(was, late) {
+							break
+						}
+					}
+				}
+				if err := do(i); err != nil {
+					errc <- err
+					next.Store(int64(total)) // the others stop too
+					return
+				}
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	progress := time.NewTicker(5 * time.Second)
+	defer progress.Stop()
+wait:
+	for {
+		select {
+		case <-done:
+			break wait
+		case <-progress.C:
+			fmt.Fprintf(out, "  %s: %d written%s\n", time.Since(start).Round(time.Second), min(int(next.Load()), total), more())
+		}
+	}
+	close(errc)
+	if err := <-errc; err != nil {
+		return res, fmt.Errorf("writer: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	res.achieved = float64(total) / time.Since(start).Seconds()
+	res.maxBehind = time.Duration(behind.Load())
+	return res, nil
+}
 
 // writeOne commits msg alone in a transaction and reports when the COMMIT
 // was sent and when it returned.
@@ -489,14 +594,14 @@ func cdf(sorted []float64) []CDFPoint {
 		return nil
 	}
 	var qs []float64
-	for q := 0.005; q < 0.99; q += 0.005 {
-		qs = append(qs, q)
+	for k := 1; k < 198; k++ { // 0.5% … 98.5%
+		qs = append(qs, float64(k)*0.005)
 	}
-	for q := 0.99; q < 0.999; q += 0.0005 {
-		qs = append(qs, q)
+	for k := 0; k < 18; k++ { // 99% … 99.85%
+		qs = append(qs, 0.99+float64(k)*0.0005)
 	}
-	for q := 0.999; q < 1; q += 0.0001 {
-		qs = append(qs, q)
+	for k := 0; k < 10; k++ { // 99.9% … 99.99%
+		qs = append(qs, 0.999+float64(k)*0.0001)
 	}
 	qs = append(qs, 1)
 	out := make([]CDFPoint, 0, len(qs))

@@ -17,8 +17,8 @@ import (
 type NotifyOptions struct {
 	DatabaseURL string
 	Writers     int           // default 16
-	Duration    time.Duration // of each phase; default 10s
-	Runs        int           // default 3
+	Duration    time.Duration // of each phase; default 5s
+	Runs        int           // default 5
 	Warmup      time.Duration // uncounted, before the first run; default 1s, negative skips it
 }
 
@@ -43,10 +43,10 @@ func (o *NotifyOptions) defaults() {
 		o.Writers = 16
 	}
 	if o.Duration == 0 {
-		o.Duration = 10 * time.Second
+		o.Duration = 5 * time.Second
 	}
 	if o.Runs == 0 {
-		o.Runs = 3
+		o.Runs = 5
 	}
 	if o.Warmup == 0 {
 		o.Warmup = time.Second

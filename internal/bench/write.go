@@ -26,8 +26,8 @@ import (
 // with and without a postbox message in them.
 type WriteOptions struct {
 	DatabaseURL  string
-	Duration     time.Duration // of each measured phase; default 10s
-	Runs         int           // default 3
+	Duration     time.Duration // of each measured phase; default 5s
+	Runs         int           // default 5
 	Writers      []int         // concurrent writers of the single-row cases; default 1 and 8
 	PayloadBytes int           // default 256
 	// Batch is the rows (and messages) per transaction of the batched
@@ -70,10 +70,10 @@ func (o *WriteOptions) defaults() {
 		o.DatabaseURL = defaultDatabaseURL
 	}
 	if o.Duration == 0 {
-		o.Duration = 10 * time.Second
+		o.Duration = 5 * time.Second
 	}
 	if o.Runs == 0 {
-		o.Runs = 3
+		o.Runs = 5
 	}
 	if len(o.Writers) == 0 {
 		o.Writers = []int{1, 8}
@@ -114,6 +114,11 @@ type WriteResult struct {
 	Cases []WriteCase
 	// Rows found in the tables at the end; they match the commits counted.
 	DomainRows, OutboxRows int64
+	// Average stored row sizes (pg_column_size of the row) and the tables'
+	// total sizes with their indexes, in bytes: how much more each message
+	// writes than a domain row.
+	DomainRowBytes, OutboxRowBytes     float64
+	DomainTableBytes, OutboxTableBytes int64
 }
 
 // Write measures committed domain transactions per second at each writer
@@ -234,6 +239,13 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 		return res, err
 	}
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+prefix+"outbox").Scan(&res.OutboxRows); err != nil {
+		return res, err
+	}
+	if err := pool.QueryRow(ctx, `SELECT
+		(SELECT coalesce(avg(pg_column_size(d.*)), 0) FROM `+orders+` d),
+		(SELECT coalesce(avg(pg_column_size(o.*)), 0) FROM `+prefix+`outbox o),
+		pg_total_relation_size($1), pg_total_relation_size($2)`, orders, prefix+"outbox").Scan(
+		&res.DomainRowBytes, &res.OutboxRowBytes, &res.DomainTableBytes, &res.OutboxTableBytes); err != nil {
 		return res, err
 	}
 	if res.DomainRows != wantDomain || res.OutboxRows != wantOutbox {
