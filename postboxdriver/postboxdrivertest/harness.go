@@ -40,6 +40,10 @@ type Features struct {
 	ConcurrentWriters bool
 	// Inbox is true where the store implements postboxdriver.Inboxer.
 	Inbox bool
+	// InboxBatch is true where the store implements
+	// postboxdriver.InboxBatcher (savepoints and many inbox records at
+	// once), which Inbox.BatchProcessor needs.
+	InboxBatch bool
 	// Admin is true where the store implements postboxdriver.Admin.
 	Admin bool
 }

@@ -21,6 +21,12 @@ func (s *suite[TTx]) runInbox(t *testing.T) {
 	t.Run("DeadLetterOperations", s.inboxDeadOps)
 	t.Run("Retention", s.inboxRetention)
 	t.Run("ConfigRetentionHorizon", s.inboxConfig)
+	t.Run("Batch", func(t *testing.T) {
+		if !s.h.Features.InboxBatch {
+			t.Skip("driver declares no batched inbox")
+		}
+		s.runInboxBatch(t)
+	})
 }
 
 // inboxEnv is a consumer whose handler's effect is an outbox message

@@ -1,0 +1,437 @@
+package postboxdrivertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxdriver"
+)
+
+func (s *suite[TTx]) runInboxBatch(t *testing.T) {
+	t.Run("InsertManyAndDelete", s.batchInsertMany)
+	t.Run("Savepoints", s.batchSavepoints)
+	t.Run("BatchCopiesApplyOnce", s.batchCopies)
+	t.Run("BatchFailingHandlerIsolated", s.batchFailingIsolated)
+	t.Run("BatchKilledBetweenCommitAndAck", s.batchKilledBeforeAck)
+	t.Run("BatchPoisonDeadLettered", s.batchPoison)
+	t.Run("BatchConfigRejected", s.batchConfig)
+}
+
+func (s *suite[TTx]) batcher(t *testing.T, e *env[TTx]) (postboxdriver.InboxBatcher[TTx], postboxdriver.Raw[TTx]) {
+	t.Helper()
+	b, ok := e.store.(postboxdriver.InboxBatcher[TTx])
+	if !ok {
+		t.Fatalf("the store %T declares InboxBatch but implements no postboxdriver.InboxBatcher", e.store)
+	}
+	raw, ok := e.store.(postboxdriver.Raw[TTx])
+	if !ok {
+		t.Fatalf("the store %T implements no postboxdriver.Raw", e.store)
+	}
+	return b, raw
+}
+
+func (s *suite[TTx]) batchInsertMany(t *testing.T) {
+	ie := s.inboxSetup(t, nil)
+	b, _ := s.batcher(t, ie.env)
+	ctx := context.Background()
+	a, c, d, x := postbox.NewID(), postbox.NewID(), postbox.NewID(), postbox.NewID()
+
+	insert := func(tx TTx, consumer string, ids ...string) []bool {
+		t.Helper()
+		got, err := b.InboxInsertManyTx(ctx, tx, consumer, ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	tx, commit, _ := s.h.Begin(t, ctx, ie.d)
+	if got := insert(tx, "billing", c, a); fmt.Sprint(got) != "[true true]" {
+		t.Fatalf("first insert = %v", got)
+	}
+	if got := insert(tx, "billing"); len(got) != 0 {
+		t.Fatalf("empty insert = %v", got)
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	// Known ids report false, in the order given; another consumer's
+	// records are its own.
+	tx, commit, _ = s.h.Begin(t, ctx, ie.d)
+	if got := insert(tx, "billing", d, a, x, c); fmt.Sprint(got) != "[true false true false]" {
+		t.Fatalf("mixed insert = %v, want [true false true false]", got)
+	}
+	if got := insert(tx, "shipping", a); fmt.Sprint(got) != "[true]" {
+		t.Fatalf("other consumer = %v", got)
+	}
+	if err := b.InboxDeleteTx(ctx, tx, "billing", []string{x, a}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.InboxDeleteTx(ctx, tx, "billing", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	// The deleted records are gone, the others stay, and the single
+	// insert agrees.
+	tx, _, rollback := s.h.Begin(t, ctx, ie.d)
+	defer func() { _ = rollback() }()
+	if got := insert(tx, "billing", a, c, d, x); fmt.Sprint(got) != "[true false false true]" {
+		t.Fatalf("after delete = %v, want [true false false true]", got)
+	}
+	if first, err := ie.inbox.Process(ctx, tx, "shipping", a, func(context.Context, TTx) error { return nil }); err != nil || first {
+		t.Fatalf("single insert of a batch-recorded id: first=%v err=%v", first, err)
+	}
+}
+
+func (s *suite[TTx]) batchSavepoints(t *testing.T) {
+	ie := s.inboxSetup(t, nil)
+	b, raw := s.batcher(t, ie.env)
+	ctx := context.Background()
+	write := func(tx TTx, n int) {
+		t.Helper()
+		if err := ie.client.WriteTx(ctx, tx, postbox.Message{Topic: "effect", Payload: []byte(fmt.Sprint(n))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, commit, _ := s.h.Begin(t, ctx, ie.d)
+	write(tx, 1)
+	must(b.SavepointTx(ctx, tx, "sp"))
+	write(tx, 2) // undone
+	must(b.RollbackToSavepointTx(ctx, tx, "sp"))
+	write(tx, 3) // kept: the savepoint stays open after a rollback to it
+	must(b.SavepointTx(ctx, tx, "sp"))
+	write(tx, 4) // kept: nested under the first, released with it
+	must(b.SavepointTx(ctx, tx, "sp"))
+	write(tx, 5) // undone: a name used again names the latest savepoint
+	must(b.RollbackToSavepointTx(ctx, tx, "sp"))
+	must(b.ReleaseSavepointTx(ctx, tx, "sp"))
+	// A failed statement inside a savepoint is undone by a rollback to
+	// it, and the transaction goes on (PostgreSQL aborts it otherwise).
+	must(b.SavepointTx(ctx, tx, "other"))
+	if _, err := raw.ExecTx(ctx, tx, "INSERT INTO "+ie.prefix+"no_such_table VALUES (1)"); err == nil {
+		t.Fatal("a statement on a missing table succeeded")
+	}
+	must(b.RollbackToSavepointTx(ctx, tx, "other"))
+	write(tx, 6)
+	must(b.ReleaseSavepointTx(ctx, tx, "other"))
+	must(commit())
+	if n := ie.effects(t); n != 4 {
+		t.Fatalf("%d rows committed, want 4 (1, 3, 4, 6)", n)
+	}
+	// Names that are not identifiers are refused, and change nothing.
+	tx, _, rollback := s.h.Begin(t, ctx, ie.d)
+	defer func() { _ = rollback() }()
+	for _, bad := range []string{"", "1sp", "sp; DROP TABLE x", "Sp", "sp-1"} {
+		if err := b.SavepointTx(ctx, tx, bad); err == nil {
+			t.Fatalf("savepoint name %q accepted", bad)
+		}
+		if err := b.RollbackToSavepointTx(ctx, tx, bad); err == nil {
+			t.Fatalf("rollback to savepoint name %q accepted", bad)
+		}
+		if err := b.ReleaseSavepointTx(ctx, tx, bad); err == nil {
+			t.Fatalf("release of savepoint name %q accepted", bad)
+		}
+	}
+}
+
+// batchOf hands deliveries to p at once, from goroutines of their own as
+// a subscriber would, and returns the verdicts in the order of ds.
+func batchOf(p postbox.Processor, ds []*postbox.Delivery) []postbox.Verdict {
+	out := make([]postbox.Verdict, len(ds))
+	var wg sync.WaitGroup
+	for i, d := range ds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cp := *d
+			out[i] = p.Process(context.Background(), &cp)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// txCounter counts the handler runs per transaction, to report how the
+// deliveries were batched.
+type txCounter struct {
+	mu   sync.Mutex
+	runs map[any]int
+}
+
+func (c *txCounter) add(tx any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.runs == nil {
+		c.runs = map[any]int{}
+	}
+	c.runs[tx]++
+}
+
+func (c *txCounter) shape() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []int
+	for _, n := range c.runs {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// wideBatches gathers every delivery handed over at once into one batch
+// where the scheduler allows: a batch waits for the others to queue up.
+var wideBatches = &postbox.BatchConfig{MaxBatch: 64, MaxWait: time.Second, Concurrency: 1}
+
+// Copies in the same batch and across batches run one handler per id.
+func (s *suite[TTx]) batchCopies(t *testing.T) {
+	ie := s.inboxSetup(t, nil)
+	var txs txCounter
+	p, err := ie.inbox.BatchProcessor("billing", func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+		txs.add(any(tx))
+		return ie.effect(ctx, tx, d)
+	}, wideBatches)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	var ds []*postbox.Delivery
+	for range n {
+		d := delivery(postbox.NewID())
+		ds = append(ds, d, d, d) // three copies each, in one batch
+	}
+	vs := batchOf(p, ds)
+	firsts := map[string]int{}
+	for i, v := range vs {
+		if v.Action == postbox.Retry {
+			// A store that serializes writers may report a busy store
+			// for a copy handled on its own; the broker redelivers it.
+			v = p.Process(context.Background(), ds[i])
+		}
+		if v.Action != postbox.Ack {
+			t.Fatalf("delivery %d: %+v", i, v)
+		}
+		if !v.Duplicate {
+			firsts[ds[i].ID]++
+		}
+	}
+	// Every copy again, as redeliveries: all duplicates.
+	for i, v := range batchOf(p, ds) {
+		if v.Action != postbox.Ack || !v.Duplicate {
+			t.Fatalf("redelivery %d: %+v", i, v)
+		}
+	}
+	if len(firsts) != n {
+		t.Fatalf("%d ids ran their handler, want %d", len(firsts), n)
+	}
+	for id, k := range firsts {
+		if k != 1 {
+			t.Fatalf("id %s ran its handler %d times", id, k)
+		}
+	}
+	if got := ie.effects(t); got != n {
+		t.Fatalf("effects = %d, want %d", got, n)
+	}
+	t.Logf("handler runs per transaction: %v", txs.shape())
+}
+
+// A handler that fails in a batch, also after a failed statement, rolls
+// back its own message only; the others commit, and the failed one runs
+// again on its redelivery.
+func (s *suite[TTx]) batchFailingIsolated(t *testing.T) {
+	ie := s.inboxSetup(t, nil)
+	_, raw := s.batcher(t, ie.env)
+	var ds []*postbox.Delivery
+	for range 30 {
+		ds = append(ds, delivery(postbox.NewID()))
+	}
+	bad := map[string]string{ds[0].ID: "error", ds[7].ID: "statement", ds[19].ID: "panic"}
+	var mu sync.Mutex
+	healed := false
+	var txs txCounter
+	p, err := ie.inbox.BatchProcessor("billing", func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+		txs.add(any(tx))
+		if err := ie.effect(ctx, tx, d); err != nil {
+			return err
+		}
+		mu.Lock()
+		h := healed
+		mu.Unlock()
+		if h {
+			return nil
+		}
+		switch bad[d.ID] {
+		case "error":
+			return errors.New("cannot apply")
+		case "statement":
+			_, err := raw.ExecTx(ctx, tx, "INSERT INTO "+ie.prefix+"no_such_table VALUES (1)")
+			if err == nil {
+				err = errors.New("a statement on a missing table succeeded")
+			}
+			return err
+		case "panic":
+			panic("oops")
+		}
+		return nil
+	}, wideBatches)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs := batchOf(p, ds)
+	for i, v := range vs {
+		want := postbox.Ack
+		if bad[ds[i].ID] != "" {
+			want = postbox.Retry
+		}
+		if v.Action != want || v.Duplicate {
+			t.Fatalf("delivery %d (%s): %+v, want %s", i, bad[ds[i].ID], v, want)
+		}
+		if want == postbox.Retry && (v.Attempts != 1 || v.Err == nil || v.Delay <= 0) {
+			t.Fatalf("failed delivery %d: %+v, want one attempt counted and a backoff", i, v)
+		}
+	}
+	if n := ie.effects(t); n != 27 {
+		t.Fatalf("effects = %d, want 27 (the failed handlers' rolled back)", n)
+	}
+	t.Logf("handler runs per transaction: %v", txs.shape())
+	mu.Lock()
+	healed = true
+	mu.Unlock()
+	// Everything redelivered: the three failed ones run now, the rest are
+	// copies.
+	runs := 0
+	for i, v := range batchOf(p, ds) {
+		if v.Action != postbox.Ack {
+			t.Fatalf("redelivery %d: %+v", i, v)
+		}
+		if !v.Duplicate {
+			runs++
+			if bad[ds[i].ID] == "" {
+				t.Fatalf("delivery %d ran its handler twice", i)
+			}
+		}
+	}
+	if n := ie.effects(t); runs != 3 || n != 30 {
+		t.Fatalf("%d handlers ran on redelivery and %d effects; want 3 and 30", runs, n)
+	}
+}
+
+// The consumer commits a batch and dies before acking: every delivery
+// comes back, to a new Inbox, and is a copy.
+func (s *suite[TTx]) batchKilledBeforeAck(t *testing.T) {
+	ie := s.inboxSetup(t, nil)
+	p, err := ie.inbox.BatchProcessor("billing", ie.effect, wideBatches)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds []*postbox.Delivery
+	for range 10 {
+		ds = append(ds, delivery(postbox.NewID()))
+	}
+	for i, v := range batchOf(p, ds) {
+		if v.Action != postbox.Ack || v.Duplicate {
+			t.Fatalf("delivery %d: %+v", i, v)
+		}
+	}
+	in2, err := postbox.NewInbox(ie.d, &postbox.InboxConfig{Prefix: ie.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, err := in2.BatchProcessor("billing", ie.effect, wideBatches)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range batchOf(p2, ds) {
+		if v.Action != postbox.Ack || !v.Duplicate {
+			t.Fatalf("redelivery %d after restart: %+v", i, v)
+		}
+	}
+	if n := ie.effects(t); n != 10 {
+		t.Fatalf("effects = %d, want 10", n)
+	}
+}
+
+// A message whose handler always fails is retried, then dead-lettered
+// after its budget, while the messages batched with it commit.
+func (s *suite[TTx]) batchPoison(t *testing.T) {
+	ie := s.inboxSetup(t, &postbox.InboxConfig{MaxAttempts: 3})
+	poison := delivery(postbox.NewID())
+	p, err := ie.inbox.BatchProcessor("billing", func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+		if err := ie.effect(ctx, tx, d); err != nil {
+			return err
+		}
+		if d.ID == poison.ID {
+			return errors.New("cannot apply")
+		}
+		return nil
+	}, wideBatches)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for attempt := 1; attempt <= 3; attempt++ {
+		ds := []*postbox.Delivery{poison}
+		for range 5 {
+			ds = append(ds, delivery(postbox.NewID()))
+		}
+		vs := batchOf(p, ds)
+		want := postbox.Retry
+		if attempt == 3 {
+			want = postbox.DeadLettered
+		}
+		if v := vs[0]; v.Action != want || v.Attempts != attempt || v.Err == nil {
+			t.Fatalf("attempt %d: %+v, want %s", attempt, v, want)
+		}
+		for i, v := range vs[1:] {
+			if v.Action != postbox.Ack || v.Duplicate {
+				t.Fatalf("attempt %d, healthy delivery %d: %+v", attempt, i, v)
+			}
+		}
+	}
+	if n := ie.effects(t); n != 15 {
+		t.Fatalf("effects = %d, want 15 (the healthy ones)", n)
+	}
+	dl, err := ie.inbox.GetDead(context.Background(), "billing", poison.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dl.Attempts != 3 || dl.Error != "cannot apply" || string(dl.Payload) != string(poison.Payload) {
+		t.Fatalf("dead letter = %+v", dl)
+	}
+	// A delivery the inbox cannot record is buried at once, as with the
+	// single-message processor.
+	if v := p.Process(context.Background(), delivery("")); v.Action != postbox.DeadLettered {
+		t.Fatalf("delivery without an id: %+v", v)
+	}
+}
+
+func (s *suite[TTx]) batchConfig(t *testing.T) {
+	ie := s.inboxSetup(t, nil)
+	for _, cfg := range []postbox.BatchConfig{{MaxBatch: 65}, {MaxBatch: -1}, {MaxWait: -time.Second}, {MaxWait: time.Minute}, {Concurrency: -1}} {
+		var ce *postbox.ConfigError
+		if _, err := ie.inbox.BatchProcessor("billing", ie.effect, &cfg); !errors.As(err, &ce) {
+			t.Fatalf("%+v: err = %v, want *ConfigError", cfg, err)
+		}
+	}
+	var ve *postbox.ValidationError
+	if _, err := ie.inbox.BatchProcessor("", ie.effect, nil); !errors.As(err, &ve) {
+		t.Fatalf("empty consumer: %v, want *ValidationError", err)
+	}
+	if _, err := ie.inbox.BatchProcessor("billing", nil, nil); !errors.As(err, &ve) {
+		t.Fatalf("nil handler: %v, want *ValidationError", err)
+	}
+	if _, err := ie.inbox.BatchProcessor("billing", ie.effect, nil); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+}
