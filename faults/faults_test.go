@@ -55,7 +55,7 @@ var profiles = map[string]profile{
 		Name: "short", WriteFor: 90 * time.Second, Rounds: 1,
 		Mix: map[string]int{
 			faultKill: 4, faultStop: 2, faultPGTerm: 2, faultBlackhole: 1, faultReset: 1, faultXmin: 1,
-			faultNATS: 1, faultPGRestart: 1,
+			faultBrokerRestart: 1, faultPGRestart: 1,
 		},
 		Writers: 4, Keys: 40, Pace: 40 * time.Millisecond, Rollback: 0.15, Poison: 0.01,
 		DrainLimit: 60 * time.Second, Lease: 3 * time.Second, BatchDeadline: time.Second,
@@ -64,7 +64,7 @@ var profiles = map[string]profile{
 		Name: "soak", WriteFor: 20 * time.Minute, Rounds: 0,
 		Mix: map[string]int{
 			faultKill: 4, faultStop: 2, faultPGTerm: 2, faultBlackhole: 1, faultReset: 1, faultXmin: 1,
-			faultNATS: 1, faultPGRestart: 1,
+			faultBrokerRestart: 1, faultPGRestart: 1,
 		},
 		Writers: 4, Keys: 200, Pace: 40 * time.Millisecond, Rollback: 0.15, Poison: 0.005,
 		DrainLimit: 3 * time.Minute, Lease: 3 * time.Second, BatchDeadline: time.Second,
@@ -125,13 +125,20 @@ func TestFaults(t *testing.T) {
 	if v := os.Getenv("POSTBOX_FAULTS_DEDUPE"); v != "" {
 		dedupe = v
 	}
+	kind, err := brokerName()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kind == "rabbitmq" {
+		dedupe = "inbox" // RabbitMQ drops no copy: every re-send reaches the consumer
+	}
 	window := map[string]time.Duration{"broker": 10 * time.Minute, "inbox": time.Second}[dedupe]
 	if window == 0 {
 		t.Fatalf("POSTBOX_FAULTS_DEDUPE=%q: want broker or inbox", dedupe)
 	}
 	t.Logf("faults: dedupe by the %s (stream duplicate window %s)", dedupe, window)
 
-	h := newHarness(t, ctx, prof, seed, dir, window)
+	h := newHarness(t, ctx, prof, seed, dir, kind, window)
 	start := time.Now()
 	h.run(ctx, sched)
 	rep := h.check(ctx)

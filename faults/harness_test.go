@@ -18,8 +18,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/testdb"
@@ -42,23 +40,18 @@ type harness struct {
 	dir   string
 	runID string
 
-	prefix  string
-	dbURL   string
-	pool    *pgxpool.Pool // writers and the harness (application_name fx<run>writer)
-	cpool   *pgxpool.Pool // the consumer (fx<run>consumer)
-	client  *postbox.Client[pgx.Tx]
-	natsURL string
-	natsSrv *natsServer
-	pg      *pgCluster
-	nc      *nats.Conn
-	js      jetstream.JetStream
-	stream  string
-	subj    string // subject prefix, "fx<run>."
-	proxy   *proxy
-	relays  []*relayProc
-	hist    *history
-	watch   *watcher
-	sched   []*fault
+	prefix string
+	dbURL  string
+	pool   *pgxpool.Pool // writers and the harness (application_name fx<run>writer)
+	cpool  *pgxpool.Pool // the consumer (fx<run>consumer)
+	client *postbox.Client[pgx.Tx]
+	pg     *pgCluster
+	broker broker
+	proxy  *proxy
+	relays []*relayProc
+	hist   *history
+	watch  *watcher
+	sched  []*fault
 
 	writeErrs   atomic.Int64
 	started     time.Time
@@ -70,16 +63,12 @@ type harness struct {
 	watcherErr  error
 }
 
-func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, dir string, dupWindow time.Duration) *harness {
+func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, dir, brokerKind string, dupWindow time.Duration) *harness {
 	t.Helper()
 	run := fmt.Sprintf("%d%d", os.Getpid()%100000, time.Now().UnixNano()%1_000_000)
 	h := &harness{t: t, prof: prof, seed: seed, dir: dir, runID: run, prefix: "fx" + run + "_"}
 	h.pg = startPG(t, ctx)
 	h.dbURL = h.pg.url()
-	h.natsSrv = startNATS(t, ctx, dir)
-	h.natsURL = h.natsSrv.url()
-	h.stream = "FX" + run
-	h.subj = "fx" + run + "."
 
 	h.pool = h.openPool(ctx, "writer", int32(prof.Writers+4))
 	h.cpool = h.openPool(ctx, "consumer", 8)
@@ -116,31 +105,14 @@ func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, di
 		t.Fatal(err)
 	}
 
-	h.nc, err = nats.Connect(h.natsURL, nats.Name("postbox faults harness"), nats.MaxReconnects(-1))
-	if err != nil {
-		t.Fatalf("NATS at %s: %v", h.natsURL, err)
+	switch brokerKind {
+	case "rabbitmq":
+		h.broker = newRabbitBroker(t, ctx, run)
+	default:
+		h.broker = newNATSBroker(t, ctx, dir, run, dupWindow)
 	}
-	t.Cleanup(h.nc.Close)
-	h.js, err = jetstream.New(h.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := h.js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: h.stream, Subjects: []string{h.subj + ">"}, Storage: jetstream.FileStorage,
-		Duplicates: dupWindow, MaxAge: 2 * time.Hour, // MaxAge: gone by itself if the cleanup is skipped
-	}); err != nil {
-		t.Fatalf("create stream %s: %v", h.stream, err)
-	}
-	t.Cleanup(func() {
-		if os.Getenv("POSTBOX_FAULTS_KEEP") != "" {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = h.js.DeleteStream(ctx, h.stream)
-	})
 
-	h.proxy, err = newProxy(strings.TrimPrefix(h.natsURL, "nats://"))
+	h.proxy, err = newProxy(h.broker.addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,9 +120,7 @@ func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, di
 
 	bin := buildPostbox(t, dir)
 	cfg := filepath.Join(dir, "relay.yaml")
-	yaml := fmt.Sprintf(`nats:
-  subject_prefix: %q
-relay:
+	yaml := h.broker.relayConfig() + fmt.Sprintf(`relay:
   lease: %s
   batch_deadline: %s
   backoff_base: 100ms
@@ -160,7 +130,7 @@ relay:
   lanes: 2
 log:
   level: info
-`, h.subj, prof.Lease, prof.BatchDeadline)
+`, prof.Lease, prof.BatchDeadline)
 	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -175,9 +145,9 @@ log:
 			"POSTBOX_CONFIG="+cfg,
 			"POSTBOX_DATABASE_URL="+withAppName(h.dbURL, appName(run, fmt.Sprintf("relay%d", i))),
 			"POSTBOX_PREFIX="+p,
-			"POSTBOX_NATS_URL=nats://"+h.proxy.addr(),
 			"POSTBOX_ADMIN_LISTEN=off",
 		)
+		env = append(env, h.broker.relayEnv(h.proxy.addr())...)
 		h.relays = append(h.relays, &relayProc{n: i, bin: bin, env: env, logs: filepath.Join(dir, fmt.Sprintf("relay%d.log", i))})
 	}
 	t.Cleanup(func() {
@@ -191,7 +161,7 @@ log:
 		t.Fatal(err)
 	}
 	h.watch = &watcher{first: map[string]time.Time{}}
-	t.Logf("faults: prefix %s, stream %s, NATS proxy %s, files in %s", p, h.stream, h.proxy.addr(), dir)
+	t.Logf("faults: prefix %s, %s %s, proxy %s, files in %s", p, h.broker.name(), h.broker.where(), h.proxy.addr(), dir)
 	return h
 }
 
@@ -224,7 +194,7 @@ func (h *harness) run(ctx context.Context, sched []*fault) {
 	bgWG.Add(2)
 	go func() {
 		defer bgWG.Done()
-		h.watcherErr = h.watch.run(bg, h.js, h.stream)
+		h.watcherErr = h.broker.watch(bg, h.watch)
 	}()
 	consumerCtx, stopConsumer := context.WithCancel(ctx)
 	defer stopConsumer()
@@ -301,24 +271,18 @@ func (h *harness) waitSettled(ctx context.Context) bool {
 	return false
 }
 
-// catchUp waits (bounded) until the watcher has read up to the stream's
-// last sequence.
+// catchUp waits (bounded) until the watcher has read everything the
+// broker stored.
 func (h *harness) catchUp(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	s, err := h.js.Stream(ctx, h.stream)
-	if err != nil {
-		h.t.Logf("faults: stream info: %v", err)
-		return
-	}
 	for ctx.Err() == nil {
-		info, err := s.Info(ctx)
-		if err == nil && h.watch.last() >= info.State.LastSeq {
+		if h.broker.caughtUp(ctx, h.watch) {
 			return
 		}
 		sleep(ctx, 100*time.Millisecond)
 	}
-	h.t.Logf("faults: the watcher did not catch up with the stream")
+	h.t.Logf("faults: the watcher did not catch up with the broker")
 }
 
 // inject runs the schedule. Every fault is lifted, also when ctx ends.
@@ -360,12 +324,12 @@ func (h *harness) inject(ctx context.Context, sched []*fault) {
 			if err := h.holdXmin(ctx, f.Hold); err != nil {
 				f.Note = "xmin: " + err.Error()
 			}
-		case faultNATS:
-			if err := h.natsSrv.stop(10 * time.Second); err != nil {
+		case faultBrokerRestart:
+			if err := h.broker.stop(); err != nil {
 				f.Note = "stop: " + err.Error()
 			}
 			sleep(ctx, f.Hold)
-			if err := h.natsSrv.start(context.WithoutCancel(ctx)); err != nil {
+			if err := h.broker.start(context.WithoutCancel(ctx)); err != nil {
 				f.Note += " start: " + err.Error()
 			}
 		case faultPGRestart:

@@ -11,26 +11,26 @@ import (
 
 // The fault kinds.
 const (
-	faultKill      = "sigkill"        // SIGKILL a relay, restart it after Hold
-	faultStop      = "sigstop"        // SIGSTOP a relay for Hold (past its lease), then SIGCONT
-	faultPGTerm    = "pg_terminate"   // pg_terminate_backend the relays' (and, drawn, the consumer's) connections in a loop for Hold
-	faultBlackhole = "nats_blackhole" // the proxy between relays and NATS forwards nothing for Hold
-	faultReset     = "nats_reset"     // the proxy resets every relay connection to NATS (RST)
-	faultXmin      = "xmin_hold"      // a transaction holds xmin back for Hold
-	faultNATS      = "nats_restart"   // stop the NATS server (SIGTERM), start it again after Hold
-	faultPGRestart = "pg_restart"     // stop PostgreSQL (Mode fast or immediate, a crash), start it again after Hold
+	faultKill          = "sigkill"          // SIGKILL a relay, restart it after Hold
+	faultStop          = "sigstop"          // SIGSTOP a relay for Hold (past its lease), then SIGCONT
+	faultPGTerm        = "pg_terminate"     // pg_terminate_backend the relays' (and, drawn, the consumer's) connections in a loop for Hold
+	faultBlackhole     = "broker_blackhole" // the proxy between relays and the broker forwards nothing for Hold
+	faultReset         = "broker_reset"     // the proxy resets every relay connection to the broker (RST)
+	faultXmin          = "xmin_hold"        // a transaction holds xmin back for Hold
+	faultBrokerRestart = "broker_restart"   // stop the broker (cleanly), start it again after Hold
+	faultPGRestart     = "pg_restart"       // stop PostgreSQL (Mode fast or immediate, a crash), start it again after Hold
 )
 
 // guarantees lists what each fault puts to the test, for the report.
 var guarantees = map[string]string{
-	faultKill:      "G2 G3 G4 G6 G7: a crash between publish and mark re-sends the same id; lease expiry hands the partitions on",
-	faultStop:      "G4 G2: a paused relay outlives its lease; on SIGCONT its stale publishes and marks must change nothing",
-	faultPGTerm:    "G2 G5 G6: lost database connections during fetch, mark, heartbeat (and the consumer's commit); reconnect, lose nothing, apply once",
-	faultBlackhole: "G3 G2 G4: no PubAck arrives; nothing is marked, order holds when the stalled bytes arrive late",
-	faultReset:     "G3 G2: connections reset under in-flight publishes; reconnect, re-send with the same id",
-	faultXmin:      "G2 G4: a long snapshot (dead tuples, late-visible rows) must not skip or reorder rows",
-	faultNATS:      "G2 G3 G4 G6: the broker goes away and comes back with its store; relays pause, spend no attempt, re-send by id; the consumer resumes",
-	faultPGRestart: "G1 G2 G5 G6: the database stops or crashes and recovers from its WAL; every committed row survives, no rolled-back one appears, relays and the consumer reconnect",
+	faultKill:          "G2 G3 G4 G6 G7: a crash between publish and mark re-sends the same id; lease expiry hands the partitions on",
+	faultStop:          "G4 G2: a paused relay outlives its lease; on SIGCONT its stale publishes and marks must change nothing",
+	faultPGTerm:        "G2 G5 G6: lost database connections during fetch, mark, heartbeat (and the consumer's commit); reconnect, lose nothing, apply once",
+	faultBlackhole:     "G3 G2 G4: no PubAck arrives; nothing is marked, order holds when the stalled bytes arrive late",
+	faultReset:         "G3 G2: connections reset under in-flight publishes; reconnect, re-send with the same id",
+	faultXmin:          "G2 G4: a long snapshot (dead tuples, late-visible rows) must not skip or reorder rows",
+	faultBrokerRestart: "G2 G3 G4 G6: the broker goes away and comes back with its store; relays pause, spend no attempt, re-send by id; the consumer resumes",
+	faultPGRestart:     "G1 G2 G5 G6: the database stops or crashes and recovers from its WAL; every committed row survives, no rolled-back one appears, relays and the consumer reconnect",
 }
 
 // fault is one scheduled fault and, once run, what happened.
@@ -105,7 +105,7 @@ func schedule(rng *rand.Rand, p profile) []*fault {
 			case faultXmin:
 				f.Relay = -1
 				f.Hold = jitter(rng, 5*time.Second, 10*time.Second)
-			case faultNATS:
+			case faultBrokerRestart:
 				f.Relay = -1
 				f.Hold = jitter(rng, time.Second, 4*time.Second)
 			case faultPGRestart:

@@ -17,10 +17,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/postboxnats"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
 
@@ -268,14 +266,7 @@ func (h *harness) consume(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cons, err := postboxnats.EnsureConsumer(ctx, h.js, h.stream, jetstream.ConsumerConfig{
-		Durable: "fxconsumer", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1,
-		AckWait: 30 * time.Second, MaxAckPending: 20_000,
-	})
-	if err != nil {
-		return err
-	}
-	sub, err := postboxnats.NewSubscriber(cons, &postboxnats.SubscriberConfig{PerKey: true, SubjectPrefix: h.subj, Logger: log})
+	sub, err := h.broker.subscriber(ctx, log)
 	if err != nil {
 		return err
 	}
@@ -312,8 +303,8 @@ type seen struct {
 	Stored    time.Time // the server's timestamp: when it was stored and acknowledged
 }
 
-// watcher reads the stream from the start with an ordered consumer, on
-// its own connection to NATS (not through the proxy).
+// watcher holds what the broker stored, as the broker's watch read it on
+// a connection of its own (not through the proxy).
 type watcher struct {
 	mu      sync.Mutex
 	msgs    []seen
@@ -321,47 +312,15 @@ type watcher struct {
 	lastSeq uint64
 }
 
-func (w *watcher) run(ctx context.Context, js jetstream.JetStream, stream string) error {
-	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		return err
+// add records one stored copy, in the order the broker stored it.
+func (w *watcher) add(s seen) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.msgs = append(w.msgs, s)
+	if _, ok := w.first[s.MsgID]; !ok {
+		w.first[s.MsgID] = s.Stored
 	}
-	it, err := cons.Messages()
-	if err != nil {
-		return err
-	}
-	defer it.Stop()
-	for {
-		nctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		msg, err := it.Next(jetstream.NextContext(nctx))
-		cancel()
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			if errors.Is(err, context.DeadlineExceeded) {
-				continue
-			}
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return err
-			}
-			sleep(ctx, 100*time.Millisecond)
-			continue
-		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			continue
-		}
-		s := seen{StreamSeq: meta.Sequence.Stream, MsgID: msg.Headers().Get(jetstream.MsgIDHeader), Subject: msg.Subject(), Stored: meta.Timestamp}
-		_ = json.Unmarshal(msg.Data(), &s.P)
-		w.mu.Lock()
-		w.msgs = append(w.msgs, s)
-		if _, ok := w.first[s.MsgID]; !ok {
-			w.first[s.MsgID] = s.Stored
-		}
-		w.lastSeq = s.StreamSeq
-		w.mu.Unlock()
-	}
+	w.lastSeq = s.StreamSeq
 }
 
 func (w *watcher) has(id string) bool {

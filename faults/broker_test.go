@@ -1,0 +1,167 @@
+//go:build faults
+
+package faults
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxnats"
+)
+
+// broker is what the harness needs of the broker under test: a server of
+// the run's own that the faults can stop and start, the relays' route to
+// it, the consumer's subscriber, and a watcher's independent reading of
+// everything it stored, in the order it stored it.
+type broker interface {
+	// name is "nats" or "rabbitmq"; where names the stream or queue.
+	name() string
+	where() string
+	// addr is host:port of the server, for the proxy in front of it.
+	addr() string
+	// relayConfig is the broker's part of the relays' YAML, and relayEnv
+	// the environment that points them at proxy (host:port).
+	relayConfig() string
+	relayEnv(proxy string) []string
+	// subscriber is the consumer's, on a connection of its own.
+	subscriber(ctx context.Context, log *slog.Logger) (postbox.Subscriber, error)
+	// watch reads every stored copy into w until ctx ends.
+	watch(ctx context.Context, w *watcher) error
+	// caughtUp reports whether w has read everything stored so far.
+	caughtUp(ctx context.Context, w *watcher) bool
+	// stop and start the server (a clean stop; the store survives).
+	stop() error
+	start(ctx context.Context) error
+	// perKeyDelivery: the subscriber promises per-key order, so the
+	// checker holds the effects to it (apply_order).
+	perKeyDelivery() bool
+}
+
+// natsBroker is a nats-server of the run's own with one JetStream stream.
+type natsBroker struct {
+	srv    *natsServer
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream string
+	subj   string // subject prefix, "fx<run>."
+}
+
+func newNATSBroker(t *testing.T, ctx context.Context, dir, run string, dupWindow time.Duration) *natsBroker {
+	t.Helper()
+	b := &natsBroker{srv: startNATS(t, ctx, dir), stream: "FX" + run, subj: "fx" + run + "."}
+	var err error
+	b.nc, err = nats.Connect(b.srv.url(), nats.Name("postbox faults harness"), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatalf("NATS at %s: %v", b.srv.url(), err)
+	}
+	t.Cleanup(b.nc.Close)
+	if b.js, err = jetstream.New(b.nc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: b.stream, Subjects: []string{b.subj + ">"}, Storage: jetstream.FileStorage,
+		Duplicates: dupWindow, MaxAge: 2 * time.Hour,
+	}); err != nil {
+		t.Fatalf("create stream %s: %v", b.stream, err)
+	}
+	return b
+}
+
+func (b *natsBroker) name() string  { return "nats" }
+func (b *natsBroker) where() string { return "stream " + b.stream }
+func (b *natsBroker) addr() string  { return strings.TrimPrefix(b.srv.url(), "nats://") }
+
+func (b *natsBroker) relayConfig() string {
+	return fmt.Sprintf("nats:\n  subject_prefix: %q\n", b.subj)
+}
+
+func (b *natsBroker) relayEnv(proxy string) []string {
+	return []string{"POSTBOX_NATS_URL=nats://" + proxy}
+}
+
+func (b *natsBroker) subscriber(ctx context.Context, log *slog.Logger) (postbox.Subscriber, error) {
+	cons, err := postboxnats.EnsureConsumer(ctx, b.js, b.stream, jetstream.ConsumerConfig{
+		Durable: "fxconsumer", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1,
+		AckWait: 30 * time.Second, MaxAckPending: 20_000,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return postboxnats.NewSubscriber(cons, &postboxnats.SubscriberConfig{PerKey: true, SubjectPrefix: b.subj, Logger: log})
+}
+
+// watch reads the stream from the start with an ordered consumer, on the
+// harness's own connection (not through the proxy).
+func (b *natsBroker) watch(ctx context.Context, w *watcher) error {
+	cons, err := b.js.OrderedConsumer(ctx, b.stream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return err
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	for {
+		nctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		msg, err := it.Next(jetstream.NextContext(nctx))
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				continue
+			}
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return err
+			}
+			sleep(ctx, 100*time.Millisecond)
+			continue
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		s := seen{StreamSeq: meta.Sequence.Stream, MsgID: msg.Headers().Get(jetstream.MsgIDHeader), Subject: msg.Subject(), Stored: meta.Timestamp}
+		_ = json.Unmarshal(msg.Data(), &s.P)
+		w.add(s)
+	}
+}
+
+func (b *natsBroker) caughtUp(ctx context.Context, w *watcher) bool {
+	s, err := b.js.Stream(ctx, b.stream)
+	if err != nil {
+		return false
+	}
+	info, err := s.Info(ctx)
+	return err == nil && w.last() >= info.State.LastSeq
+}
+
+func (b *natsBroker) stop() error                     { return b.srv.stop(10 * time.Second) }
+func (b *natsBroker) start(ctx context.Context) error { return b.srv.start(ctx) }
+func (b *natsBroker) perKeyDelivery() bool            { return true }
+
+// brokerName is the broker under test: POSTBOX_FAULTS_BROKER, nats (the
+// default) or rabbitmq.
+func brokerName() (string, error) {
+	switch v := os.Getenv("POSTBOX_FAULTS_BROKER"); v {
+	case "", "nats":
+		return "nats", nil
+	case "rabbitmq":
+		return v, nil
+	default:
+		return "", fmt.Errorf("POSTBOX_FAULTS_BROKER=%q: want nats or rabbitmq", v)
+	}
+}
