@@ -34,6 +34,8 @@ type consumerDB interface {
 	// for a delivery, the handler writes the effect and then fails, so
 	// that the effect is rolled back.
 	processor(consumer string, fail func(d *postbox.Delivery) error) postbox.Processor
+	// batchProcessor is processor with group commit.
+	batchProcessor(t testing.TB, consumer string, fail func(d *postbox.Delivery) error, cfg *postbox.BatchConfig) postbox.Processor
 	effects(t testing.TB) int64
 	dead(t testing.TB, consumer string) []postbox.DeadLetter
 }
@@ -76,6 +78,23 @@ func (db *inboxDB[TTx]) processor(consumer string, fail func(d *postbox.Delivery
 		}
 		return nil
 	})
+}
+
+func (db *inboxDB[TTx]) batchProcessor(t testing.TB, consumer string, fail func(d *postbox.Delivery) error, cfg *postbox.BatchConfig) postbox.Processor {
+	t.Helper()
+	p, err := db.inbox.BatchProcessor(consumer, func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+		if err := db.client.WriteTx(ctx, tx, postbox.Message{Topic: "effect", Payload: d.Payload}); err != nil {
+			return err
+		}
+		if fail != nil {
+			return fail(d)
+		}
+		return nil
+	}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 func (db *inboxDB[TTx]) effects(t testing.TB) int64 {
