@@ -1,0 +1,68 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/postbox-go/postbox/internal/bench"
+)
+
+func init() { benchCommands = append(benchCommands, newBenchRabbitMQ) }
+
+func newBenchRabbitMQ() *cobra.Command {
+	var opts bench.RabbitMQOptions
+	var runs int
+	cmd := &cobra.Command{
+		Use:   "rabbitmq",
+		Short: "Backlog drain, PostgreSQL to RabbitMQ through postboxamqp, against the raw confirmed publish rate",
+		Long: `rabbitmq first publishes N persistent, mandatory messages of 256 bytes with
+amqp091-go straight to a quorum queue (made by postboxamqp.EnsureTopology) with
+publisher confirms and a window of outstanding confirms: the raw baseline. Then it
+writes a backlog of N such messages into the outbox and times a relay at default
+settings draining it through postboxamqp to a second quorum queue, and checks the
+queue holds exactly N. Queues, exchanges and tables are deleted at the end.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := opts.Validate(); err != nil {
+				return usagef("%v", err)
+			}
+			if runs < 1 || runs > 100 {
+				return usagef("--runs %d: want 1 to 100", runs)
+			}
+			out := cmd.OutOrStdout()
+			var results []bench.RabbitMQResult
+			for i := range runs {
+				fmt.Fprintf(out, "run %d of %d\n", i+1, runs)
+				res, err := bench.RabbitMQ(cmd.Context(), opts, out)
+				if err != nil {
+					return err
+				}
+				results = append(results, res)
+			}
+			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+			fmt.Fprintln(tw, "\nrun\traw confirmed msg/s\tpostbox drain msg/s\tratio\tbacklog write msg/s\tqueue depth\t")
+			var dr []bench.DrainResult
+			for i, r := range results {
+				fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t%.2f\t%.0f\t%d\t\n", i+1, r.RawRate, r.DrainRate, r.Ratio, r.WriteRate, r.QueueDepth)
+				dr = append(dr, bench.DrainResult{Messages: r.Messages, RawRate: r.RawRate, DrainRate: r.DrainRate, WriteRate: r.WriteRate, Ratio: r.Ratio})
+			}
+			if len(results) > 1 {
+				med := bench.Median(dr)
+				fmt.Fprintf(tw, "median\t%.0f\t%.0f\t%.2f\t%.0f\t\t\n", med.RawRate, med.DrainRate, med.Ratio, med.WriteRate)
+			}
+			return tw.Flush()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
+	f.StringVar(&opts.AMQPURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
+	f.IntVar(&opts.Messages, "messages", 100_000, "backlog size (the issue's figure: 1000000)")
+	f.IntVar(&runs, "runs", 1, "repeat the measurement; the table shows each run and the median")
+	f.IntVar(&opts.Keys, "keys", 1000, "distinct ordering keys (0: keyless)")
+	f.IntVar(&opts.Window, "window", 256, "outstanding confirms of the raw baseline")
+	f.BoolVar(&opts.Classic, "classic", false, "classic queues instead of quorum queues")
+	f.DurationVar(&opts.Timeout, "timeout", 30*60e9, "bound on the drain")
+	return cmd
+}
