@@ -37,14 +37,15 @@ type InboxOptions struct {
 	PoolSize int
 	// PerKey turns on the subscriber's per-key order.
 	PerKey bool
-	// Batch, when above 0, runs the inbox through Inbox.BatchProcessor
-	// with this MaxBatch; 0 runs one transaction per message
-	// (Inbox.Processor).
+	// Batch is the MaxBatch of the batched phase (Inbox.BatchProcessor);
+	// 0 skips that phase.
 	Batch            int
 	BatchWait        time.Duration
 	BatchConcurrency int
+	// NoSingle skips the phase with one transaction per message.
+	NoSingle bool
 	// CPUProfile, when set, names a file that receives a CPU profile of
-	// the inbox phase.
+	// the last inbox phase.
 	CPUProfile string
 	// Progress is the interval of progress lines; default 1s.
 	Progress time.Duration
@@ -58,13 +59,22 @@ type InboxResult struct {
 	// PlainRate: the same subscriber and domain write, one transaction per
 	// message, no inbox.
 	PlainRate float64
-	// InboxRate: the domain write through the inbox.
-	InboxRate float64
-	// Ratio is InboxRate / PlainRate; RawRatio InboxRate / RawRate.
-	Ratio    float64
-	RawRatio float64
-	// InboxCommits counts the inbox phase's transactions.
-	InboxCommits int
+	// SingleRate: the domain write through the inbox, a transaction per
+	// message (Inbox.Processor).
+	SingleRate float64
+	// BatchRate: the same through Inbox.BatchProcessor.
+	BatchRate float64
+	// BatchCommits counts the batched phase's transactions.
+	BatchCommits int
+}
+
+// Best is the rate of the last inbox phase that ran: batched, else one
+// transaction per message.
+func (r InboxResult) Best() float64 {
+	if r.BatchRate > 0 {
+		return r.BatchRate
+	}
+	return r.SingleRate
 }
 
 func (o *InboxOptions) defaults() {
@@ -88,12 +98,13 @@ func (o *InboxOptions) defaults() {
 	}
 }
 
-// Inbox fills a JetStream stream with messages and consumes it three times
-// with the postboxnats Subscriber, each time through a durable consumer of
-// its own: acking only (raw), applying a domain write (a counter per key)
-// in a transaction of its own per message (plain), and applying the same
-// write through the inbox on PostgreSQL. It then checks that the inbox
-// applied every message exactly once.
+// Inbox fills a JetStream stream with messages and consumes it up to four
+// times with the postboxnats Subscriber, each time through a durable
+// consumer of its own: acking only (raw); applying a domain write (a
+// counter per key) in a transaction of its own per message (plain); the
+// same write through the inbox on PostgreSQL, a transaction per message
+// (single); and through the batching processor (batch). It then checks
+// that every phase applied every message exactly once.
 func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, error) {
 	opts.defaults()
 	res := InboxResult{Messages: opts.Messages}
@@ -164,7 +175,8 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 	if _, err := m.Up(ctx); err != nil {
 		return res, err
 	}
-	for _, t := range []string{"counts_plain", "counts_inbox"} {
+	tables := []string{"counts_plain", "counts_single", "counts_batch"}
+	for _, t := range tables {
 		if _, err := pool.Exec(ctx, "CREATE TABLE "+prefix+t+" (key text PRIMARY KEY, n bigint NOT NULL)"); err != nil {
 			return res, err
 		}
@@ -172,7 +184,7 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 	upsert := func(table string) string {
 		return "INSERT INTO " + prefix + table + " (key, n) VALUES ($1, 1) ON CONFLICT (key) DO UPDATE SET n = " + prefix + table + ".n + 1"
 	}
-	upsertPlain, upsertInbox := upsert("counts_plain"), upsert("counts_inbox")
+	upsertPlain := upsert("counts_plain")
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 
 	phase := func(name string, p postbox.Processor, profile string) (float64, error) {
@@ -273,50 +285,70 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 	if err != nil {
 		return res, err
 	}
-	handler := func(ctx context.Context, tx pgx.Tx, d *postbox.Delivery) error {
-		_, err := tx.Exec(ctx, upsertInbox, d.Key)
-		return err
+	handler := func(table string) postbox.Handler[pgx.Tx] {
+		q := upsert(table)
+		return func(ctx context.Context, tx pgx.Tx, d *postbox.Delivery) error {
+			_, err := tx.Exec(ctx, q, d.Key)
+			return err
+		}
 	}
-	var p postbox.Processor
+	profileSingle, profileBatch := opts.CPUProfile, ""
 	if opts.Batch > 0 {
-		fmt.Fprintf(out, "inbox: counter upsert through the inbox, batches of up to %d (wait %s, %d at once; pool %d)\n",
-			opts.Batch, opts.BatchWait, opts.BatchConcurrency, cfg.MaxConns)
-		p, err = in.BatchProcessor("bench", handler, &postbox.BatchConfig{MaxBatch: opts.Batch, MaxWait: opts.BatchWait, Concurrency: opts.BatchConcurrency})
+		profileSingle, profileBatch = "", opts.CPUProfile
+	}
+	if !opts.NoSingle {
+		fmt.Fprintf(out, "single: counter upsert through the inbox, a transaction per message (pool %d)\n", cfg.MaxConns)
+		if res.SingleRate, err = phase("single", in.Processor("single", handler("counts_single")), profileSingle); err != nil {
+			return res, err
+		}
+		if err := checkInbox(ctx, pool, prefix, "single", want, opts.Messages, nil); err != nil {
+			return res, err
+		}
+		fmt.Fprintf(out, "  single: checked: every counter equals its key's message count, one inbox record per message\n")
+	}
+	if opts.Batch > 0 {
+		bc := &postbox.BatchConfig{MaxBatch: opts.Batch, MaxWait: opts.BatchWait, Concurrency: opts.BatchConcurrency}
+		p, err := in.BatchProcessor("batch", handler("counts_batch"), bc)
 		if err != nil {
 			return res, err
 		}
-	} else {
-		fmt.Fprintf(out, "inbox: counter upsert through the inbox, a transaction per message (pool %d)\n", cfg.MaxConns)
-		p = in.Processor("bench", handler)
-	}
-	if res.InboxRate, err = phase("inbox", p, opts.CPUProfile); err != nil {
-		return res, err
-	}
-	res.Ratio = res.InboxRate / res.PlainRate
-	res.RawRatio = res.InboxRate / res.RawRate
-
-	// Exactly once: every key's counter equals its number of messages, in
-	// both tables, and the inbox holds one record per message.
-	for _, t := range []string{"counts_plain", "counts_inbox"} {
-		if err := checkCounts(ctx, pool, prefix+t, want); err != nil {
+		fmt.Fprintf(out, "batch: counter upsert through the inbox, batches of up to %d (wait %s, %d at once; pool %d)\n",
+			opts.Batch, opts.BatchWait, orDefault(opts.BatchConcurrency, postbox.DefaultBatchConcurrency), cfg.MaxConns)
+		if res.BatchRate, err = phase("batch", p, profileBatch); err != nil {
 			return res, err
 		}
+		if err := checkInbox(ctx, pool, prefix, "batch", want, opts.Messages, &res.BatchCommits); err != nil {
+			return res, err
+		}
+		fmt.Fprintf(out, "  batch: checked: every counter equals its key's message count, one inbox record per message; %d commits (%.1f messages each)\n",
+			res.BatchCommits, float64(opts.Messages)/float64(max(res.BatchCommits, 1)))
 	}
-	var records int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+prefix+"inbox WHERE consumer = 'bench'").Scan(&records); err != nil {
+	if err := checkCounts(ctx, pool, prefix+"counts_plain", want); err != nil {
 		return res, err
 	}
-	if records != opts.Messages {
-		return res, fmt.Errorf("the inbox holds %d records, want %d", records, opts.Messages)
-	}
-	// Each transaction stamps its records with its own start time (now()),
-	// so the distinct stamps count the inbox's commits.
-	if err := pool.QueryRow(ctx, "SELECT count(DISTINCT received_at) FROM "+prefix+"inbox WHERE consumer = 'bench'").Scan(&res.InboxCommits); err != nil {
-		return res, err
-	}
-	fmt.Fprintf(out, "checked: every counter equals its key's message count; %d inbox records in %d transactions (%.1f per commit)\n",
-		records, res.InboxCommits, float64(records)/float64(max(res.InboxCommits, 1)))
+	fmt.Fprintf(out, "  plain: checked: every counter equals its key's message count\n")
 	return res, nil
+}
+
+// checkInbox checks exactly once for one inbox phase: every key's counter
+// equals its number of messages, and the inbox holds one record per
+// message. Each transaction stamps its records with its own start time
+// (now()), so the distinct stamps count the phase's commits.
+func checkInbox(ctx context.Context, pool *pgxpool.Pool, prefix, consumer string, want map[string]int64, messages int, commits *int) error {
+	if err := checkCounts(ctx, pool, prefix+"counts_"+consumer, want); err != nil {
+		return err
+	}
+	var records, txs int
+	if err := pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT received_at) FROM "+prefix+"inbox WHERE consumer = $1", consumer).Scan(&records, &txs); err != nil {
+		return err
+	}
+	if records != messages {
+		return fmt.Errorf("%s: the inbox holds %d records, want %d", consumer, records, messages)
+	}
+	if commits != nil {
+		*commits = txs
+	}
+	return nil
 }
 
 func checkCounts(ctx context.Context, pool *pgxpool.Pool, table string, want map[string]int64) error {
@@ -372,13 +404,31 @@ func MedianInbox(runs []InboxResult) InboxResult {
 		return InboxResult{}
 	}
 	return InboxResult{
-		Messages:  runs[0].Messages,
-		RawRate:   pick(func(r InboxResult) float64 { return r.RawRate }),
-		PlainRate: pick(func(r InboxResult) float64 { return r.PlainRate }),
-		InboxRate: pick(func(r InboxResult) float64 { return r.InboxRate }),
-		Ratio:     pick(func(r InboxResult) float64 { return r.Ratio }),
-		RawRatio:  pick(func(r InboxResult) float64 { return r.RawRatio }),
+		Messages:     runs[0].Messages,
+		RawRate:      pick(func(r InboxResult) float64 { return r.RawRate }),
+		PlainRate:    pick(func(r InboxResult) float64 { return r.PlainRate }),
+		SingleRate:   pick(func(r InboxResult) float64 { return r.SingleRate }),
+		BatchRate:    pick(func(r InboxResult) float64 { return r.BatchRate }),
+		BatchCommits: int(pick(func(r InboxResult) float64 { return float64(r.BatchCommits) })),
 	}
+}
+
+// MedianOf returns the median over runs of one figure, such as a ratio
+// taken run by run.
+func MedianOf(runs []InboxResult, f func(InboxResult) float64) float64 {
+	xs := make([]float64, len(runs))
+	for i, r := range runs {
+		xs[i] = f(r)
+	}
+	return median(xs)
+}
+
+// Ratio returns a / b, or 0 when b is 0 (a phase that did not run).
+func Ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
 }
 
 func median(xs []float64) float64 {
