@@ -9,6 +9,10 @@ import "context"
 // delay, or ack a message that went to the dead letters. It acknowledges
 // only after the Processor returns, that is after the handler's
 // transaction committed.
+//
+// Subscribers call Process from several goroutines at once, up to their
+// in-flight bound; that is what lets Inbox.BatchProcessor gather the
+// deliveries that arrive together into one transaction and one commit.
 type Subscriber interface {
 	// Run consumes until ctx ends or the subscription fails, returning nil
 	// when ctx ended it.

@@ -48,7 +48,9 @@ type SubscriberConfig struct {
 	// MaxInFlight bounds the deliveries the Subscriber holds at once:
 	// those being processed and, with PerKey, those waiting for an
 	// earlier message of their key. The client's pull buffer holds as
-	// many again. Default 64.
+	// many again. Default 64. With postbox's Inbox.BatchProcessor it also
+	// bounds the batches: keep it at least twice MaxBatch times
+	// Concurrency, so that the next batch fills while the others commit.
 	MaxInFlight int
 
 	// PerKey processes the deliveries of one key (the ce-partitionkey
