@@ -327,7 +327,7 @@ func RSS(ctx context.Context, opts RSSOptions, out io.Writer) (RSSResult, error)
 func fillBacklog(ctx context.Context, pool *pgxpool.Pool, prefix string, n, keys int, keyless bool) error {
 	key := `'key-' || (i % $2)`
 	if keyless {
-		key = `NULL::text || $2::text`
+		key = `CASE WHEN $2::int < 0 THEN 'never' END` // NULL: keyless
 	}
 	q := `INSERT INTO ` + prefix + `outbox (id, topic, key, payload, headers)
 SELECT ` + uuidv7SQL("clock_timestamp()", "i") + `,
