@@ -76,6 +76,7 @@ medians. No relay runs: the figure is the cost of the write itself.`,
 	f.IntVar(&opts.Batch, "batch", 100, "rows and messages per transaction of the batched case (0 skips it)")
 	f.IntVar(&opts.BatchWriters, "batch-writers", 8, "writers of the batched case")
 	f.DurationVar(&opts.Warmup, "warmup", time.Second, "uncounted warm-up before the first phase")
+	f.StringVar(&opts.SynchronousCommit, "synchronous-commit", "", "the writers' synchronous_commit (off leaves the statements' CPU cost without the WAL flush); default the server's")
 	f.StringVar(&jsonFile, "json", "", "also write the results as JSON to this file")
 	return cmd
 }

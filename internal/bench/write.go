@@ -35,6 +35,10 @@ type WriteOptions struct {
 	Batch int
 	// BatchWriters is the concurrency of the batched case; default 8.
 	BatchWriters int
+	// SynchronousCommit, when set, is the writers' synchronous_commit
+	// ("off" takes the WAL flush out of each commit, which leaves the CPU
+	// cost of the statements to compare); default the server's.
+	SynchronousCommit string
 	// Warmup is run once, uncounted, before the first measured phase, so
 	// connections and prepared statements exist; default 1s, negative
 	// skips it.
@@ -54,6 +58,8 @@ func (o *WriteOptions) Validate() error {
 		return fmt.Errorf("--payload must be between 1 and %d bytes, got %d", postbox.DefaultMaxPayloadBytes, o.PayloadBytes)
 	case o.Batch > 10_000:
 		return fmt.Errorf("--batch must be at most 10000 (negative skips the batched case), got %d", o.Batch)
+	case o.SynchronousCommit != "" && !slices.Contains([]string{"on", "off", "local", "remote_write", "remote_apply"}, o.SynchronousCommit):
+		return fmt.Errorf("--synchronous-commit must be one of on, off, local, remote_write, remote_apply, got %q", o.SynchronousCommit)
 	case o.BatchWriters < 0 || o.BatchWriters > 64:
 		return fmt.Errorf("--batch-writers must be between 1 and 64, got %d", o.BatchWriters)
 	}
@@ -140,6 +146,9 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	}
 	cfg.MaxConns = int32(maxWriters + 2) //nolint:gosec // at most 66
 	cfg.MinConns = int32(maxWriters)     //nolint:gosec // at most 64
+	if opts.SynchronousCommit != "" {
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = opts.SynchronousCommit
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return res, err

@@ -16,6 +16,7 @@ func TestWriteSmall(t *testing.T) {
 	var out bytes.Buffer
 	res, err := bench.Write(context.Background(), bench.WriteOptions{
 		Duration: 300 * time.Millisecond, Runs: 2, Writers: []int{1, 3}, Batch: 10, BatchWriters: 2, Warmup: 100 * time.Millisecond,
+		SynchronousCommit: "off",
 	}, &out)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
@@ -36,6 +37,9 @@ func TestWriteSmall(t *testing.T) {
 	if res.Cases[2].Rows != 10 || res.Cases[2].Writers != 2 {
 		t.Fatalf("batched case %+v", res.Cases[2])
 	}
+	if res.OutboxRowBytes <= 0 || res.DomainRowBytes <= 0 {
+		t.Fatalf("row sizes %v, %v", res.DomainRowBytes, res.OutboxRowBytes)
+	}
 	if res.OutboxRows == 0 || res.DomainRows <= res.OutboxRows {
 		t.Fatalf("rows: %d domain, %d outbox", res.DomainRows, res.OutboxRows)
 	}
@@ -52,6 +56,7 @@ func TestWriteRejectsBadOptions(t *testing.T) {
 		{bench.WriteOptions{Batch: 1_000_000}, "--batch"},
 		{bench.WriteOptions{BatchWriters: 1000}, "--batch-writers"},
 		{bench.WriteOptions{PayloadBytes: -5}, "--payload"},
+		{bench.WriteOptions{SynchronousCommit: "sometimes"}, "--synchronous-commit"},
 	} {
 		_, err := bench.Write(context.Background(), tc.opts, &bytes.Buffer{})
 		if err == nil || !strings.Contains(err.Error(), tc.flag) {

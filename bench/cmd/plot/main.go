@@ -218,6 +218,7 @@ func plotLatency(r latencyResult, path string) error {
 	p.X.Min, p.X.Max = 1, maxX
 	// Bottom right: the curves rise to the right, so that corner is free.
 	p.Legend.Padding = vg.Points(4)
+	p.Legend.XOffs, p.Legend.YOffs = -vg.Points(12), vg.Points(8)
 	return p.Save(12*vg.Inch, 6.5*vg.Inch, path)
 }
 
