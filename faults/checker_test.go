@@ -221,7 +221,16 @@ func (h *harness) check(ctx context.Context) *report {
 		rep.add("harness", "-", "", "", "the stream watcher stopped: %v", h.watcherErr)
 	}
 	if !h.settled {
-		rep.Notes = append(rep.Notes, "the run did not settle within the drain limit: what is missing is listed as violations")
+		rep.add("harness", "-", "", "", "the run did not settle within the drain limit (what is missing is listed under the other rules)")
+	}
+	// A run that tested nothing must not pass for one that broke nothing.
+	if rep.Counts.Committed == 0 {
+		rep.add("harness", "-", "", "", "the writers committed nothing")
+	}
+	for _, f := range faults {
+		if f.Start.IsZero() {
+			rep.add("harness", "-", "", "", "scheduled fault never ran: %s", f)
+		}
 	}
 	rep.Pass = rep.ViolationCount == 0
 	return rep

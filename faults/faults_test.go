@@ -106,9 +106,10 @@ func TestFaults(t *testing.T) {
 
 	// Everything the run does is bounded: the writers by WriteFor, the
 	// drain by DrainLimit, the rest by this.
-	budget := prof.WriteFor + prof.DrainLimit + 2*time.Minute
-	ctx, cancel := context.WithTimeout(context.Background(), budget)
-	defer cancel()
+	// Setting up (building the binary, starting the servers) has a bound
+	// of its own, and the run starts its clock after it.
+	setup, cancelSetup := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancelSetup()
 
 	rng := seeded(seed)
 	sched := schedule(rng, prof)
@@ -138,7 +139,11 @@ func TestFaults(t *testing.T) {
 	}
 	t.Logf("faults: dedupe by the %s (stream duplicate window %s)", dedupe, window)
 
-	h := newHarness(t, ctx, prof, seed, dir, kind, window)
+	h := newHarness(t, setup, prof, seed, dir, kind, window)
+	cancelSetup()
+	budget := prof.WriteFor + prof.DrainLimit + 2*time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
 	start := time.Now()
 	h.run(ctx, sched)
 	rep := h.check(ctx)

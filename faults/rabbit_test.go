@@ -151,7 +151,7 @@ func (n *rabbitNode) start(ctx context.Context) error {
 	if err := waitPort(ctx, n.port, 90*time.Second); err != nil {
 		return err
 	}
-	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	if out, err := n.command(wctx, "rabbitmqctl", "-n", n.node, "await_startup").CombinedOutput(); err != nil {
 		return fmt.Errorf("await_startup: %w: %s", err, out)
