@@ -63,6 +63,8 @@ func (c *Core) Dialect() string { return "postgres" }
 type queries struct {
 	insert, partitions, heartbeat, unregister, acquire, release, fetch, fetchStrict, fetchRouted, fetchRoutedStrict,
 	markPublished, markFailed, applied, stats string
+	// The same four reads from a lower bound on seq (the last parameter).
+	fetchFrom, fetchStrictFrom, fetchRoutedFrom, fetchRoutedStrictFrom string
 }
 
 func makeQueries(p string) queries {
@@ -86,11 +88,15 @@ SELECT id FROM {p}relays WHERE expires_at > now() AND id <> $1`),
   expires_at = now() + $3 * interval '1 millisecond'
 WHERE partition = ANY($2::int[]) AND (owner IS NULL OR owner = $1 OR expires_at <= now())
 RETURNING partition, generation, expires_at`),
-		release:           r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = now() WHERE owner = $1 AND partition = ANY($2::int[])`),
-		fetch:             r.Replace(fetchSQL(false, false)),
-		fetchStrict:       r.Replace(fetchSQL(true, false)),
-		fetchRouted:       r.Replace(fetchSQL(false, true)),
-		fetchRoutedStrict: r.Replace(fetchSQL(true, true)),
+		release:               r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = now() WHERE owner = $1 AND partition = ANY($2::int[])`),
+		fetch:                 r.Replace(fetchSQL(false, false, false)),
+		fetchStrict:           r.Replace(fetchSQL(true, false, false)),
+		fetchRouted:           r.Replace(fetchSQL(false, true, false)),
+		fetchRoutedStrict:     r.Replace(fetchSQL(true, true, false)),
+		fetchFrom:             r.Replace(fetchSQL(false, false, true)),
+		fetchStrictFrom:       r.Replace(fetchSQL(true, false, true)),
+		fetchRoutedFrom:       r.Replace(fetchSQL(false, true, true)),
+		fetchRoutedStrictFrom: r.Replace(fetchSQL(true, true, true)),
 		// The fence: the row's partition lease must still be the owner's, at
 		// the generation the owner read it under. A relay whose lease moved
 		// on matches no row and changes nothing.
@@ -149,8 +155,26 @@ SELECT seq, attempts, false FROM retried`),
 // matches: such a row waits for a relay that knows its topic, and its key
 // waits with it. Finding those rows scans the fenced partitions' pending
 // rows once per read, a cost paid only when routes are set.
-func fetchSQL(strict, routed bool) string {
-	var with, topic, unrouted, dead string
+//
+// With from, it reads only rows with seq >= the last parameter: the
+// relay's cursor (see FetchFrom), so that the scan in seq order starts
+// past the index entries of rows already moved out, which a held snapshot
+// keeps from being vacuumed or marked dead.
+func fetchSQL(strict, routed, from bool) string {
+	var with, topic, unrouted, dead, bound string
+	// A row that failed before and sits below the bound could be
+	// available again (its backoff over) without this read seeing it: it
+	// holds its key's later rows back until a read from the start takes it.
+	retried := `b.available_at > now()`
+	if from {
+		n := "$3"
+		if routed {
+			n = "$4"
+		}
+		bound = `
+  AND o.seq >= ` + n + `::bigint`
+		retried = `(b.available_at > now() OR b.seq < ` + n + `::bigint)`
+	}
 	if strict {
 		dead = `
     OR EXISTS (SELECT 1 FROM {p}dead d WHERE d.key = o.key AND d.seq < o.seq)`
@@ -170,10 +194,10 @@ func fetchSQL(strict, routed bool) string {
 	return with + `SELECT o.seq, o.id::text, o.topic, coalesce(o.key, ''), o.payload, o.headers::text, o.partition, o.attempts, o.created_at
 FROM {p}outbox o
 WHERE o.partition = ANY($1::int[])
-  AND o.available_at <= now()` + topic + `
+  AND o.available_at <= now()` + bound + topic + `
   AND (o.key IS NULL OR NOT (
     EXISTS (SELECT 1 FROM {p}outbox b
-            WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > now())` + dead + unrouted + `))
+            WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND ` + retried + `)` + dead + unrouted + `))
 ORDER BY o.seq
 LIMIT $2`
 }
@@ -182,7 +206,7 @@ LIMIT $2`
 // the tables named with prefix: $1 the partitions (int[]), $2 the limit.
 // Benchmarks EXPLAIN it; the relay runs it through Core.Fetch.
 func FetchStatement(prefix string) string {
-	return strings.ReplaceAll(fetchSQL(false, false), "{p}", prefix)
+	return strings.ReplaceAll(fetchSQL(false, false, false), "{p}", prefix)
 }
 
 // likePatterns turns topic patterns ("orders.created", "orders.*", "*")
@@ -275,6 +299,17 @@ func (c *Core) ReleaseLeases(ctx context.Context, owner string, partitions []int
 
 // Fetch implements postboxdriver.Executor.
 func (c *Core) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
+	return c.fetch(ctx, p, 0, false)
+}
+
+// FetchFrom is Fetch limited to rows with seq >= from. The relay reads
+// from a cursor this way and rescans from the start now and then, so a
+// row that commits late with a lower seq is still found (see relay.go).
+func (c *Core) FetchFrom(ctx context.Context, p postboxdriver.FetchParams, from int64) ([]postboxdriver.Record, error) {
+	return c.fetch(ctx, p, from, true)
+}
+
+func (c *Core) fetch(ctx context.Context, p postboxdriver.FetchParams, from int64, bounded bool) ([]postboxdriver.Record, error) {
 	parts := make([]int32, 0, len(p.Fence.Generations))
 	for part := range p.Fence.Generations {
 		parts = append(parts, int32(part))
@@ -288,15 +323,18 @@ func (c *Core) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postbo
 	case p.Topics != nil && len(p.Topics) == 0:
 		return nil, nil
 	case p.Topics != nil:
-		q = c.q.fetchRouted
+		q = pick(bounded, c.q.fetchRouted, c.q.fetchRoutedFrom)
 		if p.BlockOnDead {
-			q = c.q.fetchRoutedStrict
+			q = pick(bounded, c.q.fetchRoutedStrict, c.q.fetchRoutedStrictFrom)
 		}
 		args = append(args, likePatterns(p.Topics))
 	case p.BlockOnDead:
-		q = c.q.fetchStrict
+		q = pick(bounded, c.q.fetchStrict, c.q.fetchStrictFrom)
 	default:
-		q = c.q.fetch
+		q = pick(bounded, c.q.fetch, c.q.fetchFrom)
+	}
+	if bounded {
+		args = append(args, from)
 	}
 	rows, err := c.db.Query(ctx, q, args...)
 	if err != nil {
@@ -314,6 +352,36 @@ func (c *Core) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postbo
 		return nil
 	})
 	return out, c.wrap(err)
+}
+
+func pick(bounded bool, whole, from string) string {
+	if bounded {
+		return from
+	}
+	return whole
+}
+
+// OldestSnapshot reports the oldest transaction of another backend that
+// holds a snapshot (and so the xmin horizon): its age on the database
+// clock, its pid and state. ok is false when there is none. Without
+// pg_read_all_stats, only the relay's own role's backends are seen.
+func (c *Core) OldestSnapshot(ctx context.Context) (age time.Duration, pid int, state string, ok bool, err error) {
+	rows, err := c.db.Query(ctx, `SELECT extract(epoch FROM now() - xact_start)::float8, pid, coalesce(state, '')
+FROM pg_stat_activity
+WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+ORDER BY xact_start LIMIT 1`)
+	if err != nil {
+		return 0, 0, "", false, c.wrap(err)
+	}
+	err = scanAll(rows, func(r Rows) error {
+		var secs float64
+		if err := r.Scan(&secs, &pid, &state); err != nil {
+			return err
+		}
+		age, ok = time.Duration(secs*float64(time.Second)), true
+		return nil
+	})
+	return age, pid, state, ok, err
 }
 
 // MarkPublished implements postboxdriver.Executor.
