@@ -3,8 +3,12 @@
 package faults
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -168,6 +172,9 @@ func (h *harness) check(ctx context.Context) *report {
 		t.Fatalf("checker: %v", err)
 	}
 	o.stream = h.watch.snapshot()
+	if err := writeStream(filepath.Join(h.dir, "stream.jsonl"), o.stream); err != nil {
+		t.Logf("checker: %v", err)
+	}
 	if !h.broker.perKeyDelivery() {
 		o.noApplyOrder = h.broker.name() + "'s subscriber does not promise per-key order (a requeued delivery goes behind later ones); the broker's own order of first copies is still checked (stream_order)"
 	}
@@ -237,6 +244,28 @@ func (h *harness) check(ctx context.Context) *report {
 }
 
 func (h *harness) faults() []*fault { return h.sched }
+
+// writeStream keeps what the watcher read, in the broker's order, beside
+// the history, so that a violation can be traced copy by copy.
+func writeStream(path string, stream []seen) error {
+	f, err := os.Create(path) //nolint:gosec // the harness's own file
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(f)
+	enc := json.NewEncoder(w)
+	for _, s := range stream {
+		if err := enc.Encode(s); err != nil {
+			_ = f.Close()
+			return err
+		}
+	}
+	if err := w.Flush(); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
 
 func (r *report) add(rule, guarantee, id, key, format string, args ...any) {
 	if r.ByRule == nil {

@@ -20,7 +20,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
@@ -72,9 +71,6 @@ func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, di
 
 	h.pool = h.openPool(ctx, "writer", int32(prof.Writers+4))
 	h.cpool = h.openPool(ctx, "consumer", 8)
-	if os.Getenv("POSTBOX_FAULTS_KEEP") == "" {
-		testdb.DropPrefix(t, h.pool, h.prefix)
-	}
 	m, err := postboxmigrate.New(postboxpgx.New(h.pool), &postboxmigrate.Config{Prefix: h.prefix})
 	if err != nil {
 		t.Fatal(err)
