@@ -6,15 +6,26 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
 var _ postboxdriver.InboxBatcher[*sql.Tx] = (*store)(nil)
 
-// InboxInsertManyTx implements postboxdriver.InboxBatcher. The ids travel
-// as one JSON array; the WHERE clause keeps SQLite from reading the
-// upsert clause as part of the SELECT.
+// The ids travel as one JSON array; the WHERE clause keeps SQLite from
+// reading the upsert clause as part of the SELECT.
+const (
+	inboxInsertManySQL = `INSERT INTO {p}inbox (consumer, message_id)
+SELECT ?1, value FROM json_each(?2) WHERE true ORDER BY value
+ON CONFLICT DO NOTHING
+RETURNING message_id`
+	inboxDeleteManySQL = `DELETE FROM {p}inbox WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2))`
+)
+
+func withPrefix(q, prefix string) string { return strings.ReplaceAll(q, "{p}", prefix) }
+
+// InboxInsertManyTx implements postboxdriver.InboxBatcher.
 func (s *store) InboxInsertManyTx(ctx context.Context, tx *sql.Tx, consumer string, ids []string) ([]bool, error) {
 	out := make([]bool, len(ids))
 	if len(ids) == 0 {
@@ -24,10 +35,7 @@ func (s *store) InboxInsertManyTx(ctx context.Context, tx *sql.Tx, consumer stri
 	if err != nil {
 		return nil, err
 	}
-	rows, err := tx.QueryContext(ctx, `INSERT INTO `+s.prefix+`inbox (consumer, message_id)
-SELECT ?1, value FROM json_each(?2) WHERE true ORDER BY value
-ON CONFLICT DO NOTHING
-RETURNING message_id`, consumer, string(list))
+	rows, err := tx.QueryContext(ctx, withPrefix(inboxInsertManySQL, s.prefix), consumer, string(list))
 	if err != nil {
 		return nil, s.wrap(err)
 	}
@@ -62,7 +70,7 @@ func (s *store) InboxDeleteTx(ctx context.Context, tx *sql.Tx, consumer string, 
 	if err != nil {
 		return err
 	}
-	_, err = tx.ExecContext(ctx, `DELETE FROM `+s.prefix+`inbox WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2))`, consumer, string(list))
+	_, err = tx.ExecContext(ctx, withPrefix(inboxDeleteManySQL, s.prefix), consumer, string(list))
 	return s.wrap(err)
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"sort"
 	"sync/atomic"
@@ -158,7 +159,7 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 		return res, err
 	}
 	if opts.PoolSize > 0 {
-		cfg.MaxConns = int32(opts.PoolSize) //nolint:gosec // a flag of a few dozen
+		cfg.MaxConns = int32(opts.PoolSize)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -210,7 +211,7 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 			return v
 		})
 		if profile != "" {
-			f, err := os.Create(profile)
+			f, err := os.Create(filepath.Clean(profile))
 			if err != nil {
 				return 0, err
 			}
