@@ -168,6 +168,10 @@ func History(ctx context.Context, opts HistoryOptions, out io.Writer) (HistoryRe
 	filled := 0
 	for i, target := range steps {
 		st := HistoryStep{}
+		prev := 0
+		if i > 0 {
+			prev = steps[i-1]
+		}
 		if target > filled {
 			fmt.Fprintf(out, "history: filling %s to %d rows\n", prefix+"published", target)
 			began := time.Now()
@@ -177,9 +181,9 @@ func History(ctx context.Context, opts HistoryOptions, out io.Writer) (HistoryRe
 					return res, err
 				}
 				filled += n
-				fmt.Fprintf(out, "  %d rows (%.0f rows/s)\n", filled, float64(filled-steps[i-1])/time.Since(began).Seconds())
+				fmt.Fprintf(out, "  %d rows (%.0f rows/s)\n", filled, float64(filled-prev)/time.Since(began).Seconds())
 			}
-			st.FillRate = float64(target-steps[i-1]) / time.Since(began).Seconds()
+			st.FillRate = float64(target-prev) / time.Since(began).Seconds()
 		}
 		for _, p := range []string{prefix, ctlPrefix} {
 			if err := fillPending(ctx, pool, p, opts.Pending, opts.Keys); err != nil {

@@ -216,7 +216,7 @@ func RSS(ctx context.Context, opts RSSOptions, out io.Writer) (RSSResult, error)
 			return nil
 		case err := <-exited:
 			stopped = true
-			return fmt.Errorf("the relay exited early (%v); its output:\n%s", err, logs.String())
+			return fmt.Errorf("the relay exited early (%w); its output:\n%s", err, logs.String())
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -294,7 +294,7 @@ func RSS(ctx context.Context, opts RSSOptions, out io.Writer) (RSSResult, error)
 		if !errors.As(err, &ee) {
 			return res, err
 		}
-		return res, fmt.Errorf("the relay exited with %v on SIGTERM; its output:\n%s", err, logs.String())
+		return res, fmt.Errorf("the relay exited with %w on SIGTERM; its output:\n%s", err, logs.String())
 	}
 	n, err := streamMsgs(ctx, js, stream)
 	if err != nil {
