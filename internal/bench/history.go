@@ -170,7 +170,7 @@ func History(ctx context.Context, opts HistoryOptions, out io.Writer) (HistoryRe
 		st := HistoryStep{}
 		prev := 0
 		if i > 0 {
-			prev = steps[i-1]
+			prev = steps[i-1] //nolint:gosec // i > 0
 		}
 		if target > filled {
 			fmt.Fprintf(out, "history: filling %s to %d rows\n", prefix+"published", target)

@@ -308,22 +308,23 @@ func Snapshot(ctx context.Context, opts SnapshotOptions, out io.Writer) (Snapsho
 		return res, fmt.Errorf("writer: %w", err)
 	}
 	res.Written = written
-	// Everything written reaches the stream.
+	// Everything written reaches the stream, and its marks empty the
+	// outbox (a mark follows its ack).
 	deadline := time.Now().Add(2 * time.Minute)
+	var pending int64
 	for {
 		n, err := streamMsgs(ctx, js, stream)
 		if err != nil {
 			return res, err
 		}
 		res.Streamed = n
-		if n >= uint64(written) || time.Now().After(deadline) {
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+prefix+"outbox").Scan(&pending); err != nil {
+			return res, err
+		}
+		if (pending == 0 && n >= uint64(written)) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
-	}
-	var pending int64
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+prefix+"outbox").Scan(&pending); err != nil {
-		return res, err
 	}
 	if pending != 0 || res.Streamed < uint64(written) {
 		return res, fmt.Errorf("after the run: %d pending, %d of %d written messages in the stream", pending, res.Streamed, written)
