@@ -205,8 +205,8 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	if err != nil {
 		return res, fmt.Errorf("--database-url: %w", err)
 	}
-	wcfg.MaxConns = int32(opts.Writers + 2) //nolint:gosec // at most 258
-	wcfg.MinConns = int32(opts.Writers)     //nolint:gosec // at most 256
+	wcfg.MaxConns = int32(opts.Writers + 2)
+	wcfg.MinConns = int32(opts.Writers)
 	wpool, err := pgxpool.NewWithConfig(ctx, wcfg)
 	if err != nil {
 		return res, err
@@ -418,7 +418,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	if err != nil {
 		return res, err
 	}
-	if want := uint64(total + baselineN); info.State.Msgs != want { //nolint:gosec // both are positive
+	if want := uint64(total + baselineN); info.State.Msgs != want {
 		return res, fmt.Errorf("stream holds %d messages, want %d (%d from postbox, %d from the baseline)", info.State.Msgs, want, total, baselineN)
 	}
 	return res, nil

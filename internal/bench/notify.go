@@ -131,8 +131,8 @@ func Notify(ctx context.Context, opts NotifyOptions, out io.Writer) (NotifyResul
 	if err != nil {
 		return res, fmt.Errorf("--database-url: %w", err)
 	}
-	cfg.MaxConns = int32(opts.Writers + 2) //nolint:gosec // at most 66
-	cfg.MinConns = int32(opts.Writers)     //nolint:gosec // at most 64
+	cfg.MaxConns = int32(opts.Writers + 2)
+	cfg.MinConns = int32(opts.Writers)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return res, err

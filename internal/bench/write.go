@@ -144,8 +144,8 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	if err != nil {
 		return res, fmt.Errorf("--database-url: %w", err)
 	}
-	cfg.MaxConns = int32(maxWriters + 2) //nolint:gosec // at most 66
-	cfg.MinConns = int32(maxWriters)     //nolint:gosec // at most 64
+	cfg.MaxConns = int32(maxWriters + 2)
+	cfg.MinConns = int32(maxWriters)
 	if opts.SynchronousCommit != "" {
 		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = opts.SynchronousCommit
 	}
