@@ -67,32 +67,7 @@ type lane struct {
 	n          int
 	wake       chan struct{}
 	infraPause time.Duration
-
-	// The read cursor, for executors that can read from a lower bound
-	// (fromFetcher): from is the lowest seq the next read needs (0: read
-	// from the start), seen the highest seq read so far, rescanAt when the
-	// next read from the start is due, and gens the partitions it was
-	// taken over. See lane.fetch.
-	from, seen int64
-	rescanAt   time.Time
-	gens       map[int]int64
 }
-
-// fromFetcher is implemented by executors whose read can start at a lower
-// bound on seq (PostgreSQL): FetchFrom is Fetch limited to seq >= from,
-// with a keyed row also held back by an older row of its key that failed
-// before and lies below from.
-type fromFetcher interface {
-	FetchFrom(ctx context.Context, p postboxdriver.FetchParams, from int64) ([]postboxdriver.Record, error)
-}
-
-// Rescans: a lane reading from its cursor reads from the start again every
-// rescanFactor times the last such read took, within these bounds.
-const (
-	minRescan    = time.Second
-	maxRescan    = 30 * time.Second
-	rescanFactor = 20
-)
 
 type relayRun struct {
 	soft, hard context.CancelFunc
@@ -336,69 +311,14 @@ func (l *lane) run(soft, hard context.Context) {
 	}
 }
 
-// fetch reads the lane's next batch. Where the executor allows it, it reads
-// from a cursor rather than from the start of the table.
-//
-// Why: PostgreSQL keeps the index entries of the rows the relay moved out
-// until vacuum removes them, or until a scan finds them dead to every
-// snapshot and marks them. While some transaction elsewhere holds an old
-// snapshot (an idle-in-transaction session, a long report, a replication
-// slot's xmin), neither can happen, and a read in seq order from the start
-// walks every row moved out since that snapshot was taken: its cost grows
-// by the write rate every second the snapshot is held. The cursor starts
-// the walk at the first row of the lane's previous batch instead, or just
-// past the highest seq read once a read comes back empty.
-//
-// What the cursor would miss, a read from the start finds: a row that
-// committed late with a lower seq, a row whose retry became due, rows of a
-// partition just taken over. Such reads run every rescanFactor times the
-// last one took (1s to 30s), at once after an error or a change of
-// partitions, so they cost a lane at most a twentieth of its time, and a
-// late row waits at most that long. Per-key order holds: a row below the
-// cursor that failed before holds its key's later rows back (see
-// fromFetcher), and a row that never failed but committed late has no
-// order against rows written at the same time (DESIGN §1).
+// fetch reads the lane's next batch, always from the start of the lane's
+// partitions in seq order. A lower bound carried from the previous read
+// would skip a row that committed late with a lower seq than rows already
+// read, and publish its key's later rows before it (G4); under a held
+// snapshot the read therefore walks the index entries of rows already
+// moved out, which the relay reports (see checkSnapshots).
 func (l *lane) fetch(ctx context.Context, fence postboxdriver.Fence) ([]postboxdriver.Record, error) {
-	r := l.r
-	params := r.fetchParams(fence)
-	ff, ok := r.ex.(fromFetcher)
-	if !ok {
-		return r.ex.Fetch(ctx, params)
-	}
-	var recs []postboxdriver.Record
-	var err error
-	now := time.Now()
-	if l.from == 0 || !now.Before(l.rescanAt) || !sameGenerations(l.gens, fence.Generations) {
-		recs, err = r.ex.Fetch(ctx, params)
-		took := time.Since(now)
-		l.rescanAt = now.Add(min(max(took*rescanFactor, minRescan), maxRescan))
-		l.gens = fence.Generations
-	} else {
-		recs, err = ff.FetchFrom(ctx, params, l.from)
-	}
-	if err != nil {
-		l.from = 0
-		return nil, err
-	}
-	if len(recs) > 0 {
-		l.from = recs[0].Seq
-		l.seen = max(l.seen, recs[len(recs)-1].Seq)
-	} else {
-		l.from = l.seen + 1
-	}
-	return recs, nil
-}
-
-func sameGenerations(a, b map[int]int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for p, g := range a {
-		if h, ok := b[p]; !ok || h != g {
-			return false
-		}
-	}
-	return true
+	return l.r.ex.Fetch(ctx, l.r.fetchParams(fence))
 }
 
 // rebalance heartbeats, works out this relay's share of the partitions

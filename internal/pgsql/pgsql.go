@@ -63,8 +63,6 @@ func (c *Core) Dialect() string { return "postgres" }
 type queries struct {
 	insert, partitions, heartbeat, unregister, acquire, release, fetch, fetchStrict, fetchRouted, fetchRoutedStrict,
 	markPublished, markFailed, applied, stats string
-	// The same four reads from a lower bound on seq (the last parameter).
-	fetchFrom, fetchStrictFrom, fetchRoutedFrom, fetchRoutedStrictFrom string
 }
 
 func makeQueries(p string) queries {
@@ -88,15 +86,11 @@ SELECT id FROM {p}relays WHERE expires_at > now() AND id <> $1`),
   expires_at = now() + $3 * interval '1 millisecond'
 WHERE partition = ANY($2::int[]) AND (owner IS NULL OR owner = $1 OR expires_at <= now())
 RETURNING partition, generation, expires_at`),
-		release:               r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = now() WHERE owner = $1 AND partition = ANY($2::int[])`),
-		fetch:                 r.Replace(fetchSQL(false, false, false)),
-		fetchStrict:           r.Replace(fetchSQL(true, false, false)),
-		fetchRouted:           r.Replace(fetchSQL(false, true, false)),
-		fetchRoutedStrict:     r.Replace(fetchSQL(true, true, false)),
-		fetchFrom:             r.Replace(fetchSQL(false, false, true)),
-		fetchStrictFrom:       r.Replace(fetchSQL(true, false, true)),
-		fetchRoutedFrom:       r.Replace(fetchSQL(false, true, true)),
-		fetchRoutedStrictFrom: r.Replace(fetchSQL(true, true, true)),
+		release:           r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = now() WHERE owner = $1 AND partition = ANY($2::int[])`),
+		fetch:             r.Replace(fetchSQL(false, false)),
+		fetchStrict:       r.Replace(fetchSQL(true, false)),
+		fetchRouted:       r.Replace(fetchSQL(false, true)),
+		fetchRoutedStrict: r.Replace(fetchSQL(true, true)),
 		// The fence: the row's partition lease must still be the owner's, at
 		// the generation the owner read it under. A relay whose lease moved
 		// on matches no row and changes nothing.
@@ -155,26 +149,8 @@ SELECT seq, attempts, false FROM retried`),
 // matches: such a row waits for a relay that knows its topic, and its key
 // waits with it. Finding those rows scans the fenced partitions' pending
 // rows once per read, a cost paid only when routes are set.
-//
-// With from, it reads only rows with seq >= the last parameter: the
-// relay's cursor (see FetchFrom), so that the scan in seq order starts
-// past the index entries of rows already moved out, which a held snapshot
-// keeps from being vacuumed or marked dead.
-func fetchSQL(strict, routed, from bool) string {
-	var with, topic, unrouted, dead, bound string
-	// A row that failed before and sits below the bound could be
-	// available again (its backoff over) without this read seeing it: it
-	// holds its key's later rows back until a read from the start takes it.
-	retried := `b.available_at > now()`
-	if from {
-		n := "$3"
-		if routed {
-			n = "$4"
-		}
-		bound = `
-  AND o.seq >= ` + n + `::bigint`
-		retried = `(b.available_at > now() OR b.seq < ` + n + `::bigint)`
-	}
+func fetchSQL(strict, routed bool) string {
+	var with, topic, unrouted, dead string
 	if strict {
 		dead = `
     OR EXISTS (SELECT 1 FROM {p}dead d WHERE d.key = o.key AND d.seq < o.seq)`
@@ -194,10 +170,10 @@ func fetchSQL(strict, routed, from bool) string {
 	return with + `SELECT o.seq, o.id::text, o.topic, coalesce(o.key, ''), o.payload, o.headers::text, o.partition, o.attempts, o.created_at
 FROM {p}outbox o
 WHERE o.partition = ANY($1::int[])
-  AND o.available_at <= now()` + bound + topic + `
+  AND o.available_at <= now()` + topic + `
   AND (o.key IS NULL OR NOT (
     EXISTS (SELECT 1 FROM {p}outbox b
-            WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND ` + retried + `)` + dead + unrouted + `))
+            WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > now())` + dead + unrouted + `))
 ORDER BY o.seq
 LIMIT $2`
 }
@@ -206,7 +182,7 @@ LIMIT $2`
 // the tables named with prefix: $1 the partitions (int[]), $2 the limit.
 // Benchmarks EXPLAIN it; the relay runs it through Core.Fetch.
 func FetchStatement(prefix string) string {
-	return strings.ReplaceAll(fetchSQL(false, false, false), "{p}", prefix)
+	return strings.ReplaceAll(fetchSQL(false, false), "{p}", prefix)
 }
 
 // likePatterns turns topic patterns ("orders.created", "orders.*", "*")
@@ -299,17 +275,6 @@ func (c *Core) ReleaseLeases(ctx context.Context, owner string, partitions []int
 
 // Fetch implements postboxdriver.Executor.
 func (c *Core) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
-	return c.fetch(ctx, p, 0, false)
-}
-
-// FetchFrom is Fetch limited to rows with seq >= from. The relay reads
-// from a cursor this way and rescans from the start now and then, so a
-// row that commits late with a lower seq is still found (see relay.go).
-func (c *Core) FetchFrom(ctx context.Context, p postboxdriver.FetchParams, from int64) ([]postboxdriver.Record, error) {
-	return c.fetch(ctx, p, from, true)
-}
-
-func (c *Core) fetch(ctx context.Context, p postboxdriver.FetchParams, from int64, bounded bool) ([]postboxdriver.Record, error) {
 	parts := make([]int32, 0, len(p.Fence.Generations))
 	for part := range p.Fence.Generations {
 		parts = append(parts, int32(part))
@@ -323,18 +288,15 @@ func (c *Core) fetch(ctx context.Context, p postboxdriver.FetchParams, from int6
 	case p.Topics != nil && len(p.Topics) == 0:
 		return nil, nil
 	case p.Topics != nil:
-		q = pick(bounded, c.q.fetchRouted, c.q.fetchRoutedFrom)
+		q = c.q.fetchRouted
 		if p.BlockOnDead {
-			q = pick(bounded, c.q.fetchRoutedStrict, c.q.fetchRoutedStrictFrom)
+			q = c.q.fetchRoutedStrict
 		}
 		args = append(args, likePatterns(p.Topics))
 	case p.BlockOnDead:
-		q = pick(bounded, c.q.fetchStrict, c.q.fetchStrictFrom)
+		q = c.q.fetchStrict
 	default:
-		q = pick(bounded, c.q.fetch, c.q.fetchFrom)
-	}
-	if bounded {
-		args = append(args, from)
+		q = c.q.fetch
 	}
 	rows, err := c.db.Query(ctx, q, args...)
 	if err != nil {
@@ -352,13 +314,6 @@ func (c *Core) fetch(ctx context.Context, p postboxdriver.FetchParams, from int6
 		return nil
 	})
 	return out, c.wrap(err)
-}
-
-func pick(bounded bool, whole, from string) string {
-	if bounded {
-		return from
-	}
-	return whole
 }
 
 // OldestSnapshot reports the oldest transaction of another backend that
