@@ -133,13 +133,19 @@ func (s *natsServer) stop(grace time.Duration) error {
 // binaries (POSTBOX_FAULTS_PG_BINDIR, default the newest
 // /usr/lib/postgresql/*/bin), with fsync and synchronous_commit on, which
 // the database faults restart: fast (a clean shutdown) or immediate (a
-// crash, recovered from the WAL at start). As root it runs as the
-// postgres user, since PostgreSQL refuses to run as root.
+// crash, recovered from the WAL at start). The server runs in the
+// foreground as the harness's child, so it dies with the harness however
+// that ends. As root it runs as the postgres user, since PostgreSQL
+// refuses to run as root.
 type pgCluster struct {
 	bindir, data, sock, log string
 	port                    int
 	runAs                   *user.User // nil: the current user
 	base                    string     // removed at the end
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
 }
 
 func startPG(t *testing.T, ctx context.Context) *pgCluster {
@@ -182,9 +188,7 @@ func startPG(t *testing.T, ctx context.Context) *pgCluster {
 		t.Fatalf("initdb: %v\n%s", err, out)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, _ = c.run(ctx, "pg_ctl", "-D", c.data, "-m", "immediate", "-w", "stop")
+		_ = c.stop("immediate")
 		_ = os.RemoveAll(c.base)
 	})
 	if err := c.start(ctx); err != nil {
@@ -211,35 +215,97 @@ func (c *pgCluster) own(path string) error {
 	return os.Chown(path, uid, gid)
 }
 
-// run runs one of the cluster's programs, as the postgres user when the
-// harness runs as root.
-func (c *pgCluster) run(ctx context.Context, prog string, args ...string) ([]byte, error) {
+// command makes a command for one of the cluster's programs, as the
+// postgres user when the harness runs as root.
+func (c *pgCluster) command(ctx context.Context, prog string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, filepath.Join(c.bindir, prog), args...) //nolint:gosec // the machine's PostgreSQL binaries
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
 	if c.runAs != nil {
 		uid, _ := strconv.ParseUint(c.runAs.Uid, 10, 32)
 		gid, _ := strconv.ParseUint(c.runAs.Gid, 10, 32)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 		cmd.Dir = c.base
 		cmd.Env = append(os.Environ(), "HOME="+c.base)
 	}
-	return cmd.CombinedOutput()
+	return cmd
 }
 
+// run runs one of the cluster's programs to its end.
+func (c *pgCluster) run(ctx context.Context, prog string, args ...string) ([]byte, error) {
+	return c.command(ctx, prog, args...).CombinedOutput()
+}
+
+// start runs the server and waits until it accepts connections.
 func (c *pgCluster) start(ctx context.Context) error {
-	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories=%s -c max_connections=200"+
-		" -c fsync=on -c synchronous_commit=on -c shared_buffers=64MB", c.port, c.sock)
-	out, err := c.run(ctx, "pg_ctl", "-D", c.data, "-l", c.log, "-o", opts, "-w", "-t", "60", "start")
+	c.mu.Lock()
+	cmd := c.command(context.WithoutCancel(ctx), "postgres", "-D", c.data, "-p", strconv.Itoa(c.port),
+		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="+c.sock, "-c", "max_connections=200",
+		"-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "shared_buffers=64MB")
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	logf, err := os.OpenFile(c.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
-		return fmt.Errorf("pg_ctl start: %w\n%s", err, out)
+		c.mu.Unlock()
+		return err
 	}
-	return nil
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		c.mu.Unlock()
+		_ = logf.Close()
+		return err
+	}
+	done := make(chan struct{})
+	c.cmd, c.done = cmd, done
+	go func() { _ = cmd.Wait(); _ = logf.Close(); close(done) }()
+	c.mu.Unlock()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if _, err := c.run(ctx, "pg_isready", "-q", "-h", "127.0.0.1", "-p", strconv.Itoa(c.port)); err == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("postgres exited at start (see %s)", c.log)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("postgres not ready after 90s (see %s)", c.log)
+		}
+	}
+}
+
+// stop shuts the server down: "fast" (SIGINT: a clean shutdown) or
+// "immediate" (SIGQUIT: no checkpoint, recovery from the WAL at the next
+// start, as after a crash). SIGKILL after a minute.
+func (c *pgCluster) stop(mode string) error {
+	c.mu.Lock()
+	cmd, done := c.cmd, c.done
+	c.cmd = nil
+	c.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	sig := syscall.SIGINT
+	if mode == "immediate" {
+		sig = syscall.SIGQUIT
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-done:
+		return nil
+	case <-time.After(time.Minute):
+		_ = cmd.Process.Kill()
+		<-done
+		return fmt.Errorf("postgres did not stop (%s); killed", mode)
+	}
 }
 
 // restart stops the cluster in mode ("fast" or "immediate"), waits hold,
 // and starts it again.
 func (c *pgCluster) restart(ctx context.Context, mode string, hold time.Duration) error {
-	if out, err := c.run(ctx, "pg_ctl", "-D", c.data, "-m", mode, "-w", "-t", "60", "stop"); err != nil {
-		return fmt.Errorf("pg_ctl stop -m %s: %w\n%s", mode, err, out)
+	if err := c.stop(mode); err != nil {
+		return err
 	}
 	sleep(ctx, hold)
 	return c.start(context.WithoutCancel(ctx))
