@@ -29,7 +29,11 @@ import (
 //   - One write per message, instead of a claim and then a mark.
 
 const (
-	minPoll       = 2 * time.Millisecond
+	minPoll = 2 * time.Millisecond
+	// deepIdle: a lane that found nothing at PollInterval sleeps this many
+	// intervals, waiting for a wake-up from the writer or the idle probe;
+	// the long sleep is only a safety net.
+	deepIdle      = 10
 	minInfraPause = 50 * time.Millisecond
 	maxInfraPause = 10 * time.Second
 	cleanupBudget = 5 * time.Second
@@ -49,6 +53,10 @@ type relay struct {
 	// the lanes: a lane publishing while others read or mark may use all
 	// of it.
 	window chan struct{}
+
+	// asleep counts the lanes in deep idle; when all are, the idle probe
+	// reads for the whole relay (see probe).
+	asleep atomic.Int32
 
 	nextPrune         time.Time // coordinator only
 	nextSnapshotCheck time.Time // coordinator only
@@ -142,6 +150,13 @@ func (r *relay) run(soft, hard context.Context) {
 		go func() {
 			defer wg.Done()
 			l.run(soft, hard)
+		}()
+	}
+	if len(r.lanes) > 1 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.probe(soft)
 		}()
 	}
 	defer wg.Wait()
@@ -281,7 +296,7 @@ func (l *lane) run(soft, hard context.Context) {
 			continue
 		}
 		if len(recs) == 0 {
-			if l.idle(soft, poll) {
+			if l.sleep(soft, poll) {
 				poll = minPoll
 			} else {
 				poll = min(poll*2, r.cfg.PollInterval)
@@ -385,7 +400,7 @@ func (r *relay) rebalance(ctx context.Context) error {
 
 // fence returns lane n's share of the held partitions: every len(lanes)-th
 // of them in partition order, so the shares stay even whichever partitions
-// the relay holds.
+// the relay holds; n < 0 returns all of them.
 func (r *relay) fence(now time.Time, n int) (postboxdriver.Fence, time.Time) {
 	f := postboxdriver.Fence{Owner: r.id, Generations: map[int]int64{}}
 	r.mu.Lock()
@@ -398,13 +413,66 @@ func (r *relay) fence(now time.Time, n int) (postboxdriver.Fence, time.Time) {
 		parts = append(parts, p)
 	}
 	sort.Ints(parts)
-	for i := n; i < len(parts); i += len(r.lanes) {
+	start, step := n, len(r.lanes)
+	if n < 0 {
+		start, step = 0, 1
+	}
+	for i := start; i < len(parts); i += step {
 		f.Generations[parts[i]] = r.held[parts[i]]
 	}
 	return f, r.validUntil
 }
 
 // idle waits for d, a wake-up or the end of ctx; it reports a wake-up.
+// sleep is a lane's wait after a read that found nothing: d, or, once the
+// lane has backed off to PollInterval with several lanes running, a deep
+// idle in which the relay's idle probe does the looking. It reports a
+// wake-up.
+func (l *lane) sleep(ctx context.Context, d time.Duration) bool {
+	r := l.r
+	if d < r.cfg.PollInterval || len(r.lanes) == 1 {
+		return l.idle(ctx, d)
+	}
+	r.asleep.Add(1)
+	defer r.asleep.Add(-1)
+	return l.idle(ctx, deepIdle*d)
+}
+
+// probe is the idle relay's one look at the database per PollInterval,
+// instead of one per lane: while every lane is in deep idle, it reads one
+// row of all the held partitions and wakes the lanes when there is one. A
+// writer in this process wakes them sooner; rows written elsewhere are
+// found within PollInterval, as by a polling lane.
+func (r *relay) probe(ctx context.Context) {
+	t := time.NewTicker(r.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if int(r.asleep.Load()) < len(r.lanes) {
+			continue
+		}
+		fence, _ := r.fence(time.Now(), -1)
+		if len(fence.Generations) == 0 {
+			continue
+		}
+		params := r.fetchParams(fence)
+		params.Limit = 1
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.BatchDeadline)
+		recs, err := r.ex.Fetch(pctx, params)
+		cancel()
+		if err != nil || len(recs) > 0 {
+			// On an error too: a lane's own read will report it.
+			for _, l := range r.lanes {
+				l.notify()
+			}
+		}
+	}
+}
+
 func (l *lane) idle(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
