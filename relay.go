@@ -54,6 +54,10 @@ type relay struct {
 	// of it.
 	window chan struct{}
 
+	// renew asks the coordinator to renew the leases now: a lane's marks
+	// were fenced out, so a partition passed to another owner.
+	renew chan struct{}
+
 	// asleep counts the lanes in deep idle; when all are, the idle probe
 	// reads for the whole relay (see probe).
 	asleep atomic.Int32
@@ -97,7 +101,7 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs ro
 	r := &relay{
 		ex: ex, cfg: cfg, id: id, wake: wake, nparts: n, pub: rs, topics: rs.patterns(),
 		log:  cfg.Logger.With(slog.String("relay", id)),
-		held: map[int]int64{},
+		held: map[int]int64{}, renew: make(chan struct{}, 1),
 	}
 	r.window = make(chan struct{}, cfg.PublishWindow)
 	for i := range min(cfg.Lanes, n) {
@@ -177,6 +181,8 @@ func (r *relay) run(soft, hard context.Context) {
 					l.notify()
 				}
 				continue
+			case <-r.renew:
+				t.Stop()
 			case <-t.C:
 			case <-soft.Done():
 				t.Stop()
@@ -315,6 +321,16 @@ func (l *lane) run(soft, hard context.Context) {
 			rep.Duration = time.Since(began)
 			m.RelayBatch(rep)
 		}
+		if rep.FencedOut > 0 {
+			// The lease of some partition passed on: stop reading under
+			// the old generations, which would send the same rows again
+			// and again, until the coordinator has renewed.
+			r.forget()
+			select {
+			case r.renew <- struct{}{}:
+			default:
+			}
+		}
 		switch {
 		case res.infra != nil:
 			l.pause(soft, "publish", res.infra)
@@ -324,6 +340,17 @@ func (l *lane) run(soft, hard context.Context) {
 			l.infraPause = 0
 		}
 	}
+}
+
+// forget empties the held set: which other partitions moved on with the
+// fenced one is unknown, and lanes reading stale generations send rows
+// that another owner sends too. Every lane idles until the renewal the
+// caller asks for, which takes back what is free or expired, at new
+// generations, and wakes them.
+func (r *relay) forget() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.held = map[int]int64{}
 }
 
 // fetch reads the lane's next batch, always from the start of the lane's

@@ -4,8 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -97,5 +100,76 @@ func TestExpireLeasesBadPrefix(t *testing.T) {
 	defer done()
 	if _, err := postboxtest.ExpireLeases(context.Background(), driver, "bad;prefix"); err == nil {
 		t.Fatal("a bad prefix was accepted")
+	}
+}
+
+// A running relay whose leases are taken mid-batch renews at once and
+// sends the fenced rows again once, not in a loop until its next renewal.
+func TestExpireLeasesRunningRelay(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) {
+		driver, done := openExampleDB()
+		defer done()
+		expireRunning(t, driver, "")
+	})
+	t.Run("postgres", func(t *testing.T) {
+		pool, prefix := testdb.Migrated(t)
+		expireRunning(t, postboxpgx.New(pool), prefix)
+	})
+}
+
+func expireRunning[TTx any](t *testing.T, driver postboxdriver.Driver[TTx], prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	broker := postboxtest.NewBroker(&postboxtest.BrokerOptions{DedupeWindow: -1})
+	faulty := postboxtest.NewFaulty(broker)
+	var once sync.Once
+	var expErr error
+	faulty.AfterPublish(func(*postbox.Envelope) {
+		once.Do(func() { _, expErr = postboxtest.ExpireLeases(ctx, driver, prefix) })
+	})
+	client, err := postbox.NewClient(driver, &postbox.Config{Prefix: prefix, Publisher: faulty, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 50
+	msgs := make([]postbox.Message, n)
+	for i := range msgs {
+		msgs[i] = postbox.Message{Topic: "orders.paid", Key: fmt.Sprintf("k%d", i%7)}
+	}
+	if err := client.Write(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = client.Stop(context.WithoutCancel(ctx)) }()
+	for {
+		st, err := client.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Pending == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d rows still pending", st.Pending)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if expErr != nil {
+		t.Fatal(expErr)
+	}
+	copies := map[string]int{}
+	for _, m := range broker.Messages() {
+		copies[m.ID]++
+	}
+	if len(copies) != n {
+		t.Fatalf("broker holds %d distinct ids, want %d", len(copies), n)
+	}
+	for id, c := range copies {
+		if c > 2 {
+			t.Fatalf("id %s sent %d times: the relay kept publishing under its lost leases", id, c)
+		}
 	}
 }
