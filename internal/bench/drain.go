@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"runtime/pprof"
 	"sort"
@@ -21,10 +20,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/testdb"
-	"github.com/postbox-go/postbox/postboxmigrate"
-	"github.com/postbox-go/postbox/postboxnats"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // DrainOptions configure the backlog drain benchmark.
@@ -67,12 +62,7 @@ type DrainResult struct {
 }
 
 func (o *DrainOptions) defaults() {
-	if o.DatabaseURL == "" {
-		o.DatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
-	if o.NatsURL == "" {
-		o.NatsURL = nats.DefaultURL
-	}
+	defaultURLs(&o.DatabaseURL, defaultDatabaseURL, &o.NatsURL)
 	if o.Messages <= 0 {
 		o.Messages = 100_000
 	}
@@ -92,28 +82,17 @@ func (o *DrainOptions) defaults() {
 func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, error) {
 	opts.defaults()
 	res := DrainResult{Messages: opts.Messages}
-	nc, err := nats.Connect(opts.NatsURL)
-	if err != nil {
-		return res, fmt.Errorf("connect to NATS at %s: %w", opts.NatsURL, err)
-	}
-	defer nc.Close()
-	tag := fmt.Sprintf("%d", rand.Uint32()) //nolint:gosec // a name, not a secret
-	payload := make([]byte, opts.PayloadBytes)
-	for i := range payload {
-		payload[i] = 'a' + byte(i%26)
-	}
+	tag := randTag()
+	payload := makePayload(opts.PayloadBytes)
 
 	// The baseline: the same messages (payload and Nats-Msg-Id) published
 	// straight to JetStream, with the same window.
-	rawJS, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(opts.Window))
+	raw, err := openStream(ctx, opts.NatsURL, "BENCH_RAW_"+tag, "bench.raw."+tag+".", jetstream.WithPublishAsyncMaxPending(opts.Window))
 	if err != nil {
 		return res, err
 	}
-	rawStream := "BENCH_RAW_" + tag
-	if _, err := postboxnats.EnsureStream(ctx, rawJS, jetstream.StreamConfig{Name: rawStream, Subjects: []string{"bench.raw." + tag + ".>"}}); err != nil {
-		return res, err
-	}
-	defer func() { _ = rawJS.DeleteStream(context.WithoutCancel(ctx), rawStream) }()
+	defer raw.close(ctx)
+	rawJS := raw.js
 	fmt.Fprintf(out, "raw JetStream: publishing %d messages of %d bytes, window %d\n", opts.Messages, opts.PayloadBytes, opts.Window)
 	// The ids are made before the clock starts: the outbox makes its ids
 	// at write time too, not while draining.
@@ -151,25 +130,17 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	}
 	defer pool.Close()
 	prefix := "bench_" + tag + "_"
-	defer dropPrefix(pool, prefix)
-	driver := postboxpgx.New(pool)
-	m, err := postboxmigrate.New(driver, &postboxmigrate.Config{Prefix: prefix})
+	driver, drop, err := migrated(ctx, pool, prefix)
 	if err != nil {
 		return res, err
 	}
-	if _, err := m.Up(ctx); err != nil {
-		return res, err
-	}
-	js, err := jetstream.New(nc)
+	defer drop()
+	drain, err := ensureStream(ctx, raw.nc, "BENCH_DRAIN_"+tag, "bench.drain."+tag+".")
 	if err != nil {
 		return res, err
 	}
-	drainStream := "BENCH_DRAIN_" + tag
-	if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: drainStream, Subjects: []string{"bench.drain." + tag + ".>"}}); err != nil {
-		return res, err
-	}
-	defer func() { _ = js.DeleteStream(context.WithoutCancel(ctx), drainStream) }()
-	pub, err := postboxnats.New(js, &postboxnats.Config{SubjectPrefix: "bench.drain." + tag + "."})
+	defer drain.close(ctx)
+	pub, err := drain.publisher()
 	if err != nil {
 		return res, err
 	}
@@ -232,21 +203,8 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	if opts.SampleEvery > 0 {
 		timeline = sampleRemaining(sctx, opts.DatabaseURL, prefix+"outbox", start, opts.SampleEvery, int64(opts.Messages))
 	}
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		var empty bool
-		if err := pool.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM "+prefix+"outbox)").Scan(&empty); err != nil {
-			return res, err
-		}
-		if empty {
-			break
-		}
-		select {
-		case <-tick.C:
-		case <-ctx.Done():
-			return res, ctx.Err()
-		}
+	if err := waitOutboxEmpty(ctx, pool, prefix, 20*time.Millisecond); err != nil {
+		return res, err
 	}
 	res.DrainElapsed = time.Since(start)
 	res.DrainRate = float64(opts.Messages) / res.DrainElapsed.Seconds()
@@ -261,7 +219,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		res.Timeline = append(res.Timeline, DrainSample{Seconds: res.DrainElapsed.Seconds()})
 		timeline = nil
 	}
-	s, err := js.Stream(ctx, drainStream)
+	s, err := drain.js.Stream(ctx, drain.name)
 	if err != nil {
 		return res, err
 	}
@@ -308,12 +266,6 @@ func sampleRemaining(ctx context.Context, url, table string, start time.Time, d 
 		}
 	}()
 	return out
-}
-
-func dropPrefix(pool *pgxpool.Pool, prefix string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_ = testdb.DropTables(ctx, pool, prefix)
 }
 
 // Median returns the median of each figure over runs, taken figure by

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"sort"
 	"strings"
 	"time"
@@ -16,7 +15,6 @@ import (
 	"github.com/postbox-go/postbox/internal/pgsql"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
-	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
 
@@ -89,9 +87,7 @@ func (o *HistoryOptions) Validate() error {
 }
 
 func (o *HistoryOptions) defaults() {
-	if o.DatabaseURL == "" {
-		o.DatabaseURL = testdb.PostgresURL()
-	}
+	defaultURLs(&o.DatabaseURL, testdb.PostgresURL(), nil)
 	if o.Max == 0 {
 		o.Max = 10_000_000
 	}
@@ -137,20 +133,17 @@ func History(ctx context.Context, opts HistoryOptions, out io.Writer) (HistoryRe
 		return res, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer pool.Close()
-	tag := rand.Uint32() //nolint:gosec // a name, not a secret
-	prefix := fmt.Sprintf("bench_hist_%d_", tag)
-	ctlPrefix := fmt.Sprintf("bench_histctl_%d_", tag)
+	tag := randTag()
+	prefix := "bench_hist_" + tag + "_"
+	ctlPrefix := "bench_histctl_" + tag + "_"
 	driver := postboxpgx.New(pool)
 	var stores [2]postboxdriver.Executor
 	for i, p := range []string{prefix, ctlPrefix} {
-		defer dropPrefix(pool, p)
-		m, err := postboxmigrate.New(driver, &postboxmigrate.Config{Prefix: p})
+		_, drop, err := migrated(ctx, pool, p)
 		if err != nil {
 			return res, err
 		}
-		if _, err := m.Up(ctx); err != nil {
-			return res, err
-		}
+		defer drop()
 		if stores[i], err = driver.Open(p); err != nil {
 			return res, err
 		}

@@ -12,11 +12,7 @@ import (
 // A tiny history run, so the benchmark's own checks (every fetch finds
 // rows, every mark moves its whole batch) run against the real PostgreSQL.
 func TestHistorySmall(t *testing.T) {
-	var out bytes.Buffer
-	res, err := bench.History(context.Background(), bench.HistoryOptions{Max: 3000, Pending: 1200, Reps: 5, Keys: 100, FillChunk: 1000, Explain: true}, &out)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
+	res := runBench(t, bench.History, bench.HistoryOptions{Max: 3000, Pending: 1200, Reps: 5, Keys: 100, FillChunk: 1000, Explain: true})
 	if len(res.Steps) != 4 {
 		t.Fatalf("%d steps, want 4", len(res.Steps))
 	}

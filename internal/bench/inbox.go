@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -20,9 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxnats"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // InboxOptions configure the consumer benchmark.
@@ -79,12 +76,7 @@ func (r InboxResult) Best() float64 {
 }
 
 func (o *InboxOptions) defaults() {
-	if o.DatabaseURL == "" {
-		o.DatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
-	if o.NatsURL == "" {
-		o.NatsURL = nats.DefaultURL
-	}
+	defaultURLs(&o.DatabaseURL, defaultDatabaseURL, &o.NatsURL)
 	if o.Messages <= 0 {
 		o.Messages = 20_000
 	}
@@ -109,27 +101,16 @@ func (o *InboxOptions) defaults() {
 func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, error) {
 	opts.defaults()
 	res := InboxResult{Messages: opts.Messages}
-	nc, err := nats.Connect(opts.NatsURL)
-	if err != nil {
-		return res, fmt.Errorf("connect to NATS at %s: %w", opts.NatsURL, err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(256))
-	if err != nil {
-		return res, err
-	}
-	tag := fmt.Sprintf("%d", rand.Uint32()) //nolint:gosec // a name, not a secret
-	streamName := "BENCH_INBOX_" + tag
+	tag := randTag()
 	subject := "bench.inbox." + tag
-	if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: streamName, Subjects: []string{subject + ".>"}}); err != nil {
+	stream, err := openStream(ctx, opts.NatsURL, "BENCH_INBOX_"+tag, subject+".", jetstream.WithPublishAsyncMaxPending(256))
+	if err != nil {
 		return res, err
 	}
-	defer func() { _ = js.DeleteStream(context.WithoutCancel(ctx), streamName) }()
+	defer stream.close(ctx)
+	js, streamName := stream.js, stream.name
 
-	payload := make([]byte, opts.PayloadBytes)
-	for i := range payload {
-		payload[i] = 'a' + byte(i%26)
-	}
+	payload := makePayload(opts.PayloadBytes)
 	fmt.Fprintf(out, "filling stream %s: %d messages of %d bytes over %d keys\n", streamName, opts.Messages, opts.PayloadBytes, opts.Keys)
 	want := make(map[string]int64, opts.Keys)
 	for i := range opts.Messages {
@@ -167,15 +148,11 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 	}
 	defer pool.Close()
 	prefix := "bench_" + tag + "_"
-	defer dropPrefix(pool, prefix)
-	driver := postboxpgx.New(pool)
-	m, err := postboxmigrate.New(driver, &postboxmigrate.Config{Prefix: prefix})
+	driver, drop, err := migrated(ctx, pool, prefix)
 	if err != nil {
 		return res, err
 	}
-	if _, err := m.Up(ctx); err != nil {
-		return res, err
-	}
+	defer drop()
 	tables := []string{"counts_plain", "counts_single", "counts_batch"}
 	for _, t := range tables {
 		if _, err := pool.Exec(ctx, "CREATE TABLE "+prefix+t+" (key text PRIMARY KEY, n bigint NOT NULL)"); err != nil {

@@ -19,8 +19,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/postboxmigrate"
-	"github.com/postbox-go/postbox/postboxnats"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
 
@@ -92,12 +90,7 @@ func (o *LatencyOptions) Validate() error {
 }
 
 func (o *LatencyOptions) defaults() {
-	if o.DatabaseURL == "" {
-		o.DatabaseURL = defaultDatabaseURL
-	}
-	if o.NatsURL == "" {
-		o.NatsURL = nats.DefaultURL
-	}
+	defaultURLs(&o.DatabaseURL, defaultDatabaseURL, &o.NatsURL)
 	if o.Rate == 0 {
 		o.Rate = 1000
 	}
@@ -182,48 +175,27 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	opts.defaults()
 	res.Rate = opts.Rate
 	res.SeparateWriter = opts.SeparateWriter
-	nc, err := nats.Connect(opts.NatsURL)
-	if err != nil {
-		return res, fmt.Errorf("connect to NATS at %s: %w", opts.NatsURL, err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return res, err
-	}
 	tag := randTag()
-	stream := "BENCH_LATENCY_" + tag
-	subjects := "bench.latency." + tag + "."
-	if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: stream, Subjects: []string{subjects + ">"}}); err != nil {
+	bs, err := openStream(ctx, opts.NatsURL, "BENCH_LATENCY_"+tag, "bench.latency."+tag+".")
+	if err != nil {
 		return res, err
 	}
-	defer func() { _ = js.DeleteStream(context.WithoutCancel(ctx), stream) }()
+	defer bs.close(ctx)
+	js, stream, subjects := bs.js, bs.name, bs.prefix
 
 	// Two pools: the writers' own, and the relay's, whose every statement
 	// is counted.
-	wcfg, err := pgxpool.ParseConfig(opts.DatabaseURL)
-	if err != nil {
-		return res, fmt.Errorf("--database-url: %w", err)
-	}
-	wcfg.MaxConns = int32(opts.Writers + 2)
-	wcfg.MinConns = int32(opts.Writers)
-	wpool, err := pgxpool.NewWithConfig(ctx, wcfg)
+	wpool, err := writersPool(ctx, opts.DatabaseURL, opts.Writers, nil)
 	if err != nil {
 		return res, err
 	}
 	defer wpool.Close()
-	if err := wpool.Ping(ctx); err != nil {
-		return res, fmt.Errorf("connect to PostgreSQL: %w", err)
-	}
 	prefix := "bench_" + tag + "_"
-	defer dropPrefix(wpool, prefix)
-	m, err := postboxmigrate.New(postboxpgx.New(wpool), &postboxmigrate.Config{Prefix: prefix})
+	_, drop, err := migrated(ctx, wpool, prefix)
 	if err != nil {
 		return res, err
 	}
-	if _, err := m.Up(ctx); err != nil {
-		return res, err
-	}
+	defer drop()
 	counter := &statementCounter{prefix: prefix}
 	rcfg, err := pgxpool.ParseConfig(opts.DatabaseURL)
 	if err != nil {
@@ -236,7 +208,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	}
 	defer rpool.Close()
 
-	inner, err := postboxnats.New(js, &postboxnats.Config{SubjectPrefix: subjects})
+	inner, err := bs.publisher()
 	if err != nil {
 		return res, err
 	}

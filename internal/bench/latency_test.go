@@ -3,7 +3,6 @@ package bench_test
 import (
 	"bytes"
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -54,10 +53,7 @@ func TestLatencyRejectsBadOptions(t *testing.T) {
 		{bench.LatencyOptions{PollInterval: time.Microsecond}, "--poll-interval"},
 		{bench.LatencyOptions{Lanes: 100}, "--lanes"},
 	} {
-		_, err := bench.Latency(context.Background(), tc.opts, &bytes.Buffer{})
-		if err == nil || !strings.Contains(err.Error(), tc.flag) {
-			t.Errorf("options %+v: error %v, want one naming %s", tc.opts, err, tc.flag)
-		}
+		wantRejected(t, bench.Latency, tc.opts, tc.flag)
 	}
 }
 
@@ -65,11 +61,7 @@ func TestLatencyRejectsBadOptions(t *testing.T) {
 // starts at the whole backlog, never grows, and ends empty at the drain's
 // end.
 func TestDrainTimeline(t *testing.T) {
-	var out bytes.Buffer
-	res, err := bench.Drain(context.Background(), bench.DrainOptions{Messages: 3000, Keys: 50, SampleEvery: 20 * time.Millisecond}, &out)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
+	res := runBench(t, bench.Drain, bench.DrainOptions{Messages: 3000, Keys: 50, SampleEvery: 20 * time.Millisecond})
 	tl := res.Timeline
 	if len(tl) < 2 || tl[0].Remaining != 3000 || tl[0].Seconds != 0 {
 		t.Fatalf("timeline %+v", tl)

@@ -36,9 +36,7 @@ func (o *NotifyOptions) Validate() error {
 }
 
 func (o *NotifyOptions) defaults() {
-	if o.DatabaseURL == "" {
-		o.DatabaseURL = defaultDatabaseURL
-	}
+	defaultURLs(&o.DatabaseURL, defaultDatabaseURL, nil)
 	if o.Writers == 0 {
 		o.Writers = 16
 	}
@@ -127,20 +125,11 @@ func Notify(ctx context.Context, opts NotifyOptions, out io.Writer) (NotifyResul
 	}
 	opts.defaults()
 	res.Writers = opts.Writers
-	cfg, err := pgxpool.ParseConfig(opts.DatabaseURL)
-	if err != nil {
-		return res, fmt.Errorf("--database-url: %w", err)
-	}
-	cfg.MaxConns = int32(opts.Writers + 2)
-	cfg.MinConns = int32(opts.Writers)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := writersPool(ctx, opts.DatabaseURL, opts.Writers, nil)
 	if err != nil {
 		return res, err
 	}
 	defer pool.Close()
-	if err := pool.Ping(ctx); err != nil {
-		return res, fmt.Errorf("connect to PostgreSQL: %w", err)
-	}
 	tag := randTag()
 	prefix := "bench_" + tag + "_"
 	defer dropPrefix(pool, prefix)

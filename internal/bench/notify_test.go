@@ -1,9 +1,6 @@
 package bench_test
 
 import (
-	"bytes"
-	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,13 +11,9 @@ import (
 // receives exactly one notification per notifying commit (Notify checks
 // it, and that the table holds every committed row).
 func TestNotifySmall(t *testing.T) {
-	var out bytes.Buffer
-	res, err := bench.Notify(context.Background(), bench.NotifyOptions{
+	res := runBench(t, bench.Notify, bench.NotifyOptions{
 		Writers: 4, Duration: 300 * time.Millisecond, Runs: 2, Warmup: 150 * time.Millisecond,
-	}, &out)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
+	})
 	if len(res.Runs) != 2 {
 		t.Fatalf("%d runs, want 2", len(res.Runs))
 	}
@@ -49,9 +42,6 @@ func TestNotifyRejectsBadOptions(t *testing.T) {
 		{bench.NotifyOptions{Duration: time.Millisecond}, "--duration"},
 		{bench.NotifyOptions{Runs: -2}, "--runs"},
 	} {
-		_, err := bench.Notify(context.Background(), tc.opts, &bytes.Buffer{})
-		if err == nil || !strings.Contains(err.Error(), tc.flag) {
-			t.Errorf("options %+v: error %v, want one naming %s", tc.opts, err, tc.flag)
-		}
+		wantRejected(t, bench.Notify, tc.opts, tc.flag)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,8 +14,6 @@ import (
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxamqp"
-	"github.com/postbox-go/postbox/postboxmigrate"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // RabbitMQOptions configure the RabbitMQ drain benchmark.
@@ -64,9 +61,7 @@ func (o *RabbitMQOptions) Validate() error {
 }
 
 func (o *RabbitMQOptions) defaults() {
-	if o.DatabaseURL == "" {
-		o.DatabaseURL = testdb.PostgresURL()
-	}
+	defaultURLs(&o.DatabaseURL, testdb.PostgresURL(), nil)
 	if o.AMQPURL == "" {
 		o.AMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
 	}
@@ -96,7 +91,7 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 		return res, fmt.Errorf("connect to RabbitMQ: %w", err)
 	}
 	defer conn.Close()
-	tag := fmt.Sprintf("%d", rand.Uint32()) //nolint:gosec // a name, not a secret
+	tag := randTag()
 	raw := postboxamqp.Topology{Exchange: "bench.raw." + tag, Queue: "bench.raw." + tag, Bindings: []string{"#"}, Classic: opts.Classic}
 	drain := postboxamqp.Topology{Exchange: "bench.drain." + tag, Queue: "bench.drain." + tag, Bindings: []string{"#"}, Classic: opts.Classic}
 	defer func() {
@@ -111,10 +106,7 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 			return res, err
 		}
 	}
-	payload := make([]byte, 256)
-	for i := range payload {
-		payload[i] = 'a' + byte(i%26)
-	}
+	payload := makePayload(256)
 
 	kind := "quorum"
 	if opts.Classic {
@@ -142,15 +134,11 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 	}
 	defer pool.Close()
 	prefix := "bench_rmq_" + tag + "_"
-	defer dropPrefix(pool, prefix)
-	driver := postboxpgx.New(pool)
-	m, err := postboxmigrate.New(driver, &postboxmigrate.Config{Prefix: prefix})
+	driver, drop, err := migrated(ctx, pool, prefix)
 	if err != nil {
 		return res, err
 	}
-	if _, err := m.Up(ctx); err != nil {
-		return res, err
-	}
+	defer drop()
 	pub, err := postboxamqp.New(postboxamqp.URL(opts.AMQPURL), &postboxamqp.Config{Exchange: drain.Exchange})
 	if err != nil {
 		return res, err
@@ -186,8 +174,8 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 	defer tick.Stop()
 	lastReport := time.Now()
 	for {
-		var pending int
-		if err := pool.QueryRow(dctx, "SELECT count(*) FROM "+prefix+"outbox").Scan(&pending); err != nil {
+		pending, err := outboxPending(dctx, pool, prefix)
+		if err != nil {
 			return res, err
 		}
 		if pending == 0 {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -19,13 +18,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox/internal/testdb"
-	"github.com/postbox-go/postbox/postboxmigrate"
-	"github.com/postbox-go/postbox/postboxnats"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // RSSOptions configure the relay memory benchmark.
@@ -96,12 +91,7 @@ func (o *RSSOptions) Validate() error {
 }
 
 func (o *RSSOptions) defaults() {
-	if o.DatabaseURL == "" {
-		o.DatabaseURL = testdb.PostgresURL()
-	}
-	if o.NatsURL == "" {
-		o.NatsURL = nats.DefaultURL
-	}
+	defaultURLs(&o.DatabaseURL, testdb.PostgresURL(), &o.NatsURL)
 	if o.Messages == 0 {
 		o.Messages = 200_000
 	}
@@ -128,22 +118,13 @@ func RSS(ctx context.Context, opts RSSOptions, out io.Writer) (RSSResult, error)
 	if err := opts.Validate(); err != nil {
 		return res, err
 	}
-	tag := fmt.Sprintf("%d", rand.Uint32()) //nolint:gosec // a name, not a secret
-	nc, err := nats.Connect(opts.NatsURL)
-	if err != nil {
-		return res, fmt.Errorf("connect to NATS at %s: %w", opts.NatsURL, err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
+	tag := randTag()
+	bs, err := openStream(ctx, opts.NatsURL, "BENCH_RSS_"+tag, "bench.rss."+tag+".")
 	if err != nil {
 		return res, err
 	}
-	stream := "BENCH_RSS_" + tag
-	subjects := "bench.rss." + tag + "."
-	if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: stream, Subjects: []string{subjects + ">"}}); err != nil {
-		return res, err
-	}
-	defer func() { _ = js.DeleteStream(context.WithoutCancel(ctx), stream) }()
+	defer bs.close(ctx)
+	js, stream, subjects := bs.js, bs.name, bs.prefix
 
 	pool, err := pgxpool.New(ctx, opts.DatabaseURL)
 	if err != nil {
@@ -151,14 +132,11 @@ func RSS(ctx context.Context, opts RSSOptions, out io.Writer) (RSSResult, error)
 	}
 	defer pool.Close()
 	prefix := "bench_rss_" + tag + "_"
-	defer dropPrefix(pool, prefix)
-	m, err := postboxmigrate.New(postboxpgx.New(pool), &postboxmigrate.Config{Prefix: prefix})
+	_, drop, err := migrated(ctx, pool, prefix)
 	if err != nil {
 		return res, err
 	}
-	if _, err := m.Up(ctx); err != nil {
-		return res, err
-	}
+	defer drop()
 	listen, err := freeLoopbackAddr()
 	if err != nil {
 		return res, err
@@ -251,8 +229,8 @@ func RSS(ctx context.Context, opts RSSOptions, out io.Writer) (RSSResult, error)
 		if err := wait(); err != nil {
 			return res, err
 		}
-		var pending int64
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+prefix+"outbox").Scan(&pending); err != nil {
+		pending, err := outboxPending(ctx, pool, prefix)
+		if err != nil {
 			return res, err
 		}
 		if err := sample("drain", pending); err != nil {

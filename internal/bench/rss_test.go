@@ -1,12 +1,10 @@
 package bench_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -42,14 +40,10 @@ func TestRelayDaemonHelper(t *testing.T) {
 // it all), stops on SIGTERM, and every phase was sampled.
 func TestRSSSmall(t *testing.T) {
 	t.Setenv("POSTBOX_BENCH_RELAY_HELPER", "1")
-	var out bytes.Buffer
-	res, err := bench.RSS(context.Background(), bench.RSSOptions{
+	res := runBench(t, bench.RSS, bench.RSSOptions{
 		Command:  []string{os.Args[0], "-test.run=^TestRelayDaemonHelper$"},
 		Messages: 2000, Keys: 20, Warmup: 500 * time.Millisecond, Idle: time.Second, Sample: 50 * time.Millisecond,
-	}, &out)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
+	})
 	phases := map[string]int{}
 	for _, s := range res.Samples {
 		phases[s.Phase]++
@@ -63,8 +57,5 @@ func TestRSSSmall(t *testing.T) {
 }
 
 func TestRSSBadOptions(t *testing.T) {
-	_, err := bench.RSS(context.Background(), bench.RSSOptions{Command: []string{"x"}, Messages: -1, Idle: time.Millisecond}, &bytes.Buffer{})
-	if err == nil || !strings.Contains(err.Error(), "--messages") || !strings.Contains(err.Error(), "--idle") {
-		t.Fatalf("err = %v", err)
-	}
+	wantRejected(t, bench.RSS, bench.RSSOptions{Command: []string{"x"}, Messages: -1, Idle: time.Millisecond}, "--messages", "--idle")
 }

@@ -6,21 +6,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
-	"github.com/postbox-go/postbox/postboxmigrate"
-	"github.com/postbox-go/postbox/postboxnats"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // SnapshotOptions configure the held-snapshot study.
@@ -99,12 +93,7 @@ func (o *SnapshotOptions) Validate() error {
 }
 
 func (o *SnapshotOptions) defaults() {
-	if o.DatabaseURL == "" {
-		o.DatabaseURL = testdb.PostgresURL()
-	}
-	if o.NatsURL == "" {
-		o.NatsURL = nats.DefaultURL
-	}
+	defaultURLs(&o.DatabaseURL, testdb.PostgresURL(), &o.NatsURL)
 	if o.Before == 0 {
 		o.Before = 10 * time.Second
 	}
@@ -160,22 +149,14 @@ func Snapshot(ctx context.Context, opts SnapshotOptions, out io.Writer) (Snapsho
 	if err := opts.Validate(); err != nil {
 		return res, err
 	}
-	tag := fmt.Sprintf("%d", rand.Uint32()) //nolint:gosec // a name, not a secret
-	nc, err := nats.Connect(opts.NatsURL)
-	if err != nil {
-		return res, fmt.Errorf("connect to NATS at %s: %w", opts.NatsURL, err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
+	tag := randTag()
+	bs, err := openStream(ctx, opts.NatsURL, "BENCH_SNAP_"+tag, "bench.snap."+tag+".")
 	if err != nil {
 		return res, err
 	}
-	stream := "BENCH_SNAP_" + tag
-	if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: stream, Subjects: []string{"bench.snap." + tag + ".>"}}); err != nil {
-		return res, err
-	}
-	defer func() { _ = js.DeleteStream(context.WithoutCancel(ctx), stream) }()
-	pub, err := postboxnats.New(js, &postboxnats.Config{SubjectPrefix: "bench.snap." + tag + "."})
+	defer bs.close(ctx)
+	js, stream := bs.js, bs.name
+	pub, err := bs.publisher()
 	if err != nil {
 		return res, err
 	}
@@ -187,15 +168,11 @@ func Snapshot(ctx context.Context, opts SnapshotOptions, out io.Writer) (Snapsho
 	}
 	defer pool.Close()
 	prefix := "bench_snap_" + tag + "_"
-	defer dropPrefix(pool, prefix)
-	driver := postboxpgx.New(pool)
-	m, err := postboxmigrate.New(driver, &postboxmigrate.Config{Prefix: prefix})
+	driver, drop, err := migrated(ctx, pool, prefix)
 	if err != nil {
 		return res, err
 	}
-	if _, err := m.Up(ctx); err != nil {
-		return res, err
-	}
+	defer drop()
 	store, err := driver.Open(prefix)
 	if err != nil {
 		return res, err
@@ -318,7 +295,7 @@ func Snapshot(ctx context.Context, opts SnapshotOptions, out io.Writer) (Snapsho
 			return res, err
 		}
 		res.Streamed = n
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+prefix+"outbox").Scan(&pending); err != nil {
+		if pending, err = outboxPending(ctx, pool, prefix); err != nil {
 			return res, err
 		}
 		if (pending == 0 && n >= uint64(written)) || time.Now().After(deadline) {
@@ -349,10 +326,7 @@ func msf(d time.Duration) float64 { return d.Seconds() * 1000 }
 // steadyWriter writes opts.Rate messages per second in transactions of
 // one tick's worth (every 10ms), catching up when it falls behind.
 func steadyWriter(ctx context.Context, client *postbox.Client[pgx.Tx], opts SnapshotOptions, began time.Time, mu *sync.Mutex, written, behind *int) error {
-	payload := make([]byte, 256)
-	for i := range payload {
-		payload[i] = 'a' + byte(i%26)
-	}
+	payload := makePayload(256)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	n := 0

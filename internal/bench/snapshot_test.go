@@ -3,7 +3,6 @@ package bench_test
 import (
 	"bytes"
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -33,8 +32,5 @@ func TestSnapshotSmall(t *testing.T) {
 }
 
 func TestSnapshotBadOptions(t *testing.T) {
-	_, err := bench.Snapshot(context.Background(), bench.SnapshotOptions{Hold: time.Millisecond, Rate: -1}, &bytes.Buffer{})
-	if err == nil || !strings.Contains(err.Error(), "--hold") || !strings.Contains(err.Error(), "--rate") {
-		t.Fatalf("err = %v", err)
-	}
+	wantRejected(t, bench.Snapshot, bench.SnapshotOptions{Hold: time.Millisecond, Rate: -1}, "--hold", "--rate")
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"sort"
 	"sync"
@@ -18,8 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/postboxmigrate"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // WriteOptions configure the write-overhead benchmark: domain transactions
@@ -72,9 +69,7 @@ func (o *WriteOptions) Validate() error {
 }
 
 func (o *WriteOptions) defaults() {
-	if o.DatabaseURL == "" {
-		o.DatabaseURL = defaultDatabaseURL
-	}
+	defaultURLs(&o.DatabaseURL, defaultDatabaseURL, nil)
 	if o.Duration == 0 {
 		o.Duration = 5 * time.Second
 	}
@@ -97,8 +92,6 @@ func (o *WriteOptions) defaults() {
 		o.Warmup = time.Second
 	}
 }
-
-const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
 // WriteCase is one shape of transaction, measured without and with postbox.
 type WriteCase struct {
@@ -140,33 +133,21 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	}
 	opts.defaults()
 	maxWriters := slices.Max(append(slices.Clone(opts.Writers), opts.BatchWriters))
-	cfg, err := pgxpool.ParseConfig(opts.DatabaseURL)
-	if err != nil {
-		return res, fmt.Errorf("--database-url: %w", err)
-	}
-	cfg.MaxConns = int32(maxWriters + 2)
-	cfg.MinConns = int32(maxWriters)
-	if opts.SynchronousCommit != "" {
-		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = opts.SynchronousCommit
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := writersPool(ctx, opts.DatabaseURL, maxWriters, func(cfg *pgxpool.Config) {
+		if opts.SynchronousCommit != "" {
+			cfg.ConnConfig.RuntimeParams["synchronous_commit"] = opts.SynchronousCommit
+		}
+	})
 	if err != nil {
 		return res, err
 	}
 	defer pool.Close()
-	if err := pool.Ping(ctx); err != nil {
-		return res, fmt.Errorf("connect to PostgreSQL: %w", err)
-	}
 	prefix := "bench_" + randTag() + "_"
-	defer dropPrefix(pool, prefix)
-	driver := postboxpgx.New(pool)
-	m, err := postboxmigrate.New(driver, &postboxmigrate.Config{Prefix: prefix})
+	driver, drop, err := migrated(ctx, pool, prefix)
 	if err != nil {
 		return res, err
 	}
-	if _, err := m.Up(ctx); err != nil {
-		return res, err
-	}
+	defer drop()
 	orders := prefix + "orders"
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+orders+` (
 		id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -342,18 +323,6 @@ func (w *writeBench) tx(ctx context.Context, customers []string, amounts []int64
 		}
 		return w.client.WriteTx(ctx, tx, msgs...)
 	})
-}
-
-func randTag() string {
-	return fmt.Sprintf("%d", rand.Uint32()) //nolint:gosec // a name, not a secret
-}
-
-func makePayload(n int) []byte {
-	payload := make([]byte, n)
-	for i := range payload {
-		payload[i] = 'a' + byte(i%26)
-	}
-	return payload
 }
 
 // medianOf returns the median of f over xs; 0 for none.

@@ -1,9 +1,6 @@
 package bench_test
 
 import (
-	"bytes"
-	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,14 +10,10 @@ import (
 // A short write benchmark: both phases of every case run, and the tables
 // hold exactly the rows the writers counted (Write checks it).
 func TestWriteSmall(t *testing.T) {
-	var out bytes.Buffer
-	res, err := bench.Write(context.Background(), bench.WriteOptions{
+	res := runBench(t, bench.Write, bench.WriteOptions{
 		Duration: 300 * time.Millisecond, Runs: 2, Writers: []int{1, 3}, Batch: 10, BatchWriters: 2, Warmup: 100 * time.Millisecond,
 		SynchronousCommit: "off",
-	}, &out)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
+	})
 	if len(res.Cases) != 3 {
 		t.Fatalf("%d cases, want 3: %+v", len(res.Cases), res)
 	}
@@ -58,9 +51,6 @@ func TestWriteRejectsBadOptions(t *testing.T) {
 		{bench.WriteOptions{PayloadBytes: -5}, "--payload"},
 		{bench.WriteOptions{SynchronousCommit: "sometimes"}, "--synchronous-commit"},
 	} {
-		_, err := bench.Write(context.Background(), tc.opts, &bytes.Buffer{})
-		if err == nil || !strings.Contains(err.Error(), tc.flag) {
-			t.Errorf("options %+v: error %v, want one naming %s", tc.opts, err, tc.flag)
-		}
+		wantRejected(t, bench.Write, tc.opts, tc.flag)
 	}
 }
