@@ -14,6 +14,18 @@ import (
 // each; a benchmark's file adds its own in an init function.
 var benchCommands = []func() *cobra.Command{newBenchDrain}
 
+// databaseURLFlag adds the --database-url flag, the PostgreSQL a benchmark
+// runs against, to cmd.
+func databaseURLFlag(cmd *cobra.Command, p *string) {
+	cmd.Flags().StringVar(p, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
+}
+
+// natsURLFlag adds the --nats-url flag, the NATS server a benchmark
+// publishes to, to cmd.
+func natsURLFlag(cmd *cobra.Command, p *string) {
+	cmd.Flags().StringVar(p, "nats-url", "nats://127.0.0.1:4222", "NATS server URL (JetStream enabled)")
+}
+
 func newBench() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -66,8 +78,8 @@ func newBenchDrain() *cobra.Command {
 		},
 	}
 	f := drain.Flags()
-	f.StringVar(&opts.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
-	f.StringVar(&opts.NatsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL (JetStream enabled)")
+	databaseURLFlag(drain, &opts.DatabaseURL)
+	natsURLFlag(drain, &opts.NatsURL)
 	f.IntVar(&opts.Messages, "messages", 100_000, "backlog size")
 	f.IntVar(&runs, "runs", 1, "repeat the measurement; the table shows each run and the median")
 	f.IntVar(&opts.PayloadBytes, "payload", 256, "payload bytes")

@@ -51,7 +51,7 @@ at the end. The 10M-row default writes about 5 GB.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
+	databaseURLFlag(cmd, &opts.DatabaseURL)
 	f.IntVar(&opts.Max, "max", 10_000_000, "history rows at the last step (steps: 0, max/10, 3·max/10, max)")
 	f.IntVar(&opts.Pending, "pending", 10_000, "pending backlog the fetch reads")
 	f.IntVar(&opts.Reps, "reps", 1000, "timed fetches per step")

@@ -58,8 +58,8 @@ Each phase's counters are then checked against the messages sent (exactly once).
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
-	f.StringVar(&opts.NatsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL (JetStream enabled)")
+	databaseURLFlag(cmd, &opts.DatabaseURL)
+	natsURLFlag(cmd, &opts.NatsURL)
 	f.IntVar(&opts.Messages, "messages", 20_000, "messages in the stream")
 	f.IntVar(&runs, "runs", 1, "repeat the measurement; the table shows each run and the median")
 	f.IntVar(&opts.PayloadBytes, "payload", 256, "payload bytes")

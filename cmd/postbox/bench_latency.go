@@ -90,8 +90,8 @@ distribution for the plot.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
-	f.StringVar(&opts.NatsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL (JetStream enabled)")
+	databaseURLFlag(cmd, &opts.DatabaseURL)
+	natsURLFlag(cmd, &opts.NatsURL)
 	f.IntVar(&opts.Rate, "rate", 1000, "messages committed per second, one per transaction")
 	f.DurationVar(&opts.Duration, "duration", 30*time.Second, "length of the paced writing")
 	f.DurationVar(&opts.Warmup, "warmup", 2*time.Second, "first part of the writing left out of the percentiles (at most a fifth of --duration)")

@@ -73,7 +73,7 @@ notification per notifying commit.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
+	databaseURLFlag(cmd, &opts.DatabaseURL)
 	f.IntVar(&opts.Writers, "writers", 16, "concurrent writers")
 	f.DurationVar(&opts.Duration, "duration", 5*time.Second, "length of each phase")
 	f.IntVar(&opts.Runs, "runs", 5, "runs; each runs every phase")

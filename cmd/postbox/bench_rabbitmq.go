@@ -56,7 +56,7 @@ queue holds exactly N. Queues, exchanges and tables are deleted at the end.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
+	databaseURLFlag(cmd, &opts.DatabaseURL)
 	f.StringVar(&opts.AMQPURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
 	f.IntVar(&opts.Messages, "messages", 100_000, "backlog size (the issue's figure: 1000000)")
 	f.IntVar(&runs, "runs", 1, "repeat the measurement; the table shows each run and the median")

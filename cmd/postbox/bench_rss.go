@@ -51,8 +51,8 @@ SIGTERM, and checks that the stream holds exactly the backlog. Target (DESIGN §
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
-	f.StringVar(&opts.NatsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL (JetStream enabled)")
+	databaseURLFlag(cmd, &opts.DatabaseURL)
+	natsURLFlag(cmd, &opts.NatsURL)
 	f.StringVar(&binary, "binary", "", "postbox binary to run the relay with (default this one)")
 	f.IntVar(&opts.Messages, "messages", 200_000, "backlog size")
 	f.IntVar(&opts.Keys, "keys", 1000, "distinct ordering keys (0: keyless)")

@@ -61,8 +61,8 @@ the end every written message must be in the stream and the outbox empty.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
-	f.StringVar(&opts.NatsURL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL (JetStream enabled)")
+	databaseURLFlag(cmd, &opts.DatabaseURL)
+	natsURLFlag(cmd, &opts.NatsURL)
 	f.DurationVar(&opts.Before, "before", 10e9, "steady load before the snapshot is taken")
 	f.DurationVar(&opts.Hold, "hold", 60e9, "how long the snapshot is held (the issue's figure: 5m)")
 	f.DurationVar(&opts.After, "after", 60e9, "steady load after it is released")

@@ -68,7 +68,7 @@ medians. No relay runs: the figure is the cost of the write itself.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
+	databaseURLFlag(cmd, &opts.DatabaseURL)
 	f.DurationVar(&opts.Duration, "duration", 5*time.Second, "length of each measured phase")
 	f.IntVar(&opts.Runs, "runs", 5, "runs; each runs every case without and with postbox, alternating which goes first")
 	f.IntSliceVar(&opts.Writers, "writers", []int{1, 8}, "writer counts of the one-row cases")
