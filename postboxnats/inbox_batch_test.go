@@ -105,17 +105,9 @@ func TestInboxBatchPoisonDeadLettered(t *testing.T) {
 	cfg := fastRetries
 	cfg.MaxAttempts = 3
 	eachSetup(t, cfg, func(t *testing.T, url string, db consumerDB) {
-		_, js := connect(t, url)
-		_, base := stream(t, js, nil)
-		c := ensureConsumer(t, js, base, "billing", nil)
-		pub := publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."})
-		poison := envelope("orders.paid", "poison")
-		inner := db.batchProcessor(t, "billing", func(d *postbox.Delivery) error {
-			if d.ID == poison.ID {
-				return errors.New("cannot apply")
-			}
-			return nil
-		}, nil)
+		pc := newPoisonCase(t, url)
+		c, poison := pc.consumer, pc.poison
+		inner := db.batchProcessor(t, "billing", pc.handle, nil)
 		var vs verdicts
 		runSubscriber(t, subscriber(t, c, nil), processorFunc(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
 			v := inner.Process(ctx, d)
@@ -123,14 +115,7 @@ func TestInboxBatchPoisonDeadLettered(t *testing.T) {
 			return v
 		}))
 		const healthy = 40
-		if err := publish(t, pub, context.Background(), poison); err != nil {
-			t.Fatal(err)
-		}
-		for i := range healthy {
-			if err := publish(t, pub, context.Background(), envelope("orders.paid", fmt.Sprint(i))); err != nil {
-				t.Fatal(err)
-			}
-		}
+		pc.publishAll(t, healthy)
 		waitUntil(t, 30*time.Second, "the poison dead-lettered", func() bool { return len(db.dead(t, "billing")) == 1 })
 		settledAll(t, c)
 		if dl := db.dead(t, "billing")[0]; dl.MessageID != poison.ID || dl.Attempts != 3 || dl.Error != "cannot apply" {

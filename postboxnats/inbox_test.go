@@ -374,19 +374,11 @@ func TestInboxPoisonDeadLettered(t *testing.T) {
 	cfg := fastRetries
 	cfg.MaxAttempts = 3
 	eachSetup(t, cfg, func(t *testing.T, url string, db consumerDB) {
-		_, js := connect(t, url)
-		_, base := stream(t, js, nil)
-		c := ensureConsumer(t, js, base, "billing", nil)
-		pub := publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."})
-		poison := envelope("orders.paid", "poison")
+		pc := newPoisonCase(t, url)
+		c, poison := pc.consumer, pc.poison
 		poison.Key = "order-9"
 		poison.Headers[postbox.HeaderPartitionKey] = poison.Key
-		inner := db.processor("billing", func(d *postbox.Delivery) error {
-			if d.ID == poison.ID {
-				return errors.New("cannot apply")
-			}
-			return nil
-		})
+		inner := db.processor("billing", pc.handle)
 		const healthy = 20
 		var vs verdicts
 		flowed := make(chan struct{})
@@ -409,14 +401,7 @@ func TestInboxPoisonDeadLettered(t *testing.T) {
 			return v
 		})
 		runSubscriber(t, subscriber(t, c, nil), p)
-		if err := publish(t, pub, context.Background(), poison); err != nil {
-			t.Fatal(err)
-		}
-		for i := range healthy {
-			if err := publish(t, pub, context.Background(), envelope("orders.paid", fmt.Sprint(i))); err != nil {
-				t.Fatal(err)
-			}
-		}
+		pc.publishAll(t, healthy)
 		waitUntil(t, 15*time.Second, "the poison dead-lettered", func() bool { return len(db.dead(t, "billing")) == 1 })
 		settledAll(t, c)
 
@@ -441,7 +426,7 @@ func TestInboxPoisonDeadLettered(t *testing.T) {
 		// server has no redelivery of the poison scheduled; a message
 		// published after it arrives while the poison does not.
 		sentinel := envelope("orders.paid", "sentinel")
-		if err := publish(t, pub, context.Background(), sentinel); err != nil {
+		if err := publish(t, pc.pub, context.Background(), sentinel); err != nil {
 			t.Fatal(err)
 		}
 		waitUntil(t, 15*time.Second, "the sentinel", func() bool {
@@ -627,4 +612,45 @@ func TestEndToEndThroughInbox(t *testing.T) {
 			}
 		})
 	})
+}
+
+// poisonCase is the set-up of the poison tests: a consumer "billing" on a
+// stream of its own, a publisher to that stream, and the poison, a
+// message whose handler always fails.
+type poisonCase struct {
+	consumer jetstream.Consumer
+	pub      *postboxnats.Publisher
+	poison   *postbox.Envelope
+}
+
+func newPoisonCase(t testing.TB, url string) poisonCase {
+	t.Helper()
+	_, js := connect(t, url)
+	_, base := stream(t, js, nil)
+	return poisonCase{
+		consumer: ensureConsumer(t, js, base, "billing", nil),
+		pub:      publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."}),
+		poison:   envelope("orders.paid", "poison"),
+	}
+}
+
+// handle is the handler: it fails on the poison and applies the rest.
+func (pc poisonCase) handle(d *postbox.Delivery) error {
+	if d.ID == pc.poison.ID {
+		return errors.New("cannot apply")
+	}
+	return nil
+}
+
+// publishAll publishes the poison, then healthy messages on its topic.
+func (pc poisonCase) publishAll(t testing.TB, healthy int) {
+	t.Helper()
+	if err := publish(t, pc.pub, context.Background(), pc.poison); err != nil {
+		t.Fatal(err)
+	}
+	for i := range healthy {
+		if err := publish(t, pc.pub, context.Background(), envelope(pc.poison.Topic, fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
