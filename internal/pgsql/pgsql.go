@@ -94,6 +94,14 @@ RETURNING partition, generation, expires_at`),
 		// The fence: the row's partition lease must still be the owner's, at
 		// the generation the owner read it under. A relay whose lease moved
 		// on matches no row and changes nothing.
+		//
+		// The statement commits without waiting for its WAL flush
+		// (synchronous_commit off, for this transaction only): a mark lost
+		// in a database crash leaves its rows pending, and they are sent
+		// again under the same ids, which consumers absorb. Since the WAL is
+		// replayed in order, what a crash loses is a suffix of the marks,
+		// so first copies stay in key order. This takes a disk flush out
+		// of every relay cycle.
 		markPublished: r.Replace(`WITH moved AS (
   DELETE FROM {p}outbox o USING {p}leases l
   WHERE o.seq = ANY($2::bigint[])
@@ -104,7 +112,7 @@ RETURNING partition, generation, expires_at`),
   SELECT * FROM moved
   RETURNING 1
 )
-SELECT count(*) FROM ins`),
+SELECT count(*) FROM ins, (SELECT set_config('synchronous_commit', 'off', true)) AS async`),
 		// Rows that reach the budget move to the dead table; the others wait
 		// for their backoff. The two CTEs touch disjoint rows.
 		markFailed: r.Replace(`WITH f AS (
