@@ -12,7 +12,6 @@ import (
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
-	"github.com/postbox-go/postbox/postboxsqlite"
 	"github.com/postbox-go/postbox/postboxtest"
 )
 
@@ -39,15 +38,7 @@ func TestSQLInjection(t *testing.T) {
 		injectionSuite(t, postboxpgx.New(pool), prefix)
 	})
 	t.Run("sqlite", func(t *testing.T) {
-		db, err := postboxsqlite.Open(testdb.SQLitePath(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = db.Close() })
-		d, err := postboxsqlite.New(db)
-		if err != nil {
-			t.Fatal(err)
-		}
+		d := testdb.SQLiteDriver(t)
 		m, err := postboxmigrate.New(d, nil)
 		if err != nil {
 			t.Fatal(err)

@@ -22,7 +22,6 @@ import (
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
-	"github.com/postbox-go/postbox/postboxsqlite"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -142,19 +141,11 @@ func postgresFixture(t testing.TB) *fixture {
 
 func sqliteFixture(t testing.TB) *fixture {
 	t.Helper()
-	db, err := postboxsqlite.Open(testdb.SQLitePath(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	d, err := postboxsqlite.New(db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := testdb.SQLiteDriver(t)
 	const prefix = "adm_"
 	f := newFixture(t, d, prefix)
 	f.agePublished = func(t *testing.T) {
-		if _, err := db.Exec(`UPDATE ` + prefix + `published SET published_at = published_at - 8 * 86400000`); err != nil {
+		if _, err := d.DB().Exec(`UPDATE ` + prefix + `published SET published_at = published_at - 8 * 86400000`); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxsql"
-	"github.com/postbox-go/postbox/postboxsqlite"
 )
 
 // TestClaimStateMachine drives each dialect's statements directly through
@@ -41,15 +40,7 @@ func TestClaimStateMachine(t *testing.T) {
 			`UPDATE `+prefix+`idempotency SET claim_expires_at = now() - interval '1 second', expires_at = expires_at - $1 * interval '1 millisecond'`)
 	})
 	t.Run("sqlite", func(t *testing.T) {
-		db, err := postboxsqlite.Open(testdb.SQLitePath(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = db.Close() })
-		d, err := postboxsqlite.New(db)
-		if err != nil {
-			t.Fatal(err)
-		}
+		d := testdb.SQLiteDriver(t)
 		testClaimStateMachine[*sql.Tx](t, d, "pb_",
 			`UPDATE pb_idempotency SET claim_expires_at = `+sqliteNow+` - 1000, expires_at = expires_at - ?1`)
 	})

@@ -20,6 +20,7 @@ import (
 
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
+	"github.com/postbox-go/postbox/postboxsqlite"
 )
 
 // PostgresURL is the database tests use; POSTBOX_TEST_DATABASE_URL
@@ -111,6 +112,22 @@ func Migrated(t testing.TB) (*pgxpool.Pool, string) {
 		t.Fatalf("testdb: migrate: %v", err)
 	}
 	return pool, prefix
+}
+
+// SQLiteDriver opens a fresh SQLite database in t's temporary directory,
+// closed when t ends. Its tables are not migrated.
+func SQLiteDriver(t testing.TB) *postboxsqlite.Driver {
+	t.Helper()
+	db, err := postboxsqlite.Open(SQLitePath(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	d, err := postboxsqlite.New(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 // SQLitePath returns a path for a fresh SQLite database file in t's
