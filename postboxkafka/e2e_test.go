@@ -282,6 +282,23 @@ func TestInboxAbsorbsRedelivery(t *testing.T) {
 	})
 	stop := running(t, subscriber(t, c, group, []string{topic}, nil), recording)
 	log.waitFor(t, n, 30*time.Second)
+	// The ledger counts a handler run before its transaction commits:
+	// stop only once every first delivery has its verdict, or a stop that
+	// rolls back the last one turns its redelivery into a first copy.
+	settled := time.After(30 * time.Second)
+	for {
+		mu.Lock()
+		a := acks
+		mu.Unlock()
+		if a >= n {
+			break
+		}
+		select {
+		case <-verdicts:
+		case <-settled:
+			t.Fatalf("%d of %d first deliveries settled within 30s", a, n)
+		}
+	}
 	if err := h.Wait(ctx, 1); err != nil {
 		t.Fatal("no commit was attempted")
 	}
