@@ -263,6 +263,8 @@ func TestBrokerRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("broker restart test skipped in -short mode")
 	}
+	// Other packages' tests use this RabbitMQ too: they wait while it restarts.
+	testdb.ExclusiveService(t, "rabbitmq")
 	url := brokerURL(t)
 	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
 		t.Skip("rabbitmqctl not installed")

@@ -344,6 +344,8 @@ func TestBrokerRestart(t *testing.T) {
 	if redisAddr() != "127.0.0.1:6379" {
 		t.Skip("the restart test stops the machine's Redis at 127.0.0.1:6379 only")
 	}
+	// Other packages' tests use this Redis too: they wait while it restarts.
+	testdb.ExclusiveService(t, "redis")
 	admin := client(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 58*time.Second)
 	defer cancel()

@@ -234,6 +234,7 @@ func TestStartFailsOnUnmigratedDatabase(t *testing.T) {
 
 // Routes send topics to NATS and to RabbitMQ from one daemon.
 func TestDaemonRoutes(t *testing.T) {
+	testdb.SharedService(t, "rabbitmq")
 	ctx := context.Background()
 	pool, prefix := testdb.Migrated(t)
 	_, url := embeddedNATS(t)
@@ -324,6 +325,7 @@ routes:
 // Routes that name only Kafka and Redis: the daemon never connects to
 // NATS (nothing listens at the NATS URL given) and is ready without it.
 func TestDaemonKafkaAndRedisRoutes(t *testing.T) {
+	testdb.SharedService(t, "redis")
 	ctx := context.Background()
 	pool, prefix := testdb.Migrated(t)
 	const url = "nats://127.0.0.1:1"
