@@ -20,9 +20,10 @@ const ExpiredOwner = "postboxtest:expired"
 //
 // What follows is what a real takeover does. The relay's marks for the
 // batches it has in flight are fenced out and change nothing, so the rows
-// stay pending; at its next renewal (or a Drain's next call) a relay takes
-// the expired leases back at yet another generation and publishes those
-// rows again, under the same ids. A consumer therefore sees copies, which
+// stay pending; a running relay then renews at once (a Drain returns
+// ErrLeaseLost, and its next call does the same), takes the expired leases
+// back at yet another generation and publishes those rows once more,
+// under the same ids. A consumer therefore sees copies, which
 // its Inbox must absorb. Combine it with Faulty.AfterPublish to expire the
 // leases between a broker's ack and the relay's mark:
 //
