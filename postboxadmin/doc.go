@@ -112,7 +112,7 @@
 //	status  when
 //	------  -------------------------------------------------------------------------------------------
 //	400     malformed JSON, a body that is not an object, data after it, an unknown field (names match
-//	        exactly), a field of the wrong type, an unknown or repeated query parameter, a bad time,
+//	        exactly), a field of the wrong type, a repeated field, an unknown or repeated query parameter, a bad time,
 //	        limit outside 1..10000, an invalid id, topic, key or consumer, since not before until, a
 //	        replay without since, a requeue or delete that selects nothing and does not set "all"
 //	401     no token, a malformed Authorization header, an unknown token (with WWW-Authenticate)

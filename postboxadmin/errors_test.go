@@ -35,6 +35,8 @@ func TestBadRequests(t *testing.T) {
 		{"empty body", "POST", "/v1/replay", ``, 400, "", "must be a JSON object"},
 		{"data after the object", "POST", "/v1/dead/delete", `{"all":true} {}`, 400, "", "data after the object"},
 		{"unknown field", "POST", "/v1/dead/requeue", `{"idz":[]}`, 400, "idz", "unknown field"},
+		{"field given twice", "POST", "/v1/dead/delete", `{"all":false,"all":true}`, 400, "all", "given twice"},
+		{"field given twice, escaped", "POST", "/v1/dead/requeue", `{"all":false,"a\u006cl":true}`, 400, "all", "given twice"},
 		{"field in another case", "POST", "/v1/dead/requeue", `{"IDS":["` + id + `"]}`, 400, "IDS", "unknown field"},
 		{"ids not an array", "POST", "/v1/dead/requeue", `{"ids":"` + id + `"}`, 400, "ids", "array of strings"},
 		{"ids of numbers", "POST", "/v1/dead/requeue", `{"ids":[1]}`, 400, "ids", "array of strings"},

@@ -49,6 +49,9 @@ func documentedShape(body []byte, fields map[string]kind, allowEmpty bool) bool 
 	if dec.Decode(&rest) == nil {
 		return false
 	}
+	if !uniqueFields(body) {
+		return false
+	}
 	for name, v := range obj {
 		k, ok := fields[name]
 		if !ok {
@@ -76,6 +79,28 @@ func documentedShape(body []byte, fields map[string]kind, allowEmpty bool) bool 
 		default:
 			return false
 		}
+	}
+	return true
+}
+
+// uniqueFields reports whether the JSON object body names no field twice.
+func uniqueFields(body []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if _, err := dec.Token(); err != nil {
+		return false
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		k, _ := t.(string)
+		var v json.RawMessage
+		if seen[k] || dec.Decode(&v) != nil {
+			return false
+		}
+		seen[k] = true
 	}
 	return true
 }

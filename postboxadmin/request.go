@@ -128,7 +128,8 @@ type fields map[string]any
 // decodeBody reads r's body as a JSON object with only the given fields,
 // each of its documented type; null leaves a field at its zero value. An
 // empty body is accepted when allowEmpty is set. Field names match
-// exactly: a field in another case is unknown, not silently accepted.
+// exactly: a field in another case is unknown, not silently accepted, and
+// a field given twice is refused, as a query parameter is.
 func decodeBody(r *http.Request, f fields, allowEmpty bool) error {
 	b, err := io.ReadAll(r.Body)
 	if err != nil {
@@ -156,6 +157,9 @@ func decodeBody(r *http.Request, f fields, allowEmpty bool) error {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return badRequest("", "malformed JSON: data after the object")
 	}
+	if k := duplicateField(b); k != "" {
+		return badRequest(shorten(k, 64), "field %q is given twice; give it once", shorten(k, 64))
+	}
 	for _, k := range slices.Sorted(maps.Keys(raw)) {
 		dst, ok := f[k]
 		if !ok {
@@ -173,6 +177,34 @@ func decodeBody(r *http.Request, f fields, allowEmpty bool) error {
 		}
 	}
 	return nil
+}
+
+// duplicateField returns the first top-level field name that b, a JSON
+// object already decoded without error, gives more than once, or "".
+// Decoding keeps the last value of a repeated field, so without this check
+// {"all":false,"all":true} would widen a selection to all.
+func duplicateField(b []byte) string {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if _, err := dec.Token(); err != nil { // {
+		return ""
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		k, _ := t.(string)
+		if seen[k] {
+			return k
+		}
+		seen[k] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return ""
+		}
+	}
+	return ""
 }
 
 func names(f fields) string {
