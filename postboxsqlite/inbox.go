@@ -16,14 +16,21 @@ const deadColumns = `consumer, message_id, topic, coalesce(key, ''), payload, he
 
 // inboxQueries are the consumer side's statements, bound to a prefix once.
 type inboxQueries struct {
-	insert, take, failure, forget, bury, list, get, del, pruneInbox, pruneAttempts, pruneDead string
+	insert, insertMany, deleteMany, take, failure, forget, bury, list, get, del, pruneInbox, pruneAttempts, pruneDead string
 }
 
 func makeInboxQueries(p string) inboxQueries {
 	r := strings.NewReplacer("{p}", p, "{now}", nowExpr, "{dead}", deadColumns)
 	return inboxQueries{
 		insert: r.Replace(`INSERT INTO {p}inbox (consumer, message_id) VALUES (?, ?) ON CONFLICT DO NOTHING`),
-		take:   r.Replace(`DELETE FROM {p}consumer_dead WHERE consumer = ? AND message_id = ? RETURNING {dead}`),
+		// The ids travel as one JSON array; the WHERE clause keeps SQLite
+		// from reading the upsert clause as part of the SELECT.
+		insertMany: r.Replace(`INSERT INTO {p}inbox (consumer, message_id)
+SELECT ?1, value FROM json_each(?2) WHERE true ORDER BY value
+ON CONFLICT DO NOTHING
+RETURNING message_id`),
+		deleteMany: r.Replace(`DELETE FROM {p}inbox WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2))`),
+		take:       r.Replace(`DELETE FROM {p}consumer_dead WHERE consumer = ? AND message_id = ? RETURNING {dead}`),
 		failure: r.Replace(`INSERT INTO {p}inbox_attempts (consumer, message_id, attempts, last_error) VALUES (?1, ?2, 1, ?3)
 ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = attempts + 1, last_failure_at = {now}, last_error = excluded.last_error
 RETURNING attempts, first_failure_at, last_failure_at`),

@@ -6,24 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
 var _ postboxdriver.InboxBatcher[*sql.Tx] = (*store)(nil)
-
-// The ids travel as one JSON array; the WHERE clause keeps SQLite from
-// reading the upsert clause as part of the SELECT.
-const (
-	inboxInsertManySQL = `INSERT INTO {p}inbox (consumer, message_id)
-SELECT ?1, value FROM json_each(?2) WHERE true ORDER BY value
-ON CONFLICT DO NOTHING
-RETURNING message_id`
-	inboxDeleteManySQL = `DELETE FROM {p}inbox WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2))`
-)
-
-func withPrefix(q, prefix string) string { return strings.ReplaceAll(q, "{p}", prefix) }
 
 // InboxInsertManyTx implements postboxdriver.InboxBatcher.
 func (s *store) InboxInsertManyTx(ctx context.Context, tx *sql.Tx, consumer string, ids []string) ([]bool, error) {
@@ -35,7 +22,7 @@ func (s *store) InboxInsertManyTx(ctx context.Context, tx *sql.Tx, consumer stri
 	if err != nil {
 		return nil, err
 	}
-	rows, err := tx.QueryContext(ctx, withPrefix(inboxInsertManySQL, s.prefix), consumer, string(list))
+	rows, err := tx.QueryContext(ctx, s.iq.insertMany, consumer, string(list))
 	if err != nil {
 		return nil, s.wrap(err)
 	}
@@ -70,7 +57,7 @@ func (s *store) InboxDeleteTx(ctx context.Context, tx *sql.Tx, consumer string, 
 	if err != nil {
 		return err
 	}
-	_, err = tx.ExecContext(ctx, withPrefix(inboxDeleteManySQL, s.prefix), consumer, string(list))
+	_, err = tx.ExecContext(ctx, s.iq.deleteMany, consumer, string(list))
 	return s.wrap(err)
 }
 
