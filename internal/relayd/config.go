@@ -233,8 +233,8 @@ func decodeYAML(b []byte, cfg *Config) (err error) {
 	return nil
 }
 
-// applyEnv overrides the file with POSTBOX_* variables. A variable that
-// cannot be parsed is kept as an error for Validate to list.
+// applyEnv overrides the file with POSTBOX_* variables. Values are taken
+// as given; Validate reports the ones that are wrong.
 func (c *Config) applyEnv(getenv func(string) string) {
 	if v := getenv("POSTBOX_DATABASE_URL"); v != "" {
 		prefix := getenv("POSTBOX_PREFIX")

@@ -246,27 +246,22 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 
 // serve starts the admin listener: the admin API and dashboard of
 // postboxadmin for the first database at /, and for the others under
-// /shards/N/, with health, readiness and metrics.
+// /shards/N/, with health, readiness and metrics. Start has already
+// checked the address against the tokens (postboxadmin.CheckListen).
 func (d *Daemon) serve() error {
 	tokens := d.tokens()
 	metrics := promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
-	var first *postboxadmin.Config
 	for i, sh := range d.shards {
-		acfg := &postboxadmin.Config{Admin: sh.admin, Tokens: tokens, Ready: d.Ready, Metrics: metrics, Logger: d.log}
-		srv, err := postboxadmin.New(acfg)
+		srv, err := postboxadmin.New(&postboxadmin.Config{Admin: sh.admin, Tokens: tokens, Ready: d.Ready, Metrics: metrics, Logger: d.log})
 		if err != nil {
 			return err
 		}
 		if i == 0 {
-			first = acfg
 			mux.Handle("/", srv.Handler())
 		}
 		prefix := fmt.Sprintf("/shards/%d", i)
 		mux.Handle(prefix+"/", http.StripPrefix(prefix, srv.Handler()))
-	}
-	if err := postboxadmin.CheckListen(d.cfg.Admin.Listen, first); err != nil {
-		return fmt.Errorf("admin.listen: %w", err)
 	}
 	ln, err := net.Listen("tcp", d.cfg.Admin.Listen)
 	if err != nil {
