@@ -267,13 +267,8 @@ func (in *Inbox[TTx]) run(ctx context.Context, consumer string, d *Delivery, h H
 				return err
 			}
 		}
-		ran, err := in.Process(ctx, tx, consumer, d.ID, func(ctx context.Context, tx TTx) (herr error) {
-			defer func() {
-				if p := recover(); p != nil {
-					herr = fmt.Errorf("handler panicked: %v", p)
-				}
-			}()
-			return h(ctx, tx, d)
+		ran, err := in.Process(ctx, tx, consumer, d.ID, func(ctx context.Context, tx TTx) error {
+			return callHandler(ctx, h, tx, d)
 		})
 		dup = !ran && err == nil
 		var ve *ValidationError
