@@ -103,7 +103,7 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 	return Status{Stats: st, Topics: topics}, err
 }
 
-// validateKey checks a key given as a filter: the rules of a message's key.
+// validateKey checks a message's key, or a key given as a filter.
 func validateKey(field, key string) error {
 	if len(key) > MaxKeyBytes {
 		return invalid(field, key, "is %d bytes, over the limit of %d", len(key), MaxKeyBytes)

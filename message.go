@@ -121,11 +121,8 @@ func (m *Message) validate(i, maxPayload int) error {
 		ve.Field = field("topic")
 		return ve
 	}
-	if len(m.Key) > MaxKeyBytes {
-		return invalid(field("key"), m.Key, "is %d bytes, over the limit of %d", len(m.Key), MaxKeyBytes)
-	}
-	if !utf8.ValidString(m.Key) || strings.IndexByte(m.Key, 0) >= 0 {
-		return invalid(field("key"), m.Key, "is not valid UTF-8 text")
+	if err := validateKey(field("key"), m.Key); err != nil {
+		return err
 	}
 	if len(m.Payload) > maxPayload {
 		return invalid(field("payload"), "", "is %d bytes, over the limit of %d", len(m.Payload), maxPayload)
