@@ -79,6 +79,12 @@ func (c *Client[TTx]) Write(ctx context.Context, msgs ...Message) error {
 
 func (c *Client[TTx]) rows(ctx context.Context, msgs []Message) ([]postboxdriver.Row, error) {
 	now := time.Now()
+	// One trace context for the whole write: every message gets a copy.
+	var trace map[string]string
+	if c.cfg.Tracer != nil {
+		trace = map[string]string{}
+		c.cfg.Tracer.Inject(ctx, trace)
+	}
 	rows := make([]postboxdriver.Row, len(msgs))
 	for i := range msgs {
 		m := &msgs[i]
@@ -111,11 +117,6 @@ func (c *Client[TTx]) rows(ctx context.Context, msgs []Message) ([]postboxdriver
 		id := m.ID
 		if id == "" {
 			id = NewID()
-		}
-		var trace map[string]string
-		if c.cfg.Tracer != nil {
-			trace = map[string]string{}
-			c.cfg.Tracer.Inject(ctx, trace)
 		}
 		h, err := encodeHeaders(m, c.cfg.Source, now, trace)
 		if err != nil {
