@@ -450,7 +450,6 @@ func (r *relay) fence(now time.Time, n int) (postboxdriver.Fence, time.Time) {
 	return f, r.validUntil
 }
 
-// idle waits for d, a wake-up or the end of ctx; it reports a wake-up.
 // sleep is a lane's wait after a read that found nothing: d, or, once the
 // lane has backed off to PollInterval with several lanes running, a deep
 // idle in which the relay's idle probe does the looking. It reports a
@@ -500,6 +499,7 @@ func (r *relay) probe(ctx context.Context) {
 	}
 }
 
+// idle waits for d, a wake-up or the end of ctx; it reports a wake-up.
 func (l *lane) idle(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -526,7 +526,7 @@ func (l *lane) pause(ctx context.Context, what string, err error) {
 
 type batchResult struct {
 	published []int64
-	ackedAt   []time.Time // parallel to published
+	ackedAt   []time.Time // parallel to published; with metrics only
 	failed    []postboxdriver.Failure
 	infra     error
 }
@@ -574,7 +574,9 @@ func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxd
 		switch {
 		case o.err == nil:
 			res.published = append(res.published, recs[o.i].Seq)
-			res.ackedAt = append(res.ackedAt, time.Now())
+			if r.cfg.Metrics != nil {
+				res.ackedAt = append(res.ackedAt, time.Now())
+			}
 			if n := next[o.i]; n >= 0 {
 				ready = append(ready, n)
 			}
@@ -701,11 +703,11 @@ func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, recs []po
 		defer cancel()
 	}
 	rep := &BatchReport{Relay: r.id, Size: len(recs), Infrastructure: res.infra}
-	var topics map[int64]string
+	var bySeq map[int64]*postboxdriver.Record // with metrics only
 	if r.cfg.Metrics != nil {
-		topics = make(map[int64]string, len(recs))
+		bySeq = make(map[int64]*postboxdriver.Record, len(recs))
 		for i := range recs {
-			topics[recs[i].Seq] = recs[i].Topic
+			bySeq[recs[i].Seq] = &recs[i]
 		}
 		rep.Published, rep.Failed, rep.Dead = map[string]int{}, map[string]int{}, map[string]int{}
 	}
@@ -720,14 +722,11 @@ func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, recs []po
 			r.log.Warn("postbox relay lost marks to fencing: its lease moved on, the new owner publishes these again",
 				slog.Int("lost", rep.FencedOut))
 		}
-		if err == nil && topics != nil {
-			byCreated := make(map[int64]time.Time, len(recs))
-			for i := range recs {
-				byCreated[recs[i].Seq] = recs[i].CreatedAt
-			}
+		if err == nil && bySeq != nil {
 			for i, seq := range res.published {
-				rep.Published[topics[seq]]++
-				rep.Lag = append(rep.Lag, res.ackedAt[i].Sub(byCreated[seq]))
+				rec := bySeq[seq]
+				rep.Published[rec.Topic]++
+				rep.Lag = append(rep.Lag, res.ackedAt[i].Sub(rec.CreatedAt))
 			}
 		}
 	}
@@ -737,13 +736,13 @@ func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, recs []po
 			errs = append(errs, fmt.Errorf("record %d failed publishes: %w", len(res.failed), err))
 		}
 		for _, fr := range out {
-			if topics != nil {
-				rep.Failed[topics[fr.Seq]]++
+			if bySeq != nil {
+				rep.Failed[bySeq[fr.Seq].Topic]++
 			}
 			if fr.Dead {
 				rep.dead++
-				if topics != nil {
-					rep.Dead[topics[fr.Seq]]++
+				if bySeq != nil {
+					rep.Dead[bySeq[fr.Seq].Topic]++
 				}
 				r.log.Warn("postbox message dead after its attempt budget", slog.Int64("seq", fr.Seq), slog.Int("attempts", fr.Attempts))
 			}
