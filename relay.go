@@ -291,7 +291,11 @@ func (l *lane) run(soft, hard context.Context) {
 	for soft.Err() == nil {
 		fence, until := r.fence(time.Now(), l.n)
 		if len(fence.Generations) == 0 {
+			// Nothing to read: counted asleep, so the idle probe still
+			// looks for the lanes that have partitions.
+			r.asleep.Add(1)
 			l.idle(soft, r.cfg.PollInterval)
+			r.asleep.Add(-1)
 			continue
 		}
 		recs, err := l.fetch(soft, fence)
