@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -88,21 +89,11 @@ func (o *HistoryOptions) Validate() error {
 
 func (o *HistoryOptions) defaults() {
 	defaultURLs(&o.DatabaseURL, testdb.PostgresURL(), nil)
-	if o.Max == 0 {
-		o.Max = 10_000_000
-	}
-	if o.Pending == 0 {
-		o.Pending = 10_000
-	}
-	if o.Reps == 0 {
-		o.Reps = 1000
-	}
-	if o.Keys == 0 {
-		o.Keys = 1000
-	}
-	if o.FillChunk == 0 {
-		o.FillChunk = 500_000
-	}
+	o.Max = cmp.Or(o.Max, 10_000_000)
+	o.Pending = cmp.Or(o.Pending, 10_000)
+	o.Reps = cmp.Or(o.Reps, 1000)
+	o.Keys = cmp.Or(o.Keys, 1000)
+	o.FillChunk = cmp.Or(o.FillChunk, 500_000)
 }
 
 // uuidv7SQL makes a UUIDv7-shaped id from a timestamp expression ts and a

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -91,31 +92,15 @@ func (o *LatencyOptions) Validate() error {
 
 func (o *LatencyOptions) defaults() {
 	defaultURLs(&o.DatabaseURL, defaultDatabaseURL, &o.NatsURL)
-	if o.Rate == 0 {
-		o.Rate = 1000
-	}
-	if o.Duration == 0 {
-		o.Duration = 30 * time.Second
-	}
-	if o.Warmup == 0 {
-		o.Warmup = 2 * time.Second
-	}
+	o.Rate = cmp.Or(o.Rate, 1000)
+	o.Duration = cmp.Or(o.Duration, 30*time.Second)
+	o.Warmup = cmp.Or(o.Warmup, 2*time.Second)
 	o.Warmup = min(o.Warmup, o.Duration/5)
-	if o.Writers == 0 {
-		o.Writers = 16
-	}
-	if o.PayloadBytes == 0 {
-		o.PayloadBytes = 256
-	}
-	if o.Idle == 0 {
-		o.Idle = 10 * time.Second
-	}
-	if o.AckTimeout == 0 {
-		o.AckTimeout = 30 * time.Second
-	}
-	if o.Baseline == 0 {
-		o.Baseline = 10 * time.Second
-	}
+	o.Writers = cmp.Or(o.Writers, 16)
+	o.PayloadBytes = cmp.Or(o.PayloadBytes, 256)
+	o.Idle = cmp.Or(o.Idle, 10*time.Second)
+	o.AckTimeout = cmp.Or(o.AckTimeout, 30*time.Second)
+	o.Baseline = cmp.Or(o.Baseline, 10*time.Second)
 }
 
 // Percentiles of a latency distribution, in milliseconds.

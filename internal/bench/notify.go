@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -37,18 +38,10 @@ func (o *NotifyOptions) Validate() error {
 
 func (o *NotifyOptions) defaults() {
 	defaultURLs(&o.DatabaseURL, defaultDatabaseURL, nil)
-	if o.Writers == 0 {
-		o.Writers = 16
-	}
-	if o.Duration == 0 {
-		o.Duration = 5 * time.Second
-	}
-	if o.Runs == 0 {
-		o.Runs = 5
-	}
-	if o.Warmup == 0 {
-		o.Warmup = time.Second
-	}
+	o.Writers = cmp.Or(o.Writers, 16)
+	o.Duration = cmp.Or(o.Duration, 5*time.Second)
+	o.Runs = cmp.Or(o.Runs, 5)
+	o.Warmup = cmp.Or(o.Warmup, time.Second)
 }
 
 // NotifyMode is what each transaction of a phase does besides its insert.

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,18 +63,10 @@ func (o *RabbitMQOptions) Validate() error {
 
 func (o *RabbitMQOptions) defaults() {
 	defaultURLs(&o.DatabaseURL, testdb.PostgresURL(), nil)
-	if o.AMQPURL == "" {
-		o.AMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
-	}
-	if o.Messages == 0 {
-		o.Messages = 100_000
-	}
-	if o.Window == 0 {
-		o.Window = postbox.DefaultPublishWindow
-	}
-	if o.Timeout == 0 {
-		o.Timeout = 30 * time.Minute
-	}
+	o.AMQPURL = cmp.Or(o.AMQPURL, "amqp://guest:guest@127.0.0.1:5672/")
+	o.Messages = cmp.Or(o.Messages, 100_000)
+	o.Window = cmp.Or(o.Window, postbox.DefaultPublishWindow)
+	o.Timeout = cmp.Or(o.Timeout, 30*time.Minute)
 }
 
 // RabbitMQ measures the raw confirmed publish rate to a quorum queue (the

@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -92,21 +93,11 @@ func (o *RSSOptions) Validate() error {
 
 func (o *RSSOptions) defaults() {
 	defaultURLs(&o.DatabaseURL, testdb.PostgresURL(), &o.NatsURL)
-	if o.Messages == 0 {
-		o.Messages = 200_000
-	}
-	if o.Keys == 0 {
-		o.Keys = 1000
-	}
-	if o.Warmup == 0 {
-		o.Warmup = 5 * time.Second
-	}
-	if o.Idle == 0 {
-		o.Idle = 30 * time.Second
-	}
-	if o.Sample == 0 {
-		o.Sample = 100 * time.Millisecond
-	}
+	o.Messages = cmp.Or(o.Messages, 200_000)
+	o.Keys = cmp.Or(o.Keys, 1000)
+	o.Warmup = cmp.Or(o.Warmup, 5*time.Second)
+	o.Idle = cmp.Or(o.Idle, 30*time.Second)
+	o.Sample = cmp.Or(o.Sample, 100*time.Millisecond)
 }
 
 // RSS runs the real relay daemon as a child process at default settings

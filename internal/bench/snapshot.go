@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -94,21 +95,11 @@ func (o *SnapshotOptions) Validate() error {
 
 func (o *SnapshotOptions) defaults() {
 	defaultURLs(&o.DatabaseURL, testdb.PostgresURL(), &o.NatsURL)
-	if o.Before == 0 {
-		o.Before = 10 * time.Second
-	}
-	if o.Hold == 0 {
-		o.Hold = 60 * time.Second
-	}
-	if o.After == 0 {
-		o.After = 60 * time.Second
-	}
-	if o.Rate == 0 {
-		o.Rate = 2000
-	}
-	if o.Keys == 0 {
-		o.Keys = 1000
-	}
+	o.Before = cmp.Or(o.Before, 10*time.Second)
+	o.Hold = cmp.Or(o.Hold, 60*time.Second)
+	o.After = cmp.Or(o.After, 60*time.Second)
+	o.Rate = cmp.Or(o.Rate, 2000)
+	o.Keys = cmp.Or(o.Keys, 1000)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -70,27 +71,15 @@ func (o *WriteOptions) Validate() error {
 
 func (o *WriteOptions) defaults() {
 	defaultURLs(&o.DatabaseURL, defaultDatabaseURL, nil)
-	if o.Duration == 0 {
-		o.Duration = 5 * time.Second
-	}
-	if o.Runs == 0 {
-		o.Runs = 5
-	}
+	o.Duration = cmp.Or(o.Duration, 5*time.Second)
+	o.Runs = cmp.Or(o.Runs, 5)
 	if len(o.Writers) == 0 {
 		o.Writers = []int{1, 8}
 	}
-	if o.PayloadBytes == 0 {
-		o.PayloadBytes = 256
-	}
-	if o.Batch == 0 {
-		o.Batch = 100
-	}
-	if o.BatchWriters == 0 {
-		o.BatchWriters = 8
-	}
-	if o.Warmup == 0 {
-		o.Warmup = time.Second
-	}
+	o.PayloadBytes = cmp.Or(o.PayloadBytes, 256)
+	o.Batch = cmp.Or(o.Batch, 100)
+	o.BatchWriters = cmp.Or(o.BatchWriters, 8)
+	o.Warmup = cmp.Or(o.Warmup, time.Second)
 }
 
 // WriteCase is one shape of transaction, measured without and with postbox.
