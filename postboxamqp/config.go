@@ -7,7 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/brokerutil"
 )
 
 // Publisher defaults, as documented on Config.
@@ -134,22 +134,16 @@ func (c *Config) WithDefaults() *Config {
 	if out.Exchange == "" {
 		out.Exchange = DefaultExchange
 	}
-	def(&out.PublishTimeout, DefaultPublishTimeout)
-	def(&out.MaxPending, DefaultMaxPending)
-	def(&out.MaxMessageSize, DefaultMaxMessageSize)
-	def(&out.DialTimeout, DefaultDialTimeout)
-	def(&out.ReconnectBackoff, DefaultReconnectBackoff)
-	def(&out.ReconnectBackoffMax, DefaultReconnectBackoffMax)
+	brokerutil.Default(&out.PublishTimeout, DefaultPublishTimeout)
+	brokerutil.Default(&out.MaxPending, DefaultMaxPending)
+	brokerutil.Default(&out.MaxMessageSize, DefaultMaxMessageSize)
+	brokerutil.Default(&out.DialTimeout, DefaultDialTimeout)
+	brokerutil.Default(&out.ReconnectBackoff, DefaultReconnectBackoff)
+	brokerutil.Default(&out.ReconnectBackoffMax, DefaultReconnectBackoffMax)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
 	return &out
-}
-
-func def[T int | time.Duration](v *T, d T) {
-	if *v == 0 {
-		*v = d
-	}
 }
 
 // Validate checks a Config that WithDefaults has filled in. It returns a
@@ -157,27 +151,27 @@ func def[T int | time.Duration](v *T, d T) {
 func (c *Config) Validate() error {
 	var ps problems
 	if err := validateName(c.Exchange); err != nil {
-		ps.add("Exchange", c.Exchange, "%v", err)
+		ps.Add("Exchange", c.Exchange, "%v", err)
 	}
 	for i, pat := range c.AcceptUnroutable {
 		if err := validatePattern(pat); err != nil {
-			ps.add(fmt.Sprintf("AcceptUnroutable[%d]", i), pat, "%v", err)
+			ps.Add(fmt.Sprintf("AcceptUnroutable[%d]", i), pat, "%v", err)
 		}
 	}
 	if c.DisableMandatory && len(c.AcceptUnroutable) > 0 {
-		ps.add("AcceptUnroutable", strings.Join(c.AcceptUnroutable, ","), "has no effect with DisableMandatory: without the mandatory flag the broker never reports an unroutable message")
+		ps.Add("AcceptUnroutable", strings.Join(c.AcceptUnroutable, ","), "has no effect with DisableMandatory: without the mandatory flag the broker never reports an unroutable message")
 	}
 	if c.PublishTimeout < minPublishTimeout || c.PublishTimeout > maxPublishTimeout {
-		ps.add("PublishTimeout", c.PublishTimeout, "must be between %s and %s", minPublishTimeout, maxPublishTimeout)
+		ps.Add("PublishTimeout", c.PublishTimeout, "must be between %s and %s", minPublishTimeout, maxPublishTimeout)
 	}
 	if c.MaxPending < 1 || c.MaxPending > maxMaxPending {
-		ps.add("MaxPending", c.MaxPending, "must be between 1 and %d", maxMaxPending)
+		ps.Add("MaxPending", c.MaxPending, "must be between 1 and %d", maxMaxPending)
 	}
 	if c.MaxMessageSize < 1 || c.MaxMessageSize > maxMessageSize {
-		ps.add("MaxMessageSize", c.MaxMessageSize, "must be between 1 and %d (RabbitMQ's ceiling)", maxMessageSize)
+		ps.Add("MaxMessageSize", c.MaxMessageSize, "must be between 1 and %d (RabbitMQ's ceiling)", maxMessageSize)
 	}
-	ps.backoff("DialTimeout", c.DialTimeout, "ReconnectBackoff", c.ReconnectBackoff, "ReconnectBackoffMax", c.ReconnectBackoffMax)
-	return ps.err()
+	checkBackoff(&ps, "DialTimeout", c.DialTimeout, "ReconnectBackoff", c.ReconnectBackoff, "ReconnectBackoffMax", c.ReconnectBackoffMax)
+	return ps.Err()
 }
 
 // SubscriberConfig configures a Subscriber. The zero value of every field
@@ -221,14 +215,14 @@ func (c *SubscriberConfig) WithDefaults() *SubscriberConfig {
 	if c != nil {
 		out = *c
 	}
-	def(&out.MaxInFlight, DefaultMaxInFlight)
+	brokerutil.Default(&out.MaxInFlight, DefaultMaxInFlight)
 	if out.Prefetch == 0 {
 		out.Prefetch = max(DefaultPrefetch, out.MaxInFlight)
 	}
-	def(&out.MaxRetryHold, DefaultMaxRetryHold)
-	def(&out.DialTimeout, DefaultDialTimeout)
-	def(&out.ReconnectBackoff, DefaultReconnectBackoff)
-	def(&out.ReconnectBackoffMax, DefaultReconnectBackoffMax)
+	brokerutil.Default(&out.MaxRetryHold, DefaultMaxRetryHold)
+	brokerutil.Default(&out.DialTimeout, DefaultDialTimeout)
+	brokerutil.Default(&out.ReconnectBackoff, DefaultReconnectBackoff)
+	brokerutil.Default(&out.ReconnectBackoffMax, DefaultReconnectBackoffMax)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -240,52 +234,33 @@ func (c *SubscriberConfig) WithDefaults() *SubscriberConfig {
 func (c *SubscriberConfig) Validate() error {
 	var ps problems
 	if c.MaxInFlight < 1 || c.MaxInFlight > maxPrefetch {
-		ps.add("MaxInFlight", c.MaxInFlight, "must be between 1 and %d", maxPrefetch)
+		ps.Add("MaxInFlight", c.MaxInFlight, "must be between 1 and %d", maxPrefetch)
 	}
 	if c.Prefetch < 1 || c.Prefetch > maxPrefetch {
-		ps.add("Prefetch", c.Prefetch, "must be between 1 and %d", maxPrefetch)
+		ps.Add("Prefetch", c.Prefetch, "must be between 1 and %d", maxPrefetch)
 	} else if c.Prefetch < c.MaxInFlight {
-		ps.add("Prefetch", c.Prefetch, "must be at least MaxInFlight (%d), or workers wait for deliveries the broker holds back", c.MaxInFlight)
+		ps.Add("Prefetch", c.Prefetch, "must be at least MaxInFlight (%d), or workers wait for deliveries the broker holds back", c.MaxInFlight)
 	}
 	if c.MaxRetryHold < time.Millisecond || c.MaxRetryHold > maxRetryHold {
-		ps.add("MaxRetryHold", c.MaxRetryHold, "must be between 1ms and %s (RabbitMQ closes a channel holding a delivery past its consumer_timeout, 30m by default)", maxRetryHold)
+		ps.Add("MaxRetryHold", c.MaxRetryHold, "must be between 1ms and %s (RabbitMQ closes a channel holding a delivery past its consumer_timeout, 30m by default)", maxRetryHold)
 	}
-	ps.backoff("DialTimeout", c.DialTimeout, "ReconnectBackoff", c.ReconnectBackoff, "ReconnectBackoffMax", c.ReconnectBackoffMax)
-	return ps.err()
+	checkBackoff(&ps, "DialTimeout", c.DialTimeout, "ReconnectBackoff", c.ReconnectBackoff, "ReconnectBackoffMax", c.ReconnectBackoffMax)
+	return ps.Err()
 }
 
 // problems collects the bad fields of one config.
-type problems []*postbox.ValidationError
+type problems = brokerutil.Problems
 
-func (ps *problems) add(field string, value any, format string, args ...any) {
-	v := fmt.Sprint(value)
-	if len(v) > 64 {
-		cut := 61
-		for cut > 0 && !utf8.RuneStart(v[cut]) {
-			cut--
-		}
-		v = v[:cut] + "..."
-	}
-	*ps = append(*ps, &postbox.ValidationError{Field: field, Value: v, Reason: fmt.Sprintf(format, args...)})
-}
-
-func (ps *problems) backoff(dialName string, dial time.Duration, baseName string, base time.Duration, maxName string, maxDelay time.Duration) {
+func checkBackoff(ps *problems, dialName string, dial time.Duration, baseName string, base time.Duration, maxName string, maxDelay time.Duration) {
 	if dial < 100*time.Millisecond || dial > 5*time.Minute {
-		ps.add(dialName, dial, "must be between 100ms and 5m")
+		ps.Add(dialName, dial, "must be between 100ms and 5m")
 	}
 	if base < time.Millisecond || base > time.Minute {
-		ps.add(baseName, base, "must be between 1ms and 1m")
+		ps.Add(baseName, base, "must be between 1ms and 1m")
 	}
 	if maxDelay < base || maxDelay > 10*time.Minute {
-		ps.add(maxName, maxDelay, "must be between %s (%s) and 10m", baseName, base)
+		ps.Add(maxName, maxDelay, "must be between %s (%s) and 10m", baseName, base)
 	}
-}
-
-func (ps problems) err() error {
-	if len(ps) == 0 {
-		return nil
-	}
-	return &postbox.ConfigError{Problems: ps}
 }
 
 // validateName checks an exchange or queue name: 1 to 255 bytes of

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/brokerutil"
 )
 
 // ceAMQPPrefix names CloudEvents attributes in AMQP application
@@ -52,9 +53,9 @@ func (p *Publisher) routingKey(topic string) (string, error) {
 	}
 	switch {
 	case len(rk) > maxShortString:
-		return "", fmt.Errorf("%w for topic %q: %d bytes, over AMQP's limit of %d", ErrInvalidRoutingKey, shorten(topic), len(rk), maxShortString)
+		return "", fmt.Errorf("%w for topic %q: %d bytes, over AMQP's limit of %d", ErrInvalidRoutingKey, brokerutil.Shorten(topic), len(rk), maxShortString)
 	case !utf8.ValidString(rk):
-		return "", fmt.Errorf("%w for topic %q: not UTF-8", ErrInvalidRoutingKey, shorten(topic))
+		return "", fmt.Errorf("%w for topic %q: not UTF-8", ErrInvalidRoutingKey, brokerutil.Shorten(topic))
 	}
 	return rk, nil
 }
@@ -74,7 +75,7 @@ func (p *Publisher) publishing(env *postbox.Envelope) (amqp.Publishing, int, err
 		return m, 0, fmt.Errorf("%w: message id is %d bytes, over AMQP's limit of %d", ErrInvalidHeader, len(env.ID), maxShortString)
 	}
 	if len(env.Topic) > maxShortString {
-		return m, 0, fmt.Errorf("%w: topic %q is %d bytes, over AMQP's limit of %d for the type property", ErrInvalidHeader, shorten(env.Topic), len(env.Topic), maxShortString)
+		return m, 0, fmt.Errorf("%w: topic %q is %d bytes, over AMQP's limit of %d for the type property", ErrInvalidHeader, brokerutil.Shorten(env.Topic), len(env.Topic), maxShortString)
 	}
 	if len(env.Payload) > p.cfg.MaxMessageSize {
 		return m, 0, fmt.Errorf("%w: payload is %d bytes, over MaxMessageSize %d", ErrTooLarge, len(env.Payload), p.cfg.MaxMessageSize)
@@ -95,11 +96,11 @@ func (p *Publisher) publishing(env *postbox.Envelope) (amqp.Publishing, int, err
 		name := wireName(k)
 		switch {
 		case name == "" || len(name) > maxShortString || !printable(name):
-			return m, 0, fmt.Errorf("%w %q: names are 1 to %d bytes of printable text", ErrInvalidHeader, shorten(k), maxShortString)
+			return m, 0, fmt.Errorf("%w %q: names are 1 to %d bytes of printable text", ErrInvalidHeader, brokerutil.Shorten(k), maxShortString)
 		case reservedHeaders[strings.ToLower(name)]:
-			return m, 0, fmt.Errorf("%w %q: it steers RabbitMQ and only the broker sets it", ErrInvalidHeader, shorten(k))
+			return m, 0, fmt.Errorf("%w %q: it steers RabbitMQ and only the broker sets it", ErrInvalidHeader, brokerutil.Shorten(k))
 		case !utf8.ValidString(v):
-			return m, 0, fmt.Errorf("%w %q: value is not UTF-8", ErrInvalidHeader, shorten(k))
+			return m, 0, fmt.Errorf("%w %q: value is not UTF-8", ErrInvalidHeader, brokerutil.Shorten(k))
 		}
 		table[name] = v
 		size += 1 + len(name) + 1 + 4 + len(v)
@@ -211,15 +212,4 @@ func toInt(v any) (int, bool) {
 		return int(x), true
 	}
 	return 0, false
-}
-
-func shorten(s string) string {
-	if len(s) > 64 {
-		cut := 61
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		return s[:cut] + "..."
-	}
-	return s
 }

@@ -42,8 +42,8 @@ func NewSubscriber(dial Dialer, queue string, cfg *SubscriberConfig) (*Subscribe
 		if errors.As(err, &ce) {
 			ps = ce.Problems
 		}
-		ps.add("queue", queue, "%v", qerr)
-		err = ps.err()
+		ps.Add("queue", queue, "%v", qerr)
+		err = ps.Err()
 	}
 	if err != nil {
 		return nil, err

@@ -64,62 +64,62 @@ var exchangeKinds = map[string]bool{
 func (t *Topology) validate() error {
 	var ps problems
 	if err := validateName(t.Exchange); err != nil {
-		ps.add("Exchange", t.Exchange, "%v", err)
+		ps.Add("Exchange", t.Exchange, "%v", err)
 	} else if strings.HasPrefix(t.Exchange, "amq.") {
-		ps.add("Exchange", t.Exchange, `names starting with "amq." are reserved for the broker's own exchanges`)
+		ps.Add("Exchange", t.Exchange, `names starting with "amq." are reserved for the broker's own exchanges`)
 	}
 	if !exchangeKinds[t.Kind] {
-		ps.add("Kind", t.Kind, "must be topic, direct, fanout or headers")
+		ps.Add("Kind", t.Kind, "must be topic, direct, fanout or headers")
 	}
 	if t.Queue != "" {
 		if err := validateName(t.Queue); err != nil {
-			ps.add("Queue", t.Queue, "%v", err)
+			ps.Add("Queue", t.Queue, "%v", err)
 		}
 	} else {
 		if len(t.Bindings) > 0 {
-			ps.add("Bindings", strings.Join(t.Bindings, ","), "need a Queue to bind")
+			ps.Add("Bindings", strings.Join(t.Bindings, ","), "need a Queue to bind")
 		}
 		if t.DeliveryLimit != 0 {
-			ps.add("DeliveryLimit", t.DeliveryLimit, "needs a Queue")
+			ps.Add("DeliveryLimit", t.DeliveryLimit, "needs a Queue")
 		}
 		if len(t.QueueArgs) > 0 {
-			ps.add("QueueArgs", len(t.QueueArgs), "need a Queue")
+			ps.Add("QueueArgs", len(t.QueueArgs), "need a Queue")
 		}
 	}
 	for i, b := range t.Bindings {
 		if len(b) > maxShortString || !printable(b) {
-			ps.add(fmt.Sprintf("Bindings[%d]", i), b, "must be printable UTF-8 of at most %d bytes", maxShortString)
+			ps.Add(fmt.Sprintf("Bindings[%d]", i), b, "must be printable UTF-8 of at most %d bytes", maxShortString)
 		}
 	}
 	if t.DeliveryLimit < -1 {
-		ps.add("DeliveryLimit", t.DeliveryLimit, "must be -1 (no limit, RabbitMQ 4), 0 (the broker's default) or positive")
+		ps.Add("DeliveryLimit", t.DeliveryLimit, "must be -1 (no limit, RabbitMQ 4), 0 (the broker's default) or positive")
 	} else if t.DeliveryLimit != 0 && t.Classic {
-		ps.add("DeliveryLimit", t.DeliveryLimit, "applies to quorum queues only")
+		ps.Add("DeliveryLimit", t.DeliveryLimit, "applies to quorum queues only")
 	}
 	if t.DeadLetterExchange != "" {
 		if err := validateName(t.DeadLetterExchange); err != nil {
-			ps.add("DeadLetterExchange", t.DeadLetterExchange, "%v", err)
+			ps.Add("DeadLetterExchange", t.DeadLetterExchange, "%v", err)
 		} else if t.DeadLetterExchange == t.Exchange {
-			ps.add("DeadLetterExchange", t.DeadLetterExchange, "must differ from Exchange, or dead letters would be routed back to the queues they left")
+			ps.Add("DeadLetterExchange", t.DeadLetterExchange, "must differ from Exchange, or dead letters would be routed back to the queues they left")
 		}
 	}
 	if t.DeadLetterQueue != "" {
 		if err := validateName(t.DeadLetterQueue); err != nil {
-			ps.add("DeadLetterQueue", t.DeadLetterQueue, "%v", err)
+			ps.Add("DeadLetterQueue", t.DeadLetterQueue, "%v", err)
 		} else if t.DeadLetterQueue == t.Queue {
-			ps.add("DeadLetterQueue", t.DeadLetterQueue, "must differ from Queue")
+			ps.Add("DeadLetterQueue", t.DeadLetterQueue, "must differ from Queue")
 		}
 		if t.DeadLetterExchange == "" {
-			ps.add("DeadLetterQueue", t.DeadLetterQueue, "needs a DeadLetterExchange to bind to")
+			ps.Add("DeadLetterQueue", t.DeadLetterQueue, "needs a DeadLetterExchange to bind to")
 		}
 	}
 	for k := range t.QueueArgs {
 		switch k {
 		case "x-queue-type", "x-dead-letter-exchange", "x-delivery-limit":
-			ps.add("QueueArgs", k, "is set by the Topology's own fields")
+			ps.Add("QueueArgs", k, "is set by the Topology's own fields")
 		}
 	}
-	return ps.err()
+	return ps.Err()
 }
 
 // EnsureTopology declares t on a channel of its own on conn: the exchange,

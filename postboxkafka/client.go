@@ -10,23 +10,23 @@ import (
 func checkProducer(cl *kgo.Client) problems {
 	var ps problems
 	if acks, _ := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); acks != kgo.AllISRAcks() {
-		ps.add("client.RequiredAcks", "", "must be kgo.AllISRAcks() (acks=all, the default): with fewer acks, a broker lost after its acknowledgement loses the message")
+		ps.Add("client.RequiredAcks", "", "must be kgo.AllISRAcks() (acks=all, the default): with fewer acks, a broker lost after its acknowledgement loses the message")
 	}
 	if flag(cl, kgo.DisableIdempotentWrite) {
-		ps.add("client.DisableIdempotentWrite", "", "must not be set: without idempotence, a produce retried by the client can be stored twice or out of order")
+		ps.Add("client.DisableIdempotentWrite", "", "must not be set: without idempotence, a produce retried by the client can be stored twice or out of order")
 	}
 	if flag(cl, kgo.AllowIdempotentProduceCancellation) {
-		ps.add("client.AllowIdempotentProduceCancellation", "", "must not be set: it gives up idempotence for cancelled records; the Publisher stops waiting on its own and the client keeps the record's outcome")
+		ps.Add("client.AllowIdempotentProduceCancellation", "", "must not be set: it gives up idempotence for cancelled records; the Publisher stops waiting on its own and the client keeps the record's outcome")
 	}
 	ps = append(ps, checkCommon(cl)...)
 	if v := cl.OptValues(kgo.TransactionalID); len(v) == 2 && v[1] == true {
-		ps.add("client.TransactionalID", v[0], "must not be set: the Publisher produces outside transactions")
+		ps.Add("client.TransactionalID", v[0], "must not be set: the Publisher produces outside transactions")
 	}
 	if flag(cl, kgo.ManualFlushing) {
-		ps.add("client.ManualFlushing", "", "must not be set: records would wait for a Flush the Publisher never calls")
+		ps.Add("client.ManualFlushing", "", "must not be set: records would wait for a Flush the Publisher never calls")
 	}
 	if flag(cl, kgo.DefaultProduceTopicAlways) {
-		ps.add("client.DefaultProduceTopicAlways", "", "must not be set: it sends every message to one topic whatever its own")
+		ps.Add("client.DefaultProduceTopicAlways", "", "must not be set: it sends every message to one topic whatever its own")
 	}
 	return ps
 }
@@ -36,7 +36,7 @@ func checkProducer(cl *kgo.Client) problems {
 func checkCommon(cl *kgo.Client) problems {
 	var ps problems
 	if flag(cl, kgo.AllowAutoTopicCreation) {
-		ps.add("client.AllowAutoTopicCreation", "", "must not be set: topics are topology, made with EnsureTopic, never as a side effect of publishing or subscribing")
+		ps.Add("client.AllowAutoTopicCreation", "", "must not be set: topics are topology, made with EnsureTopic, never as a side effect of publishing or subscribing")
 	}
 	return ps
 }
@@ -46,10 +46,10 @@ func checkCommon(cl *kgo.Client) problems {
 func checkConsumer(cl *kgo.Client) problems {
 	ps := checkCommon(cl)
 	if flag(cl, kgo.ConsumeRegex) {
-		ps.add("client.ConsumeRegex", "", "must not be set: the Subscriber's topics are names, not patterns")
+		ps.Add("client.ConsumeRegex", "", "must not be set: the Subscriber's topics are names, not patterns")
 	}
 	if v, _ := cl.OptValue(kgo.ConsumePartitions).(map[string]map[int32]kgo.Offset); len(v) > 0 {
-		ps.add("client.ConsumePartitions", "", "must not be set: the Subscriber consumes as a group member")
+		ps.Add("client.ConsumePartitions", "", "must not be set: the Subscriber consumes as a group member")
 	}
 	return ps
 }

@@ -7,7 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/brokerutil"
 )
 
 // Publisher defaults, as documented on Config.
@@ -81,7 +81,7 @@ func (c *Config) WithDefaults() *Config {
 	if c != nil {
 		out = *c
 	}
-	def(&out.PublishTimeout, DefaultPublishTimeout)
+	brokerutil.Default(&out.PublishTimeout, DefaultPublishTimeout)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -94,18 +94,18 @@ func (c *Config) Validate() error {
 	var ps problems
 	if p := c.TopicPrefix; p != "" {
 		if err := ValidateTopicName(p); err != nil {
-			ps.add("TopicPrefix", p, "%v", strings.TrimPrefix(err.Error(), "postboxkafka: "))
+			ps.Add("TopicPrefix", p, "%v", strings.TrimPrefix(err.Error(), "postboxkafka: "))
 		} else if len(p) >= MaxTopicNameBytes {
-			ps.add("TopicPrefix", p, "leaves no room for the topic within Kafka's %d bytes", MaxTopicNameBytes)
+			ps.Add("TopicPrefix", p, "leaves no room for the topic within Kafka's %d bytes", MaxTopicNameBytes)
 		}
 		if c.Topic != nil {
-			ps.add("TopicPrefix", p, "must be empty when Topic is set; Topic decides the whole Kafka topic")
+			ps.Add("TopicPrefix", p, "must be empty when Topic is set; Topic decides the whole Kafka topic")
 		}
 	}
 	if c.PublishTimeout < minPublishTimeout || c.PublishTimeout > maxPublishTimeout {
-		ps.add("PublishTimeout", c.PublishTimeout, "must be between %s and %s", minPublishTimeout, maxPublishTimeout)
+		ps.Add("PublishTimeout", c.PublishTimeout, "must be between %s and %s", minPublishTimeout, maxPublishTimeout)
 	}
-	return ps.err()
+	return ps.Err()
 }
 
 // SubscriberConfig configures a Subscriber. The zero value of every field
@@ -150,11 +150,11 @@ func (c *SubscriberConfig) WithDefaults() *SubscriberConfig {
 	if c != nil {
 		out = *c
 	}
-	def(&out.MaxInFlight, DefaultMaxInFlight)
-	def(&out.PartitionBuffer, DefaultPartitionBuffer)
-	def(&out.CommitInterval, DefaultCommitInterval)
-	def(&out.CommitTimeout, DefaultCommitTimeout)
-	def(&out.MaxRetryHold, DefaultMaxRetryHold)
+	brokerutil.Default(&out.MaxInFlight, DefaultMaxInFlight)
+	brokerutil.Default(&out.PartitionBuffer, DefaultPartitionBuffer)
+	brokerutil.Default(&out.CommitInterval, DefaultCommitInterval)
+	brokerutil.Default(&out.CommitTimeout, DefaultCommitTimeout)
+	brokerutil.Default(&out.MaxRetryHold, DefaultMaxRetryHold)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -166,42 +166,25 @@ func (c *SubscriberConfig) WithDefaults() *SubscriberConfig {
 func (c *SubscriberConfig) Validate() error {
 	var ps problems
 	if c.MaxInFlight < 1 || c.MaxInFlight > maxMaxInFlight {
-		ps.add("MaxInFlight", c.MaxInFlight, "must be between 1 and %d", maxMaxInFlight)
+		ps.Add("MaxInFlight", c.MaxInFlight, "must be between 1 and %d", maxMaxInFlight)
 	}
 	if c.PartitionBuffer < 1 || c.PartitionBuffer > maxPartitionBuffer {
-		ps.add("PartitionBuffer", c.PartitionBuffer, "must be between 1 and %d", maxPartitionBuffer)
+		ps.Add("PartitionBuffer", c.PartitionBuffer, "must be between 1 and %d", maxPartitionBuffer)
 	}
 	if c.CommitInterval < time.Millisecond || c.CommitInterval > maxCommitInterval {
-		ps.add("CommitInterval", c.CommitInterval, "must be between 1ms and %s", maxCommitInterval)
+		ps.Add("CommitInterval", c.CommitInterval, "must be between 1ms and %s", maxCommitInterval)
 	}
 	if c.CommitTimeout < 100*time.Millisecond || c.CommitTimeout > 5*time.Minute {
-		ps.add("CommitTimeout", c.CommitTimeout, "must be between 100ms and 5m")
+		ps.Add("CommitTimeout", c.CommitTimeout, "must be between 100ms and 5m")
 	}
 	if c.MaxRetryHold < time.Millisecond || c.MaxRetryHold > maxRetryHold {
-		ps.add("MaxRetryHold", c.MaxRetryHold, "must be between 1ms and %s", maxRetryHold)
+		ps.Add("MaxRetryHold", c.MaxRetryHold, "must be between 1ms and %s", maxRetryHold)
 	}
-	return ps.err()
-}
-
-func def[T int | time.Duration](v *T, d T) {
-	if *v == 0 {
-		*v = d
-	}
+	return ps.Err()
 }
 
 // problems collects the bad fields of one config.
-type problems []*postbox.ValidationError
-
-func (ps *problems) add(field string, value any, format string, args ...any) {
-	*ps = append(*ps, &postbox.ValidationError{Field: field, Value: shorten(fmt.Sprint(value)), Reason: fmt.Sprintf(format, args...)})
-}
-
-func (ps problems) err() error {
-	if len(ps) == 0 {
-		return nil
-	}
-	return &postbox.ConfigError{Problems: ps}
-}
+type problems = brokerutil.Problems
 
 // ValidateTopicName reports whether name is a topic name Kafka accepts
 // for postbox messages: 1 to 249 bytes of ASCII letters, digits, '.', '_'
@@ -210,7 +193,7 @@ func (ps problems) err() error {
 // The error wraps ErrInvalidTopic.
 func ValidateTopicName(name string) error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w %q: %s", ErrInvalidTopic, shorten(name), fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w %q: %s", ErrInvalidTopic, brokerutil.Shorten(name), fmt.Sprintf(format, args...))
 	}
 	switch {
 	case name == "":
@@ -260,15 +243,4 @@ func printable(s string) bool {
 		}
 	}
 	return true
-}
-
-func shorten(s string) string {
-	if len(s) > 64 {
-		cut := 61
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		return s[:cut] + "..."
-	}
-	return s
 }

@@ -87,7 +87,7 @@ func New(cl *kgo.Client, cfg *Config) (*Publisher, error) {
 		return nil, errors.New("postboxkafka: New needs a *kgo.Client")
 	}
 	ps = append(ps, checkProducer(cl)...)
-	if err := ps.err(); err != nil {
+	if err := ps.Err(); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -57,21 +57,21 @@ func NewSubscriber(group string, topics []string, cfg *SubscriberConfig, opts ..
 		ps = ce.Problems
 	}
 	if err := validateGroup(group); err != nil {
-		ps.add("group", group, "%v", err)
+		ps.Add("group", group, "%v", err)
 	}
 	if len(topics) == 0 {
-		ps.add("topics", "", "must name at least one topic")
+		ps.Add("topics", "", "must name at least one topic")
 	}
 	seen := map[string]bool{}
 	for i, t := range topics {
 		if err := ValidateTopicName(t); err != nil {
-			ps.add(fmt.Sprintf("topics[%d]", i), t, "%v", err)
+			ps.Add(fmt.Sprintf("topics[%d]", i), t, "%v", err)
 		} else if seen[t] {
-			ps.add(fmt.Sprintf("topics[%d]", i), t, "is named twice")
+			ps.Add(fmt.Sprintf("topics[%d]", i), t, "is named twice")
 		}
 		seen[t] = true
 	}
-	if err := ps.err(); err != nil {
+	if err := ps.Err(); err != nil {
 		return nil, err
 	}
 	return &Subscriber{
@@ -134,7 +134,7 @@ func (s *Subscriber) Run(ctx context.Context, p postbox.Processor) error {
 		return fmt.Errorf("postboxkafka: subscriber client: %w", err)
 	}
 	r.cl = cl
-	if err := checkConsumer(cl).err(); err != nil {
+	if err := checkConsumer(cl).Err(); err != nil {
 		cl.Close()
 		return err
 	}

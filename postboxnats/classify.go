@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/brokerutil"
 )
 
 // Errors this package reports as the cause of a message failure. The
@@ -176,7 +177,7 @@ func ValidateSubject(subject string) error {
 
 func validateSubject(s string) error {
 	bad := func(reason string) error {
-		return fmt.Errorf("%w %q: %s", ErrInvalidSubject, shorten(s), reason)
+		return fmt.Errorf("%w %q: %s", ErrInvalidSubject, brokerutil.Shorten(s), reason)
 	}
 	if s == "" {
 		return bad("it is empty")
@@ -227,25 +228,18 @@ func validateHeader(name, value string) error {
 	}
 	for i := 0; i < len(name); i++ {
 		if c := name[i]; c < 0x21 || c > 0x7e || c == ':' {
-			return fmt.Errorf("%w %q: name has %q; names are printable ASCII without ':'", ErrInvalidHeader, shorten(name), c)
+			return fmt.Errorf("%w %q: name has %q; names are printable ASCII without ':'", ErrInvalidHeader, brokerutil.Shorten(name), c)
 		}
 	}
 	if len(name) >= 5 && strings.EqualFold(name[:5], "nats-") {
-		return fmt.Errorf("%w %q: Nats-* headers steer JetStream and are set by the publisher only", ErrInvalidHeader, shorten(name))
+		return fmt.Errorf("%w %q: Nats-* headers steer JetStream and are set by the publisher only", ErrInvalidHeader, brokerutil.Shorten(name))
 	}
 	return validateHeaderValue(name, value)
 }
 
 func validateHeaderValue(name, value string) error {
 	if strings.ContainsAny(value, "\r\n\x00") {
-		return fmt.Errorf("%w %q: value holds CR, LF or NUL", ErrInvalidHeader, shorten(name))
+		return fmt.Errorf("%w %q: value holds CR, LF or NUL", ErrInvalidHeader, brokerutil.Shorten(name))
 	}
 	return nil
-}
-
-func shorten(s string) string {
-	if len(s) > 64 {
-		return s[:61] + "..."
-	}
-	return s
 }

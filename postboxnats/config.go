@@ -1,12 +1,12 @@
 package postboxnats
 
 import (
-	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/brokerutil"
 )
 
 // Defaults, as documented on Config.
@@ -90,7 +90,7 @@ func (c *Config) WithDefaults() *Config {
 func (c *Config) Validate() error {
 	var ps []*postbox.ValidationError
 	bad := func(field string, value any, format string, args ...any) {
-		ps = append(ps, problem(field, value, format, args...))
+		ps = append(ps, brokerutil.Problem(field, value, format, args...))
 	}
 	if p := c.SubjectPrefix; p != "" {
 		switch {
@@ -118,14 +118,6 @@ func (c *Config) Validate() error {
 		return &postbox.ConfigError{Problems: ps}
 	}
 	return nil
-}
-
-func problem(field string, value any, format string, args ...any) *postbox.ValidationError {
-	v := fmt.Sprint(value)
-	if len(v) > 64 {
-		v = v[:61] + "..."
-	}
-	return &postbox.ValidationError{Field: field, Value: v, Reason: fmt.Sprintf(format, args...)}
 }
 
 // printable reports whether s is UTF-8 text without control characters.

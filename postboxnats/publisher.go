@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/brokerutil"
 )
 
 // Publisher publishes envelopes to JetStream and reports each one done on
@@ -145,7 +146,7 @@ func (p *Publisher) Subject(topic string) (string, error) {
 		s = p.cfg.SubjectPrefix + topic
 	}
 	if err := validateSubject(s); err != nil {
-		return "", fmt.Errorf("topic %q: %w", shorten(topic), err)
+		return "", fmt.Errorf("topic %q: %w", brokerutil.Shorten(topic), err)
 	}
 	return s, nil
 }

@@ -7,7 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/brokerutil"
 )
 
 // Publisher defaults, as documented on Config.
@@ -156,22 +156,15 @@ func (c *Config) WithDefaults() *Config {
 	if out.DedupeWindow == 0 && !out.DisableDedupe {
 		out.DedupeWindow = DefaultDedupeWindow
 	}
-	def(&out.PublishTimeout, DefaultPublishTimeout)
-	def(&out.MaxPending, DefaultMaxPending)
-	def(&out.Pipelines, DefaultPipelines)
-	def(&out.MaxBatch, DefaultMaxBatch)
-	def(&out.MaxEntryBytes, DefaultMaxEntryBytes)
+	brokerutil.Default(&out.PublishTimeout, DefaultPublishTimeout)
+	brokerutil.Default(&out.MaxPending, DefaultMaxPending)
+	brokerutil.Default(&out.Pipelines, DefaultPipelines)
+	brokerutil.Default(&out.MaxBatch, DefaultMaxBatch)
+	brokerutil.Default(&out.MaxEntryBytes, DefaultMaxEntryBytes)
 	if out.MinReplicas > 0 {
-		def(&out.ReplicaTimeout, DefaultReplicaTimeout)
+		brokerutil.Default(&out.ReplicaTimeout, DefaultReplicaTimeout)
 	}
 	return &out
-}
-
-func def[T comparable](p *T, v T) {
-	var zero T
-	if *p == zero {
-		*p = v
-	}
 }
 
 // Validate checks a Config that WithDefaults has filled in. It returns a
@@ -180,54 +173,54 @@ func (c *Config) Validate() error {
 	var ps problems
 	if c.Stream != "" {
 		if err := ValidateStreamName(c.Stream); err != nil {
-			ps.add("Stream", c.Stream, "%v", err)
+			ps.Add("Stream", c.Stream, "%v", err)
 		}
 		if c.StreamPrefix != "" {
-			ps.add("StreamPrefix", c.StreamPrefix, "must be empty when Stream is set; Stream names the one stream")
+			ps.Add("StreamPrefix", c.StreamPrefix, "must be empty when Stream is set; Stream names the one stream")
 		}
 	} else if c.StreamPrefix != "" {
 		if err := ValidateStreamName(c.StreamPrefix + "x"); err != nil {
-			ps.add("StreamPrefix", c.StreamPrefix, "is not a valid stream name prefix: %v", err)
+			ps.Add("StreamPrefix", c.StreamPrefix, "is not a valid stream name prefix: %v", err)
 		}
 	}
 	if c.MaxLen < 0 {
-		ps.add("MaxLen", c.MaxLen, "must not be negative (0 never trims)")
+		ps.Add("MaxLen", c.MaxLen, "must not be negative (0 never trims)")
 	}
 	if c.TrimExact && c.MaxLen == 0 {
-		ps.add("TrimExact", c.TrimExact, "has no effect without MaxLen")
+		ps.Add("TrimExact", c.TrimExact, "has no effect without MaxLen")
 	}
 	if c.DisableDedupe {
 		if c.DedupeWindow != 0 {
-			ps.add("DedupeWindow", c.DedupeWindow, "must be zero when DisableDedupe is set")
+			ps.Add("DedupeWindow", c.DedupeWindow, "must be zero when DisableDedupe is set")
 		}
 	} else if c.DedupeWindow < minDedupeWindow || c.DedupeWindow > maxDedupeWindow {
-		ps.add("DedupeWindow", c.DedupeWindow, "must be between %s and %s", minDedupeWindow, maxDedupeWindow)
+		ps.Add("DedupeWindow", c.DedupeWindow, "must be between %s and %s", minDedupeWindow, maxDedupeWindow)
 	}
 	if c.PublishTimeout < minPublishTimeout || c.PublishTimeout > maxPublishTimeout {
-		ps.add("PublishTimeout", c.PublishTimeout, "must be between %s and %s", minPublishTimeout, maxPublishTimeout)
+		ps.Add("PublishTimeout", c.PublishTimeout, "must be between %s and %s", minPublishTimeout, maxPublishTimeout)
 	}
 	if c.MaxPending < 1 || c.MaxPending > maxMaxPending {
-		ps.add("MaxPending", c.MaxPending, "must be between 1 and %d", maxMaxPending)
+		ps.Add("MaxPending", c.MaxPending, "must be between 1 and %d", maxMaxPending)
 	}
 	if c.Pipelines < 1 || c.Pipelines > maxPipelines {
-		ps.add("Pipelines", c.Pipelines, "must be between 1 and %d", maxPipelines)
+		ps.Add("Pipelines", c.Pipelines, "must be between 1 and %d", maxPipelines)
 	}
 	if c.MaxBatch < 1 || c.MaxBatch > maxMaxBatch {
-		ps.add("MaxBatch", c.MaxBatch, "must be between 1 and %d", maxMaxBatch)
+		ps.Add("MaxBatch", c.MaxBatch, "must be between 1 and %d", maxMaxBatch)
 	}
 	if c.MaxEntryBytes < minMaxEntryBytes || c.MaxEntryBytes > maxMaxEntryBytes {
-		ps.add("MaxEntryBytes", c.MaxEntryBytes, "must be between %d and %d", minMaxEntryBytes, maxMaxEntryBytes)
+		ps.Add("MaxEntryBytes", c.MaxEntryBytes, "must be between %d and %d", minMaxEntryBytes, maxMaxEntryBytes)
 	}
 	if c.MinReplicas < 0 || c.MinReplicas > maxMinReplicas {
-		ps.add("MinReplicas", c.MinReplicas, "must be between 0 and %d", maxMinReplicas)
+		ps.Add("MinReplicas", c.MinReplicas, "must be between 0 and %d", maxMinReplicas)
 	}
 	switch {
 	case c.MinReplicas <= 0 && c.ReplicaTimeout != 0:
-		ps.add("ReplicaTimeout", c.ReplicaTimeout, "has no effect without MinReplicas")
+		ps.Add("ReplicaTimeout", c.ReplicaTimeout, "has no effect without MinReplicas")
 	case c.MinReplicas > 0 && (c.ReplicaTimeout < time.Millisecond || c.ReplicaTimeout >= c.PublishTimeout):
-		ps.add("ReplicaTimeout", c.ReplicaTimeout, "must be at least 1ms and under PublishTimeout (%s)", c.PublishTimeout)
+		ps.Add("ReplicaTimeout", c.ReplicaTimeout, "must be at least 1ms and under PublishTimeout (%s)", c.PublishTimeout)
 	}
-	return ps.err()
+	return ps.Err()
 }
 
 // SubscriberConfig configures a Subscriber. The zero value of every field
@@ -295,13 +288,13 @@ func (c *SubscriberConfig) WithDefaults() *SubscriberConfig {
 	if c != nil {
 		out = *c
 	}
-	def(&out.MaxInFlight, DefaultMaxInFlight)
-	def(&out.Block, DefaultBlock)
-	def(&out.MinIdle, DefaultMinIdle)
+	brokerutil.Default(&out.MaxInFlight, DefaultMaxInFlight)
+	brokerutil.Default(&out.Block, DefaultBlock)
+	brokerutil.Default(&out.MinIdle, DefaultMinIdle)
 	if out.ClaimInterval == 0 {
 		out.ClaimInterval = min(DefaultClaimInterval, out.MinIdle)
 	}
-	def(&out.IdleConsumerTTL, DefaultIdleConsumerTTL)
+	brokerutil.Default(&out.IdleConsumerTTL, DefaultIdleConsumerTTL)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -313,54 +306,36 @@ func (c *SubscriberConfig) WithDefaults() *SubscriberConfig {
 func (c *SubscriberConfig) Validate() error {
 	var ps problems
 	if err := ValidateStreamName(c.Stream); err != nil {
-		ps.add("Stream", c.Stream, "%v", err)
+		ps.Add("Stream", c.Stream, "%v", err)
 	}
 	if err := validateName(c.Group); err != nil {
-		ps.add("Group", c.Group, "%v", err)
+		ps.Add("Group", c.Group, "%v", err)
 	}
 	if c.Consumer != "" {
 		if err := validateName(c.Consumer); err != nil {
-			ps.add("Consumer", c.Consumer, "%v", err)
+			ps.Add("Consumer", c.Consumer, "%v", err)
 		}
 	}
 	if c.MaxInFlight < 1 || c.MaxInFlight > maxMaxInFlight {
-		ps.add("MaxInFlight", c.MaxInFlight, "must be between 1 and %d", maxMaxInFlight)
+		ps.Add("MaxInFlight", c.MaxInFlight, "must be between 1 and %d", maxMaxInFlight)
 	}
 	if c.Block < minBlock || c.Block > maxBlock {
-		ps.add("Block", c.Block, "must be between %s and %s", minBlock, maxBlock)
+		ps.Add("Block", c.Block, "must be between %s and %s", minBlock, maxBlock)
 	}
 	if c.MinIdle < minMinIdle {
-		ps.add("MinIdle", c.MinIdle, "must be at least %s", minMinIdle)
+		ps.Add("MinIdle", c.MinIdle, "must be at least %s", minMinIdle)
 	}
 	if c.ClaimInterval < minClaimInterval || c.ClaimInterval > c.MinIdle {
-		ps.add("ClaimInterval", c.ClaimInterval, "must be at least %s and at most MinIdle (%s)", minClaimInterval, c.MinIdle)
+		ps.Add("ClaimInterval", c.ClaimInterval, "must be at least %s and at most MinIdle (%s)", minClaimInterval, c.MinIdle)
 	}
 	if c.IdleConsumerTTL < 2*c.MinIdle || c.IdleConsumerTTL < 2*c.Block {
-		ps.add("IdleConsumerTTL", c.IdleConsumerTTL, "must be at least twice MinIdle (%s) and twice Block (%s)", c.MinIdle, c.Block)
+		ps.Add("IdleConsumerTTL", c.IdleConsumerTTL, "must be at least twice MinIdle (%s) and twice Block (%s)", c.MinIdle, c.Block)
 	}
-	return ps.err()
+	return ps.Err()
 }
 
-type problems []*postbox.ValidationError
-
-func (ps *problems) add(field string, value any, format string, args ...any) {
-	v := fmt.Sprint(value)
-	if len(v) > 64 {
-		cut := 61
-		for cut > 0 && !utf8.RuneStart(v[cut]) {
-			cut--
-		}
-		v = v[:cut] + "..."
-	}
-	*ps = append(*ps, &postbox.ValidationError{Field: field, Value: v, Reason: fmt.Sprintf(format, args...)})
-}
-
-func (ps problems) err() error {
-	if len(ps) == 0 {
-		return nil
-	}
-	return &postbox.ConfigError{Problems: ps}
-}
+// problems collects the bad fields of one config.
+type problems = brokerutil.Problems
 
 // ValidateStreamName reports whether name can name a stream here: 1 to
 // MaxStreamNameBytes bytes of UTF-8 without whitespace or control
@@ -370,10 +345,10 @@ func (ps problems) err() error {
 // ErrInvalidStream.
 func ValidateStreamName(name string) error {
 	if err := validateName(name); err != nil {
-		return fmt.Errorf("%w %q: %w", ErrInvalidStream, shorten(name), err)
+		return fmt.Errorf("%w %q: %w", ErrInvalidStream, brokerutil.Shorten(name), err)
 	}
 	if strings.Contains(name, "}") && hashTag(name) == "" {
-		return fmt.Errorf("%w %q: it has a '}' but no hash tag; write {tag} with something inside, or no braces", ErrInvalidStream, shorten(name))
+		return fmt.Errorf("%w %q: it has a '}' but no hash tag; write {tag} with something inside, or no braces", ErrInvalidStream, brokerutil.Shorten(name))
 	}
 	return nil
 }
@@ -423,17 +398,6 @@ func sameSlot(stream string) string {
 		return stream
 	}
 	return "{" + stream + "}"
-}
-
-func shorten(s string) string {
-	if len(s) <= 64 {
-		return s
-	}
-	cut := 61
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "..."
 }
 
 // printableID reports whether id can be a message id: 1 to MaxIDBytes

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/brokerutil"
 )
 
 // The fields of a stream entry, in the order they are added. Every entry
@@ -133,13 +134,13 @@ func New(client redis.UniversalClient, cfg *Config) (*Publisher, error) {
 		var ps problems
 		switch cl := client.(type) {
 		case *redis.ClusterClient, *redis.Ring:
-			ps.add("MinReplicas", c.MinReplicas, "is not supported on a %T: WAIT has no key to be routed by", client)
+			ps.Add("MinReplicas", c.MinReplicas, "is not supported on a %T: WAIT has no key to be routed by", client)
 		case *redis.Client:
 			if rt := cl.Options().ReadTimeout; rt > 0 && c.ReplicaTimeout >= rt {
-				ps.add("ReplicaTimeout", c.ReplicaTimeout, "must be under the client's ReadTimeout (%s), or the client gives up on WAIT first", rt)
+				ps.Add("ReplicaTimeout", c.ReplicaTimeout, "must be under the client's ReadTimeout (%s), or the client gives up on WAIT first", rt)
 			}
 		}
-		if err := ps.err(); err != nil {
+		if err := ps.Err(); err != nil {
 			return nil, err
 		}
 	}
@@ -177,7 +178,7 @@ func (p *Publisher) Stream(topic string) (string, error) {
 		s = p.cfg.StreamPrefix + topic
 	}
 	if err := ValidateStreamName(s); err != nil {
-		return "", fmt.Errorf("topic %q: %w", shorten(topic), err)
+		return "", fmt.Errorf("topic %q: %w", brokerutil.Shorten(topic), err)
 	}
 	return s, nil
 }
@@ -243,7 +244,7 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 // request builds the script call for env.
 func (p *Publisher) request(env *postbox.Envelope) (*request, error) {
 	if !printableID(env.ID) {
-		return nil, fmt.Errorf("%w: %q", ErrNoID, shorten(env.ID))
+		return nil, fmt.Errorf("%w: %q", ErrNoID, brokerutil.Shorten(env.ID))
 	}
 	stream, err := p.Stream(env.Topic)
 	if err != nil {
@@ -253,7 +254,7 @@ func (p *Publisher) request(env *postbox.Envelope) (*request, error) {
 	if len(env.Headers) > 0 {
 		for k, v := range env.Headers {
 			if !utf8.ValidString(k) || !utf8.ValidString(v) {
-				return nil, fmt.Errorf("%w %q: name or value is not valid UTF-8", ErrInvalidHeader, shorten(k))
+				return nil, fmt.Errorf("%w %q: name or value is not valid UTF-8", ErrInvalidHeader, brokerutil.Shorten(k))
 			}
 		}
 		if headers, err = json.Marshal(env.Headers); err != nil {

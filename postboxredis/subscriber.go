@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/brokerutil"
 )
 
 // Timings of a Run that are not configurable.
@@ -148,7 +149,7 @@ func uniqueConsumer() string {
 			return '_'
 		}
 		return r
-	}, shorten(host))
+	}, brokerutil.Shorten(host))
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])

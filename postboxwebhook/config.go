@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/brokerutil"
 )
 
 // Defaults, as documented on Destination.
@@ -138,7 +139,7 @@ type destination struct {
 func (c *Config) compile() ([]*destination, error) {
 	var ps []*postbox.ValidationError
 	bad := func(field string, value any, format string, args ...any) {
-		ps = append(ps, problem(field, value, format, args...))
+		ps = append(ps, brokerutil.Problem(field, value, format, args...))
 	}
 	if len(c.Destinations) == 0 {
 		bad("Destinations", "", "needs at least one destination")
@@ -173,9 +174,9 @@ func (c *Config) compile() ([]*destination, error) {
 		}
 		for _, name := range slices.Sorted(maps.Keys(d.Headers)) {
 			if err := checkHeader(name, d.Headers[name]); err != nil {
-				bad(fmt.Sprintf("%s[%q]", field("Headers"), shorten(name)), "", "%s", err)
+				bad(fmt.Sprintf("%s[%q]", field("Headers"), brokerutil.Shorten(name)), "", "%s", err)
 			} else if l := strings.ToLower(name); l == contentTypeHeader || strings.HasPrefix(l, ceHeaderPrefix) {
-				bad(fmt.Sprintf("%s[%q]", field("Headers"), shorten(name)), "", "content-type and ce-* headers come from each message's CloudEvents attributes")
+				bad(fmt.Sprintf("%s[%q]", field("Headers"), brokerutil.Shorten(name)), "", "content-type and ce-* headers come from each message's CloudEvents attributes")
 			}
 		}
 		if d.MaxInFlight < 1 || d.MaxInFlight > maxMaxInFlight {
@@ -242,10 +243,6 @@ func redactURLText(s string) string {
 		return s[:i] + "(redacted)"
 	}
 	return s
-}
-
-func problem(field string, value any, format string, args ...any) *postbox.ValidationError {
-	return &postbox.ValidationError{Field: field, Value: shorten(fmt.Sprint(value)), Reason: fmt.Sprintf(format, args...)}
 }
 
 // String shows the destination without its secrets, header values, or

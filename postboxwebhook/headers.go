@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/postbox-go/postbox/internal/brokerutil"
 )
 
 // ceHeaderPrefix names CloudEvents attributes in HTTP binary mode.
@@ -61,7 +63,7 @@ func validHeaderValue(value string) bool {
 // credentials.
 func checkHeader(name, value string) error {
 	if !validHeaderName(name) {
-		return fmt.Errorf("header name %q is not an HTTP token", shorten(name))
+		return fmt.Errorf("header name %q is not an HTTP token", brokerutil.Shorten(name))
 	}
 	if forbiddenRequestHeaders[strings.ToLower(name)] {
 		return fmt.Errorf("header %q is set by the publisher or the HTTP client", name)
@@ -169,23 +171,12 @@ func unhex(c byte) (byte, bool) {
 	return 0, false
 }
 
-func shorten(s string) string {
-	if len(s) <= 64 {
-		return s
-	}
-	cut := 61
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "..."
-}
-
 // CheckMessage implements postbox.MessageChecker: a topic with no
 // destination, or a header HTTP cannot carry or the publisher sets itself,
 // is refused when the message is written.
 func (p *Publisher) CheckMessage(topic string, headers map[string]string) error {
 	if p.route(topic) == nil {
-		return fmt.Errorf("%w for topic %q", ErrNoDestination, shorten(topic))
+		return fmt.Errorf("%w for topic %q", ErrNoDestination, brokerutil.Shorten(topic))
 	}
 	for name, value := range headers {
 		if err := checkHeader(name, value); err != nil {

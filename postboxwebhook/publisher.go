@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/brokerutil"
 )
 
 // Errors this package reports as the cause of a message failure. The
@@ -207,7 +208,7 @@ func (p *Publisher) route(topic string) *destination {
 func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done func(error)) {
 	d := p.route(env.Topic)
 	if d == nil {
-		done(postbox.NewMessageError(fmt.Errorf("%w %q", ErrNoDestination, shorten(env.Topic))))
+		done(postbox.NewMessageError(fmt.Errorf("%w %q", ErrNoDestination, brokerutil.Shorten(env.Topic))))
 		return
 	}
 	header, err := requestHeader(d, env)
@@ -260,7 +261,7 @@ func requestHeader(d *destination, env *postbox.Envelope) (http.Header, error) {
 			continue
 		case strings.HasPrefix(lower, ceHeaderPrefix):
 			if !validHeaderName(name) || !utf8.ValidString(value) {
-				return nil, fmt.Errorf("%w %q: a CloudEvents attribute must be a token name with a UTF-8 value", ErrInvalidHeader, shorten(name))
+				return nil, fmt.Errorf("%w %q: a CloudEvents attribute must be a token name with a UTF-8 value", ErrInvalidHeader, brokerutil.Shorten(name))
 			}
 			value = ceEncode(value)
 		default:
@@ -270,7 +271,7 @@ func requestHeader(d *destination, env *postbox.Envelope) (http.Header, error) {
 		}
 		key := http.CanonicalHeaderKey(name)
 		if _, dup := h[key]; dup {
-			return nil, fmt.Errorf("%w %q: the message has two headers of this name, differing in case only", ErrInvalidHeader, shorten(name))
+			return nil, fmt.Errorf("%w %q: the message has two headers of this name, differing in case only", ErrInvalidHeader, brokerutil.Shorten(name))
 		}
 		h[key] = []string{value}
 	}
@@ -298,11 +299,11 @@ func requestHeader(d *destination, env *postbox.Envelope) (http.Header, error) {
 
 func checkID(id string) error {
 	if id == "" || len(id) > maxIDBytes {
-		return fmt.Errorf("%w %q: must be 1 to %d bytes", ErrInvalidID, shorten(id), maxIDBytes)
+		return fmt.Errorf("%w %q: must be 1 to %d bytes", ErrInvalidID, brokerutil.Shorten(id), maxIDBytes)
 	}
 	for i := 0; i < len(id); i++ {
 		if c := id[i]; c <= ' ' || c >= 0x7f || c == '.' {
-			return fmt.Errorf("%w %q: has %q at byte %d", ErrInvalidID, shorten(id), c, i)
+			return fmt.Errorf("%w %q: has %q at byte %d", ErrInvalidID, brokerutil.Shorten(id), c, i)
 		}
 	}
 	return nil

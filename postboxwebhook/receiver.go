@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/brokerutil"
 )
 
 // Receiver defaults and bounds.
@@ -82,13 +83,13 @@ func NewReceiver(v *Verifier, p postbox.Processor, cfg *ReceiverConfig) (*Receiv
 	}
 	var ps []*postbox.ValidationError
 	if v == nil {
-		ps = append(ps, problem("verifier", "", "is nil"))
+		ps = append(ps, brokerutil.Problem("verifier", "", "is nil"))
 	}
 	if p == nil {
-		ps = append(ps, problem("processor", "", "is nil"))
+		ps = append(ps, brokerutil.Problem("processor", "", "is nil"))
 	}
 	if c.MaxBodyBytes < 1 || c.MaxBodyBytes > maxMaxBodyBytes {
-		ps = append(ps, problem("MaxBodyBytes", c.MaxBodyBytes, "must be between 1 and %d", maxMaxBodyBytes))
+		ps = append(ps, brokerutil.Problem("MaxBodyBytes", c.MaxBodyBytes, "must be between 1 and %d", maxMaxBodyBytes))
 	}
 	ignore := make(map[string]bool, len(ignoredHeaders)+len(c.IgnoreHeaders))
 	for name := range ignoredHeaders {
@@ -96,7 +97,7 @@ func NewReceiver(v *Verifier, p postbox.Processor, cfg *ReceiverConfig) (*Receiv
 	}
 	for i, name := range c.IgnoreHeaders {
 		if !validHeaderName(name) {
-			ps = append(ps, problem(fmt.Sprintf("IgnoreHeaders[%d]", i), name, "is not an HTTP header name"))
+			ps = append(ps, brokerutil.Problem(fmt.Sprintf("IgnoreHeaders[%d]", i), name, "is not an HTTP header name"))
 		}
 		ignore[strings.ToLower(name)] = true
 	}
@@ -184,7 +185,7 @@ func (rc *Receiver) delivery(h http.Header, body []byte) (*postbox.Delivery, err
 		if strings.HasPrefix(lower, ceHeaderPrefix) {
 			decoded, err := ceDecode(value)
 			if err != nil {
-				return nil, fmt.Errorf("header %s: %w", shorten(lower), err)
+				return nil, fmt.Errorf("header %s: %w", brokerutil.Shorten(lower), err)
 			}
 			value = decoded
 		}

@@ -1,0 +1,54 @@
+// Package brokerutil holds the helpers the broker adapters share to fill
+// in and check their configs.
+package brokerutil
+
+import (
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/postbox-go/postbox"
+)
+
+// Default sets *p to v if *p is the zero value.
+func Default[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}
+
+// Shorten cuts s to at most 64 bytes for an error message, ending it with
+// "..." when cut, and never cutting a UTF-8 sequence in two.
+func Shorten(s string) string {
+	if len(s) <= 64 {
+		return s
+	}
+	cut := 61
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
+
+// Problem is the ValidationError of one bad field: value is shown
+// shortened, the reason is format applied to args.
+func Problem(field string, value any, format string, args ...any) *postbox.ValidationError {
+	return &postbox.ValidationError{Field: field, Value: Shorten(fmt.Sprint(value)), Reason: fmt.Sprintf(format, args...)}
+}
+
+// Problems collects the bad fields of one config.
+type Problems []*postbox.ValidationError
+
+// Add records a bad field, as Problem describes it.
+func (ps *Problems) Add(field string, value any, format string, args ...any) {
+	*ps = append(*ps, Problem(field, value, format, args...))
+}
+
+// Err returns a *postbox.ConfigError listing the problems, or nil if there
+// are none.
+func (ps Problems) Err() error {
+	if len(ps) == 0 {
+		return nil
+	}
+	return &postbox.ConfigError{Problems: ps}
+}
