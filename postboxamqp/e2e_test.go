@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,10 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxamqp"
-	"github.com/postbox-go/postbox/postboxmigrate"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // pipeline is a PostgreSQL outbox relayed to RabbitMQ, consumed back
@@ -32,26 +30,7 @@ type pipeline struct {
 	queue  string
 	url    string
 	log    *ledger
-	pub    *counting
-}
-
-// counting counts the outcomes the relay sees, by class.
-type counting struct {
-	*postboxamqp.Publisher
-	infra, message atomic.Int64
-}
-
-func (c *counting) Publish(ctx context.Context, env *postbox.Envelope, done func(error)) {
-	c.Publisher.Publish(ctx, env, func(err error) {
-		switch {
-		case err == nil:
-		case postbox.IsMessageError(err):
-			c.message.Add(1)
-		default:
-			c.infra.Add(1)
-		}
-		done(err)
-	})
+	pub    *pubtest.Counting
 }
 
 func newPipeline(t *testing.T, ctx context.Context, url string, pubCfg postboxamqp.Config) *pipeline {
@@ -60,19 +39,9 @@ func newPipeline(t *testing.T, ctx context.Context, url string, pubCfg postboxam
 	x := uniqueName()
 	ensure(t, conn, postboxamqp.Topology{Exchange: x, Queue: x + ".billing", Bindings: []string{"orders.*"},
 		DeadLetterExchange: x + ".dlx", DeadLetterQueue: x + ".dead"})
-	pool := testdb.Pool(t)
-	prefix := testdb.Prefix(t)
-	testdb.DropPrefix(t, pool, prefix)
-	d := postboxpgx.New(pool)
-	m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pool, prefix, d := pubtest.Tables(t, ctx)
 	pubCfg.Exchange = x
-	counted := &counting{Publisher: publisher(t, postboxamqp.URL(url), &pubCfg)}
+	counted := &pubtest.Counting{Publisher: publisher(t, postboxamqp.URL(url), &pubCfg)}
 	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: counted, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -355,13 +324,13 @@ func TestBrokerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.log.waitFor(t, written(), 45*time.Second)
-	if n := p.pub.message.Load(); n != 0 {
+	if n := p.pub.Message.Load(); n != 0 {
 		t.Fatalf("%d publishes failed as message failures", n)
 	}
-	if p.pub.infra.Load() == 0 {
+	if p.pub.Infra.Load() == 0 {
 		t.Fatal("the relay saw no infrastructure failure: the restart did not meet a publish")
 	}
-	t.Logf("%d publishes failed as infrastructure failures", p.pub.infra.Load())
+	t.Logf("%d publishes failed as infrastructure failures", p.pub.Infra.Load())
 	t.Logf("stop_app %s, down %s, caught up %s after the broker was back",
 		stopped.Sub(start).Round(time.Millisecond), back.Sub(stopped).Round(time.Millisecond), time.Since(back).Round(time.Millisecond))
 	p.stop(ctx)

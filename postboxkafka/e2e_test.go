@@ -18,9 +18,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/postboxkafka"
-	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
 
@@ -35,17 +34,7 @@ type store struct {
 
 func newStore(t *testing.T, ctx context.Context, inboxCfg postbox.InboxConfig) *store {
 	t.Helper()
-	pool := testdb.Pool(t)
-	prefix := testdb.Prefix(t)
-	testdb.DropPrefix(t, pool, prefix)
-	d := postboxpgx.New(pool)
-	m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pool, prefix, d := pubtest.Tables(t, ctx)
 	inboxCfg.Prefix, inboxCfg.Logger = prefix, quiet
 	in, err := postbox.NewInbox(d, &inboxCfg)
 	if err != nil {
@@ -104,25 +93,6 @@ func (l *ledger) waitFor(t *testing.T, n int, d time.Duration) {
 	}
 }
 
-// counting counts the outcomes the relay sees, by class.
-type counting struct {
-	*postboxkafka.Publisher
-	infra, message atomic.Int64
-}
-
-func (c *counting) Publish(ctx context.Context, env *postbox.Envelope, done func(error)) {
-	c.Publisher.Publish(ctx, env, func(err error) {
-		switch {
-		case err == nil:
-		case postbox.IsMessageError(err):
-			c.message.Add(1)
-		default:
-			c.infra.Add(1)
-		}
-		done(err)
-	})
-}
-
 // TestEndToEnd writes 2,000 messages over 50 keys to PostgreSQL, relays
 // them to Kafka with this Publisher, and consumes them back through the
 // inbox with two Subscribers of one group, the second joining midway:
@@ -141,7 +111,7 @@ func TestEndToEnd(t *testing.T) {
 	const topic = "orders.changed"
 	ensure(t, cl, topic, 8, nil)
 	st := newStore(t, ctx, postbox.InboxConfig{})
-	pub := &counting{Publisher: publisher(t, cl, nil)}
+	pub := &pubtest.Counting{Publisher: publisher(t, cl, nil)}
 	out, err := postbox.NewClient(st.driver, &postbox.Config{Prefix: st.prefix, Publisher: pub, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -209,8 +179,8 @@ func TestEndToEnd(t *testing.T) {
 	if err := st.pool.QueryRow(ctx, "SELECT count(*) FROM "+st.prefix+"published WHERE attempts > 0").Scan(&spent); err != nil {
 		t.Fatal(err)
 	}
-	if spent != 0 || pub.message.Load() != 0 {
-		t.Fatalf("%d messages spent attempts, %d message failures", spent, pub.message.Load())
+	if spent != 0 || pub.Message.Load() != 0 {
+		t.Fatalf("%d messages spent attempts, %d message failures", spent, pub.Message.Load())
 	}
 	log.mu.Lock()
 	defer log.mu.Unlock()

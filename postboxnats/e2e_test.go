@@ -12,10 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/testdb"
-	"github.com/postbox-go/postbox/postboxmigrate"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/postboxnats"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // TestEndToEnd writes messages over many keys to PostgreSQL, runs the
@@ -32,17 +30,7 @@ func TestEndToEnd(t *testing.T) {
 		_, js := connect(t, url)
 		s, base := stream(t, js, nil)
 
-		pool := testdb.Pool(t)
-		prefix := testdb.Prefix(t)
-		testdb.DropPrefix(t, pool, prefix)
-		d := postboxpgx.New(pool)
-		m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := m.Up(ctx); err != nil {
-			t.Fatal(err)
-		}
+		_, prefix, d := pubtest.Tables(t, ctx)
 		pub := publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."})
 		c, err := postbox.NewClient(d, &postbox.Config{
 			Prefix:    prefix,

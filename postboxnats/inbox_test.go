@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
@@ -523,17 +524,7 @@ func TestEndToEndThroughInbox(t *testing.T) {
 		_, base := stream(t, js, nil)
 
 		// The producer.
-		pool := testdb.Pool(t)
-		prefix := testdb.Prefix(t)
-		testdb.DropPrefix(t, pool, prefix)
-		d := postboxpgx.New(pool)
-		m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := m.Up(ctx); err != nil {
-			t.Fatal(err)
-		}
+		_, prefix, d := pubtest.Tables(t, ctx)
 		producer, err := postbox.NewClient(d, &postbox.Config{
 			Prefix: prefix, Publisher: publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."}),
 			Logger: discardLogger(), PollInterval: 10 * time.Millisecond,

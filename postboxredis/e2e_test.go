@@ -18,9 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/internal/testdb"
-	"github.com/postbox-go/postbox/postboxmigrate"
-	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxredis"
 )
 
@@ -69,17 +68,7 @@ func newPipeline(t *testing.T, ctx context.Context, rc redis.UniversalClient) *p
 	t.Helper()
 	admin := client(t, nil)
 	name := stream(t, admin, "billing")
-	pool := testdb.Pool(t)
-	prefix := testdb.Prefix(t)
-	testdb.DropPrefix(t, pool, prefix)
-	d := postboxpgx.New(pool)
-	m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pool, prefix, d := pubtest.Tables(t, ctx)
 	counted := &counting{Publisher: publisher(t, rc, &postboxredis.Config{Stream: name}), acked: map[string]int32{}}
 	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: counted, Logger: quiet})
 	if err != nil {
