@@ -183,18 +183,9 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 		done(postbox.NewMessageError(err))
 		return
 	}
-	select {
-	case p.slots <- struct{}{}:
-	default:
-		select {
-		case p.slots <- struct{}{}:
-		case <-ctx.Done():
-			done(ctx.Err())
-			return
-		case <-p.closing:
-			done(ErrClosed)
-			return
-		}
+	if err := brokerutil.Acquire(ctx, p.slots, p.closing, ErrClosed); err != nil {
+		done(err)
+		return
 	}
 	f := &flight{id: env.ID, subject: m.Subject, done: done}
 	f.stop = context.AfterFunc(ctx, func() { f.finish(ctx.Err()) })

@@ -215,18 +215,9 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 		return
 	}
 	r.done = done
-	select {
-	case p.slots <- struct{}{}:
-	default:
-		select {
-		case p.slots <- struct{}{}:
-		case <-ctx.Done():
-			done(ctx.Err())
-			return
-		case <-p.closing:
-			done(ErrClosed)
-			return
-		}
+	if err := brokerutil.Acquire(ctx, p.slots, p.closing, ErrClosed); err != nil {
+		done(err)
+		return
 	}
 	r.stop = context.AfterFunc(ctx, func() { r.finish(ctx.Err()) })
 	p.gate.RLock()

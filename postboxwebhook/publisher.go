@@ -220,13 +220,8 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 		done(err)
 		return
 	}
-	select {
-	case d.slots <- struct{}{}:
-	case <-ctx.Done():
-		done(ctx.Err())
-		return
-	case <-p.closing:
-		done(ErrClosed)
+	if err := brokerutil.Acquire(ctx, d.slots, p.closing, ErrClosed); err != nil {
+		done(err)
 		return
 	}
 	p.mu.Lock()
