@@ -161,30 +161,17 @@ func envelope(topic, payload string) *postbox.Envelope {
 	}
 }
 
+// isMessage is this package's Classify verdict of a message failure.
+func isMessage(err error) bool { return postboxamqp.Classify(err) == postboxamqp.Message }
+
 func mustMessage(t testing.TB, err error, target error) {
 	t.Helper()
-	if err == nil {
-		t.Fatal("publish succeeded, want a message failure")
-	}
-	if !postbox.IsMessageError(err) || postboxamqp.Classify(err) != postboxamqp.Message {
-		t.Fatalf("got infrastructure failure %v, want a message failure", err)
-	}
-	if target != nil && !errors.Is(err, target) {
-		t.Fatalf("got %v, want it to wrap %v", err, target)
-	}
+	pubtest.MustMessage(t, err, target, isMessage)
 }
 
 func mustInfra(t testing.TB, err error, target error) {
 	t.Helper()
-	if err == nil {
-		t.Fatal("publish succeeded, want an infrastructure failure")
-	}
-	if postbox.IsMessageError(err) || postboxamqp.Classify(err) != postboxamqp.Infrastructure {
-		t.Fatalf("got message failure %v, want an infrastructure failure", err)
-	}
-	if target != nil && !errors.Is(err, target) {
-		t.Fatalf("got %v, want it to wrap %v", err, target)
-	}
+	pubtest.MustInfra(t, err, target, isMessage)
 }
 
 // get takes one message from queue, waiting a bounded time for it.

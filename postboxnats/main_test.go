@@ -200,23 +200,10 @@ func envelope(topic string, payload string) *postbox.Envelope {
 
 func mustMessage(t testing.TB, err error, target error) {
 	t.Helper()
-	if err == nil {
-		t.Fatal("publish succeeded, want a message failure")
-	}
-	if !postbox.IsMessageError(err) {
-		t.Fatalf("got infrastructure failure %v, want a message failure", err)
-	}
-	if target != nil && !errors.Is(err, target) {
-		t.Fatalf("got %v, want it to wrap %v", err, target)
-	}
+	pubtest.MustMessage(t, err, target, nil)
 }
 
 func mustInfra(t testing.TB, err error) {
 	t.Helper()
-	if err == nil {
-		t.Fatal("publish succeeded, want an infrastructure failure")
-	}
-	if postbox.IsMessageError(err) {
-		t.Fatalf("got message failure %v, want an infrastructure failure", err)
-	}
+	pubtest.MustInfra(t, err, nil, nil)
 }

@@ -2,7 +2,6 @@ package postboxredis_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -176,28 +175,15 @@ func envelope(topic, key, payload string) *postbox.Envelope {
 	return &postbox.Envelope{ID: id, Topic: topic, Key: key, Payload: []byte(payload), Headers: h, CreatedAt: time.Now(), Attempt: 1}
 }
 
+// isMessage is this package's Classify verdict of a message failure.
+func isMessage(err error) bool { return postboxredis.Classify(err) == postboxredis.Message }
+
 func mustMessage(t testing.TB, err error, target error) {
 	t.Helper()
-	if err == nil {
-		t.Fatal("publish succeeded, want a message failure")
-	}
-	if !postbox.IsMessageError(err) || postboxredis.Classify(err) != postboxredis.Message {
-		t.Fatalf("got infrastructure failure %v, want a message failure", err)
-	}
-	if target != nil && !errors.Is(err, target) {
-		t.Fatalf("got %v, want it to wrap %v", err, target)
-	}
+	pubtest.MustMessage(t, err, target, isMessage)
 }
 
 func mustInfra(t testing.TB, err error, target error) {
 	t.Helper()
-	if err == nil {
-		t.Fatal("publish succeeded, want an infrastructure failure")
-	}
-	if postbox.IsMessageError(err) || postboxredis.Classify(err) != postboxredis.Infrastructure {
-		t.Fatalf("got message failure %v, want an infrastructure failure", err)
-	}
-	if target != nil && !errors.Is(err, target) {
-		t.Fatalf("got %v, want it to wrap %v", err, target)
-	}
+	pubtest.MustInfra(t, err, target, isMessage)
 }

@@ -1,6 +1,8 @@
 // Package pubtest holds what the broker adapters' tests share to drive a
 // postbox.Publisher: an outcome that checks the Publisher's contract (done
-// called exactly once) and a bounded wait for it.
+// called exactly once) and a bounded wait for it, checks of a failure's
+// class, a Publisher counting failures by class, and the outbox tables of
+// an end-to-end test.
 package pubtest
 
 import (

@@ -1,0 +1,43 @@
+package pubtest
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/postbox-go/postbox"
+)
+
+// MustMessage fails the test unless err is a message failure wrapping
+// target (unless target is nil). isMessage, if not nil, is the adapter's
+// own Classify, reporting a message failure, and must agree.
+func MustMessage(t testing.TB, err, target error, isMessage func(error) bool) {
+	t.Helper()
+	if err == nil {
+		t.Fatal("publish succeeded, want a message failure")
+	}
+	if !postbox.IsMessageError(err) || isMessage != nil && !isMessage(err) {
+		t.Fatalf("got infrastructure failure %v, want a message failure", err)
+	}
+	mustWrap(t, err, target)
+}
+
+// MustInfra fails the test unless err is an infrastructure failure
+// wrapping target (unless target is nil). isMessage, if not nil, is the
+// adapter's own Classify, reporting a message failure, and must agree.
+func MustInfra(t testing.TB, err, target error, isMessage func(error) bool) {
+	t.Helper()
+	if err == nil {
+		t.Fatal("publish succeeded, want an infrastructure failure")
+	}
+	if postbox.IsMessageError(err) || isMessage != nil && isMessage(err) {
+		t.Fatalf("got message failure %v, want an infrastructure failure", err)
+	}
+	mustWrap(t, err, target)
+}
+
+func mustWrap(t testing.TB, err, target error) {
+	t.Helper()
+	if target != nil && !errors.Is(err, target) {
+		t.Fatalf("got %v, want it to wrap %v", err, target)
+	}
+}
