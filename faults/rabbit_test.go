@@ -13,8 +13,6 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -34,10 +32,7 @@ type rabbitNode struct {
 	sbin, base, node string
 	port, dist       int
 	runAs            *user.User
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc             child
 }
 
 func startRabbit(t *testing.T, ctx context.Context, run string) *rabbitNode {
@@ -86,16 +81,11 @@ func startRabbit(t *testing.T, ctx context.Context, run string) *rabbitNode {
 func (n *rabbitNode) url() string { return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", n.port) }
 
 func (n *rabbitNode) chownAll() error {
-	if n.runAs == nil {
-		return nil
-	}
-	uid, _ := strconv.Atoi(n.runAs.Uid)
-	gid, _ := strconv.Atoi(n.runAs.Gid)
 	return filepath.Walk(n.base, func(p string, _ os.FileInfo, err error) error {
 		if err != nil {
 			return err
 		}
-		return os.Chown(p, uid, gid)
+		return chown(p, n.runAs)
 	})
 }
 
@@ -115,11 +105,8 @@ func (n *rabbitNode) command(ctx context.Context, prog string, args ...string) *
 		"ERL_EPMD_ADDRESS=127.0.0.1",
 	)
 	if n.runAs != nil {
-		uid, _ := strconv.ParseUint(n.runAs.Uid, 10, 32)
-		gid, _ := strconv.ParseUint(n.runAs.Gid, 10, 32)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
-		cmd.Env = append(cmd.Env, "HOME="+n.runAs.HomeDir, "USER=rabbitmq", "LOGNAME=rabbitmq")
-		cmd.Dir = n.base
+		// The rabbitmq user's home holds the Erlang cookie rabbitmqctl uses.
+		runAs(cmd, n.runAs, n.base, n.runAs.HomeDir)
 	}
 	return cmd
 }
@@ -127,27 +114,9 @@ func (n *rabbitNode) command(ctx context.Context, prog string, args ...string) *
 // start runs the node in the foreground as a child that dies with the
 // harness, and waits until it accepts work.
 func (n *rabbitNode) start(ctx context.Context) error {
-	n.mu.Lock()
-	cmd := n.command(context.WithoutCancel(ctx), "rabbitmq-server")
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	logf, err := os.OpenFile(filepath.Join(n.base, "server.out"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		n.mu.Unlock()
+	if _, err := n.proc.launch(n.command(context.WithoutCancel(ctx), "rabbitmq-server"), filepath.Join(n.base, "server.out")); err != nil {
 		return err
 	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		n.mu.Unlock()
-		_ = logf.Close()
-		return err
-	}
-	done := make(chan struct{})
-	n.cmd, n.done = cmd, done
-	go func() { _ = cmd.Wait(); _ = logf.Close(); close(done) }()
-	n.mu.Unlock()
 	if err := waitPort(ctx, n.port, 90*time.Second); err != nil {
 		return err
 	}
@@ -162,21 +131,14 @@ func (n *rabbitNode) start(ctx context.Context) error {
 // stop stops the node cleanly (rabbitmqctl stop), killing it when that
 // does not end it within a minute.
 func (n *rabbitNode) stop() error {
-	n.mu.Lock()
-	cmd, done := n.cmd, n.done
-	n.cmd = nil
-	n.mu.Unlock()
-	if cmd == nil {
-		return nil
+	var out []byte
+	var err error
+	ask := func(*exec.Cmd) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		out, err = n.command(ctx, "rabbitmqctl", "-n", n.node, "stop").CombinedOutput()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := n.command(ctx, "rabbitmqctl", "-n", n.node, "stop").CombinedOutput()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		_ = cmd.Process.Kill()
-		<-done
+	if n.proc.stop(ask, time.Minute) {
 		return fmt.Errorf("the node did not stop (%v: %s); killed", err, out)
 	}
 	return nil

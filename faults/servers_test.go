@@ -51,6 +51,100 @@ func waitPort(ctx context.Context, port int, limit time.Duration) error {
 	}
 }
 
+// child is a server process the harness runs in the foreground: it dies
+// with the harness however that ends (Pdeathsig), and a stop waits for
+// its exit.
+type child struct {
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+}
+
+// launch starts cmd, its output appended to logPath when that is set.
+func (c *child) launch(cmd *exec.Cmd, logPath string) (done chan struct{}, err error) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	var logf *os.File
+	if logPath != "" {
+		if logf, err = os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600); err != nil { //nolint:gosec // the harness's own file
+			return nil, err
+		}
+		cmd.Stdout, cmd.Stderr = logf, logf
+	}
+	if err := cmd.Start(); err != nil {
+		if logf != nil {
+			_ = logf.Close()
+		}
+		return nil, err
+	}
+	done = make(chan struct{})
+	c.mu.Lock()
+	c.cmd, c.done = cmd, done
+	c.mu.Unlock()
+	go func() {
+		_ = cmd.Wait()
+		if logf != nil {
+			_ = logf.Close()
+		}
+		close(done)
+	}()
+	return done, nil
+}
+
+// stop asks the process to end with ask (a signal, a control command),
+// and kills it when it has not exited after grace. It reports whether it
+// had to kill.
+func (c *child) stop(ask func(*exec.Cmd), grace time.Duration) (killed bool) {
+	c.mu.Lock()
+	cmd, done := c.cmd, c.done
+	c.cmd = nil
+	c.mu.Unlock()
+	if cmd == nil {
+		return false
+	}
+	ask(cmd)
+	select {
+	case <-done:
+		return false
+	case <-time.After(grace):
+		_ = cmd.Process.Kill()
+		<-done
+		return true
+	}
+}
+
+// signal is a stop request by signal.
+func signal(sig syscall.Signal) func(*exec.Cmd) {
+	return func(cmd *exec.Cmd) { _ = cmd.Process.Signal(sig) }
+}
+
+// runAs makes cmd run as u (nil: the current user), in dir, with HOME.
+func runAs(cmd *exec.Cmd, u *user.User, dir, home string) {
+	if u == nil {
+		return
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	cmd.Dir = dir
+	cmd.Env = append(cmd.Env, "HOME="+home, "USER="+u.Username, "LOGNAME="+u.Username)
+}
+
+// chown gives path to u (nil: nothing to do).
+func chown(path string, u *user.User) error {
+	if u == nil {
+		return nil
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return os.Chown(path, uid, gid)
+}
+
 // natsServer is a nats-server process with JetStream and a store of its
 // own, which the broker faults stop and start again on the same port and
 // store (POSTBOX_FAULTS_NATS_SERVER names the binary; default nats-server
@@ -58,10 +152,7 @@ func waitPort(ctx context.Context, port int, limit time.Duration) error {
 type natsServer struct {
 	bin, dir, log string
 	port          int
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc          child
 }
 
 func startNATS(t *testing.T, ctx context.Context, dir string) *natsServer {
@@ -94,39 +185,20 @@ func startNATS(t *testing.T, ctx context.Context, dir string) *natsServer {
 func (s *natsServer) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", s.port) }
 
 func (s *natsServer) start(ctx context.Context) error {
-	s.mu.Lock()
 	cmd := exec.Command(s.bin, "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-js", "-sd", s.dir, "-l", s.log) //nolint:gosec // the machine's server binary
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		s.mu.Unlock()
+	if _, err := s.proc.launch(cmd, ""); err != nil {
 		return err
 	}
-	done := make(chan struct{})
-	s.cmd, s.done = cmd, done
-	go func() { _ = cmd.Wait(); close(done) }()
-	s.mu.Unlock()
 	return waitPort(ctx, s.port, 20*time.Second)
 }
 
 // stop ends the server cleanly (SIGTERM: it flushes its store), with
 // SIGKILL after grace.
 func (s *natsServer) stop(grace time.Duration) error {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd = nil
-	s.mu.Unlock()
-	if cmd == nil {
-		return nil
-	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-		return nil
-	case <-time.After(grace):
-		_ = cmd.Process.Kill()
-		<-done
+	if s.proc.stop(signal(syscall.SIGTERM), grace) {
 		return errors.New("nats-server did not stop on SIGTERM; killed")
 	}
+	return nil
 }
 
 // pgCluster is a PostgreSQL cluster made for the run with the machine's
@@ -142,10 +214,7 @@ type pgCluster struct {
 	port                    int
 	runAs                   *user.User // nil: the current user
 	base                    string     // removed at the end
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc                    child
 }
 
 func startPG(t *testing.T, ctx context.Context) *pgCluster {
@@ -180,7 +249,7 @@ func startPG(t *testing.T, ctx context.Context) *pgCluster {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			t.Fatal(err)
 		}
-		if err := c.own(d); err != nil {
+		if err := chown(d, c.runAs); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -206,27 +275,12 @@ func (c *pgCluster) url() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
 }
 
-func (c *pgCluster) own(path string) error {
-	if c.runAs == nil {
-		return nil
-	}
-	uid, _ := strconv.Atoi(c.runAs.Uid)
-	gid, _ := strconv.Atoi(c.runAs.Gid)
-	return os.Chown(path, uid, gid)
-}
-
 // command makes a command for one of the cluster's programs, as the
 // postgres user when the harness runs as root.
 func (c *pgCluster) command(ctx context.Context, prog string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, filepath.Join(c.bindir, prog), args...) //nolint:gosec // the machine's PostgreSQL binaries
-	cmd.SysProcAttr = &syscall.SysProcAttr{}
-	if c.runAs != nil {
-		uid, _ := strconv.ParseUint(c.runAs.Uid, 10, 32)
-		gid, _ := strconv.ParseUint(c.runAs.Gid, 10, 32)
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		cmd.Dir = c.base
-		cmd.Env = append(os.Environ(), "HOME="+c.base)
-	}
+	cmd.Env = os.Environ()
+	runAs(cmd, c.runAs, c.base, c.base)
 	return cmd
 }
 
@@ -237,26 +291,13 @@ func (c *pgCluster) run(ctx context.Context, prog string, args ...string) ([]byt
 
 // start runs the server and waits until it accepts connections.
 func (c *pgCluster) start(ctx context.Context) error {
-	c.mu.Lock()
 	cmd := c.command(context.WithoutCancel(ctx), "postgres", "-D", c.data, "-p", strconv.Itoa(c.port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="+c.sock, "-c", "max_connections=200",
 		"-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "shared_buffers=64MB")
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	logf, err := os.OpenFile(c.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	done, err := c.proc.launch(cmd, c.log)
 	if err != nil {
-		c.mu.Unlock()
 		return err
 	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		c.mu.Unlock()
-		_ = logf.Close()
-		return err
-	}
-	done := make(chan struct{})
-	c.cmd, c.done = cmd, done
-	go func() { _ = cmd.Wait(); _ = logf.Close(); close(done) }()
-	c.mu.Unlock()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		if _, err := c.run(ctx, "pg_isready", "-q", "-h", "127.0.0.1", "-p", strconv.Itoa(c.port)); err == nil {
@@ -279,26 +320,14 @@ func (c *pgCluster) start(ctx context.Context) error {
 // "immediate" (SIGQUIT: no checkpoint, recovery from the WAL at the next
 // start, as after a crash). SIGKILL after a minute.
 func (c *pgCluster) stop(mode string) error {
-	c.mu.Lock()
-	cmd, done := c.cmd, c.done
-	c.cmd = nil
-	c.mu.Unlock()
-	if cmd == nil {
-		return nil
-	}
 	sig := syscall.SIGINT
 	if mode == "immediate" {
 		sig = syscall.SIGQUIT
 	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-		return nil
-	case <-time.After(time.Minute):
-		_ = cmd.Process.Kill()
-		<-done
+	if c.proc.stop(signal(sig), time.Minute) {
 		return fmt.Errorf("postgres did not stop (%s); killed", mode)
 	}
+	return nil
 }
 
 // restart stops the cluster in mode ("fast" or "immediate"), waits hold,
