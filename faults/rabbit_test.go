@@ -61,7 +61,7 @@ func startRabbit(t *testing.T, ctx context.Context, run string) *rabbitNode {
 		}
 	}
 	for name, body := range map[string]string{"enabled_plugins": "[].\n", "rabbitmq-env.conf": "", "rabbitmq.conf": ""} {
-		if err := os.WriteFile(filepath.Join(base, name), []byte(body), 0o644); err != nil { //nolint:gosec // read by the node's user
+		if err := os.WriteFile(filepath.Join(base, name), []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -90,7 +90,7 @@ func (n *rabbitNode) chownAll() error {
 }
 
 func (n *rabbitNode) command(ctx context.Context, prog string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, filepath.Join(n.sbin, prog), args...) //nolint:gosec // the machine's RabbitMQ scripts
+	cmd := exec.CommandContext(ctx, filepath.Join(n.sbin, prog), args...)
 	cmd.Env = append(os.Environ(),
 		"RABBITMQ_NODENAME="+n.node,
 		"RABBITMQ_NODE_IP_ADDRESS=127.0.0.1",
@@ -139,7 +139,10 @@ func (n *rabbitNode) stop() error {
 		out, err = n.command(ctx, "rabbitmqctl", "-n", n.node, "stop").CombinedOutput()
 	}
 	if n.proc.stop(ask, time.Minute) {
-		return fmt.Errorf("the node did not stop (%v: %s); killed", err, out)
+		if err != nil {
+			return fmt.Errorf("the node did not stop; killed (rabbitmqctl stop: %w: %s)", err, out)
+		}
+		return errors.New("the node did not stop; killed")
 	}
 	return nil
 }
@@ -228,7 +231,7 @@ func (b *rabbitBroker) watchOnce(ctx context.Context, w *watcher, seq *uint64) e
 			if !ok {
 				return errors.New("deliveries closed")
 			}
-			if !(d.Redelivered && w.has(d.MessageId)) {
+			if !d.Redelivered || !w.has(d.MessageId) {
 				*seq++
 				s := seen{StreamSeq: *seq, MsgID: d.MessageId, Subject: d.RoutingKey, Stored: time.Now()}
 				_ = json.Unmarshal(d.Body, &s.P)

@@ -68,7 +68,7 @@ func (c *child) launch(cmd *exec.Cmd, logPath string) (done chan struct{}, err e
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	var logf *os.File
 	if logPath != "" {
-		if logf, err = os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600); err != nil { //nolint:gosec // the harness's own file
+		if logf, err = os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600); err != nil {
 			return nil, err
 		}
 		cmd.Stdout, cmd.Stderr = logf, logf
@@ -185,7 +185,7 @@ func startNATS(t *testing.T, ctx context.Context, dir string) *natsServer {
 func (s *natsServer) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", s.port) }
 
 func (s *natsServer) start(ctx context.Context) error {
-	cmd := exec.Command(s.bin, "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-js", "-sd", s.dir, "-l", s.log) //nolint:gosec // the machine's server binary
+	cmd := exec.Command(s.bin, "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-js", "-sd", s.dir, "-l", s.log)
 	if _, err := s.proc.launch(cmd, ""); err != nil {
 		return err
 	}
@@ -278,7 +278,7 @@ func (c *pgCluster) url() string {
 // command makes a command for one of the cluster's programs, as the
 // postgres user when the harness runs as root.
 func (c *pgCluster) command(ctx context.Context, prog string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, filepath.Join(c.bindir, prog), args...) //nolint:gosec // the machine's PostgreSQL binaries
+	cmd := exec.CommandContext(ctx, filepath.Join(c.bindir, prog), args...)
 	cmd.Env = os.Environ()
 	runAs(cmd, c.runAs, c.base, c.base)
 	return cmd
