@@ -178,11 +178,19 @@ func (s *session) publish(ctx context.Context, f *flight, msg amqp.Publishing) e
 	p := s.p
 	dc, err := s.ch.PublishWithDeferredConfirm(p.cfg.Exchange, f.key, !p.cfg.DisableMandatory, false, msg)
 	if err != nil {
-		// The channel closed (the reader fails f, unless this comes first)
-		// or the frame could not be written.
-		if g := s.take(f.tag); g != nil {
-			s.settle(g, fmt.Errorf("postboxamqp: publish %s: %w: %w", f.id, ErrConnectionLost, err))
-		}
+		// The channel closed under the publish (the broker may have
+		// closed it over this very message: its exception races with
+		// the rest of our frames), or a frame could not be written,
+		// which shuts the connection down. f stays pending and the
+		// session is given up: the reader's die settles f with the
+		// broker's cause, which is what classifies a content fault;
+		// settling here would report the client's 504 instead. The
+		// client took f's delivery tag back, so no publish may reuse
+		// it meanwhile: dead turns the next ones away.
+		s.mu.Lock()
+		s.dead = true
+		s.mu.Unlock()
+		go closeConn(s.conn)
 		return nil
 	}
 	if dc != nil && dc.DeliveryTag != f.tag {
