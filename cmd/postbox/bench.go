@@ -69,6 +69,21 @@ func newBenchDrain() *cobra.Command {
 			}
 			med := bench.Median(results)
 			fmt.Fprintf(tw, "median\t%.0f\t%.0f\t%.2f\t%.0f\t\n", med.RawRate, med.DrainRate, med.Ratio, med.WriteRate)
+			if med.CPUKnown {
+				// Both phases move the same messages into the same
+				// server: the difference is the outbox's own cost.
+				fmt.Fprintln(tw, "\nCPU µs per message\traw: publisher\tnats-server\ttotal\tdrain: relay\tpostgres\tnats-server\ttotal\t")
+				row := func(name string, r bench.DrainResult) {
+					m := bench.Micros
+					fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", name,
+						m(r.RawCPU.Self), m(r.RawCPU.NATS), m(r.RawCPU.Total()),
+						m(r.DrainCPU.Self), m(r.DrainCPU.Postgres), m(r.DrainCPU.NATS), m(r.DrainCPU.Total()))
+				}
+				for i, r := range results {
+					row(fmt.Sprint(i+1), r)
+				}
+				row("median", med)
+			}
 			if err := tw.Flush(); err != nil {
 				return err
 			}

@@ -55,6 +55,13 @@ type DrainResult struct {
 	DrainRate    float64 // backlog rows published and acknowledged per second
 	DrainElapsed time.Duration
 	Ratio        float64 // DrainRate / RawRate
+	// RawCPU and DrainCPU are the CPU time per message of this process
+	// (the raw publisher, then the relay), of PostgreSQL and of
+	// nats-server during each phase, read from /proc; CPUKnown is false
+	// where it could not be read. Both phases move the same messages to
+	// the same server, so the difference is what the outbox costs.
+	RawCPU, DrainCPU CPUUse
+	CPUKnown         bool
 	// Timeline holds the remaining rows sampled during the drain, when
 	// DrainOptions.SampleEvery asked for it: from the backlog at 0 s to
 	// 0 at the end.
@@ -100,6 +107,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	for i := range ids {
 		ids[i] = postbox.NewID()
 	}
+	rawCPU := cpuPhase()
 	start := time.Now()
 	for i := 0; i < opts.Messages; i++ {
 		msg := nats.NewMsg("bench.raw." + tag + ".m")
@@ -122,6 +130,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		return res, ctx.Err()
 	}
 	res.RawRate = float64(opts.Messages) / time.Since(start).Seconds()
+	res.RawCPU, res.CPUKnown = rawCPU(opts.Messages)
 	fmt.Fprintf(out, "raw JetStream: %.0f msg/s\n", res.RawRate)
 
 	pool, err := pgxpool.New(ctx, opts.DatabaseURL)
@@ -187,6 +196,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		}
 		defer pprof.StopCPUProfile()
 	}
+	drainCPU := cpuPhase()
 	start = time.Now()
 	if err := client.Start(ctx); err != nil {
 		return res, err
@@ -209,6 +219,9 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	res.DrainElapsed = time.Since(start)
 	res.DrainRate = float64(opts.Messages) / res.DrainElapsed.Seconds()
 	res.Ratio = res.DrainRate / res.RawRate
+	if res.CPUKnown {
+		res.DrainCPU, res.CPUKnown = drainCPU(opts.Messages)
+	}
 	if timeline != nil {
 		stopSampling()
 		for _, smp := range <-timeline {
@@ -231,6 +244,10 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		return res, fmt.Errorf("stream holds %d messages after the drain, want %d", info.State.Msgs, opts.Messages)
 	}
 	fmt.Fprintf(out, "postbox: drained %d messages in %s: %.0f msg/s\n", opts.Messages, res.DrainElapsed.Round(time.Millisecond), res.DrainRate)
+	if res.CPUKnown {
+		fmt.Fprintf(out, "CPU per message, raw: publisher %s, nats-server %s; drain: relay %s, postgres %s, nats-server %s\n",
+			us(res.RawCPU.Self), us(res.RawCPU.NATS), us(res.DrainCPU.Self), us(res.DrainCPU.Postgres), us(res.DrainCPU.NATS))
+	}
 	return res, nil
 }
 
@@ -285,7 +302,25 @@ func Median(runs []DrainResult) DrainResult {
 		}
 		return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
 	}
+	cpu := func(f func(DrainResult) time.Duration) time.Duration {
+		return time.Duration(pick(func(r DrainResult) float64 { return float64(f(r)) }))
+	}
+	known := true
+	for _, r := range runs {
+		known = known && r.CPUKnown
+	}
 	return DrainResult{
+		CPUKnown: known,
+		RawCPU: CPUUse{
+			Self:     cpu(func(r DrainResult) time.Duration { return r.RawCPU.Self }),
+			Postgres: cpu(func(r DrainResult) time.Duration { return r.RawCPU.Postgres }),
+			NATS:     cpu(func(r DrainResult) time.Duration { return r.RawCPU.NATS }),
+		},
+		DrainCPU: CPUUse{
+			Self:     cpu(func(r DrainResult) time.Duration { return r.DrainCPU.Self }),
+			Postgres: cpu(func(r DrainResult) time.Duration { return r.DrainCPU.Postgres }),
+			NATS:     cpu(func(r DrainResult) time.Duration { return r.DrainCPU.NATS }),
+		},
 		Messages:  runs[0].Messages,
 		RawRate:   pick(func(r DrainResult) float64 { return r.RawRate }),
 		DrainRate: pick(func(r DrainResult) float64 { return r.DrainRate }),
