@@ -189,7 +189,15 @@ func (r *relay) run(soft, hard context.Context) {
 				return
 			}
 		}
-		if err := r.rebalance(soft); err != nil {
+		// Bounded: a renewal stuck on a stalled connection (a network
+		// partition the socket does not report) would otherwise hang the
+		// coordinator silently while the leases run out. Past half the
+		// lease the renewal is too late to help; the failure is logged,
+		// the connection dropped by the driver, and the renewal retried.
+		rctx, cancel := context.WithTimeout(soft, r.cfg.LeaseDuration/2)
+		err := r.rebalance(rctx)
+		cancel()
+		if err != nil {
 			if soft.Err() != nil {
 				return
 			}
@@ -298,7 +306,11 @@ func (l *lane) run(soft, hard context.Context) {
 			r.asleep.Add(-1)
 			continue
 		}
-		recs, err := l.fetch(soft, fence)
+		// A read that outlives the lease is of no use (nothing read under
+		// it may be published after it), so it is bounded by it.
+		fctx, cancel := context.WithDeadline(soft, until)
+		recs, err := l.fetch(fctx, fence)
+		cancel()
 		if err != nil {
 			if soft.Err() == nil {
 				l.pause(soft, "fetch", err)
@@ -701,11 +713,16 @@ func backoff(attempts int, base, most time.Duration) time.Duration {
 // to mark is published again. It returns the batch's report, with the
 // per-topic counts filled in only when metrics are on.
 func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, recs []postboxdriver.Record, res batchResult) (*BatchReport, error) {
+	var cancel context.CancelFunc
 	if ctx.Err() != nil {
-		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
-		defer cancel()
+	} else {
+		// A mark stuck on a stalled connection for a whole lease is
+		// given up: its rows stay pending, and whoever holds their
+		// partitions next sends them again.
+		ctx, cancel = context.WithTimeout(ctx, r.cfg.LeaseDuration)
 	}
+	defer cancel()
 	rep := &BatchReport{Relay: r.id, Size: len(recs), Infrastructure: res.infra}
 	var bySeq map[int64]*postboxdriver.Record // with metrics only
 	if r.cfg.Metrics != nil {

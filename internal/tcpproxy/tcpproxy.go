@@ -1,0 +1,141 @@
+// Package tcpproxy is a TCP proxy on loopback for tests that break the
+// network between a client and a server: it can black-hole the traffic
+// (the bytes are held, as a stalled network holds them, and flow again
+// when the hole is lifted) or reset every connection.
+package tcpproxy
+
+import (
+	"net"
+	"sync"
+	"time"
+)
+
+// Proxy forwards every connection made to Addr to the target.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	hole  chan struct{} // non-nil while black-holed; closed to lift
+	wg    sync.WaitGroup
+}
+
+// New starts a proxy to target on a free loopback port.
+func New(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr is the proxy's host:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		u, err := net.DialTimeout("tcp", p.target, 2*time.Second)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns[c], p.conns[u] = struct{}{}, struct{}{}
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.pipe(c, u)
+		go p.pipe(u, c)
+	}
+}
+
+// pipe copies src to dst, holding each chunk while the hole is open.
+func (p *Proxy) pipe(src, dst net.Conn) {
+	defer p.wg.Done()
+	defer p.drop(src, dst)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			hole := p.hole
+			p.mu.Unlock()
+			if hole != nil {
+				<-hole
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return // EOF or a reset: drop both sides
+		}
+	}
+}
+
+func (p *Proxy) drop(cs ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range cs {
+		if _, ok := p.conns[c]; ok {
+			delete(p.conns, c)
+			_ = c.Close()
+		}
+	}
+}
+
+// Blackhole holds all traffic, both ways, until the returned func is
+// called. New connections are accepted and held too.
+func (p *Proxy) Blackhole() (lift func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	h := make(chan struct{})
+	p.hole = h
+	return func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.hole == h { // Close may have lifted it already
+			p.hole = nil
+			close(h)
+		}
+	}
+}
+
+// Reset closes every connection with an RST and reports how many
+// client connections it cut.
+func (p *Proxy) Reset() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for c := range p.conns {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		_ = c.Close()
+		delete(p.conns, c)
+		n++
+	}
+	return n / 2
+}
+
+// Close stops the proxy: it lifts a black hole, resets every connection
+// and waits for its goroutines.
+func (p *Proxy) Close() {
+	_ = p.ln.Close()
+	p.mu.Lock()
+	if p.hole != nil {
+		close(p.hole)
+		p.hole = nil
+	}
+	p.mu.Unlock()
+	p.Reset()
+	p.wg.Wait()
+}

@@ -1,0 +1,123 @@
+package postbox_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/tcpproxy"
+	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/postboxpgx"
+	"github.com/postbox-go/postbox/postboxtest"
+)
+
+// A network partition between the relay and PostgreSQL that the socket
+// does not report (the bytes are held, nothing is reset): the relay must
+// notice within its lease, say so, and carry on once the network is back,
+// instead of hanging in a statement until TCP gives up.
+func TestRelayReportsStalledDatabaseAndRecovers(t *testing.T) {
+	direct, prefix := testdb.Migrated(t)
+	u, err := url.Parse(testdb.PostgresURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := tcpproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	u.Host = proxy.Addr()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	relayPool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(relayPool.Close)
+
+	logs := &syncBuffer{}
+	broker := postboxtest.NewBroker(nil)
+	relay, err := postbox.NewClient(postboxpgx.New(relayPool), &postbox.Config{
+		Prefix: prefix, Publisher: broker, LeaseDuration: time.Second, BatchDeadline: 300 * time.Millisecond,
+		PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The writes go straight to PostgreSQL, past the proxy.
+	writer, err := postbox.NewClient(postboxpgx.New(direct), &postbox.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := relay.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer scancel()
+		if err := relay.Stop(sctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	}()
+	if err := writer.Write(ctx, postbox.Message{Topic: "orders.paid", Key: "k", Payload: []byte("before")}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, func() bool { return len(payloadsOf(broker, "k")) == 1 })
+
+	lift := proxy.Blackhole()
+	if err := writer.Write(ctx, postbox.Message{Topic: "orders.paid", Key: "k", Payload: []byte("during")}); err != nil {
+		t.Fatal(err)
+	}
+	// The renewal is bounded by half the lease: a warning, not a hang.
+	waitFor(t, ctx, func() bool {
+		return strings.Contains(logs.String(), "could not renew its leases") &&
+			strings.Contains(logs.String(), "deadline exceeded")
+	})
+	if got := payloadsOf(broker, "k"); len(got) != 1 {
+		t.Fatalf("published %v while the database was unreachable", got)
+	}
+	lift()
+
+	if err := writer.Write(ctx, postbox.Message{Topic: "orders.paid", Key: "k", Payload: []byte("after")}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, func() bool { return len(payloadsOf(broker, "k")) >= 3 })
+	got := payloadsOf(broker, "k")
+	var first []string
+	seen := map[string]bool{}
+	for _, p := range got {
+		if !seen[p] {
+			seen[p] = true
+			first = append(first, p)
+		}
+	}
+	if strings.Join(first, ",") != "before,during,after" {
+		t.Fatalf("first copies in the order %v, want before, during, after", first)
+	}
+}
+
+// syncBuffer is a bytes.Buffer for a logger writing from many goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
