@@ -55,7 +55,7 @@ var profiles = map[string]profile{
 		Name: "short", WriteFor: 90 * time.Second, Rounds: 1,
 		Mix: map[string]int{
 			faultKill: 4, faultStop: 2, faultPGTerm: 2, faultBlackhole: 1, faultReset: 1, faultXmin: 1,
-			faultBrokerRestart: 1, faultPGRestart: 1,
+			faultBrokerRestart: 1, faultPGRestart: 1, faultPGBlackhole: 1, faultPGReset: 1,
 		},
 		Writers: 4, Keys: 40, Pace: 40 * time.Millisecond, Rollback: 0.15, Poison: 0.01,
 		DrainLimit: 60 * time.Second, Lease: 3 * time.Second, BatchDeadline: time.Second,
@@ -64,7 +64,7 @@ var profiles = map[string]profile{
 		Name: "soak", WriteFor: 20 * time.Minute, Rounds: 0,
 		Mix: map[string]int{
 			faultKill: 4, faultStop: 2, faultPGTerm: 2, faultBlackhole: 1, faultReset: 1, faultXmin: 1,
-			faultBrokerRestart: 1, faultPGRestart: 1,
+			faultBrokerRestart: 1, faultPGRestart: 1, faultPGBlackhole: 1, faultPGReset: 1,
 		},
 		Writers: 4, Keys: 200, Pace: 40 * time.Millisecond, Rollback: 0.15, Poison: 0.005,
 		DrainLimit: 3 * time.Minute, Lease: 3 * time.Second, BatchDeadline: time.Second,

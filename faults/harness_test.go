@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/tcpproxy"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
@@ -46,7 +47,11 @@ type harness struct {
 	client *postbox.Client[pgx.Tx]
 	pg     *pgCluster
 	broker broker
-	proxy  *proxy
+	// The relays reach the broker through proxy, and PostgreSQL each
+	// through a proxy of its own; the writers, the consumer and the
+	// watcher connect directly.
+	proxy  *tcpproxy.Proxy   // relays ↔ broker
+	dbProx []*tcpproxy.Proxy // relay i ↔ PostgreSQL
 	relays []*relayProc
 	hist   *history
 	watch  *watcher
@@ -108,11 +113,11 @@ func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, di
 		h.broker = newNATSBroker(t, ctx, dir, run, dupWindow)
 	}
 
-	h.proxy, err = newProxy(h.broker.addr())
+	h.proxy, err = tcpproxy.New(h.broker.addr())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(h.proxy.close)
+	t.Cleanup(h.proxy.Close)
 
 	bin := buildPostbox(t, dir)
 	cfg := filepath.Join(dir, "relay.yaml")
@@ -136,14 +141,22 @@ log:
 			base = append(base, e)
 		}
 	}
+	pgAddr := fmt.Sprintf("127.0.0.1:%d", h.pg.port)
 	for i := range relays {
+		dp, err := tcpproxy.New(pgAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(dp.Close)
+		h.dbProx = append(h.dbProx, dp)
+		url := strings.Replace(h.dbURL, pgAddr, dp.Addr(), 1)
 		env := append(append([]string(nil), base...),
 			"POSTBOX_CONFIG="+cfg,
-			"POSTBOX_DATABASE_URL="+withAppName(h.dbURL, appName(run, fmt.Sprintf("relay%d", i))),
+			"POSTBOX_DATABASE_URL="+withAppName(url, appName(run, fmt.Sprintf("relay%d", i))),
 			"POSTBOX_PREFIX="+p,
 			"POSTBOX_ADMIN_LISTEN=off",
 		)
-		env = append(env, h.broker.relayEnv(h.proxy.addr())...)
+		env = append(env, h.broker.relayEnv(h.proxy.Addr())...)
 		h.relays = append(h.relays, &relayProc{n: i, bin: bin, env: env, logs: filepath.Join(dir, fmt.Sprintf("relay%d.log", i))})
 	}
 	t.Cleanup(func() {
@@ -157,7 +170,7 @@ log:
 		t.Fatal(err)
 	}
 	h.watch = &watcher{first: map[string]time.Time{}}
-	t.Logf("faults: prefix %s, %s %s, proxy %s, files in %s", p, h.broker.name(), h.broker.where(), h.proxy.addr(), dir)
+	t.Logf("faults: prefix %s, %s %s, proxy %s, files in %s", p, h.broker.name(), h.broker.where(), h.proxy.Addr(), dir)
 	return h
 }
 
@@ -311,11 +324,17 @@ func (h *harness) inject(ctx context.Context, sched []*fault) {
 		case faultPGTerm:
 			f.Note = fmt.Sprintf("terminated %d backends", h.terminateLoop(ctx, f.Hold, f.Consumer))
 		case faultBlackhole:
-			lift := h.proxy.blackhole()
+			lift := h.proxy.Blackhole()
 			sleep(ctx, f.Hold)
 			lift()
 		case faultReset:
-			f.Note = fmt.Sprintf("reset %d connections", h.proxy.reset())
+			f.Note = fmt.Sprintf("reset %d connections", h.proxy.Reset())
+		case faultPGBlackhole:
+			lift := h.dbProx[f.Relay].Blackhole()
+			sleep(ctx, f.Hold)
+			lift()
+		case faultPGReset:
+			f.Note = fmt.Sprintf("reset %d connections", h.dbProx[f.Relay].Reset())
 		case faultXmin:
 			if err := h.holdXmin(ctx, f.Hold); err != nil {
 				f.Note = "xmin: " + err.Error()

@@ -19,6 +19,8 @@ const (
 	faultXmin          = "xmin_hold"        // a transaction holds xmin back for Hold
 	faultBrokerRestart = "broker_restart"   // stop the broker (cleanly), start it again after Hold
 	faultPGRestart     = "pg_restart"       // stop PostgreSQL (Mode fast or immediate, a crash), start it again after Hold
+	faultPGBlackhole   = "pg_blackhole"     // the proxy between one relay and PostgreSQL forwards nothing for Hold (past its lease)
+	faultPGReset       = "pg_reset"         // the proxy resets every connection between one relay and PostgreSQL (RST)
 )
 
 // guarantees lists what each fault puts to the test, for the report.
@@ -31,6 +33,8 @@ var guarantees = map[string]string{
 	faultXmin:          "G2 G4: a long snapshot (dead tuples, late-visible rows) must not skip or reorder rows",
 	faultBrokerRestart: "G2 G3 G4 G6: the broker goes away and comes back with its store; relays pause, spend no attempt, re-send by id; the consumer resumes",
 	faultPGRestart:     "G1 G2 G5 G6: the database stops or crashes and recovers from its WAL; every committed row survives, no rolled-back one appears, relays and the consumer reconnect",
+	faultPGBlackhole:   "G4 G2 G3: one relay is cut off from the database past its lease while its broker link works; its stalled fetch, mark and renewal arrive after the partitions moved on and must change nothing",
+	faultPGReset:       "G2 G3 G6: one relay's database connections reset mid-statement (a mark whose outcome it never hears); it reconnects, loses nothing, and what it re-sends is absorbed",
 }
 
 // fault is one scheduled fault and, once run, what happened.
@@ -108,6 +112,10 @@ func schedule(rng *rand.Rand, p profile) []*fault {
 			case faultBrokerRestart:
 				f.Relay = -1
 				f.Hold = jitter(rng, time.Second, 4*time.Second)
+			case faultPGBlackhole:
+				f.Hold = p.Lease + jitter(rng, time.Second, 2*time.Second)
+			case faultPGReset:
+				// One relay, no hold.
 			case faultPGRestart:
 				f.Relay = -1
 				f.Mode = []string{"fast", "immediate"}[rng.IntN(2)]
