@@ -140,7 +140,9 @@ func (r *relay) run(soft, hard context.Context) {
 	defer r.shutdown(hard)
 	r.log.Info("postbox relay started", slog.Int("partitions", r.nparts), slog.Int("lanes", len(r.lanes)), slog.String("config", r.cfg.String()))
 	if dc, ok := r.ex.(postboxdriver.DurabilityChecker); ok {
-		warnings, err := dc.DurabilityWarnings(soft)
+		dctx, cancel := context.WithTimeout(soft, r.cfg.LeaseDuration/2)
+		warnings, err := dc.DurabilityWarnings(dctx)
+		cancel()
 		if err != nil {
 			r.log.Warn("postbox relay could not read the database's durability settings", slog.Any("error", err))
 		}
@@ -219,7 +221,12 @@ const maxPruneBatches = 20
 
 // maintain prunes the published history when this relay holds partition
 // 0: whichever relay that is, only one at a time does it.
-func (r *relay) maintain(ctx context.Context) {
+func (r *relay) maintain(soft context.Context) {
+	// Bounded by the next renewal: a pass stuck on a stalled connection
+	// must not keep the coordinator from renewing the leases, and a
+	// prune cut short is only rolled back.
+	ctx, cancel := context.WithTimeout(soft, r.cfg.LeaseDuration/3)
+	defer cancel()
 	r.checkSnapshots(ctx)
 	ad, ok := r.ex.(postboxdriver.Admin)
 	if !ok || r.cfg.Retention < 0 || time.Now().Before(r.nextPrune) {
@@ -237,8 +244,8 @@ func (r *relay) maintain(ctx context.Context) {
 		n, err := ad.PrunePublished(ctx, r.cfg.Retention, r.cfg.PruneBatch)
 		total += n
 		if err != nil {
-			if ctx.Err() == nil {
-				r.log.Warn("postbox relay: retention pass failed", slog.Any("error", err))
+			if soft.Err() == nil {
+				r.log.Warn("postbox relay: retention pass failed; the next pass takes up the rest", slog.Int("deleted", total), slog.Any("error", err))
 			}
 			return
 		}

@@ -77,6 +77,11 @@ func TestRelayReportsStalledDatabaseAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The renewal is bounded by half the lease: a warning, not a hang.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("relay log:\n%s", logs.String())
+		}
+	})
 	waitFor(t, ctx, func() bool {
 		return strings.Contains(logs.String(), "could not renew its leases") &&
 			strings.Contains(logs.String(), "deadline exceeded")
