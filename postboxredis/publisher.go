@@ -287,8 +287,8 @@ func (p *Publisher) pipeline() {
 			if p.ctx.Err() != nil {
 				// Closed while this one was chosen over ctx.Done.
 				r.stop()
-				r.finish(ErrClosed)
 				<-p.slots
+				r.finish(ErrClosed)
 				p.drain()
 				return
 			}
@@ -314,8 +314,8 @@ func (p *Publisher) drain() {
 		select {
 		case r := <-p.queue:
 			r.stop()
-			r.finish(ErrClosed)
 			<-p.slots
+			r.finish(ErrClosed)
 		default:
 			return
 		}
@@ -357,8 +357,10 @@ func (p *Publisher) send(batch []*request) {
 	unwatch()
 	for i, r := range live {
 		r.stop()
-		r.finish(errs[i])
+		// The slot first: when done runs, Pending no longer counts
+		// this publish, and a done that publishes again finds room.
 		<-p.slots
+		r.finish(errs[i])
 	}
 }
 
