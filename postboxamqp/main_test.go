@@ -2,13 +2,9 @@ package postboxamqp_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"os"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +14,7 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/pubtest"
+	"github.com/postbox-go/postbox/internal/tcpproxy"
 	"github.com/postbox-go/postbox/postboxamqp"
 )
 
@@ -205,135 +202,44 @@ func get(t testing.TB, conn *amqp.Connection, queue string) amqp.Delivery {
 // (hold every byte in both directions), cut every connection, and refuse
 // new ones.
 type proxy struct {
-	t      testing.TB
-	ln     net.Listener
-	target string
-
-	mu      sync.Mutex
-	conns   map[net.Conn]bool
-	resume  chan struct{} // closed while flowing; open while stalled
-	refuse  bool
-	accepts int
-	wg      sync.WaitGroup
+	*tcpproxy.Proxy
+	lift func() // set while stalled
 }
 
 func newProxy(t testing.TB, target string) *proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	tp, err := tcpproxy.New(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	flowing := make(chan struct{})
-	close(flowing)
-	p := &proxy{t: t, ln: ln, target: target, conns: map[net.Conn]bool{}, resume: flowing}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.close)
-	return p
+	t.Cleanup(tp.Close)
+	return &proxy{Proxy: tp}
 }
 
 // url returns brokerURL with the host replaced by the proxy's address.
 func (p *proxy) url(user string) string {
-	return fmt.Sprintf("amqp://%s@%s/", user, p.ln.Addr())
-}
-
-func (p *proxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		p.accepts++
-		refuse := p.refuse
-		p.mu.Unlock()
-		if refuse {
-			_ = c.Close()
-			continue
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns[c], p.conns[up] = true, true
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go p.pipe(c, up)
-		go p.pipe(up, c)
-	}
-}
-
-func (p *proxy) pipe(from, to net.Conn) {
-	defer p.wg.Done()
-	defer func() { _ = from.Close(); _ = to.Close() }()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := from.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			resume := p.resume
-			p.mu.Unlock()
-			<-resume
-			if _, werr := to.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				p.t.Logf("proxy: %v", err)
-			}
-			return
-		}
-	}
+	return fmt.Sprintf("amqp://%s@%s/", user, p.Addr())
 }
 
 // stall holds every byte from now on, until flow.
 func (p *proxy) stall() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.resume = make(chan struct{})
+	if p.lift == nil {
+		p.lift = p.Blackhole()
+	}
 }
 
 func (p *proxy) flow() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	select {
-	case <-p.resume:
-	default:
-		close(p.resume)
+	if p.lift != nil {
+		p.lift()
+		p.lift = nil
 	}
 }
 
-// cut closes every proxied connection, as a network failure would.
-func (p *proxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for c := range p.conns {
-		_ = c.Close()
-	}
-	p.conns = map[net.Conn]bool{}
-}
+// cut resets every proxied connection, as a network failure would.
+func (p *proxy) cut() { p.Reset() }
 
 // setRefuse makes the proxy close new connections at once (a broker
 // that is down), or accept them again.
-func (p *proxy) setRefuse(on bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.refuse = on
-}
+func (p *proxy) setRefuse(on bool) { p.Refuse(on) }
 
-func (p *proxy) acceptCount() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.accepts
-}
-
-func (p *proxy) close() {
-	_ = p.ln.Close()
-	p.flow()
-	p.cut()
-	p.wg.Wait()
-}
+func (p *proxy) acceptCount() int { return p.Accepts() }

@@ -1,7 +1,8 @@
 // Package tcpproxy is a TCP proxy on loopback for tests that break the
 // network between a client and a server: it can black-hole the traffic
 // (the bytes are held, as a stalled network holds them, and flow again
-// when the hole is lifted) or reset every connection.
+// when the hole is lifted), reset every connection, or refuse new ones
+// (a server that is down).
 package tcpproxy
 
 import (
@@ -15,10 +16,12 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	hole  chan struct{} // non-nil while black-holed; closed to lift
-	wg    sync.WaitGroup
+	mu      sync.Mutex
+	conns   map[net.Conn]struct{}
+	hole    chan struct{} // non-nil while black-holed; closed to lift
+	refuse  bool
+	accepts int
+	wg      sync.WaitGroup
 }
 
 // New starts a proxy to target on a free loopback port.
@@ -42,6 +45,14 @@ func (p *Proxy) accept() {
 		c, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		p.mu.Lock()
+		p.accepts++
+		refuse := p.refuse
+		p.mu.Unlock()
+		if refuse {
+			_ = c.Close()
+			continue
 		}
 		u, err := net.DialTimeout("tcp", p.target, 2*time.Second)
 		if err != nil {
@@ -107,6 +118,21 @@ func (p *Proxy) Blackhole() (lift func()) {
 			close(h)
 		}
 	}
+}
+
+// Refuse makes the proxy close new connections at once, as a server that
+// is down would, or accept them again.
+func (p *Proxy) Refuse(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refuse = on
+}
+
+// Accepts counts the connections made to the proxy, refused ones too.
+func (p *Proxy) Accepts() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accepts
 }
 
 // Reset closes every connection with an RST and reports how many
