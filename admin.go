@@ -91,6 +91,20 @@ func NewAdmin[TTx any](driver postboxdriver.Driver[TTx], cfg *AdminConfig) (*Adm
 type Status struct {
 	postboxdriver.Stats
 	Topics []TopicStats
+	// HeldSnapshot is the oldest transaction of another session that
+	// holds a snapshot, and so keeps vacuum from removing the outbox's
+	// dead rows: nil when there is none, and on SQLite. On PostgreSQL,
+	// without pg_read_all_stats only the same role's sessions are seen.
+	HeldSnapshot *HeldSnapshot
+}
+
+// HeldSnapshot is a transaction that holds the database's xmin horizon
+// back (PostgreSQL). While it lasts, the rows the relay moved out of the
+// outbox stay behind as dead tuples, and every read walks past them.
+type HeldSnapshot struct {
+	Age   time.Duration // since the transaction began, on the database clock
+	PID   int           // its backend, for pg_stat_activity or pg_terminate_backend
+	State string        // pg_stat_activity.state: "active", "idle in transaction", ...
 }
 
 // Status reports the outbox's state.
@@ -100,7 +114,20 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 		return Status{}, err
 	}
 	topics, err := a.ad.TopicStats(ctx)
-	return Status{Stats: st, Topics: topics}, err
+	if err != nil {
+		return Status{}, err
+	}
+	out := Status{Stats: st, Topics: topics}
+	if sc, ok := a.ex.(snapshotChecker); ok {
+		age, pid, state, found, err := sc.OldestSnapshot(ctx)
+		if err != nil {
+			return Status{}, err
+		}
+		if found {
+			out.HeldSnapshot = &HeldSnapshot{Age: age, PID: pid, State: state}
+		}
+	}
+	return out, nil
 }
 
 // validateKey checks a message's key, or a key given as a filter.

@@ -37,6 +37,13 @@ func testEndpoints(t *testing.T, f *fixture, a *api) {
 	if st.json["pending"] != 1.0 || st.json["dead"] != 3.0 || st.json["published_kept"] != 2.0 {
 		t.Fatalf("status: %s", st)
 	}
+	// Null, or the oldest snapshot another session holds (other tests'
+	// sessions share the database).
+	if h, ok := st.json["held_snapshot"]; !ok {
+		t.Fatalf("status without held_snapshot: %s", st)
+	} else if m, isObj := h.(map[string]any); h != nil && (!isObj || m["pid"] == nil || m["age_seconds"] == nil || m["state"] == nil) {
+		t.Fatalf("status held_snapshot: %s", st)
+	}
 	topics := list(t, st, "topics")
 	if len(topics) != 3 || topics[2]["topic"] != "orders.refunded" || topics[2]["dead"] != 2.0 || topics[1]["pending"] != 1.0 {
 		t.Fatalf("status topics: %s", st)

@@ -45,6 +45,7 @@ var dashboardPage = template.Must(template.New("dashboard").Funcs(template.FuncM
 <h1>postbox</h1>
 <p>Pending <b>{{.Status.Pending}}</b> (oldest {{age .Status.OldestPendingAge}}) · dead <b>{{.Status.Dead}}</b> · published kept {{.Status.Published}}
 <span class="muted">· as of {{when .Now}}</span></p>
+{{with .Status.HeldSnapshot}}<p>Oldest snapshot held by another session: pid {{.PID}} ({{.State}}) for {{age .Age}}; the outbox's dead rows stay until it ends.</p>{{end}}
 
 <h2>Topics</h2>
 {{if .Status.Topics}}<table>

@@ -23,6 +23,15 @@ type statusJSON struct {
 	PublishedKept           int64       `json:"published_kept"`
 	OldestPendingAgeSeconds float64     `json:"oldest_pending_age_seconds"`
 	Topics                  []topicJSON `json:"topics"`
+	// HeldSnapshot is null when no other session holds a snapshot (and
+	// always on SQLite).
+	HeldSnapshot *heldSnapshotJSON `json:"held_snapshot"`
+}
+
+type heldSnapshotJSON struct {
+	AgeSeconds float64 `json:"age_seconds"`
+	PID        int     `json:"pid"`
+	State      string  `json:"state"`
 }
 
 type topicJSON struct {
@@ -43,6 +52,9 @@ func (s *Server) getStatus(w http.ResponseWriter, r *http.Request, _ principal) 
 	}
 	out := statusJSON{Pending: st.Pending, Dead: st.Dead, PublishedKept: st.Published,
 		OldestPendingAgeSeconds: st.OldestPendingAge.Seconds(), Topics: make([]topicJSON, 0, len(st.Topics))}
+	if h := st.HeldSnapshot; h != nil {
+		out.HeldSnapshot = &heldSnapshotJSON{AgeSeconds: h.Age.Seconds(), PID: h.PID, State: h.State}
+	}
 	for _, t := range st.Topics {
 		out.Topics = append(out.Topics, topicJSON{Topic: t.Topic, Pending: t.Pending, Dead: t.Dead,
 			OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(), PublishedLastMinute: t.PublishedLastMinute})

@@ -125,7 +125,7 @@ type StatusCollector struct {
 	timeout time.Duration
 	log     *slog.Logger
 
-	pending, age, dead, topicPending, topicAge, topicDead, up *prometheus.Desc
+	pending, age, dead, heldSnapshot, topicPending, topicAge, topicDead, up *prometheus.Desc
 }
 
 // NewStatusCollector returns a collector over admin; each scrape's query
@@ -135,6 +135,7 @@ func NewStatusCollector(admin *postbox.Admin, timeout time.Duration) *StatusColl
 		admin: admin, timeout: timeout, log: slog.Default(),
 		pending:      prometheus.NewDesc("postbox_pending", "Messages waiting to be published.", nil, nil),
 		age:          prometheus.NewDesc("postbox_oldest_pending_age_seconds", "Age of the oldest pending message (database clock).", nil, nil),
+		heldSnapshot: prometheus.NewDesc("postbox_held_snapshot_age_seconds", "Age of the oldest transaction of another session holding a snapshot, which keeps vacuum from removing the outbox's dead rows; 0 when none (PostgreSQL only).", nil, nil),
 		dead:         prometheus.NewDesc("postbox_dead", "Messages in the dead table.", nil, nil),
 		topicPending: prometheus.NewDesc("postbox_topic_pending", "Messages waiting to be published, per topic.", []string{"topic"}, nil),
 		topicAge:     prometheus.NewDesc("postbox_topic_oldest_pending_age_seconds", "Age of the oldest pending message, per topic.", []string{"topic"}, nil),
@@ -145,7 +146,7 @@ func NewStatusCollector(admin *postbox.Admin, timeout time.Duration) *StatusColl
 
 // Describe implements prometheus.Collector.
 func (c *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.pending, c.age, c.dead, c.topicPending, c.topicAge, c.topicDead, c.up} {
+	for _, d := range []*prometheus.Desc{c.pending, c.age, c.dead, c.heldSnapshot, c.topicPending, c.topicAge, c.topicDead, c.up} {
 		ch <- d
 	}
 }
@@ -164,6 +165,11 @@ func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(st.Pending))
 	ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, st.OldestPendingAge.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(st.Dead))
+	var held float64
+	if st.HeldSnapshot != nil {
+		held = st.HeldSnapshot.Age.Seconds()
+	}
+	ch <- prometheus.MustNewConstMetric(c.heldSnapshot, prometheus.GaugeValue, held)
 	for _, t := range st.Topics {
 		ch <- prometheus.MustNewConstMetric(c.topicPending, prometheus.GaugeValue, float64(t.Pending), t.Topic)
 		ch <- prometheus.MustNewConstMetric(c.topicAge, prometheus.GaugeValue, t.OldestPendingAge.Seconds(), t.Topic)

@@ -102,6 +102,9 @@ postbox_topic_pending{topic="orders.shipped"} 1
 		"postbox_pending", "postbox_dead", "postbox_topic_pending"); err != nil {
 		t.Fatal(err)
 	}
+	if n := testutil.CollectAndCount(reg, "postbox_held_snapshot_age_seconds"); n != 1 {
+		t.Fatalf("held snapshot gauge series = %d", n)
+	}
 	if n := testutil.CollectAndCount(reg, "postbox_commit_to_ack_seconds"); n != 1 {
 		t.Fatalf("lag histogram series = %d", n)
 	}

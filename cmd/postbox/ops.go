@@ -140,20 +140,30 @@ func offlineMigrator(dialect, prefix string) (*postboxmigrate.Migrator, error) {
 
 func newStatus(f *dbFlags) *cobra.Command {
 	return &cobra.Command{
-		Use: "status", Short: "Pending, oldest pending age, dead and recent publishes, overall and per topic", Args: cobra.NoArgs,
+		Use: "status", Short: "Pending, oldest pending age, dead and recent publishes, overall and per topic; the oldest snapshot another session holds", Args: cobra.NoArgs,
 		RunE: withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
 			st, err := c.admin.Status(ctx)
 			if err != nil {
 				return err
 			}
 			if f.json {
+				var held any
+				if h := st.HeldSnapshot; h != nil {
+					held = map[string]any{"age_seconds": h.Age.Seconds(), "pid": h.PID, "state": h.State}
+				}
 				return printJSON(out, map[string]any{
 					"pending": st.Pending, "dead": st.Dead, "published_kept": st.Published,
 					"oldest_pending_age_seconds": st.OldestPendingAge.Seconds(), "topics": topicsJSON(st.Topics),
+					"held_snapshot": held,
 				})
 			}
-			fmt.Fprintf(out, "pending %d (oldest %s)  dead %d  published kept %d\n\n",
+			fmt.Fprintf(out, "pending %d (oldest %s)  dead %d  published kept %d\n",
 				st.Pending, st.OldestPendingAge.Round(time.Millisecond), st.Dead, st.Published)
+			if h := st.HeldSnapshot; h != nil {
+				fmt.Fprintf(out, "oldest snapshot held by another session: pid %d (%s) for %s; the outbox's dead rows stay until it ends\n",
+					h.PID, h.State, h.Age.Round(time.Millisecond))
+			}
+			fmt.Fprintln(out)
 			var rows [][]string
 			for _, t := range st.Topics {
 				rows = append(rows, []string{t.Topic, strconv.FormatInt(t.Pending, 10), t.OldestPendingAge.Round(time.Millisecond).String(),
