@@ -151,8 +151,11 @@
 // server with a delay (one extra delivery, counted by MaxDeliver) and
 // waited for in turn. A retried message whose redelivery never comes
 // (it reached MaxDeliver, was deleted from the stream, or went to
-// another subscriber) is given up after its delay plus AckWait, with a
-// warning, and its key moves on.
+// another subscriber) is given up after its delay plus twice AckWait,
+// with a warning, and its key moves on. A server that was out of reach
+// (a failed ack, nak or keep-alive) may have lost the nak, or restarted
+// and begun its redelivery wait again, so every such failure pushes the
+// give-up out to that whole wait from then.
 //
 // The order holds within one Run. It does not hold across competing
 // subscribers of one consumer, which JetStream hands different messages

@@ -35,7 +35,7 @@ import (
 // A held message's AckWait is kept from running out with InProgress, so
 // the server does not redeliver it meanwhile (to this subscriber, or to
 // another one of the consumer). A marker whose redelivery does not come
-// within its delay plus AckWait (the message hit MaxDeliver, was deleted
+// within its delay plus twice AckWait (the message hit MaxDeliver, was deleted
 // from the stream, or went to another subscriber) is given up with a
 // warning, and its key moves on. The markers are not given up while the
 // puller is short of tokens: then a redelivery may simply not have been
@@ -78,13 +78,17 @@ type keyOrder struct {
 
 // newKeyOrder: ackMin and ackMax are the shortest and longest time the
 // server waits for an ack before it redelivers. Held messages are kept
-// alive well within the first; a marker is waited for its delay plus the
-// second, the latest a redelivery comes when the nak itself was lost.
+// alive well within the first. A marker is waited for its delay plus
+// twice the second: a lost nak makes the redelivery come AckWait after
+// the delivery, and a server restarted meanwhile starts that wait again
+// when it is back. Every failed ack, nak or keep-alive (the server is
+// unreachable, or was, and may have lost state) pushes the markers' ends
+// out to a whole wait from then (disrupted).
 func newKeyOrder(r *run, maxInFlight int, ackMin, ackMax time.Duration) *keyOrder {
 	return &keyOrder{
 		r:          r,
 		maxHeld:    maxInFlight / 2,
-		giveUp:     ackMax + time.Second,
+		giveUp:     2*ackMax + time.Second,
 		touchEvery: ackMin / 3,
 		interval:   min(max(ackMin/4, 10*time.Millisecond), time.Second),
 		keys:       map[string]*keyQueue{},
@@ -150,6 +154,7 @@ func (k *keyOrder) arrive(e *entry) {
 	}
 	if bounce != nil {
 		if err := in.NakWithDelay(bounceDelay); err != nil {
+			k.disrupted(time.Now())
 			k.r.s.log.Warn("postboxnats subscriber: could not hand a held message back; it comes back after AckWait",
 				slog.String("consumer", k.r.s.name), slog.String("key", bounce.key), slog.Uint64("stream_seq", bounce.seq), slog.Any("error", err))
 		}
@@ -157,6 +162,22 @@ func (k *keyOrder) arrive(e *entry) {
 	}
 	if start != nil {
 		k.start(start)
+	}
+}
+
+// disrupted pushes every marker's end to at least a whole wait from now:
+// the server could not be reached, so a nak may be lost, or the server
+// restarted and its redelivery timers begin again.
+func (k *keyOrder) disrupted(now time.Time) {
+	end := now.Add(k.giveUp)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, q := range k.keys {
+		for _, e := range q.entries {
+			if e.msg == nil && e.expires.Before(end) {
+				e.expires = end
+			}
+		}
 	}
 }
 
@@ -262,8 +283,16 @@ func (k *keyOrder) sweep(now time.Time, saturated bool) {
 		}
 	}
 	k.mu.Unlock()
+	failed := false
 	for _, m := range touch {
-		_ = m.InProgress() // a lost one costs a redelivery, which arrive absorbs
+		// A lost one costs a redelivery, which arrive absorbs; it also
+		// says the server is, or was, out of reach.
+		if m.InProgress() != nil {
+			failed = true
+		}
+	}
+	if failed {
+		k.disrupted(now)
 	}
 	for _, e := range expired {
 		k.r.s.log.Warn("postboxnats subscriber: a retried message was not redelivered in time; its key moves on, so its order may break",

@@ -4,14 +4,17 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/natsembed"
 	"github.com/postbox-go/postbox/postboxnats"
 )
 
@@ -193,4 +196,80 @@ func TestPerKeyLostRedelivery(t *testing.T) {
 			t.Fatalf("the deleted message was processed %d times", n)
 		}
 	})
+}
+
+// TestPerKeyOrderAcrossServerRestart: a retried message whose nak meets
+// a server restart comes back only AckWait after the server is up again,
+// later than its delay plus AckWait after the nak. Its key's later
+// message, held meanwhile, must wait for it rather than move on.
+func TestPerKeyOrderAcrossServerRestart(t *testing.T) {
+	opts := natsembed.DefaultOptions(t.TempDir())
+	srv, url, err := natsembed.StartOptions(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	current := srv
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		natsembed.Shutdown(current)
+	})
+	opts.Port = srv.Addr().(*net.TCPAddr).Port
+	nc, js := connect(t, url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	_, base := stream(t, js, nil)
+	c := ensureConsumer(t, js, base, "c", func(cc *jetstream.ConsumerConfig) { cc.AckWait = time.Second })
+	const downFor = 2500 * time.Millisecond
+	restarted := make(chan error, 1)
+	var once sync.Once
+	col := &collector{verdict: func(d *postbox.Delivery) postbox.Verdict {
+		if string(d.Payload) != "first" {
+			return postbox.Verdict{Action: postbox.Ack}
+		}
+		again := false
+		once.Do(func() {
+			again = true
+			// The server goes away before the nak is sent, and comes
+			// back on the same port and store after downFor.
+			if err := downErr(srv, nc); err != nil {
+				restarted <- err
+				return
+			}
+			go func() {
+				time.Sleep(downFor)
+				s2, _, err := natsembed.StartOptions(opts)
+				if err == nil {
+					mu.Lock()
+					current = s2
+					mu.Unlock()
+				}
+				restarted <- err
+			}()
+		})
+		if again {
+			return postbox.Verdict{Action: postbox.Retry, Delay: 50 * time.Millisecond}
+		}
+		return postbox.Verdict{Action: postbox.Ack}
+	}}
+	runSubscriber(t, subscriber(t, c, &postboxnats.SubscriberConfig{PerKey: true, Logger: discardLogger()}), col)
+	publishMsg(t, js, base+".t", "first", map[string]string{jetstream.MsgIDHeader: "1", postbox.HeaderPartitionKey: "k"})
+	publishMsg(t, js, base+".t", "second", map[string]string{jetstream.MsgIDHeader: "2", postbox.HeaderPartitionKey: "k"})
+	select {
+	case err := <-restarted:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the server was not restarted")
+	}
+	waitUntil(t, 30*time.Second, "both messages", func() bool {
+		return len(col.byPayload("first")) >= 2 && len(col.byPayload("second")) >= 1
+	})
+	var order []string
+	for _, d := range col.deliveries() {
+		order = append(order, string(d.Payload))
+	}
+	if order[0] != "first" || order[1] != "first" {
+		t.Fatalf("processed in the order %v; the key's second message must wait for the first's redelivery", order)
+	}
 }

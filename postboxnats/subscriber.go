@@ -276,6 +276,14 @@ type run struct {
 
 func (r *run) release() { <-r.sem }
 
+// disrupted tells the per-key scheduler that the server could not be
+// reached (see keyOrder.disrupted).
+func (r *run) disrupted() {
+	if r.keys != nil {
+		r.keys.disrupted(time.Now())
+	}
+}
+
 // pull takes deliveries from the client while a token is free.
 func (r *run) pull(it jetstream.MessagesContext) error {
 	for {
@@ -376,6 +384,7 @@ func (r *run) settle(msg jetstream.Msg, d *postbox.Delivery, v postbox.Verdict) 
 	switch v.Action {
 	case postbox.Ack, postbox.DeadLettered:
 		if err := r.ack(msg); err != nil {
+			r.disrupted()
 			// The delivery comes back after AckWait; for an Ack the
 			// inbox absorbs it as a copy.
 			log.Warn("postboxnats subscriber: ack not confirmed; the message will be redelivered after AckWait",
@@ -389,6 +398,7 @@ func (r *run) settle(msg jetstream.Msg, d *postbox.Delivery, v postbox.Verdict) 
 			err = msg.Nak()
 		}
 		if err != nil {
+			r.disrupted()
 			log.Warn("postboxnats subscriber: nak failed; the message will be redelivered after AckWait",
 				slog.String("consumer", r.s.name), slog.String("id", d.ID), slog.Any("error", err))
 		}
