@@ -429,17 +429,8 @@ func TestValidationErrorValueIsText(t *testing.T) {
 // upper-case id comes back different from the one written.
 func TestMessageIDStoredAsGiven(t *testing.T) {
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	prefix := testdb.Prefix(t)
-	testdb.DropPrefix(t, pool, prefix)
+	pool, prefix := testdb.Migrated(t)
 	d := postboxpgx.New(pool)
-	m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
 	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)

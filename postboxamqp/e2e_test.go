@@ -39,7 +39,7 @@ func newPipeline(t *testing.T, ctx context.Context, url string, pubCfg postboxam
 	x := uniqueName()
 	ensure(t, conn, postboxamqp.Topology{Exchange: x, Queue: x + ".billing", Bindings: []string{"orders.*"},
 		DeadLetterExchange: x + ".dlx", DeadLetterQueue: x + ".dead"})
-	pool, prefix, d := pubtest.Tables(t, ctx)
+	pool, prefix, d := pubtest.Tables(t)
 	pubCfg.Exchange = x
 	counted := &pubtest.Counting{Publisher: publisher(t, postboxamqp.URL(url), &pubCfg)}
 	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: counted, Logger: quiet})

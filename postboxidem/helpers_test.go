@@ -28,7 +28,6 @@ import (
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxsql"
-	"github.com/postbox-go/postbox/postboxsqlite"
 )
 
 func TestMain(m *testing.M) {
@@ -106,16 +105,7 @@ func newSQL(t *testing.T) *env[*sql.Tx] {
 
 func newSQLite(t *testing.T) *env[*sql.Tx] {
 	path := testdb.SQLitePath(t)
-	db, err := postboxsqlite.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	d, err := postboxsqlite.New(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := setup(t, "sqlite", d, "pb_")
+	e := setup(t, "sqlite", testdb.SQLiteDriverAt(t, path), "pb_")
 	e.path = path
 	return e
 }

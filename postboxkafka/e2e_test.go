@@ -34,7 +34,7 @@ type store struct {
 
 func newStore(t *testing.T, ctx context.Context, inboxCfg postbox.InboxConfig) *store {
 	t.Helper()
-	pool, prefix, d := pubtest.Tables(t, ctx)
+	pool, prefix, d := pubtest.Tables(t)
 	inboxCfg.Prefix, inboxCfg.Logger = prefix, quiet
 	in, err := postbox.NewInbox(d, &inboxCfg)
 	if err != nil {

@@ -30,7 +30,7 @@ func TestEndToEnd(t *testing.T) {
 		_, js := connect(t, url)
 		s, base := stream(t, js, nil)
 
-		_, prefix, d := pubtest.Tables(t, ctx)
+		_, prefix, d := pubtest.Tables(t)
 		pub := publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."})
 		c, err := postbox.NewClient(d, &postbox.Config{
 			Prefix:    prefix,

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -20,7 +19,6 @@ import (
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxnats"
 	"github.com/postbox-go/postbox/postboxpgx"
-	"github.com/postbox-go/postbox/postboxsqlite"
 )
 
 // The tests in this file run the Subscriber with a real Inbox, over
@@ -125,16 +123,7 @@ func eachDatabase(t *testing.T, cfg postbox.InboxConfig, fn func(t *testing.T, d
 		fn(t, newInboxDB[pgx.Tx](t, postboxpgx.New(pool), prefix, cfg))
 	})
 	t.Run("sqlite", func(t *testing.T) {
-		sdb, err := postboxsqlite.Open(filepath.Join(t.TempDir(), "consumer.db"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = sdb.Close() })
-		d, err := postboxsqlite.New(sdb)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fn(t, newInboxDB[*sql.Tx](t, d, postbox.DefaultPrefix, cfg))
+		fn(t, newInboxDB[*sql.Tx](t, testdb.SQLiteDriver(t), postbox.DefaultPrefix, cfg))
 	})
 }
 
@@ -524,7 +513,7 @@ func TestEndToEndThroughInbox(t *testing.T) {
 		_, base := stream(t, js, nil)
 
 		// The producer.
-		_, prefix, d := pubtest.Tables(t, ctx)
+		_, prefix, d := pubtest.Tables(t)
 		producer, err := postbox.NewClient(d, &postbox.Config{
 			Prefix: prefix, Publisher: publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."}),
 			Logger: discardLogger(), PollInterval: 10 * time.Millisecond,

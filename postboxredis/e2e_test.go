@@ -68,7 +68,7 @@ func newPipeline(t *testing.T, ctx context.Context, rc redis.UniversalClient) *p
 	t.Helper()
 	admin := client(t, nil)
 	name := stream(t, admin, "billing")
-	pool, prefix, d := pubtest.Tables(t, ctx)
+	pool, prefix, d := pubtest.Tables(t)
 	counted := &counting{Publisher: publisher(t, rc, &postboxredis.Config{Stream: name}), acked: map[string]int32{}}
 	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: counted, Logger: quiet})
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/testdb"
-	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxschema"
 )
@@ -24,17 +23,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // the caller commits its transaction anyway.
 func TestClientWritesNothingOnSchemaViolation(t *testing.T) {
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	prefix := testdb.Prefix(t)
-	testdb.DropPrefix(t, pool, prefix)
+	pool, prefix := testdb.Migrated(t)
 	d := postboxpgx.New(pool)
-	m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
 	reg := mustLoad(t, &postboxschema.Options{RequireSchema: true})
 	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Validator: reg})
 	if err != nil {

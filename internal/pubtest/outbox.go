@@ -9,27 +9,16 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/testdb"
-	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // Tables makes the postbox tables, under a prefix of the test's own, in the
-// test database, dropping any left by an earlier run. It returns the pool,
-// the prefix and a driver on the pool.
-func Tables(t testing.TB, ctx context.Context) (*pgxpool.Pool, string, *postboxpgx.Driver) {
+// test database (testdb.Migrated). It returns the pool, the prefix and a
+// driver on the pool.
+func Tables(t testing.TB) (*pgxpool.Pool, string, *postboxpgx.Driver) {
 	t.Helper()
-	pool := testdb.Pool(t)
-	prefix := testdb.Prefix(t)
-	testdb.DropPrefix(t, pool, prefix)
-	d := postboxpgx.New(pool)
-	m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return pool, prefix, d
+	pool, prefix := testdb.Migrated(t)
+	return pool, prefix, postboxpgx.New(pool)
 }
 
 // Counting is a Publisher that counts the failures the relay sees, by

@@ -118,7 +118,14 @@ func Migrated(t testing.TB) (*pgxpool.Pool, string) {
 // closed when t ends. Its tables are not migrated.
 func SQLiteDriver(t testing.TB) *postboxsqlite.Driver {
 	t.Helper()
-	db, err := postboxsqlite.Open(SQLitePath(t))
+	return SQLiteDriverAt(t, SQLitePath(t))
+}
+
+// SQLiteDriverAt opens the SQLite database at path (made if missing),
+// closed when t ends.
+func SQLiteDriverAt(t testing.TB, path string) *postboxsqlite.Driver {
+	t.Helper()
+	db, err := postboxsqlite.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
