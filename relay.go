@@ -58,10 +58,6 @@ type relay struct {
 	// were fenced out, so a partition passed to another owner.
 	renew chan struct{}
 
-	// asleep counts the lanes in deep idle; when all are, the idle probe
-	// reads for the whole relay (see probe).
-	asleep atomic.Int32
-
 	nextPrune         time.Time // coordinator only
 	nextSnapshotCheck time.Time // coordinator only
 
@@ -79,6 +75,9 @@ type lane struct {
 	n          int
 	wake       chan struct{}
 	infraPause time.Duration
+	// asleep marks the lane in deep idle: the relay's idle probe reads
+	// its partitions for it (see probe).
+	asleep atomic.Bool
 }
 
 type relayRun struct {
@@ -306,11 +305,8 @@ func (l *lane) run(soft, hard context.Context) {
 	for soft.Err() == nil {
 		fence, until := r.fence(time.Now(), l.n)
 		if len(fence.Generations) == 0 {
-			// Nothing to read: counted asleep, so the idle probe still
-			// looks for the lanes that have partitions.
-			r.asleep.Add(1)
+			// Nothing to read.
 			l.idle(soft, r.cfg.PollInterval)
-			r.asleep.Add(-1)
 			continue
 		}
 		// A read that outlives the lease is of no use (nothing read under
@@ -482,16 +478,17 @@ func (l *lane) sleep(ctx context.Context, d time.Duration) bool {
 	if d < r.cfg.PollInterval || len(r.lanes) == 1 {
 		return l.idle(ctx, d)
 	}
-	r.asleep.Add(1)
-	defer r.asleep.Add(-1)
+	l.asleep.Store(true)
+	defer l.asleep.Store(false)
 	return l.idle(ctx, deepIdle*d)
 }
 
-// probe is the idle relay's one look at the database per PollInterval,
-// instead of one per lane: while every lane is in deep idle, it reads one
-// row of all the held partitions and wakes the lanes when there is one. A
-// writer in this process wakes them sooner; rows written elsewhere are
-// found within PollInterval, as by a polling lane.
+// probe is the relay's one look per PollInterval at the partitions of the
+// lanes in deep idle, instead of one per lane: it reads one row of them
+// all and wakes the lane whose partition has one (every sleeping lane on
+// an error, so that a lane's own read reports it). A writer in this
+// process wakes the lanes sooner; rows written elsewhere are found within
+// PollInterval, as by a polling lane, also while other lanes are busy.
 func (r *relay) probe(ctx context.Context) {
 	t := time.NewTicker(r.cfg.PollInterval)
 	defer t.Stop()
@@ -501,10 +498,20 @@ func (r *relay) probe(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if int(r.asleep.Load()) < len(r.lanes) {
-			continue
+		now := time.Now()
+		fence := postboxdriver.Fence{Owner: r.id, Generations: map[int]int64{}}
+		owner := map[int]*lane{}
+		var sleeping []*lane
+		for _, l := range r.lanes {
+			if !l.asleep.Load() {
+				continue
+			}
+			sleeping = append(sleeping, l)
+			f, _ := r.fence(now, l.n)
+			for p, g := range f.Generations {
+				fence.Generations[p], owner[p] = g, l
+			}
 		}
-		fence, _ := r.fence(time.Now(), -1)
 		if len(fence.Generations) == 0 {
 			continue
 		}
@@ -513,11 +520,17 @@ func (r *relay) probe(ctx context.Context) {
 		pctx, cancel := context.WithTimeout(ctx, r.cfg.BatchDeadline)
 		recs, err := r.ex.Fetch(pctx, params)
 		cancel()
-		if err != nil || len(recs) > 0 {
-			// On an error too: a lane's own read will report it.
-			for _, l := range r.lanes {
+		if err == nil && len(recs) == 0 {
+			continue
+		}
+		if err == nil {
+			if l := owner[recs[0].Partition]; l != nil {
 				l.notify()
+				continue
 			}
+		}
+		for _, l := range sleeping {
+			l.notify()
 		}
 	}
 }
