@@ -153,9 +153,11 @@
 // (it reached MaxDeliver, was deleted from the stream, or went to
 // another subscriber) is given up after its delay plus twice AckWait,
 // with a warning, and its key moves on. A server that was out of reach
-// (a failed ack, nak or keep-alive) may have lost the nak, or restarted
-// and begun its redelivery wait again, so every such failure pushes the
-// give-up out to that whole wait from then.
+// may have lost the nak, or restarted and begun its redelivery wait
+// again, so a failed ack (acks wait for the server) pushes the give-up
+// out to that whole wait from then; so does a nak or keep-alive the
+// client refuses. An outage with nothing to ack that lasts longer than
+// about AckWait can still outrun the wait.
 //
 // The order holds within one Run. It does not hold across competing
 // subscribers of one consumer, which JetStream hands different messages

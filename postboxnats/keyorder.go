@@ -81,9 +81,11 @@ type keyOrder struct {
 // alive well within the first. A marker is waited for its delay plus
 // twice the second: a lost nak makes the redelivery come AckWait after
 // the delivery, and a server restarted meanwhile starts that wait again
-// when it is back. Every failed ack, nak or keep-alive (the server is
-// unreachable, or was, and may have lost state) pushes the markers' ends
-// out to a whole wait from then (disrupted).
+// when it is back. A failed ack (acks wait for the server's answer) and a
+// nak or keep-alive the client refuses say the server is, or was, out of
+// reach; each pushes the markers' ends out to a whole wait from then
+// (disrupted). Naks and keep-alives are not confirmed, so while the
+// client reconnects they are buffered and fail only once it gives up.
 func newKeyOrder(r *run, maxInFlight int, ackMin, ackMax time.Duration) *keyOrder {
 	return &keyOrder{
 		r:          r,
@@ -255,21 +257,38 @@ func (k *keyOrder) tick(ctx context.Context, wg *sync.WaitGroup, saturated *atom
 }
 
 func (k *keyOrder) sweep(now time.Time, saturated bool) {
+	// Keep-alives first: one the client refuses says the server is out
+	// of reach, which must push the markers out before any is given up.
 	var touch []jetstream.Msg
+	k.mu.Lock()
+	for _, q := range k.keys {
+		for _, e := range q.entries {
+			if e.msg != nil && e != q.running && now.Sub(e.touched) >= k.touchEvery {
+				touch = append(touch, e.msg)
+				e.touched = now
+			}
+		}
+	}
+	k.mu.Unlock()
+	failed := false
+	for _, m := range touch {
+		// A lost one costs a redelivery, which arrive absorbs.
+		if m.InProgress() != nil {
+			failed = true
+		}
+	}
+	if failed {
+		k.disrupted(now)
+	}
+
 	var expired, starts []*entry
 	k.mu.Lock()
 	for key, q := range k.keys {
 		kept := q.entries[:0]
 		for _, e := range q.entries {
-			switch {
-			case e.msg == nil:
-				if !saturated && now.After(e.expires) {
-					expired = append(expired, e)
-					continue
-				}
-			case e != q.running && now.Sub(e.touched) >= k.touchEvery:
-				touch = append(touch, e.msg)
-				e.touched = now
+			if e.msg == nil && !saturated && now.After(e.expires) {
+				expired = append(expired, e)
+				continue
 			}
 			kept = append(kept, e)
 		}
@@ -283,17 +302,6 @@ func (k *keyOrder) sweep(now time.Time, saturated bool) {
 		}
 	}
 	k.mu.Unlock()
-	failed := false
-	for _, m := range touch {
-		// A lost one costs a redelivery, which arrive absorbs; it also
-		// says the server is, or was, out of reach.
-		if m.InProgress() != nil {
-			failed = true
-		}
-	}
-	if failed {
-		k.disrupted(now)
-	}
 	for _, e := range expired {
 		k.r.s.log.Warn("postboxnats subscriber: a retried message was not redelivered in time; its key moves on, so its order may break",
 			slog.String("consumer", k.r.s.name), slog.String("key", e.key), slog.Uint64("stream_seq", e.seq),
