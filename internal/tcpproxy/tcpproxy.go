@@ -20,6 +20,7 @@ type Proxy struct {
 	conns   map[net.Conn]struct{}
 	hole    chan struct{} // non-nil while black-holed; closed to lift
 	refuse  bool
+	closed  bool
 	accepts int
 	wg      sync.WaitGroup
 }
@@ -60,6 +61,12 @@ func (p *Proxy) accept() {
 			continue
 		}
 		p.mu.Lock()
+		if p.closed { // Close ran while this one was dialing
+			p.mu.Unlock()
+			_ = c.Close()
+			_ = u.Close()
+			return
+		}
 		p.conns[c], p.conns[u] = struct{}{}, struct{}{}
 		p.mu.Unlock()
 		p.wg.Add(2)
@@ -104,12 +111,16 @@ func (p *Proxy) drop(cs ...net.Conn) {
 }
 
 // Blackhole holds all traffic, both ways, until the returned func is
-// called. New connections are accepted and held too.
+// called. New connections are accepted and held too. While a hole is
+// open, another Blackhole returns a lift for the same hole.
 func (p *Proxy) Blackhole() (lift func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	h := make(chan struct{})
-	p.hole = h
+	h := p.hole
+	if h == nil {
+		h = make(chan struct{})
+		p.hole = h
+	}
 	return func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -157,6 +168,7 @@ func (p *Proxy) Reset() int {
 func (p *Proxy) Close() {
 	_ = p.ln.Close()
 	p.mu.Lock()
+	p.closed = true
 	if p.hole != nil {
 		close(p.hole)
 		p.hole = nil

@@ -1,0 +1,104 @@
+package tcpproxy_test
+
+import (
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/postbox-go/postbox/internal/tcpproxy"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// echo serves one connection at a time, writing back what it reads.
+func echo(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { _ = ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(c, c)
+			_ = c.Close()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func roundTrip(t *testing.T, c net.Conn, deadline time.Duration) error {
+	t.Helper()
+	if err := c.SetDeadline(time.Now().Add(deadline)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("x")); err != nil {
+		return err
+	}
+	_, err := io.ReadFull(c, make([]byte, 1))
+	return err
+}
+
+// Bytes held by a black hole (opened twice) flow once it is lifted, and
+// Close ends every goroutine even with a hole open.
+func TestBlackholeHoldsThenFlows(t *testing.T) {
+	p, err := tcpproxy.New(echo(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := roundTrip(t, c, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	lift := p.Blackhole()
+	p.Blackhole() // the same hole
+	if err := roundTrip(t, c, 100*time.Millisecond); err == nil {
+		t.Fatal("a byte crossed the black hole")
+	}
+	lift()
+	if err := c.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+		t.Fatalf("the held byte did not flow after the lift: %v", err)
+	}
+	p.Blackhole()
+	p.Close()
+	if p.Accepts() != 1 {
+		t.Fatalf("Accepts = %d, want 1", p.Accepts())
+	}
+}
+
+// A refusing proxy closes new connections at once and counts them.
+func TestRefuse(t *testing.T) {
+	p, err := tcpproxy.New(echo(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Refuse(true)
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := roundTrip(t, c, 5*time.Second); err == nil {
+		t.Fatal("a refused connection carried a byte")
+	}
+	if p.Accepts() != 1 {
+		t.Fatalf("Accepts = %d, want 1", p.Accepts())
+	}
+}
