@@ -91,12 +91,18 @@ func NewAdmin[TTx any](driver postboxdriver.Driver[TTx], cfg *AdminConfig) (*Adm
 type Status struct {
 	postboxdriver.Stats
 	Topics []TopicStats
-	// HeldSnapshot is the oldest transaction of another session that
-	// holds a snapshot, and so keeps vacuum from removing the outbox's
-	// dead rows: nil when there is none, and on SQLite. On PostgreSQL,
-	// without pg_read_all_stats only the same role's sessions are seen.
+	// HeldSnapshot is the oldest transaction of another session that has
+	// held a snapshot for at least HeldSnapshotMinAge, and so keeps vacuum
+	// from removing the outbox's dead rows: nil when there is none (the
+	// relays' own statements are far shorter), and on SQLite. On
+	// PostgreSQL, without pg_read_all_stats only the same role's sessions
+	// are seen.
 	HeldSnapshot *HeldSnapshot
 }
+
+// HeldSnapshotMinAge is how long a snapshot must have been held for
+// Admin.Status to report it.
+const HeldSnapshotMinAge = time.Second
 
 // HeldSnapshot is a transaction that holds the database's xmin horizon
 // back (PostgreSQL). While it lasts, the rows the relay moved out of the
@@ -123,7 +129,7 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 		if err != nil {
 			return Status{}, err
 		}
-		if found {
+		if found && age >= HeldSnapshotMinAge {
 			out.HeldSnapshot = &HeldSnapshot{Age: age, PID: pid, State: state}
 		}
 	}
