@@ -58,7 +58,7 @@ queue holds exactly N. Queues, exchanges and tables are deleted at the end.`,
 	f := cmd.Flags()
 	databaseURLFlag(cmd, &opts.DatabaseURL)
 	f.StringVar(&opts.AMQPURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
-	f.IntVar(&opts.Messages, "messages", 100_000, "backlog size (the issue's figure: 1000000)")
+	f.IntVar(&opts.Messages, "messages", 100_000, "backlog size (1000000 for the full-scale run)")
 	f.IntVar(&runs, "runs", 1, "repeat the measurement; the table shows each run and the median")
 	f.IntVar(&opts.Keys, "keys", 1000, "distinct ordering keys (0: keyless)")
 	f.IntVar(&opts.Window, "window", 256, "outstanding confirms of the raw baseline")

@@ -64,7 +64,7 @@ the end every written message must be in the stream and the outbox empty.`,
 	databaseURLFlag(cmd, &opts.DatabaseURL)
 	natsURLFlag(cmd, &opts.NatsURL)
 	f.DurationVar(&opts.Before, "before", 10e9, "steady load before the snapshot is taken")
-	f.DurationVar(&opts.Hold, "hold", 60e9, "how long the snapshot is held (the issue's figure: 5m)")
+	f.DurationVar(&opts.Hold, "hold", 60e9, "how long the snapshot is held (5m for the full-scale run)")
 	f.DurationVar(&opts.After, "after", 60e9, "steady load after it is released")
 	f.IntVar(&opts.Rate, "rate", 2000, "messages written per second")
 	f.IntVar(&opts.Keys, "keys", 1000, "distinct ordering keys (0: keyless)")
