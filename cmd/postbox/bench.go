@@ -76,7 +76,7 @@ func newBenchDrain() *cobra.Command {
 				row := func(name string, r bench.DrainResult) {
 					m := bench.Micros
 					fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", name,
-						m(r.RawCPU.Self), m(r.RawCPU.NATS), m(r.RawCPU.Total()),
+						m(r.RawCPU.Self), m(r.RawCPU.NATS), m(r.RawCPU.Self+r.RawCPU.NATS),
 						m(r.DrainCPU.Self), m(r.DrainCPU.Postgres), m(r.DrainCPU.NATS), m(r.DrainCPU.Total()))
 				}
 				for i, r := range results {

@@ -23,17 +23,22 @@ type proc struct {
 // whose name is in names, by pid. It is nil where /proc is not there: the
 // figures built on it are then left out.
 func cpuTimes(names ...string) map[int]proc {
-	t, ok := procCPU("/proc/self/stat")
+	return cpuTimesAt("/proc", os.Getpid(), names...)
+}
+
+// cpuTimesAt is cpuTimes over the proc file system at root, with self the
+// pid of this process.
+func cpuTimesAt(root string, self int, names ...string) map[int]proc {
+	t, ok := procCPU(filepath.Join(root, strconv.Itoa(self), "stat"))
 	if !ok {
 		return nil
 	}
-	self := os.Getpid()
 	out := map[int]proc{self: {"self", t}}
 	want := map[string]bool{}
 	for _, n := range names {
 		want[n] = true
 	}
-	paths, _ := filepath.Glob("/proc/[0-9]*/stat")
+	paths, _ := filepath.Glob(filepath.Join(root, "[0-9]*", "stat"))
 	for _, p := range paths {
 		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
 		if err != nil || pid == self {
@@ -101,23 +106,28 @@ func cpuPhase() func(messages int) (CPUUse, bool) {
 	names := []string{"postgres", "nats-server"}
 	before := cpuTimes(names...)
 	return func(messages int) (CPUUse, bool) {
-		after := cpuTimes(names...)
-		if before == nil || after == nil || messages <= 0 {
-			return CPUUse{}, false
-		}
-		sum := map[string]time.Duration{}
-		for pid, a := range after {
-			b := before[pid]
-			if b.name != "" && b.name != a.name {
-				b.cpu = 0 // the pid was reused
-			}
-			if d := a.cpu - b.cpu; d > 0 {
-				sum[a.name] += d
-			}
-		}
-		n := time.Duration(messages)
-		return CPUUse{Self: sum["self"] / n, Postgres: sum["postgres"] / n, NATS: sum["nats-server"] / n}, true
+		return cpuBetween(before, cpuTimes(names...), messages)
 	}
+}
+
+// cpuBetween is the CPU each side used from before to after, per message.
+// A pid found under another name after is a reused one and counts whole.
+func cpuBetween(before, after map[int]proc, messages int) (CPUUse, bool) {
+	if before == nil || after == nil || messages <= 0 {
+		return CPUUse{}, false
+	}
+	sum := map[string]time.Duration{}
+	for pid, a := range after {
+		b := before[pid]
+		if b.name != "" && b.name != a.name {
+			b.cpu = 0
+		}
+		if d := a.cpu - b.cpu; d > 0 {
+			sum[a.name] += d
+		}
+	}
+	n := time.Duration(messages)
+	return CPUUse{Self: sum["self"] / n, Postgres: sum["postgres"] / n, NATS: sum["nats-server"] / n}, true
 }
 
 // us formats d in microseconds with one decimal.

@@ -1,10 +1,11 @@
 package bench
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
-	"time"
 )
 
 func TestProcCPU(t *testing.T) {
@@ -31,15 +32,57 @@ func TestProcCPU(t *testing.T) {
 	}
 }
 
-func TestCPUPhaseCountsThisProcess(t *testing.T) {
-	if _, ok := procCPU("/proc/self/stat"); !ok {
-		t.Skip("no /proc")
+// cpuTimesAt reads this process and the named servers from a proc tree,
+// and cpuBetween turns two readings into CPU per message: a server that
+// started counts whole, one that ended loses its share, a reused pid
+// counts whole under its new name, other processes not at all.
+func TestCPUBetweenReadings(t *testing.T) {
+	stat := func(ticks int) string {
+		// utime, stime, cutime, cstime are fields 14 to 17.
+		return fmt.Sprintf("1 (x) S 1 1 1 0 -1 0 0 0 0 0 %d 0 0 0 20 0 1 0 1 1 1\n", ticks)
 	}
-	done := cpuPhase()
-	for end := time.Now().Add(100 * time.Millisecond); time.Now().Before(end); {
+	write := func(root string, procs map[int][2]string) {
+		for pid, p := range procs {
+			dir := filepath.Join(root, strconv.Itoa(pid))
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			for name, body := range map[string]string{"comm": p[0] + "\n", "stat": p[1]} {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 	}
-	use, ok := done(1)
-	if !ok || use.Self <= 0 {
-		t.Fatalf("cpuPhase = %+v, %v; want this process's busy loop counted", use, ok)
+	const self = 10
+	names := []string{"postgres", "nats-server"}
+	before, after := t.TempDir(), t.TempDir()
+	write(before, map[int][2]string{
+		self: {"postbox", stat(100)},
+		20:   {"postgres", stat(50)},
+		21:   {"postgres", stat(70)}, // ends during the phase
+		30:   {"nats-server", stat(10)},
+		40:   {"bash", stat(5)},
+		50:   {"bash", stat(500)}, // its pid is a postgres backend's after
+	})
+	write(after, map[int][2]string{
+		self: {"postbox", stat(300)},
+		20:   {"postgres", stat(90)},
+		22:   {"postgres", stat(30)}, // starts during the phase
+		30:   {"nats-server", stat(110)},
+		40:   {"bash", stat(900)},
+		50:   {"postgres", stat(20)},
+	})
+	b, a := cpuTimesAt(before, self, names...), cpuTimesAt(after, self, names...)
+	use, ok := cpuBetween(b, a, 10)
+	want := CPUUse{Self: 20 * clockTick, Postgres: 9 * clockTick, NATS: 10 * clockTick}
+	if !ok || use != want {
+		t.Fatalf("cpuBetween = %+v, %v; want %+v", use, ok, want)
+	}
+	if _, ok := cpuBetween(nil, a, 10); ok {
+		t.Fatal("a missing reading counted")
+	}
+	if m := cpuTimesAt(t.TempDir(), self, names...); m != nil {
+		t.Fatalf("a tree without this process read as %v", m)
 	}
 }
