@@ -150,6 +150,9 @@ log:
 		t.Cleanup(dp.Close)
 		h.dbProx = append(h.dbProx, dp)
 		url := strings.Replace(h.dbURL, pgAddr, dp.Addr(), 1)
+		if url == h.dbURL {
+			t.Fatalf("faults: %s does not name %s: the relays would bypass their database proxies", h.dbURL, pgAddr)
+		}
 		env := append(append([]string(nil), base...),
 			"POSTBOX_CONFIG="+cfg,
 			"POSTBOX_DATABASE_URL="+withAppName(url, appName(run, fmt.Sprintf("relay%d", i))),

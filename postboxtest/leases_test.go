@@ -124,8 +124,9 @@ func expireRunning[TTx any](t *testing.T, driver postboxdriver.Driver[TTx], pref
 	faulty := postboxtest.NewFaulty(broker)
 	var once sync.Once
 	var expErr error
+	var taken int
 	faulty.AfterPublish(func(*postbox.Envelope) {
-		once.Do(func() { _, expErr = postboxtest.ExpireLeases(ctx, driver, prefix) })
+		once.Do(func() { taken, expErr = postboxtest.ExpireLeases(ctx, driver, prefix) })
 	})
 	client, err := postbox.NewClient(driver, &postbox.Config{Prefix: prefix, Publisher: faulty, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -160,6 +161,9 @@ func expireRunning[TTx any](t *testing.T, driver postboxdriver.Driver[TTx], pref
 	if expErr != nil {
 		t.Fatal(expErr)
 	}
+	if taken == 0 {
+		t.Fatal("ExpireLeases took no partition: the takeover under test did not happen")
+	}
 	copies := map[string]int{}
 	for _, m := range broker.Messages() {
 		copies[m.ID]++
@@ -167,9 +171,18 @@ func expireRunning[TTx any](t *testing.T, driver postboxdriver.Driver[TTx], pref
 	if len(copies) != n {
 		t.Fatalf("broker holds %d distinct ids, want %d", len(copies), n)
 	}
+	resent := 0
 	for id, c := range copies {
 		if c > 2 {
 			t.Fatalf("id %s sent %d times: the relay kept publishing under its lost leases", id, c)
 		}
+		if c == 2 {
+			resent++
+		}
+	}
+	// The takeover landed between an ack and its mark: that batch's marks
+	// were fenced out and its rows sent once more.
+	if resent == 0 {
+		t.Fatal("no id was sent twice: no mark was fenced out")
 	}
 }
