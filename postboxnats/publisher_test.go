@@ -304,8 +304,7 @@ func TestContextEnds(t *testing.T) {
 			// The client may refuse the publish at once while it is
 			// disconnected, before the context ends: also infrastructure,
 			// and then nothing holds a slot.
-			t.Logf("refused while disconnected: %v", err)
-			return
+			t.Skipf("the client refused the publish while disconnected (%v): the full-window check did not run", err)
 		}
 		if pending != 1 {
 			t.Fatalf("Pending() = %d while awaiting the ack, want 1", pending)
@@ -318,8 +317,7 @@ func TestContextEnds(t *testing.T) {
 			if n != 0 {
 				t.Fatalf("Pending() = %d after the context ended, want 1 (or 0 once settled)", n)
 			}
-			t.Logf("the client settled the abandoned publish before the check")
-			return
+			t.Skip("the client settled the abandoned publish before the check: the full-window check did not run")
 		}
 		short, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel2()
