@@ -13,12 +13,15 @@ import (
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
-// Operator types, shared with the driver seam.
+// Types shared with the driver seam.
 type (
-	// DeadMessage is an outbox message past its attempt budget.
+	// DeadMessage is a message postbox gave up on: on the outbox side
+	// (Admin), one the relay could not publish within its attempt budget;
+	// on the consumer side (Inbox), one a consumer's handler could not
+	// apply, with Consumer set.
 	DeadMessage = postboxdriver.DeadMessage
-	// DeadMessageFilter selects dead messages.
-	DeadMessageFilter = postboxdriver.DeadMessageFilter
+	// DeadFilter selects dead messages, on either side.
+	DeadFilter = postboxdriver.DeadFilter
 	// TopicStats is the state of one topic.
 	TopicStats = postboxdriver.TopicStats
 	// ReplayAudit is one recorded replay.
@@ -29,62 +32,12 @@ type (
 // no filter at all and All was not set.
 var ErrEmptySelection = errors.New("postbox: no messages selected: give ids or a filter, or set All")
 
-// AdminConfig configures an Admin. Zero fields take the defaults.
-type AdminConfig struct {
-	// Prefix names the tables; default "postbox_".
-	Prefix string
-	// Retention is how long published messages are kept for replay; the
-	// replay horizon. Default 7 days.
-	Retention time.Duration
-	// PruneBatch bounds each retention delete. Default 1000.
-	PruneBatch int
-}
-
-// Admin holds the operator's operations: status, dead messages, retention
-// and replay. The CLI and the admin HTTP API are built on it.
+// Admin holds the operator's operations on the outbox: status, dead
+// messages, retention and replay. The CLI and the admin HTTP API are built
+// on it; Client.Admin returns one.
 type Admin struct {
 	ex  postboxdriver.Executor
-	ad  postboxdriver.Admin
-	cfg AdminConfig
-}
-
-// NewAdmin returns an Admin over driver.
-func NewAdmin[TTx any](driver postboxdriver.Driver[TTx], cfg *AdminConfig) (*Admin, error) {
-	var c AdminConfig
-	if cfg != nil {
-		c = *cfg
-	}
-	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
-	}
-	if c.Retention == 0 {
-		c.Retention = DefaultOutboxRetention
-	}
-	if c.PruneBatch == 0 {
-		c.PruneBatch = DefaultPruneBatch
-	}
-	var ps []*ValidationError
-	if err := ValidatePrefix(c.Prefix); err != nil {
-		ps = append(ps, err.(*ValidationError)) //nolint:errorlint // always this type
-	}
-	if c.Retention < time.Hour {
-		ps = append(ps, invalid("Retention", c.Retention, "must be at least 1h"))
-	}
-	if c.PruneBatch < 1 || c.PruneBatch > 100_000 {
-		ps = append(ps, invalid("PruneBatch", c.PruneBatch, "must be between 1 and 100000"))
-	}
-	if len(ps) > 0 {
-		return nil, &ConfigError{Problems: ps}
-	}
-	store, err := driver.Open(c.Prefix)
-	if err != nil {
-		return nil, err
-	}
-	ad, ok := store.(postboxdriver.Admin)
-	if !ok {
-		return nil, fmt.Errorf("postbox: the %s driver (%T) has no operator operations", store.Dialect(), store)
-	}
-	return &Admin{ex: store, ad: ad, cfg: c}, nil
+	cfg *Config
 }
 
 // Status is the state of the outbox, overall and per topic.
@@ -105,13 +58,12 @@ type Status struct {
 const HeldSnapshotMinAge = time.Second
 
 // HeldSnapshot is a transaction that holds the database's xmin horizon
-// back (PostgreSQL). While it lasts, the rows the relay moved out of the
-// outbox stay behind as dead tuples, and every read walks past them.
-type HeldSnapshot struct {
-	Age   time.Duration // since the transaction began, on the database clock
-	PID   int           // its backend, for pg_stat_activity or pg_terminate_backend
-	State string        // pg_stat_activity.state: "active", "idle in transaction", ...
-}
+// back (PostgreSQL): its age on the database clock, its backend (for
+// pg_stat_activity or pg_terminate_backend) and its state ("active",
+// "idle in transaction", ...). While it lasts, the rows the relay moved
+// out of the outbox stay behind as dead tuples, and every read walks past
+// them.
+type HeldSnapshot = postboxdriver.Snapshot
 
 // Status reports the outbox's state.
 func (a *Admin) Status(ctx context.Context) (Status, error) {
@@ -119,19 +71,17 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	topics, err := a.ad.TopicStats(ctx)
+	topics, err := a.ex.TopicStats(ctx)
 	if err != nil {
 		return Status{}, err
 	}
 	out := Status{Stats: st, Topics: topics}
-	if sc, ok := a.ex.(snapshotChecker); ok {
-		age, pid, state, found, err := sc.OldestSnapshot(ctx)
-		if err != nil {
-			return Status{}, err
-		}
-		if found && age >= HeldSnapshotMinAge {
-			out.HeldSnapshot = &HeldSnapshot{Age: age, PID: pid, State: state}
-		}
+	s, found, err := a.ex.OldestSnapshot(ctx)
+	if err != nil {
+		return Status{}, err
+	}
+	if found && s.Age >= HeldSnapshotMinAge {
+		out.HeldSnapshot = &s
 	}
 	return out, nil
 }
@@ -156,10 +106,26 @@ func validateTime(field string, t time.Time) error {
 	return nil
 }
 
-func validateDeadFilter(f *DeadMessageFilter) error {
+// validateDeadFilter checks a filter of the outbox's dead messages, or,
+// with consumers, of consumers' dead messages: their ids are whatever the
+// broker delivered, not always UUIDs.
+func validateDeadFilter(f *DeadFilter, consumers bool) error {
+	switch {
+	case !consumers && f.Consumer != "":
+		return invalid("consumer", f.Consumer, "selects consumers' dead messages, not the outbox's")
+	case f.Consumer != "":
+		if err := validateConsumer(f.Consumer, "-"); err != nil {
+			return err
+		}
+	}
 	for i, id := range f.IDs {
-		if u, err := uuid.Parse(id); err != nil || u.String() != id {
-			return invalid(fmt.Sprintf("ids[%d]", i), id, "is not a UUID in canonical lower-case form")
+		field := fmt.Sprintf("ids[%d]", i)
+		if consumers {
+			if validateConsumer("-", id) != nil {
+				return invalid(field, id, "must be printable text of 1 to %d bytes", MaxDeliveryIDBytes)
+			}
+		} else if u, err := uuid.Parse(id); err != nil || u.String() != id {
+			return invalid(field, id, "is not a UUID in canonical lower-case form")
 		}
 	}
 	if f.Topic != "" {
@@ -182,39 +148,39 @@ func validateDeadFilter(f *DeadMessageFilter) error {
 	return nil
 }
 
-func emptyFilter(f *DeadMessageFilter) bool {
+func emptyFilter(f *DeadFilter) bool {
 	return len(f.IDs) == 0 && f.Topic == "" && f.Key == "" && f.Since.IsZero() && f.Until.IsZero()
 }
 
-// DeadMessages lists dead messages, newest first.
-func (a *Admin) DeadMessages(ctx context.Context, f DeadMessageFilter) ([]DeadMessage, error) {
-	if err := validateDeadFilter(&f); err != nil {
+// ListDead lists the outbox's dead messages, newest first.
+func (a *Admin) ListDead(ctx context.Context, f DeadFilter) ([]DeadMessage, error) {
+	if err := validateDeadFilter(&f, false); err != nil {
 		return nil, err
 	}
-	return a.ad.ListDeadMessages(ctx, f)
+	return a.ex.ListDeadMessages(ctx, f)
 }
 
-// DeadMessage returns one dead message, or an error wrapping
+// GetDead returns one dead message of the outbox, or an error wrapping
 // postboxdriver.ErrNotFound.
-func (a *Admin) DeadMessage(ctx context.Context, id string) (DeadMessage, error) {
+func (a *Admin) GetDead(ctx context.Context, id string) (DeadMessage, error) {
 	if u, err := uuid.Parse(id); err != nil || u.String() != id {
 		return DeadMessage{}, invalid("id", id, "is not a UUID in canonical lower-case form")
 	}
-	return a.ad.GetDeadMessage(ctx, id)
+	return a.ex.GetDeadMessage(ctx, id)
 }
 
 // DeadSelection picks dead messages for a bulk change.
 type DeadSelection struct {
-	DeadMessageFilter
+	DeadFilter
 	// All must be set to select every dead message with an empty filter.
 	All bool
 }
 
 func (s *DeadSelection) check() error {
-	if err := validateDeadFilter(&s.DeadMessageFilter); err != nil {
+	if err := validateDeadFilter(&s.DeadFilter, false); err != nil {
 		return err
 	}
-	if emptyFilter(&s.DeadMessageFilter) && !s.All {
+	if emptyFilter(&s.DeadFilter) && !s.All {
 		return ErrEmptySelection
 	}
 	return nil
@@ -227,7 +193,7 @@ func (a *Admin) RequeueDead(ctx context.Context, s DeadSelection) (int, error) {
 	if err := s.check(); err != nil {
 		return 0, err
 	}
-	return a.ad.RequeueDeadMessages(ctx, s.DeadMessageFilter)
+	return a.ex.RequeueDeadMessages(ctx, s.DeadFilter)
 }
 
 // DeleteDead deletes the selected dead messages.
@@ -235,7 +201,7 @@ func (a *Admin) DeleteDead(ctx context.Context, s DeadSelection) (int, error) {
 	if err := s.check(); err != nil {
 		return 0, err
 	}
-	return a.ad.DeleteDeadMessages(ctx, s.DeadMessageFilter)
+	return a.ex.DeleteDeadMessages(ctx, s.DeadFilter)
 }
 
 // Prune deletes published messages older than the retention, in batches,
@@ -243,17 +209,18 @@ func (a *Admin) DeleteDead(ctx context.Context, s DeadSelection) (int, error) {
 // running total after each batch. Pending and dead messages are never
 // touched: they live in other tables.
 func (a *Admin) Prune(ctx context.Context, progress func(deleted int)) (int, error) {
+	if a.cfg.Retention < 0 {
+		return 0, nil
+	}
 	total := 0
-	for {
-		n, err := a.ad.PrunePublished(ctx, a.cfg.Retention, a.cfg.PruneBatch)
+	return prune(ctx, 0, a.cfg.PruneBatch, func(ctx context.Context) (int, error) {
+		n, err := a.ex.PrunePublished(ctx, a.cfg.Retention, a.cfg.PruneBatch)
 		total += n
 		if progress != nil && n > 0 {
 			progress(total)
 		}
-		if err != nil || n < a.cfg.PruneBatch {
-			return total, err
-		}
-	}
+		return n, err
+	})
 }
 
 // ReplayRequest selects published messages to send again.
@@ -274,6 +241,8 @@ type ReplayRequest struct {
 // state) process them. A window that starts before the retention horizon
 // is refused with an error wrapping postboxdriver.ErrBeyondHorizon: past
 // it, inboxes may have forgotten the ids and handlers would run twice.
+// With a negative Retention (the history is kept forever) there is no
+// horizon.
 // Every request, dry runs included, is recorded (ListReplays).
 func (a *Admin) Replay(ctx context.Context, r ReplayRequest) (int, error) {
 	switch {
@@ -294,7 +263,7 @@ func (a *Admin) Replay(ctx context.Context, r ReplayRequest) (int, error) {
 			return 0, err
 		}
 	}
-	n, err := a.ad.Replay(ctx, postboxdriver.ReplayRequest{
+	n, err := a.ex.Replay(ctx, postboxdriver.ReplayParams{
 		Since: r.Since, Until: r.Until, Topic: r.Topic, Key: r.Key, DryRun: r.DryRun, Actor: r.Actor, Horizon: a.cfg.Retention,
 	})
 	if errors.Is(err, postboxdriver.ErrBeyondHorizon) {
@@ -308,7 +277,7 @@ func (a *Admin) Replays(ctx context.Context, limit int) ([]ReplayAudit, error) {
 	if limit < 0 || limit > 10_000 {
 		return nil, invalid("limit", limit, "must be between 0 and 10000")
 	}
-	return a.ad.ListReplays(ctx, limit)
+	return a.ex.ListReplays(ctx, limit)
 }
 
 // firstValidation returns the first *ValidationError joined in err.

@@ -10,37 +10,53 @@ import (
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
-// Client writes messages in transactions and runs the relay that moves
-// them to the broker. TTx is the transaction type of the driver: pgx.Tx for
-// postboxpgx, *sql.Tx for postboxsql and postboxsqlite.
+// Client is postbox's one front door: it writes messages in transactions,
+// runs the relay that moves them to the broker (Start, Stop, Drain), and
+// hands out the consumer side (Inbox) and the operator side (Admin), all
+// over one driver and one Config. TTx is the transaction type of the
+// driver: pgx.Tx for postboxpgx, *sql.Tx for postboxsql and postboxsqlite.
 type Client[TTx any] struct {
 	cfg    *Config
 	store  postboxdriver.Store[TTx]
 	wake   chan struct{}
 	routes routes
+	inbox  *Inbox[TTx]
+	admin  *Admin
 
 	mu      sync.Mutex
 	running *relayRun
 }
 
-// NewClient makes a Client over driver. cfg may be nil for all defaults.
+// NewClient makes a Client over driver. cfg may be nil for all defaults;
+// an invalid one returns a *ConfigError naming every bad field.
 func NewClient[TTx any](driver postboxdriver.Driver[TTx], cfg *Config) (*Client[TTx], error) {
 	c := cfg.WithDefaults()
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	if driver == nil {
+		return nil, errors.New("postbox: NewClient needs a driver")
+	}
 	store, err := driver.Open(c.Prefix)
 	if err != nil {
 		return nil, err
 	}
-	return &Client[TTx]{cfg: c, store: store, wake: make(chan struct{}, 1), routes: c.effectiveRoutes()}, nil
+	client := &Client[TTx]{cfg: c, store: store, wake: make(chan struct{}, 1), routes: c.effectiveRoutes()}
+	client.inbox = &Inbox[TTx]{cfg: c, store: store, log: c.Logger}
+	client.admin = &Admin{ex: store, cfg: c}
+	return client, nil
 }
 
 // Config returns the client's configuration, defaults filled in.
 func (c *Client[TTx]) Config() Config { return *c.cfg }
 
-// Store returns the driver store the client uses, for tools built on it.
-func (c *Client[TTx]) Store() postboxdriver.Store[TTx] { return c.store }
+// Inbox returns the consumer side: exactly-once effect for handlers, and
+// the consumers' dead messages.
+func (c *Client[TTx]) Inbox() *Inbox[TTx] { return c.inbox }
+
+// Admin returns the operator side: status, the outbox's dead messages,
+// retention and replay.
+func (c *Client[TTx]) Admin() *Admin { return c.admin }
 
 // WriteTx writes msgs in the caller's transaction tx, with one statement:
 // they exist if and only if tx commits. Each message is validated first;
@@ -55,7 +71,7 @@ func (c *Client[TTx]) WriteTx(ctx context.Context, tx TTx, msgs ...Message) erro
 	if err != nil || len(rows) == 0 {
 		return err
 	}
-	if err := c.store.InsertTx(ctx, tx, rows); err != nil {
+	if err := c.store.UnwrapExecutor(tx).Insert(ctx, rows); err != nil {
 		return fmt.Errorf("postbox: write: %w", err)
 	}
 	// The transaction is not committed yet; the relay, woken now, looks
@@ -70,7 +86,7 @@ func (c *Client[TTx]) Write(ctx context.Context, msgs ...Message) error {
 	if err != nil || len(rows) == 0 {
 		return err
 	}
-	if err := c.store.InTx(ctx, func(tx TTx) error { return c.store.InsertTx(ctx, tx, rows) }); err != nil {
+	if err := c.store.Insert(ctx, rows); err != nil {
 		return fmt.Errorf("postbox: write: %w", err)
 	}
 	c.notify()

@@ -216,7 +216,7 @@ func TestDurabilityWarnings(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	w, err := st.(postboxdriver.DurabilityChecker).DurabilityWarnings(ctx)
+	w, err := st.DurabilityWarnings(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestDurabilityWarnings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w, err = st.(postboxdriver.DurabilityChecker).DurabilityWarnings(ctx); err != nil || len(w) != 1 {
+	if w, err = st.DurabilityWarnings(ctx); err != nil || len(w) != 1 {
 		t.Fatalf("warnings with synchronous_commit off: %v, %v", w, err)
 	}
 }

@@ -8,38 +8,31 @@ import (
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
-// Config configures a Client. The zero value of every field means its
-// default, documented on the field; WithDefaults fills them in and Validate
-// checks the result, naming every bad field at once.
+// Config configures a Client: the writer, the relay, the inbox and the
+// operator side share it, so a setting they have in common is set once.
+// The zero value of every field means its default, documented on the
+// field; WithDefaults fills them in and Validate checks the result, naming
+// every bad field at once.
 type Config struct {
 	// Prefix names the tables: {Prefix}outbox, {Prefix}published, ...
 	// Lower-case letters, digits and underscores, at most 32 characters.
 	// Default "postbox_".
 	Prefix string
 
-	// Publisher sends messages to the broker. A Client without one (and
-	// without Routes) can write, but Start refuses to run a relay.
-	Publisher Publisher
-
-	// Routes send topics to publishers: one relay can feed several
-	// brokers. The first route whose pattern matches a topic wins; with
-	// Publisher set too, it takes every topic no route matches. A relay
-	// reads only the topics it has a route for: rows of other topics
-	// (written by another service, or by a newer version during a rolling
-	// deploy) wait for a relay that knows them, spending no attempt, and
-	// hold back the later messages of their key. A Client with routes and
-	// no Publisher refuses to write a topic no route matches.
-	Routes []Route
-
-	// Logger receives the relay's logs. Default slog.Default().
+	// Logger receives the relay's and the inbox's logs. Default
+	// slog.Default().
 	Logger *slog.Logger
 
-	// Metrics, when set, receives a report of every relay batch.
+	// Metrics, when set, receives a report of every relay batch and of
+	// every delivery the inbox handles.
 	Metrics Metrics
 
 	// Tracer, when set, stores the writer's trace context with each
-	// message and traces each publish (postboxotel).
+	// message, traces each publish, and runs each handler in a span that
+	// continues the writer's trace (postboxotel).
 	Tracer Tracer
+
+	// Writing.
 
 	// Source is the CloudEvents source of messages that set none. Default
 	// "postbox".
@@ -51,6 +44,23 @@ type Config struct {
 	// Validator, when set, checks each payload before the insert, e.g.
 	// against a JSON Schema per topic (package postboxschema).
 	Validator PayloadValidator
+
+	// Publishing: the relay.
+
+	// Publisher sends messages to the broker. A Client without one (and
+	// without Routes) can write, consume and operate, but Start refuses to
+	// run a relay.
+	Publisher Publisher
+
+	// Routes send topics to publishers: one relay can feed several
+	// brokers. The first route whose pattern matches a topic wins; with
+	// Publisher set too, it takes every topic no route matches. A relay
+	// reads only the topics it has a route for: rows of other topics
+	// (written by another service, or by a newer version during a rolling
+	// deploy) wait for a relay that knows them, spending no attempt, and
+	// hold back the later messages of their key. A Client with routes and
+	// no Publisher refuses to write a topic no route matches.
+	Routes []Route
 
 	// BatchSize is the most rows the relay reads at once. Default 500.
 	BatchSize int
@@ -67,35 +77,50 @@ type Config struct {
 	// after it. Default 30s.
 	LeaseDuration time.Duration
 	// BatchDeadline bounds one batch's publishing, and must be shorter than
-	// LeaseDuration. Default 10s.
+	// LeaseDuration. Default 10s, or a third of LeaseDuration if shorter.
 	BatchDeadline time.Duration
-	// BackoffBase and BackoffMax bound the retry delay of a message whose
-	// publish failed: base·2^attempts capped at max, with equal jitter.
-	// Defaults 1s and 5m.
-	BackoffBase time.Duration
-	BackoffMax  time.Duration
-	// MaxAttempts is the attempt budget of a message; a message that fails
-	// this many times is moved to the dead table. Default 25.
-	MaxAttempts int
 	// PollInterval is the longest the relay waits between looks at an idle
 	// outbox. Writes through this Client wake it at once. Default 100ms.
 	PollInterval time.Duration
 	// BlockOnDead keeps later messages of a key waiting while an earlier one
 	// is dead, until it is requeued or deleted. By default they go on.
 	BlockOnDead bool
-
 	// RelayID names this relay in leases and logs. Default a new UUID per
 	// Start.
 	RelayID string
 
-	// Retention keeps published messages this long, for replay; the relay
-	// that holds partition 0 deletes older ones every PruneInterval, in
-	// batches of PruneBatch, so one replica at a time does it. Pending and
-	// dead messages are never deleted. Negative keeps everything. Default
-	// 7 days.
-	Retention     time.Duration
-	PruneInterval time.Duration // default 1 minute
-	PruneBatch    int           // default 1000
+	// Retries, of a publish (the relay) and of a handler run (the inbox).
+
+	// MaxAttempts is a message's budget of failed publishes, and of failed
+	// handler runs per consumer: the failure that reaches it makes the
+	// message a dead message. Default 25.
+	MaxAttempts int
+	// BackoffBase and BackoffMax bound the delay before the next try:
+	// base·2^(failures-1) capped at max, with equal jitter (half fixed,
+	// half random). Defaults 1s and 5m.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+
+	// Retention. Pending and dead outbox messages are never deleted by it.
+
+	// Retention keeps published messages this long, for replay: it is the
+	// replay horizon. The relay that holds partition 0 deletes older ones
+	// every PruneInterval, in batches of PruneBatch, so one replica at a
+	// time does it. Negative keeps everything. Default 7 days.
+	Retention time.Duration
+	// InboxRetention keeps inbox records this long. A copy that arrives
+	// after its record is gone runs its handler again, so it must outlast
+	// every way a copy can come: at least Retention plus a day (a replay,
+	// a relay's re-send). Negative keeps them forever, and is required
+	// when Retention is negative. Default Retention plus a day.
+	InboxRetention time.Duration
+	// DeadRetention keeps consumers' dead messages this long. Negative
+	// keeps them until they are requeued or deleted. Default 30 days.
+	DeadRetention time.Duration
+	// PruneInterval is the pause between retention passes. Default 1m.
+	PruneInterval time.Duration
+	// PruneBatch bounds each retention delete. Default 1000.
+	PruneBatch int
 }
 
 // PayloadValidator checks a payload before it is written.
@@ -115,10 +140,19 @@ const (
 	DefaultLanes           = 4
 	DefaultLeaseDuration   = 30 * time.Second
 	DefaultBatchDeadline   = 10 * time.Second
+	DefaultPollInterval    = 100 * time.Millisecond
+	DefaultMaxAttempts     = 25
 	DefaultBackoffBase     = time.Second
 	DefaultBackoffMax      = 5 * time.Minute
-	DefaultMaxAttempts     = 25
-	DefaultPollInterval    = 100 * time.Millisecond
+	DefaultRetention       = 7 * 24 * time.Hour
+	DefaultDeadRetention   = 30 * 24 * time.Hour
+	DefaultPruneInterval   = time.Minute
+	DefaultPruneBatch      = 1000
+
+	// RedeliveryMargin is what InboxRetention must keep beyond Retention:
+	// the time a copy may still take to arrive after the history that
+	// could re-send it is gone (a relay's re-send, a broker's redelivery).
+	RedeliveryMargin = 24 * time.Hour
 )
 
 // ValidatePrefix reports whether prefix can name tables.
@@ -129,47 +163,47 @@ func ValidatePrefix(prefix string) error {
 	return nil
 }
 
-// WithDefaults returns a copy of c with every zero field set to its default.
+// WithDefaults returns a copy of c with every zero field set to its
+// default; the defaults that follow from other fields (BatchDeadline,
+// InboxRetention) follow the values given.
 func (c *Config) WithDefaults() *Config {
 	var out Config
 	if c != nil {
 		out = *c
 	}
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	defD := func(v *time.Duration, d time.Duration) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	if out.Prefix == "" {
-		out.Prefix = DefaultPrefix
-	}
+	def(&out.Prefix, DefaultPrefix)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
-	if out.Source == "" {
-		out.Source = DefaultSource
-	}
+	def(&out.Source, DefaultSource)
 	def(&out.MaxPayloadBytes, DefaultMaxPayloadBytes)
 	def(&out.BatchSize, DefaultBatchSize)
 	def(&out.PublishWindow, DefaultPublishWindow)
 	def(&out.Lanes, DefaultLanes)
-	defD(&out.LeaseDuration, DefaultLeaseDuration)
-	if out.BatchDeadline == 0 {
-		out.BatchDeadline = min(DefaultBatchDeadline, out.LeaseDuration/3)
-	}
-	defD(&out.BackoffBase, DefaultBackoffBase)
-	defD(&out.BackoffMax, DefaultBackoffMax)
+	def(&out.LeaseDuration, DefaultLeaseDuration)
+	def(&out.BatchDeadline, min(DefaultBatchDeadline, out.LeaseDuration/3))
+	def(&out.PollInterval, DefaultPollInterval)
 	def(&out.MaxAttempts, DefaultMaxAttempts)
-	defD(&out.PollInterval, DefaultPollInterval)
-	defD(&out.Retention, DefaultOutboxRetention)
-	defD(&out.PruneInterval, DefaultPruneInterval)
+	def(&out.BackoffBase, DefaultBackoffBase)
+	def(&out.BackoffMax, DefaultBackoffMax)
+	def(&out.Retention, DefaultRetention)
+	if out.Retention < 0 {
+		def(&out.InboxRetention, -1)
+	} else {
+		def(&out.InboxRetention, out.Retention+RedeliveryMargin)
+	}
+	def(&out.DeadRetention, DefaultDeadRetention)
+	def(&out.PruneInterval, DefaultPruneInterval)
 	def(&out.PruneBatch, DefaultPruneBatch)
 	return &out
+}
+
+// def sets *p to v if *p is the zero value.
+func def[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
 }
 
 // Validate checks a Config that WithDefaults has filled in. It returns a
@@ -185,16 +219,17 @@ func (c *Config) Validate() error {
 	if len(c.Source) > MaxHeaderValueBytes || !printable(c.Source) {
 		bad("Source", c.Source, "must be printable text of at most %d bytes", MaxHeaderValueBytes)
 	}
-	positive := func(field string, v, limit int) {
+	between := func(field string, v, limit int) {
 		if v < 1 || v > limit {
 			bad(field, v, "must be between 1 and %d", limit)
 		}
 	}
-	positive("MaxPayloadBytes", c.MaxPayloadBytes, 64<<20)
-	positive("BatchSize", c.BatchSize, 100_000)
-	positive("PublishWindow", c.PublishWindow, 100_000)
-	positive("Lanes", c.Lanes, 64)
-	positive("MaxAttempts", c.MaxAttempts, 1_000_000)
+	between("MaxPayloadBytes", c.MaxPayloadBytes, 64<<20)
+	between("BatchSize", c.BatchSize, 100_000)
+	between("PublishWindow", c.PublishWindow, 100_000)
+	between("Lanes", c.Lanes, 64)
+	between("MaxAttempts", c.MaxAttempts, 1_000_000)
+	between("PruneBatch", c.PruneBatch, 100_000)
 	atLeast := func(field string, v, least time.Duration) {
 		if v < least {
 			bad(field, v, "must be at least %s", least)
@@ -204,6 +239,7 @@ func (c *Config) Validate() error {
 	atLeast("BatchDeadline", c.BatchDeadline, 10*time.Millisecond)
 	atLeast("BackoffBase", c.BackoffBase, time.Millisecond)
 	atLeast("PollInterval", c.PollInterval, time.Millisecond)
+	atLeast("PruneInterval", c.PruneInterval, time.Second)
 	if c.BatchDeadline >= c.LeaseDuration {
 		bad("BatchDeadline", c.BatchDeadline, "must be shorter than LeaseDuration (%s), so a batch ends before its lease can pass to another relay", c.LeaseDuration)
 	}
@@ -213,8 +249,15 @@ func (c *Config) Validate() error {
 	if c.Retention >= 0 && c.Retention < time.Hour {
 		bad("Retention", c.Retention, "must be at least 1h (or negative to keep everything): replay and late consumers need the history")
 	}
-	atLeast("PruneInterval", c.PruneInterval, time.Second)
-	positive("PruneBatch", c.PruneBatch, 100_000)
+	switch {
+	case c.Retention < 0 && c.InboxRetention >= 0:
+		bad("InboxRetention", c.InboxRetention, "must be negative (keep records forever) while Retention keeps the history forever: a replay of any age can reach the inbox, and a forgotten id runs its handler twice")
+	case c.Retention >= 0 && c.InboxRetention >= 0 && c.InboxRetention < c.Retention+RedeliveryMargin:
+		bad("InboxRetention", c.InboxRetention, "must be at least Retention (%s) plus one day: an inbox record deleted while a copy can still arrive lets the handler run twice", c.Retention)
+	}
+	if c.DeadRetention >= 0 && c.DeadRetention < time.Hour {
+		bad("DeadRetention", c.DeadRetention, "must be at least 1h (or negative to keep dead messages until they are handled)")
+	}
 	for i, r := range c.Routes {
 		if err := ValidateTopicPattern(r.Topics); err != nil {
 			bad(fmt.Sprintf("Routes[%d].Topics", i), r.Topics, "%s", err.(*ValidationError).Reason) //nolint:errorlint // always this type

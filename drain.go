@@ -21,7 +21,7 @@ var ErrLeaseLost = errors.New("postbox: drain: a partition's lease passed to ano
 type DrainResult struct {
 	Published int // rows published and marked
 	Failed    int // publishes that failed as message failures (attempts spent)
-	Dead      int // rows moved to the dead table
+	Dead      int // rows moved to the dead messages
 	Waiting   int // rows left pending, waiting for a retry
 }
 
@@ -30,6 +30,9 @@ type DrainResult struct {
 // call is published, failed (and waiting for its backoff) or dead when it
 // returns. It is meant for tests; a relay started with Start must not be
 // running on the same tables.
+//
+// It runs the relay's own cycle, one lane over every partition, under
+// leases it takes on all of them and lets go when it returns.
 func (c *Client[TTx]) Drain(ctx context.Context) (DrainResult, error) {
 	var res DrainResult
 	if len(c.routes) == 0 {
@@ -37,45 +40,32 @@ func (c *Client[TTx]) Drain(ctx context.Context) (DrainResult, error) {
 	}
 	cfg := *c.cfg
 	cfg.RelayID = "drain-" + NewID()
+	cfg.Lanes = 1
 	r, err := newRelay(ctx, c.store, &cfg, c.routes, nil)
 	if err != nil {
 		return res, err
 	}
-	all := make([]int, r.nparts)
-	for i := range all {
-		all[i] = i
-	}
-	start := time.Now()
-	leases, err := c.store.AcquireLeases(ctx, cfg.RelayID, all, cfg.LeaseDuration)
-	if err != nil {
+	if err := r.takeAll(ctx); err != nil {
 		return res, err
 	}
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
 		defer cancel()
-		_ = c.store.ReleaseLeases(ctx, cfg.RelayID, all)
+		r.releaseAll(ctx)
 	}()
-	if len(leases) != len(all) {
-		return res, fmt.Errorf("%w (%d of %d)", ErrPartitionsHeld, len(all)-len(leases), len(all))
-	}
-	for _, l := range leases {
-		r.held[l.Partition] = l.Generation
-	}
-	r.validUntil = start.Add(cfg.LeaseDuration - cfg.LeaseDuration/10)
-	r.lanes = r.lanes[:1]
 	for {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		fence, until := r.fence(time.Now(), 0)
+		fence, until := r.fence(time.Now(), -1)
 		if len(fence.Generations) == 0 {
 			return res, errors.New("postbox: drain: the leases ran out; raise LeaseDuration")
 		}
-		recs, err := c.store.Fetch(ctx, r.fetchParams(fence))
+		step, err := r.step(ctx, ctx, fence, until)
 		if err != nil {
 			return res, err
 		}
-		if len(recs) == 0 {
+		if step.read == 0 {
 			st, err := c.store.Stats(ctx)
 			if err != nil {
 				return res, err
@@ -83,28 +73,16 @@ func (c *Client[TTx]) Drain(ctx context.Context) (DrainResult, error) {
 			res.Waiting = int(st.Pending)
 			return res, nil
 		}
-		began := time.Now()
-		deadline := began.Add(cfg.BatchDeadline)
-		if until.Before(deadline) {
-			deadline = until
-		}
-		batch := r.publish(ctx, deadline, recs)
-		res.Failed += len(batch.failed)
-		rep, err := r.record(ctx, fence, recs, batch)
-		res.Published += len(batch.published) - rep.FencedOut
-		res.Dead += rep.dead
-		if m := cfg.Metrics; m != nil {
-			rep.Duration = time.Since(began)
-			m.RelayBatch(rep)
-		}
-		if err != nil {
-			return res, err
-		}
-		if batch.infra != nil {
-			return res, fmt.Errorf("postbox: drain: %w", batch.infra)
-		}
-		if rep.FencedOut > 0 {
-			return res, fmt.Errorf("%w: %d acknowledged rows left pending", ErrLeaseLost, rep.FencedOut)
+		res.Published += step.published
+		res.Failed += step.failed
+		res.Dead += step.dead
+		switch {
+		case step.markErr != nil:
+			return res, step.markErr
+		case step.infra != nil:
+			return res, fmt.Errorf("postbox: drain: %w", step.infra)
+		case step.fencedOut > 0:
+			return res, fmt.Errorf("%w: %d acknowledged rows left pending", ErrLeaseLost, step.fencedOut)
 		}
 	}
 }

@@ -18,6 +18,16 @@ var (
 	ErrNotStarted = errors.New("postbox: client not started")
 )
 
+// maxErrorBytes bounds an error message stored with a message.
+const maxErrorBytes = 2000
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
 // ValidationError reports one bad input: a message field, a config field,
 // a topic. Nothing is written when one is returned.
 type ValidationError struct {

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/postbox-go/postbox/postboxdriver"
 )
 
 // BatchConfig configures Inbox.BatchProcessor. Zero fields take the
@@ -107,10 +105,8 @@ func (c *BatchConfig) validate() error {
 // would.
 //
 // Process may be called concurrently, and must be for batches to form. A
-// batch runs until the contexts of all its deliveries have ended. The
-// store must implement postboxdriver.InboxBatcher (the PostgreSQL drivers
-// and SQLite do). cfg may be nil for the defaults; an invalid one returns
-// a *ConfigError.
+// batch runs until the contexts of all its deliveries have ended. cfg may
+// be nil for the defaults; an invalid one returns a *ConfigError.
 func (in *Inbox[TTx]) BatchProcessor(consumer string, h Handler[TTx], cfg *BatchConfig) (Processor, error) {
 	c := cfg.withDefaults()
 	if err := c.validate(); err != nil {
@@ -122,16 +118,11 @@ func (in *Inbox[TTx]) BatchProcessor(consumer string, h Handler[TTx], cfg *Batch
 	if h == nil {
 		return nil, invalid("handler", nil, "must not be nil")
 	}
-	bi, ok := in.store.(postboxdriver.InboxBatcher[TTx])
-	if !ok {
-		return nil, fmt.Errorf("postbox: the %s driver (%T) cannot batch the inbox (no postboxdriver.InboxBatcher); use Inbox.Processor", in.store.Dialect(), in.store)
-	}
-	return &batchProcessor[TTx]{in: in, bi: bi, consumer: consumer, h: h, cfg: c}, nil
+	return &batchProcessor[TTx]{in: in, consumer: consumer, h: h, cfg: c}, nil
 }
 
 type batchProcessor[TTx any] struct {
 	in       *Inbox[TTx]
-	bi       postboxdriver.InboxBatcher[TTx]
 	consumer string
 	h        Handler[TTx]
 	cfg      BatchConfig
@@ -273,7 +264,8 @@ func (p *batchProcessor[TTx]) run(batch []*batchItem) {
 	}
 
 	err := p.in.store.InTx(ctx, func(tx TTx) error {
-		fresh, err := p.bi.InboxInsertManyTx(ctx, tx, p.consumer, ids)
+		ex := p.in.store.UnwrapExecutor(tx)
+		fresh, err := ex.InboxInsertMany(ctx, p.consumer, ids)
 		if err != nil {
 			return err
 		}
@@ -283,18 +275,18 @@ func (p *batchProcessor[TTx]) run(batch []*batchItem) {
 			if !it.fresh {
 				continue
 			}
-			if err := p.bi.SavepointTx(ctx, tx, batchSavepoint); err != nil {
+			if err := ex.Savepoint(ctx, batchSavepoint); err != nil {
 				return err
 			}
 			if herr := callHandler(it.hctx, p.h, tx, it.d); herr != nil {
 				it.herr = herr
-				if err := p.bi.RollbackToSavepointTx(ctx, tx, batchSavepoint); err != nil {
+				if err := ex.RollbackToSavepoint(ctx, batchSavepoint); err != nil {
 					return err
 				}
 				failed = append(failed, it.d.ID)
 			}
 		}
-		return p.bi.InboxDeleteTx(ctx, tx, p.consumer, failed)
+		return ex.InboxDelete(ctx, p.consumer, failed)
 	})
 
 	for _, it := range members {

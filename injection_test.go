@@ -57,14 +57,7 @@ func injectionSuite[TTx any](t *testing.T, d postboxdriver.Driver[TTx], prefix s
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin, err := postbox.NewAdmin(d, &postbox.AdminConfig{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	inbox, err := postbox.NewInbox(d, &postbox.InboxConfig{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
+	admin, inbox := client.Admin(), client.Inbox()
 	expand := func(s string) string { return strings.ReplaceAll(s, "{p}", prefix) }
 
 	// Prefixes are identifiers spliced into SQL: refused before any use.
@@ -81,7 +74,7 @@ func injectionSuite[TTx any](t *testing.T, d postboxdriver.Driver[TTx], prefix s
 		if !errors.As(err, &ve) {
 			t.Errorf("topic %q: %v, want *ValidationError", s, err)
 		}
-		if _, err := admin.DeadMessages(ctx, postbox.DeadMessageFilter{Topic: expand(s)}); !errors.As(err, &ve) {
+		if _, err := admin.ListDead(ctx, postbox.DeadFilter{Topic: expand(s)}); !errors.As(err, &ve) {
 			t.Errorf("dead filter topic %q: %v, want *ValidationError", s, err)
 		}
 	}
@@ -127,10 +120,10 @@ func injectionSuite[TTx any](t *testing.T, d postboxdriver.Driver[TTx], prefix s
 			continue
 		}
 		s = expand(s)
-		if ds, err := admin.DeadMessages(ctx, postbox.DeadMessageFilter{Key: s}); err != nil || len(ds) != 0 {
+		if ds, err := admin.ListDead(ctx, postbox.DeadFilter{Key: s}); err != nil || len(ds) != 0 {
 			t.Errorf("dead filter key %q: %d rows, %v", s, len(ds), err)
 		}
-		if n, err := admin.DeleteDead(ctx, postbox.DeadSelection{DeadMessageFilter: postbox.DeadMessageFilter{Key: s}}); err != nil || n != 0 {
+		if n, err := admin.DeleteDead(ctx, postbox.DeadSelection{DeadFilter: postbox.DeadFilter{Key: s}}); err != nil || n != 0 {
 			t.Errorf("delete dead by key %q: %d, %v", s, n, err)
 		}
 		now := time.Now()

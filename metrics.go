@@ -4,8 +4,7 @@ import "time"
 
 // Metrics receives measurements from the relay and the inbox. The core
 // depends on no metrics library: an adapter (postboxprom for Prometheus)
-// implements this interface and is set in Config.Metrics and
-// InboxConfig.Metrics. Methods are called from the relay's lanes and the
+// implements this interface and is set in Config.Metrics. Methods are called from the relay's lanes and the
 // subscribers' goroutines at once, and must be quick.
 //
 // Gauges that describe the tables (pending, oldest pending age, dead) are
@@ -41,6 +40,4 @@ type BatchReport struct {
 	// database's created_at) to the broker's ack (the relay host's clock):
 	// the commit-to-ack latency, give or take the two clocks' offset.
 	Lag []time.Duration
-
-	dead int // rows buried, kept with or without metrics (Drain reports it)
 }

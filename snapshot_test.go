@@ -19,10 +19,11 @@ func TestStatusReportsHeldSnapshot(t *testing.T) {
 	pool, prefix := testdb.Migrated(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := postbox.NewAdmin(postboxpgx.New(pool), &postbox.AdminConfig{Prefix: prefix})
+	client, err := postbox.NewClient(postboxpgx.New(pool), &postbox.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
+	admin := client.Admin()
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	if err != nil {
 		t.Fatal(err)
@@ -58,10 +59,11 @@ func TestStatusHasNoHeldSnapshotOnSQLite(t *testing.T) {
 	if _, err := m.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
-	admin, err := postbox.NewAdmin(d, &postbox.AdminConfig{Prefix: "postbox_"})
+	client, err := postbox.NewClient(d, &postbox.Config{Prefix: "postbox_"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	admin := client.Admin()
 	st, err := admin.Status(ctx)
 	if err != nil {
 		t.Fatal(err)

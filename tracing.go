@@ -4,7 +4,7 @@ import "context"
 
 // Tracer connects postbox to a tracing system without the core depending
 // on one; postboxotel implements it for OpenTelemetry. Set it in
-// Config.Tracer (writer and relay) and InboxConfig.Tracer (consumer).
+// Config.Tracer (writer, relay and inbox).
 //
 // The trace context travels as message headers (W3C traceparent and
 // tracestate): stored with the row at write time, copied to the broker by

@@ -29,13 +29,14 @@ type vtStore struct {
 	rows    atomic.Int64
 }
 
-func (s *vtStore) InsertTx(_ context.Context, _ struct{}, rows []postboxdriver.Row) error {
+func (s *vtStore) Insert(_ context.Context, rows []postboxdriver.Row) error {
 	s.inserts.Add(1)
 	s.rows.Add(int64(len(rows)))
 	return nil
 }
 
-func (s *vtStore) InTx(_ context.Context, fn func(struct{}) error) error { return fn(struct{}{}) }
+// UnwrapExecutor returns the store itself: its transaction is a stand-in.
+func (s *vtStore) UnwrapExecutor(struct{}) postboxdriver.Executor { return s }
 
 type vtDriver struct{ s *vtStore }
 

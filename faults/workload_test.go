@@ -259,13 +259,14 @@ func (h *harness) consume(ctx context.Context) error {
 	}
 	defer logf.Close()
 	log := slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	inbox, err := postbox.NewInbox(postboxpgx.New(h.cpool), &postbox.InboxConfig{
+	inboxClient, err := postbox.NewClient(postboxpgx.New(h.cpool), &postbox.Config{
 		Prefix: h.prefix, Logger: log,
 		MaxAttempts: 3, BackoffBase: 50 * time.Millisecond, BackoffMax: 250 * time.Millisecond,
 	})
 	if err != nil {
 		return err
 	}
+	inbox := inboxClient.Inbox()
 	sub, err := h.broker.subscriber(ctx, log)
 	if err != nil {
 		return err

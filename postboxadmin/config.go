@@ -50,8 +50,8 @@ type Token struct {
 // ConsumerDead is the consumer side's dead letters. *postbox.Inbox[TTx]
 // implements it, for any TTx.
 type ConsumerDead interface {
-	ListDead(ctx context.Context, f postbox.DeadFilter) ([]postbox.DeadLetter, error)
-	GetDead(ctx context.Context, consumer, messageID string) (postbox.DeadLetter, error)
+	ListDead(ctx context.Context, f postbox.DeadFilter) ([]postbox.DeadMessage, error)
+	GetDead(ctx context.Context, consumer, messageID string) (postbox.DeadMessage, error)
 	DeleteDead(ctx context.Context, consumer, messageID string) (bool, error)
 }
 

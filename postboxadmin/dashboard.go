@@ -56,13 +56,13 @@ var dashboardPage = template.Must(template.New("dashboard").Funcs(template.FuncM
 <h2>Latest dead messages</h2>
 {{if .Dead}}<table>
 <tr><th>id</th><th>topic</th><th>key</th><th>attempts</th><th>dead at</th><th>last error</th></tr>
-{{range .Dead}}<tr><td><code>{{.ID}}</code></td><td>{{.Topic}}</td><td>{{.Key}}</td><td class="n">{{.Attempts}}</td><td>{{when .DeadAt}}</td><td>{{cut .LastError}}</td></tr>
+{{range .Dead}}<tr><td><code>{{.ID}}</code></td><td>{{.Topic}}</td><td>{{.Key}}</td><td class="n">{{.Attempts}}</td><td>{{when .DeadAt}}</td><td>{{cut .Error}}</td></tr>
 {{end}}</table>{{else}}<p class="muted">None.</p>{{end}}
 
 {{if .HasConsumers}}<h2>Latest consumer dead letters</h2>
 {{if .Letters}}<table>
 <tr><th>consumer</th><th>message id</th><th>topic</th><th>attempts</th><th>dead at</th><th>error</th></tr>
-{{range .Letters}}<tr><td>{{.Consumer}}</td><td><code>{{.MessageID}}</code></td><td>{{.Topic}}</td><td class="n">{{.Attempts}}</td><td>{{when .DeadAt}}</td><td>{{cut .Error}}</td></tr>
+{{range .Letters}}<tr><td>{{.Consumer}}</td><td><code>{{.ID}}</code></td><td>{{.Topic}}</td><td class="n">{{.Attempts}}</td><td>{{when .DeadAt}}</td><td>{{cut .Error}}</td></tr>
 {{end}}</table>{{else}}<p class="muted">None.</p>{{end}}{{end}}
 
 <p class="muted">Read-only. Requeue, delete, replay and prune through the API (/v1/...) or the postbox CLI.</p>
@@ -75,7 +75,7 @@ type dashboardData struct {
 	Status       postbox.Status
 	Dead         []postbox.DeadMessage
 	HasConsumers bool
-	Letters      []postbox.DeadLetter
+	Letters      []postbox.DeadMessage
 }
 
 func (s *Server) dashboard(w http.ResponseWriter, r *http.Request, _ principal) error {
@@ -88,7 +88,7 @@ func (s *Server) dashboard(w http.ResponseWriter, r *http.Request, _ principal) 
 	if d.Status, err = s.cfg.Admin.Status(ctx); err != nil {
 		return err
 	}
-	if d.Dead, err = s.cfg.Admin.DeadMessages(ctx, postbox.DeadMessageFilter{Limit: dashboardRows}); err != nil {
+	if d.Dead, err = s.cfg.Admin.ListDead(ctx, postbox.DeadFilter{Limit: dashboardRows}); err != nil {
 		return err
 	}
 	if s.cfg.ConsumerDead != nil {

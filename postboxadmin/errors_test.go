@@ -232,10 +232,11 @@ func TestNoTokens(t *testing.T) {
 func TestStoreFailures(t *testing.T) {
 	// Tables that do not exist: 503 saying what to do.
 	prefix := testdb.Prefix(t)
-	admin, err := postbox.NewAdmin(postboxpgx.New(testdb.Pool(t)), &postbox.AdminConfig{Prefix: prefix})
+	adminClient, err := postbox.NewClient(postboxpgx.New(testdb.Pool(t)), &postbox.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
+	admin := adminClient.Admin()
 	a := serve(t, &postboxadmin.Config{Admin: admin, Tokens: tokens()})
 	if r := a.do(t, "GET", "/v1/status", readToken, ""); r.status != 503 || !strings.Contains(r.errText(), "not migrated") {
 		t.Fatalf("unmigrated status: %d %s", r.status, r)
@@ -247,10 +248,11 @@ func TestStoreFailures(t *testing.T) {
 	// A database that is gone: 500 with a request id and nothing of the
 	// driver's message.
 	pool := testdb.Pool(t)
-	dead, err := postbox.NewAdmin(postboxpgx.New(pool), &postbox.AdminConfig{Prefix: prefix})
+	deadClient, err := postbox.NewClient(postboxpgx.New(pool), &postbox.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
+	dead := deadClient.Admin()
 	pool.Close()
 	b := serve(t, &postboxadmin.Config{Admin: dead, Tokens: tokens()})
 	for _, c := range []struct{ method, path, body string }{

@@ -34,10 +34,11 @@ func ExampleNew() {
 	if _, err := m.Up(ctx); err != nil {
 		log.Fatal(err)
 	}
-	admin, err := postbox.NewAdmin(driver, nil)
+	client, err := postbox.NewClient(driver, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
+	admin := client.Admin()
 
 	srv, err := postboxadmin.New(&postboxadmin.Config{
 		Admin:  admin,

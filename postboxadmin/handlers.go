@@ -113,7 +113,7 @@ type deadMessageJSON struct {
 
 func deadMessageOf(d *postbox.DeadMessage) deadMessageJSON {
 	return deadMessageJSON{Seq: d.Seq, ID: d.ID, Topic: d.Topic, Key: d.Key, payloadJSON: payloadOf(d.Payload), headersJSON: headersOf(d.Headers),
-		Attempts: d.Attempts, LastError: d.LastError, CreatedAt: d.CreatedAt.UTC(), DeadAt: d.DeadAt.UTC()}
+		Attempts: d.Attempts, LastError: d.Error, CreatedAt: d.CreatedAt.UTC(), DeadAt: d.DeadAt.UTC()}
 }
 
 func (s *Server) listDead(w http.ResponseWriter, r *http.Request, _ principal) error {
@@ -128,7 +128,7 @@ func (s *Server) listDead(w http.ResponseWriter, r *http.Request, _ principal) e
 	if f.Limit, err = parseLimit(q.Get("limit"), defaultDeadLimit); err != nil {
 		return err
 	}
-	ds, err := s.cfg.Admin.DeadMessages(r.Context(), f)
+	ds, err := s.cfg.Admin.ListDead(r.Context(), f)
 	if err != nil {
 		return err
 	}
@@ -142,23 +142,23 @@ func (s *Server) listDead(w http.ResponseWriter, r *http.Request, _ principal) e
 
 // deadFilter checks and converts the filter of the dead-message
 // endpoints; postbox.Admin checks the rest (ids, the window's order).
-func deadFilter(topic, key, since, until string) (postbox.DeadMessageFilter, error) {
+func deadFilter(topic, key, since, until string) (postbox.DeadFilter, error) {
 	if err := checkTopic(topic); err != nil {
-		return postbox.DeadMessageFilter{}, err
+		return postbox.DeadFilter{}, err
 	}
 	if err := checkKey(key); err != nil {
-		return postbox.DeadMessageFilter{}, err
+		return postbox.DeadFilter{}, err
 	}
 	now := time.Now()
 	s, err := parseTime("since", since, now)
 	if err != nil {
-		return postbox.DeadMessageFilter{}, err
+		return postbox.DeadFilter{}, err
 	}
 	u, err := parseTime("until", until, now)
 	if err != nil {
-		return postbox.DeadMessageFilter{}, err
+		return postbox.DeadFilter{}, err
 	}
-	return postbox.DeadMessageFilter{Topic: topic, Key: key, Since: s, Until: u}, nil
+	return postbox.DeadFilter{Topic: topic, Key: key, Since: s, Until: u}, nil
 }
 
 func (s *Server) getDead(w http.ResponseWriter, r *http.Request, _ principal) error {
@@ -170,7 +170,7 @@ func (s *Server) getDead(w http.ResponseWriter, r *http.Request, _ principal) er
 		w.Header().Set("Allow", http.MethodPost)
 		return &apiError{status: http.StatusMethodNotAllowed, msg: "method " + r.Method + " is not allowed on " + r.URL.Path + "; allowed: POST"}
 	}
-	d, err := s.cfg.Admin.DeadMessage(r.Context(), id)
+	d, err := s.cfg.Admin.GetDead(r.Context(), id)
 	var ve *postbox.ValidationError
 	if errors.As(err, &ve) {
 		ve.Field = "id" // Admin names it ids[0], as one of a selection
@@ -198,7 +198,7 @@ func selection(r *http.Request) (postbox.DeadSelection, error) {
 		return postbox.DeadSelection{}, err
 	}
 	f.IDs = b.ids
-	return postbox.DeadSelection{DeadMessageFilter: f, All: b.all}, nil
+	return postbox.DeadSelection{DeadFilter: f, All: b.all}, nil
 }
 
 func (s *Server) requeueDead(w http.ResponseWriter, r *http.Request, who principal) error {
@@ -337,8 +337,8 @@ type deadLetterJSON struct {
 	DeadAt         time.Time `json:"dead_at"`
 }
 
-func deadLetterOf(d *postbox.DeadLetter) deadLetterJSON {
-	return deadLetterJSON{Consumer: d.Consumer, MessageID: d.MessageID, Topic: d.Topic, Key: d.Key, payloadJSON: payloadOf(d.Payload),
+func deadLetterOf(d *postbox.DeadMessage) deadLetterJSON {
+	return deadLetterJSON{Consumer: d.Consumer, MessageID: d.ID, Topic: d.Topic, Key: d.Key, payloadJSON: payloadOf(d.Payload),
 		headersJSON: headersOf(d.Headers), Error: d.Error, Attempts: d.Attempts,
 		FirstFailureAt: d.FirstFailureAt.UTC(), LastFailureAt: d.LastFailureAt.UTC(), DeadAt: d.DeadAt.UTC()}
 }

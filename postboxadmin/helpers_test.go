@@ -93,7 +93,7 @@ func populate[TTx any](t testing.TB, client *postbox.Client[TTx], inbox *postbox
 	if err := client.Write(ctx, postbox.Message{Topic: "orders.paid", Key: "o6"}); err != nil {
 		t.Fatal(err)
 	}
-	ds, err := admin.DeadMessages(ctx, postbox.DeadMessageFilter{})
+	ds, err := admin.ListDead(ctx, postbox.DeadFilter{})
 	if err != nil || len(ds) != 3 {
 		t.Fatalf("dead messages after the drain: %d, %v", len(ds), err)
 	}
@@ -166,14 +166,16 @@ func newFixture[TTx any](t testing.TB, d postboxdriver.Driver[TTx], prefix strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	inbox, err := postbox.NewInbox(d, &postbox.InboxConfig{Prefix: prefix, MaxAttempts: 1, Logger: quiet})
+	inboxClient, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, MaxAttempts: 1, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin, err := postbox.NewAdmin(d, &postbox.AdminConfig{Prefix: prefix})
+	inbox := inboxClient.Inbox()
+	adminClient, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
+	admin := adminClient.Admin()
 	return &fixture{admin: admin, inbox: inbox, dead: populate(t, client, inbox, admin),
 		bury: func(t *testing.T, consumer, id string) { bury(t, inbox, consumer, id) }}
 }

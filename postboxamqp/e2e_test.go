@@ -46,10 +46,11 @@ func newPipeline(t *testing.T, ctx context.Context, url string, pubCfg postboxam
 	if err != nil {
 		t.Fatal(err)
 	}
-	inbox, err := postbox.NewInbox(d, &postbox.InboxConfig{Prefix: prefix, Logger: quiet})
+	inboxClient, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
+	inbox := inboxClient.Inbox()
 	p := &pipeline{t: t, pool: pool, prefix: prefix, client: c, queue: x + ".billing", url: url, log: newLedger(), pub: counted}
 	sub := subscriber(t, url, p.queue, &postboxamqp.SubscriberConfig{PerKey: true, MaxInFlight: 16,
 		ReconnectBackoff: 50 * time.Millisecond, ReconnectBackoffMax: 500 * time.Millisecond})

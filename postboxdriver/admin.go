@@ -1,47 +1,6 @@
 package postboxdriver
 
-import (
-	"context"
-	"errors"
-	"time"
-)
-
-// ErrBeyondHorizon is returned by Replay for a window that starts before
-// the horizon: re-sending messages that old could reach consumers whose
-// inbox has already forgotten them, and run their handlers twice.
-var ErrBeyondHorizon = errors.New("postbox: replay window starts before the retention horizon")
-
-// Admin holds the operator's operations on the outbox side.
-type Admin interface {
-	// TopicStats reports, per topic, what is pending, dead and recently
-	// published. Topics with nothing pending, dead or published in the last
-	// minute are left out.
-	TopicStats(ctx context.Context) ([]TopicStats, error)
-
-	// ListDeadMessages lists dead messages matching f, newest first.
-	ListDeadMessages(ctx context.Context, f DeadMessageFilter) ([]DeadMessage, error)
-	// GetDeadMessage returns one dead message by id, or ErrNotFound.
-	GetDeadMessage(ctx context.Context, id string) (DeadMessage, error)
-	// RequeueDeadMessages moves the dead messages matching f back to the
-	// outbox with their attempts reset and their original seq, so they are
-	// published next, in their place among their key's messages.
-	RequeueDeadMessages(ctx context.Context, f DeadMessageFilter) (int, error)
-	// DeleteDeadMessages deletes the dead messages matching f.
-	DeleteDeadMessages(ctx context.Context, f DeadMessageFilter) (int, error)
-
-	// PrunePublished deletes at most limit published rows older than age
-	// (by publish time, database clock). Pending and dead rows live in
-	// other tables and are never touched.
-	PrunePublished(ctx context.Context, age time.Duration, limit int) (int, error)
-
-	// Replay moves published messages created in [Since, Until), narrowed
-	// by topic and key, back to the outbox under their own ids, in their
-	// original order, and records the request in the replay audit. With
-	// DryRun it only counts (and audits the count).
-	Replay(ctx context.Context, r ReplayRequest) (int, error)
-	// ListReplays returns the replay audit, newest first.
-	ListReplays(ctx context.Context, limit int) ([]ReplayAudit, error)
-}
+import "time"
 
 // TopicStats is the state of one topic.
 type TopicStats struct {
@@ -52,39 +11,53 @@ type TopicStats struct {
 	PublishedLastMinute int64
 }
 
-// DeadMessage is an outbox message past its attempt budget.
+// DeadMessage is a message postbox gave up on: on the outbox side, one the
+// relay could not publish within its attempt budget (Consumer empty); on
+// the consumer side, one a consumer's handler could not apply (Consumer
+// set).
 type DeadMessage struct {
+	// Consumer names the consumer that gave up; empty for the outbox.
+	Consumer string
+	// Seq is the message's place in the outbox (outbox only): a requeued
+	// message goes back to it.
 	Seq       int64
 	ID        string
 	Topic     string
 	Key       string
 	Payload   []byte
-	Headers   []byte
+	Headers   []byte // JSON object of strings
 	Attempts  int
-	LastError string
-	CreatedAt time.Time
-	DeadAt    time.Time
+	Error     string    // the last failure
+	CreatedAt time.Time // when it was written (outbox only)
+	// FirstFailureAt and LastFailureAt bound the failed runs (consumer
+	// only; the outbox keeps the last error's time as DeadAt).
+	FirstFailureAt time.Time
+	LastFailureAt  time.Time
+	DeadAt         time.Time
 }
 
-// DeadMessageFilter selects dead messages. Fields left zero match
-// everything; callers that change rows must not pass an empty filter by
-// accident (postbox.Admin refuses one unless told All).
-type DeadMessageFilter struct {
-	IDs   []string
-	Topic string
-	Key   string
-	Since time.Time // dead at or after
-	Until time.Time // dead before
-	Limit int       // for listing; default 100
+// DeadFilter selects dead messages. Fields left zero match everything;
+// callers that change rows must not pass an empty filter by accident
+// (postbox.Admin refuses one unless told All).
+type DeadFilter struct {
+	Consumer string // consumer side only
+	IDs      []string
+	Topic    string
+	Key      string
+	Since    time.Time // dead at or after
+	Until    time.Time // dead before
+	Limit    int       // for listing; default 100
 }
 
-// ReplayRequest selects published messages to send again.
-type ReplayRequest struct {
+// ReplayParams selects published messages to send again.
+type ReplayParams struct {
 	Since, Until time.Time // created_at window, required
 	Topic, Key   string
 	DryRun       bool
-	Actor        string        // who asked, for the audit
-	Horizon      time.Duration // Since must be within now()-Horizon
+	Actor        string // who asked, for the audit
+	// Horizon, when positive, refuses a window with Since before
+	// now()-Horizon (ErrBeyondHorizon).
+	Horizon time.Duration
 }
 
 // ReplayAudit is one recorded replay request.

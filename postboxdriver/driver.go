@@ -1,9 +1,22 @@
 // Package postboxdriver is the seam between postbox and a database.
 //
 // A driver adapts one database client (pgx, database/sql, SQLite) to the
-// operations the Client, the relay and the tools need. Drivers are thin: the
-// semantics live in the postbox package and are pinned down by the
-// conformance suite in postboxdrivertest, which every driver must pass.
+// operations the Client, the relay, the inbox, the operator tools and the
+// Idempotency-Key middleware need. It implements two things:
+//
+//   - Driver[TTx].Open binds it to a table prefix and returns a Store;
+//   - the Store is an Executor on the driver's own connections, and
+//     UnwrapExecutor gives the same Executor inside the caller's
+//     transaction. Everything postbox runs in a user's transaction (the
+//     outbox insert of WriteTx, the inbox record and the savepoints of a
+//     handler's transaction, the stored response of an idempotent request)
+//     goes through that one step.
+//
+// Every operation is required: a driver that has the tables has them all.
+// Drivers are thin: the semantics live in the postbox package and are
+// pinned down by the conformance suite in postboxdrivertest, which every
+// driver runs against its real database and which tests the Executor's
+// operations directly as well as end to end.
 //
 // Most programs never use this package directly; they construct a driver
 // with postboxpgx.New, postboxsql.New or postboxsqlite.New and hand it to
@@ -16,9 +29,22 @@ import (
 	"time"
 )
 
-// ErrNotMigrated is returned (wrapped) when the tables a call needs do not
-// exist yet. Run the migrations (postboxmigrate, or `postbox migrate up`).
-var ErrNotMigrated = errors.New("postbox: tables not migrated")
+// Errors drivers return, wrapped, for states callers act on.
+var (
+	// ErrNotMigrated means the tables a call needs do not exist yet. Run
+	// the migrations (postboxmigrate, or `postbox migrate up`).
+	ErrNotMigrated = errors.New("postbox: tables not migrated")
+	// ErrNotFound means a dead message or record does not exist.
+	ErrNotFound = errors.New("postbox: not found")
+	// ErrBeyondHorizon is returned by Replay for a window that starts
+	// before the horizon: re-sending messages that old could reach
+	// consumers whose inbox has already forgotten them, and run their
+	// handlers twice.
+	ErrBeyondHorizon = errors.New("postbox: replay window starts before the retention horizon")
+	// ErrNotInTx is returned by the operations that only make sense in a
+	// transaction (savepoints) when called on a Store's own Executor.
+	ErrNotInTx = errors.New("postbox: the operation needs a transaction (UnwrapExecutor)")
+)
 
 // Driver opens a Store for one table prefix. TTx is the transaction type of
 // the database client (pgx.Tx, *sql.Tx).
@@ -29,87 +55,29 @@ type Driver[TTx any] interface {
 	Open(prefix string) (Store[TTx], error)
 }
 
-// Store is a driver bound to a table prefix.
+// Store is a driver bound to a table prefix. Its own Executor runs each
+// operation on the driver's connections, in a transaction of its own where
+// the operation needs one.
 type Store[TTx any] interface {
 	Executor
 
-	// InsertTx inserts rows in the caller's transaction, in one statement
-	// where the dialect allows it.
-	InsertTx(ctx context.Context, tx TTx, rows []Row) error
+	// UnwrapExecutor returns an Executor whose statements run in tx, the
+	// caller's transaction: they commit or roll back with it. It is cheap
+	// (no I/O) and the result is used for the duration of one call.
+	UnwrapExecutor(tx TTx) Executor
 
 	// InTx runs fn in a transaction of the store's own, committing when fn
 	// returns nil and rolling back otherwise.
 	InTx(ctx context.Context, fn func(tx TTx) error) error
 }
 
-// Executor holds every operation that runs outside the user's transaction:
-// the relay's cycle, leases, and migrations.
-type Executor interface {
-	// Dialect names the SQL dialect: "postgres" or "sqlite".
-	Dialect() string
-
-	// Partitions reports the number of partitions the outbox table was
-	// migrated with. Rows carry partition = hash(key or id) mod Partitions.
-	Partitions(ctx context.Context) (int, error)
-
-	// Heartbeat registers relayID as live until now()+ttl on the database
-	// clock and returns the ids of every live relay, sorted.
-	Heartbeat(ctx context.Context, relayID string, ttl time.Duration) ([]string, error)
-
-	// Unregister removes relayID from the live set.
-	Unregister(ctx context.Context, relayID string) error
-
-	// AcquireLeases takes or renews the leases on partitions for owner until
-	// now()+ttl on the database clock. A partition is taken when it is free,
-	// expired or already owner's; others are left alone. The generation of a
-	// partition increases each time its owner changes. It returns the leases
-	// owner holds among partitions after the call.
-	AcquireLeases(ctx context.Context, owner string, partitions []int, ttl time.Duration) ([]Lease, error)
-
-	// ReleaseLeases frees owner's leases on partitions so another relay can
-	// take them at once.
-	ReleaseLeases(ctx context.Context, owner string, partitions []int) error
-
-	// Fetch reads up to Limit pending rows of the fenced partitions in seq
-	// order: not dead, available now (database clock), and not behind an
-	// older row of the same key that is waiting for a retry (or dead, when
-	// BlockOnDead is set). It writes nothing.
-	Fetch(ctx context.Context, p FetchParams) ([]Record, error)
-
-	// MarkPublished moves the rows with the given seqs out of the pending
-	// set, recording the publish time, but only those whose partition lease
-	// still belongs to the fence. It returns how many rows it changed.
-	MarkPublished(ctx context.Context, f Fence, seqs []int64) (int, error)
-
-	// MarkFailed records a failed attempt for each row: attempts+1, the
-	// error, available_at = now()+Backoff, and dead_at when attempts reaches
-	// maxAttempts. Fenced like MarkPublished. It returns the rows changed,
-	// with whether each is now dead.
-	MarkFailed(ctx context.Context, f Fence, failures []Failure, maxAttempts int) ([]FailResult, error)
-
-	// Migrations lists the dialect's migrations in version order.
-	Migrations() []Migration
-
-	// AppliedMigrations returns the versions already applied. A missing
-	// migrations table means none.
-	AppliedMigrations(ctx context.Context) ([]int, error)
-
-	// ApplyMigration runs one migration and records it, atomically and
-	// exclusive of other migrators. Applying an applied version is a no-op.
-	ApplyMigration(ctx context.Context, m Migration) error
-
-	// Stats reports the state of the outbox.
-	Stats(ctx context.Context) (Stats, error)
-}
-
 // Row is one message to insert.
 type Row struct {
-	ID        string // UUID, canonical text form
-	Topic     string
-	Key       string // "" stores NULL: no ordering key
-	Payload   []byte
-	Headers   []byte // JSON object of string values
-	Partition int    // computed by the writer where the database cannot
+	ID      string // UUID, canonical text form
+	Topic   string
+	Key     string // "" stores NULL: no ordering key
+	Payload []byte
+	Headers []byte // JSON object of string values
 }
 
 // Record is one pending row as read by the relay.
@@ -183,12 +151,10 @@ type Stats struct {
 	Published        int64         // rows kept in the published history
 }
 
-// DurabilityChecker is implemented by stores that can tell when the
-// database may lose a committed transaction (PostgreSQL with
-// synchronous_commit = off, SQLite below synchronous=FULL): a row the relay
-// published could then vanish in a crash, leaving the broker with an event
-// about a change the database no longer has. The relay logs each warning
-// at start.
-type DurabilityChecker interface {
-	DurabilityWarnings(ctx context.Context) ([]string, error)
+// Snapshot is the oldest transaction of another session that holds a
+// snapshot, and so the database's xmin horizon (PostgreSQL).
+type Snapshot struct {
+	Age   time.Duration // since the transaction began, on the database clock
+	PID   int           // its backend
+	State string        // "active", "idle in transaction", ...
 }

@@ -3,6 +3,7 @@ package postboxidem
 import (
 	"context"
 	"database/sql"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,34 +22,42 @@ import (
 // rarely reach, such as a claim statement meeting a live claim on SQLite,
 // where the lookup before it answers most duplicates.
 func TestClaimStateMachine(t *testing.T) {
+	const pgAge = `UPDATE {p}idempotency SET claim_expires_at = now() - interval '1 second', expires_at = expires_at - $1 * interval '1 millisecond'`
 	t.Run("pgx", func(t *testing.T) {
 		pool := testdb.Pool(t)
 		prefix := testdb.Prefix(t)
 		testdb.DropPrefix(t, pool, prefix)
-		testClaimStateMachine[pgx.Tx](t, postboxpgx.New(pool), prefix,
-			`UPDATE `+prefix+`idempotency SET claim_expires_at = now() - interval '1 second', expires_at = expires_at - $1 * interval '1 millisecond'`)
+		testClaimStateMachine[pgx.Tx](t, postboxpgx.New(pool), prefix, func(ctx context.Context, d time.Duration) error {
+			_, err := pool.Exec(ctx, strings.ReplaceAll(pgAge, "{p}", prefix), d.Milliseconds())
+			return err
+		})
 	})
 	t.Run("sql", func(t *testing.T) {
 		pool := testdb.Pool(t)
 		prefix := testdb.Prefix(t)
 		testdb.DropPrefix(t, pool, prefix)
-		d, err := postboxsql.New(testdb.SQLDB(t))
+		db := testdb.SQLDB(t)
+		d, err := postboxsql.New(db)
 		if err != nil {
 			t.Fatal(err)
 		}
-		testClaimStateMachine[*sql.Tx](t, d, prefix,
-			`UPDATE `+prefix+`idempotency SET claim_expires_at = now() - interval '1 second', expires_at = expires_at - $1 * interval '1 millisecond'`)
+		testClaimStateMachine[*sql.Tx](t, d, prefix, func(ctx context.Context, d time.Duration) error {
+			_, err := db.ExecContext(ctx, strings.ReplaceAll(pgAge, "{p}", prefix), d.Milliseconds())
+			return err
+		})
 	})
 	t.Run("sqlite", func(t *testing.T) {
 		d := testdb.SQLiteDriver(t)
-		testClaimStateMachine[*sql.Tx](t, d, "pb_",
-			`UPDATE pb_idempotency SET claim_expires_at = `+sqliteNow+` - 1000, expires_at = expires_at - ?1`)
+		testClaimStateMachine[*sql.Tx](t, d, "pb_", func(ctx context.Context, age time.Duration) error {
+			_, err := d.DB().ExecContext(ctx, `UPDATE pb_idempotency SET claim_expires_at = (SELECT CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER)) - 1000, expires_at = expires_at - ?1`, age.Milliseconds())
+			return err
+		})
 	})
 }
 
 // age moves the claim past its expiry and the record back by the given
-// milliseconds, standing for time passing on the database clock.
-func testClaimStateMachine[TTx any](t *testing.T, d postboxdriver.Driver[TTx], prefix, age string) {
+// time, standing for time passing on the database clock.
+func testClaimStateMachine[TTx any](t *testing.T, d postboxdriver.Driver[TTx], prefix string, age func(context.Context, time.Duration) error) {
 	ctx := context.Background()
 	mig, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
 	if err != nil {
@@ -84,7 +93,7 @@ func testClaimStateMachine[TTx any](t *testing.T, d postboxdriver.Driver[TTx], p
 	}
 	ageBy := func(d time.Duration) {
 		t.Helper()
-		if _, err := m.raw.Exec(ctx, age, d.Milliseconds()); err != nil {
+		if err := age(ctx, d); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -133,7 +142,7 @@ func testClaimStateMachine[TTx any](t *testing.T, d postboxdriver.Driver[TTx], p
 
 	// The first claimant is stale: its release and its finalize change
 	// nothing.
-	if err := m.release(ctx, first, 500); err != nil {
+	if err := m.release(ctx, first, ptr(500)); err != nil {
 		t.Fatal(err)
 	}
 	if finalize(first) {
@@ -143,10 +152,10 @@ func testClaimStateMachine[TTx any](t *testing.T, d postboxdriver.Driver[TTx], p
 		t.Fatalf("a stale claimant changed the record: %+v", rec)
 	}
 
-	if err := m.release(ctx, second, 503); err != nil {
+	if err := m.release(ctx, second, ptr(503)); err != nil {
 		t.Fatal(err)
 	}
-	if rec := state(); rec.state != stateFailed || rec.status != 503 {
+	if rec := state(); rec.state != postboxdriver.IdempotencyFailed || rec.status != 503 {
 		t.Fatalf("after the release: %+v", rec)
 	}
 	if _, ok := claim(other); ok {
@@ -163,7 +172,7 @@ func testClaimStateMachine[TTx any](t *testing.T, d postboxdriver.Driver[TTx], p
 	if rec.state != stateSucceeded || rec.status != 201 || string(rec.body) != "done" || rec.headers != `{"X-A": ["1"]}` && rec.headers != `{"X-A":["1"]}` {
 		t.Fatalf("after the finalize: %+v", rec)
 	}
-	if err := m.release(ctx, third, 500); err != nil {
+	if err := m.release(ctx, third, ptr(500)); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := claim(a); ok || state().state != stateSucceeded {
@@ -185,3 +194,5 @@ func testClaimStateMachine[TTx any](t *testing.T, d postboxdriver.Driver[TTx], p
 		t.Fatalf("Cleanup of an expired claim past its TTL: %d, %v", n, err)
 	}
 }
+
+func ptr(n int) *int { return &n }

@@ -23,12 +23,12 @@ var (
 func (m *Middleware[TTx]) Cleanup(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		n, err := m.raw.Exec(ctx, m.q.cleanup, m.cfg.CleanupBatch)
-		total += int(n)
+		n, err := m.store.PruneIdempotency(ctx, m.cfg.CleanupBatch)
+		total += n
 		if err != nil {
 			return total, m.wrap("clean up", err)
 		}
-		if n < int64(m.cfg.CleanupBatch) {
+		if n < m.cfg.CleanupBatch {
 			return total, nil
 		}
 		if err := ctx.Err(); err != nil {

@@ -73,37 +73,11 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
-// hidden hides every capability of a store but the Store interface.
-type hidden[TTx any] struct{ postboxdriver.Store[TTx] }
-
 type driverFunc[TTx any] func(prefix string) (postboxdriver.Store[TTx], error)
 
 func (f driverFunc[TTx]) Open(prefix string) (postboxdriver.Store[TTx], error) { return f(prefix) }
 
-// otherDialect is a Raw store of a dialect the middleware has no SQL for.
-type otherDialect struct {
-	postboxdriver.Store[pgx.Tx]
-	postboxdriver.Raw[pgx.Tx]
-}
-
-func (otherDialect) Dialect() string { return "mysql" }
-
-func TestDriverWithoutRaw(t *testing.T) {
-	real := postboxpgx.New(nil)
-	noRaw := driverFunc[pgx.Tx](func(prefix string) (postboxdriver.Store[pgx.Tx], error) {
-		s, err := real.Open(prefix)
-		return hidden[pgx.Tx]{s}, err
-	})
-	if _, err := postboxidem.New(noRaw, nil); !errors.Is(err, postboxidem.ErrNoRaw) {
-		t.Errorf("store without Raw: %v, want ErrNoRaw", err)
-	}
-	mysql := driverFunc[pgx.Tx](func(prefix string) (postboxdriver.Store[pgx.Tx], error) {
-		s, err := real.Open(prefix)
-		return otherDialect{s, s.(postboxdriver.Raw[pgx.Tx])}, err
-	})
-	if _, err := postboxidem.New(mysql, nil); err == nil || !strings.Contains(err.Error(), `"mysql"`) {
-		t.Errorf("unknown dialect: %v", err)
-	}
+func TestDriverOpenError(t *testing.T) {
 	failing := driverFunc[pgx.Tx](func(string) (postboxdriver.Store[pgx.Tx], error) { return nil, errors.New("no") })
 	if _, err := postboxidem.New(failing, nil); err == nil {
 		t.Error("an Open error was swallowed")

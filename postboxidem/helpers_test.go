@@ -28,6 +28,7 @@ import (
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxsql"
+	"github.com/postbox-go/postbox/postboxsqlite"
 )
 
 func TestMain(m *testing.M) {
@@ -48,9 +49,67 @@ type env[TTx any] struct {
 	path   string // the database file, on SQLite
 	driver postboxdriver.Driver[TTx]
 	store  postboxdriver.Store[TTx]
-	raw    postboxdriver.Raw[TTx]
+	db     backendDB[TTx]
 	client *postbox.Client[TTx]
 	sql    dialectSQL
+}
+
+// backendDB runs the tests' own SQL with the backend's database client:
+// the example app's orders, and time passing on the database clock.
+type backendDB[TTx any] struct {
+	dialect string
+	exec    func(ctx context.Context, query string, args ...any) (int64, error)
+	// queryInt runs a query returning one integer, in tx unless tx is the
+	// zero value.
+	queryInt func(ctx context.Context, tx TTx, query string, args ...any) (int64, error)
+}
+
+// dbOf reaches the database behind one of postbox's drivers.
+func dbOf[TTx any](d postboxdriver.Driver[TTx]) (backendDB[TTx], error) {
+	var db backendDB[TTx]
+	switch d := any(d).(type) {
+	case *postboxpgx.Driver:
+		pool := d.Pool()
+		db.dialect = "postgres"
+		db.exec = func(ctx context.Context, query string, args ...any) (int64, error) {
+			tag, err := pool.Exec(ctx, query, args...)
+			return tag.RowsAffected(), err
+		}
+		db.queryInt = func(ctx context.Context, tx TTx, query string, args ...any) (int64, error) {
+			var n int64
+			if t, ok := any(tx).(pgx.Tx); ok && t != nil {
+				return n, t.QueryRow(ctx, query, args...).Scan(&n)
+			}
+			return n, pool.QueryRow(ctx, query, args...).Scan(&n)
+		}
+	case *postboxsql.Driver:
+		db = sqlBackend[TTx]("postgres", d.DB())
+	case *postboxsqlite.Driver:
+		db = sqlBackend[TTx]("sqlite", d.DB())
+	default:
+		return db, fmt.Errorf("no database client for %T", d)
+	}
+	return db, nil
+}
+
+func sqlBackend[TTx any](dialect string, sdb *sql.DB) backendDB[TTx] {
+	return backendDB[TTx]{
+		dialect: dialect,
+		exec: func(ctx context.Context, query string, args ...any) (int64, error) {
+			res, err := sdb.ExecContext(ctx, query, args...)
+			if err != nil {
+				return 0, err
+			}
+			return res.RowsAffected()
+		},
+		queryInt: func(ctx context.Context, tx TTx, query string, args ...any) (int64, error) {
+			var n int64
+			if t, ok := any(tx).(*sql.Tx); ok && t != nil {
+				return n, t.QueryRowContext(ctx, query, args...).Scan(&n)
+			}
+			return n, sdb.QueryRowContext(ctx, query, args...).Scan(&n)
+		},
+	}
 }
 
 // dialectSQL is the SQL the tests run themselves, per dialect.
@@ -135,17 +194,17 @@ func openEnv[TTx any](name string, d postboxdriver.Driver[TTx], prefix string) (
 	if err != nil {
 		return nil, err
 	}
-	raw, ok := store.(postboxdriver.Raw[TTx])
-	if !ok {
-		return nil, fmt.Errorf("%T does not implement postboxdriver.Raw", store)
+	db, err := dbOf(d)
+	if err != nil {
+		return nil, err
 	}
 	client, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix})
 	if err != nil {
 		return nil, err
 	}
-	e := &env[TTx]{name: name, prefix: prefix, driver: d, store: store, raw: raw, client: client}
+	e := &env[TTx]{name: name, prefix: prefix, driver: d, store: store, db: db, client: client}
 	base := postgresSQL
-	if raw.Dialect() == "sqlite" {
+	if db.dialect == "sqlite" {
 		base = sqliteSQL
 	}
 	r := strings.NewReplacer("{p}", prefix)
@@ -167,7 +226,7 @@ func each(t *testing.T, pg func(*testing.T, *env[pgx.Tx]), sq func(*testing.T, *
 
 func (e *env[TTx]) exec(t *testing.T, query string, args ...any) int64 {
 	t.Helper()
-	n, err := e.raw.Exec(context.Background(), query, args...)
+	n, err := e.db.exec(context.Background(), query, args...)
 	if err != nil {
 		t.Fatalf("%s: %v", query, err)
 	}
@@ -181,19 +240,12 @@ func (e *env[TTx]) count(t *testing.T, table, where string) int {
 	if where != "" {
 		q += " WHERE " + where
 	}
-	rows, err := e.raw.Query(context.Background(), q)
+	var none TTx
+	n, err := e.db.queryInt(context.Background(), none, q)
 	if err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
-	defer rows.Close()
-	var n int
-	if !rows.Next() {
-		t.Fatalf("%s: no row (%v)", q, rows.Err())
-	}
-	if err := rows.Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return int(n)
 }
 
 // outbox counts the outbox messages written.
@@ -253,18 +305,8 @@ func (a *app[TTx]) insert(r *http.Request) (int64, error) {
 	}
 	var id int64
 	write := func(tx TTx) error {
-		rows, err := a.e.raw.QueryTx(r.Context(), tx, a.e.sql.insertOrder, body)
-		if err != nil {
-			return err
-		}
-		if rows.Next() {
-			err = rows.Scan(&id)
-		}
-		rows.Close()
-		if err == nil {
-			err = rows.Err()
-		}
-		if err != nil {
+		var err error
+		if id, err = a.e.db.queryInt(r.Context(), tx, a.e.sql.insertOrder, body); err != nil {
 			return err
 		}
 		return a.e.client.WriteTx(r.Context(), tx, postbox.Message{Topic: "orders.created", Key: strconv.FormatInt(id, 10), Payload: body})

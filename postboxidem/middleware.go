@@ -38,10 +38,6 @@ const (
 	CodeStoreUnavailable    = "store_unavailable"    // 503, with Retry-After
 )
 
-// ErrNoRaw is returned by New for a driver whose store cannot run the
-// middleware's SQL (it does not implement postboxdriver.Raw).
-var ErrNoRaw = errors.New("postboxidem: the driver's store does not implement postboxdriver.Raw")
-
 // Middleware makes POST and PATCH handlers idempotent under the
 // Idempotency-Key header, with the records in the service's database. TTx
 // is the driver's transaction type; a handler gets its transaction with
@@ -49,8 +45,6 @@ var ErrNoRaw = errors.New("postboxidem: the driver's store does not implement po
 type Middleware[TTx any] struct {
 	cfg     *Config
 	store   postboxdriver.Store[TTx]
-	raw     postboxdriver.Raw[TTx]
-	q       queries
 	methods map[string]bool
 	log     *slog.Logger
 
@@ -69,19 +63,11 @@ func New[TTx any](driver postboxdriver.Driver[TTx], cfg *Config) (*Middleware[TT
 	if err != nil {
 		return nil, err
 	}
-	raw, ok := store.(postboxdriver.Raw[TTx])
-	if !ok {
-		return nil, fmt.Errorf("%w: %T", ErrNoRaw, store)
-	}
-	q, err := makeQueries(raw.Dialect(), c.Prefix)
-	if err != nil {
-		return nil, err
-	}
 	methods := make(map[string]bool, len(c.Methods))
 	for _, m := range c.Methods {
 		methods[m] = true
 	}
-	return &Middleware[TTx]{cfg: c, store: store, raw: raw, q: q, methods: methods, log: c.Logger}, nil
+	return &Middleware[TTx]{cfg: c, store: store, methods: methods, log: c.Logger}, nil
 }
 
 // Config returns the middleware's configuration, defaults filled in.
@@ -297,9 +283,10 @@ func (m *Middleware[TTx]) run(w http.ResponseWriter, r *http.Request, next http.
 			slog.String("key", shortHash(a.keyHash)), slog.String("method", a.method), slog.String("path", a.path))
 		m.answerExisting(w, r, a)
 	default:
-		var status any
+		var status *int
 		if errors.Is(err, errRelease) {
-			status = rec.statusCode()
+			code := rec.statusCode()
+			status = &code
 		}
 		if rerr := m.release(txCtx, a, status); rerr != nil {
 			// The claim stays processing until it expires; a retry then

@@ -4,9 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/postbox-go/postbox/postboxdriver"
+)
+
+// The record states (postboxdriver.Idempotency*).
+const (
+	stateProcessing = postboxdriver.IdempotencyProcessing
+	stateSucceeded  = postboxdriver.IdempotencySucceeded
 )
 
 // record is a key's row as lookup reads it.
@@ -28,64 +33,48 @@ type claimArgs struct {
 }
 
 // lookup reads the record of keyHash; found is false when there is none.
-func (m *Middleware[TTx]) lookup(ctx context.Context, keyHash []byte) (rec record, found bool, err error) {
-	rows, err := m.raw.Query(ctx, m.q.lookup, keyHash)
-	if err != nil {
-		return rec, false, m.wrap("look up the key", err)
+func (m *Middleware[TTx]) lookup(ctx context.Context, keyHash []byte) (record, bool, error) {
+	r, found, err := m.store.LookupIdempotency(ctx, keyHash)
+	if err != nil || !found {
+		return record{}, false, m.wrap("look up the key", err)
 	}
-	defer rows.Close()
-	if rows.Next() {
-		found = true
-		err = rows.Scan(&rec.state, &rec.fingerprint, &rec.status, &rec.headers, &rec.body, &rec.tooLarge, &rec.claimLeftMS, &rec.expired)
-	}
-	if err == nil {
-		err = rows.Err()
-	}
-	return rec, found, m.wrap("look up the key", err)
+	return record{state: r.State, fingerprint: r.Fingerprint, status: r.Status, headers: r.Headers, body: r.Body,
+		tooLarge: r.TooLarge, claimLeftMS: r.ClaimLeftMillis, expired: r.Expired}, true, nil
 }
 
 // claim takes the key for a run and reports whether it did.
 func (m *Middleware[TTx]) claim(ctx context.Context, a claimArgs) (bool, error) {
-	rows, err := m.raw.Query(ctx, m.q.claim, a.keyHash, a.fingerprint, a.method, a.path, a.token,
-		m.cfg.TTL.Milliseconds(), m.cfg.ClaimExpiry.Milliseconds())
-	if err != nil {
-		return false, m.wrap("claim the key", err)
-	}
-	defer rows.Close()
-	took := rows.Next()
-	return took, m.wrap("claim the key", rows.Err())
+	took, err := m.store.ClaimIdempotency(ctx, postboxdriver.IdempotencyClaim{
+		KeyHash: a.keyHash, Fingerprint: a.fingerprint, Method: a.method, Path: a.path, Token: a.token,
+		TTLMillis: m.cfg.TTL.Milliseconds(), ClaimMillis: m.cfg.ClaimExpiry.Milliseconds(),
+	})
+	return took, m.wrap("claim the key", err)
 }
 
 // finalize writes the response in the handler's transaction tx. It
 // reports false when the claim is no longer this request's.
 func (m *Middleware[TTx]) finalize(ctx context.Context, tx TTx, a claimArgs, status int, headers string, body []byte, tooLarge bool) (bool, error) {
-	n, err := m.raw.ExecTx(ctx, tx, m.q.finalize, a.keyHash, a.token, status, headers, body, tooLarge, m.cfg.TTL.Milliseconds())
-	return n == 1, m.wrap("record the response", err)
+	ok, err := m.store.UnwrapExecutor(tx).FinalizeIdempotency(ctx, postboxdriver.IdempotencyResponse{
+		KeyHash: a.keyHash, Token: a.token, Status: status, Headers: headers, Body: body, TooLarge: tooLarge,
+		TTLMillis: m.cfg.TTL.Milliseconds(),
+	})
+	return ok, m.wrap("record the response", err)
 }
 
 // release lets a retry run the request again. status is nil when the
 // handler produced none (a panic, a store failure).
-func (m *Middleware[TTx]) release(ctx context.Context, a claimArgs, status any) error {
-	_, err := m.raw.Exec(ctx, m.q.release, a.keyHash, a.token, status)
-	return m.wrap("release the key", err)
+func (m *Middleware[TTx]) release(ctx context.Context, a claimArgs, status *int) error {
+	return m.wrap("release the key", m.store.ReleaseIdempotency(ctx, a.keyHash, a.token, status))
 }
 
-// wrap names the step that failed and marks a missing table as
-// postboxdriver.ErrNotMigrated, without importing either database client.
+// wrap names the step that failed; a missing table is already marked
+// postboxdriver.ErrNotMigrated by the driver.
 func (m *Middleware[TTx]) wrap(step string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if isUndefinedTable(err) {
-		return fmt.Errorf("postboxidem: %s: %w (table %sidempotency; run the migrations): %w", step, postboxdriver.ErrNotMigrated, m.cfg.Prefix, err)
+	if errors.Is(err, postboxdriver.ErrNotMigrated) {
+		return fmt.Errorf("postboxidem: %s: table %sidempotency; run the migrations: %w", step, m.cfg.Prefix, err)
 	}
 	return fmt.Errorf("postboxidem: %s: %w", step, err)
-}
-
-func isUndefinedTable(err error) bool {
-	var coded interface{ SQLState() string }
-	if errors.As(err, &coded) {
-		return coded.SQLState() == "42P01" // PostgreSQL undefined_table
-	}
-	return strings.Contains(err.Error(), "no such table")
 }

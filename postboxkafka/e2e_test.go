@@ -32,14 +32,15 @@ type store struct {
 	inbox  *postbox.Inbox[pgx.Tx]
 }
 
-func newStore(t *testing.T, ctx context.Context, inboxCfg postbox.InboxConfig) *store {
+func newStore(t *testing.T, ctx context.Context, inboxCfg postbox.Config) *store {
 	t.Helper()
 	pool, prefix, d := pubtest.Tables(t)
 	inboxCfg.Prefix, inboxCfg.Logger = prefix, quiet
-	in, err := postbox.NewInbox(d, &inboxCfg)
+	c, err := postbox.NewClient(d, &inboxCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	in := c.Inbox()
 	return &store{pool: pool, prefix: prefix, driver: d, inbox: in}
 }
 
@@ -110,7 +111,7 @@ func TestEndToEnd(t *testing.T) {
 	cl := client(t, c)
 	const topic = "orders.changed"
 	ensure(t, cl, topic, 8, nil)
-	st := newStore(t, ctx, postbox.InboxConfig{})
+	st := newStore(t, ctx, postbox.Config{})
 	pub := &pubtest.Counting{Publisher: publisher(t, cl, nil)}
 	out, err := postbox.NewClient(st.driver, &postbox.Config{Prefix: st.prefix, Publisher: pub, Logger: quiet})
 	if err != nil {
@@ -221,7 +222,7 @@ func TestInboxAbsorbsRedelivery(t *testing.T) {
 	cl := client(t, c)
 	topic := uniqueName("again")
 	ensure(t, cl, topic, 2, nil)
-	st := newStore(t, ctx, postbox.InboxConfig{})
+	st := newStore(t, ctx, postbox.Config{})
 	pub := publisher(t, cl, nil)
 	const n = 20
 	for i := range n {
@@ -314,7 +315,7 @@ func TestPoisonMessageDeadLettered(t *testing.T) {
 	cl := client(t, c)
 	topic := uniqueName("poison")
 	ensure(t, cl, topic, 1, nil)
-	st := newStore(t, ctx, postbox.InboxConfig{MaxAttempts: 3, BackoffBase: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
+	st := newStore(t, ctx, postbox.Config{MaxAttempts: 3, BackoffBase: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
 	pub := publisher(t, cl, nil)
 	poison := envelope(topic, "k", "k:0")
 	after := envelope(topic, "k", "k:1")

@@ -118,7 +118,7 @@ func TestInboxBatchPoisonDeadLettered(t *testing.T) {
 		pc.publishAll(t, healthy)
 		waitUntil(t, 30*time.Second, "the poison dead-lettered", func() bool { return len(db.dead(t, "billing")) == 1 })
 		settledAll(t, c)
-		if dl := db.dead(t, "billing")[0]; dl.MessageID != poison.ID || dl.Attempts != 3 || dl.Error != "cannot apply" {
+		if dl := db.dead(t, "billing")[0]; dl.ID != poison.ID || dl.Attempts != 3 || dl.Error != "cannot apply" {
 			t.Fatalf("dead letter %+v", dl)
 		}
 		var runs []string

@@ -36,7 +36,7 @@ type consumerDB interface {
 	// batchProcessor is processor with group commit.
 	batchProcessor(t testing.TB, consumer string, fail func(d *postbox.Delivery) error, cfg *postbox.BatchConfig) postbox.Processor
 	effects(t testing.TB) int64
-	dead(t testing.TB, consumer string) []postbox.DeadLetter
+	dead(t testing.TB, consumer string) []postbox.DeadMessage
 }
 
 type inboxDB[TTx any] struct {
@@ -44,7 +44,7 @@ type inboxDB[TTx any] struct {
 	client *postbox.Client[TTx]
 }
 
-func newInboxDB[TTx any](t testing.TB, d postboxdriver.Driver[TTx], prefix string, cfg postbox.InboxConfig) consumerDB {
+func newInboxDB[TTx any](t testing.TB, d postboxdriver.Driver[TTx], prefix string, cfg postbox.Config) consumerDB {
 	t.Helper()
 	ctx := context.Background()
 	m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
@@ -56,10 +56,11 @@ func newInboxDB[TTx any](t testing.TB, d postboxdriver.Driver[TTx], prefix strin
 	}
 	cfg.Prefix = prefix
 	cfg.Logger = testLogger(t)
-	in, err := postbox.NewInbox(d, &cfg)
+	inClient, err := postbox.NewClient(d, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	in := inClient.Inbox()
 	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +106,7 @@ func (db *inboxDB[TTx]) effects(t testing.TB) int64 {
 	return st.Pending
 }
 
-func (db *inboxDB[TTx]) dead(t testing.TB, consumer string) []postbox.DeadLetter {
+func (db *inboxDB[TTx]) dead(t testing.TB, consumer string) []postbox.DeadMessage {
 	t.Helper()
 	out, err := db.inbox.ListDead(context.Background(), postbox.DeadFilter{Consumer: consumer})
 	if err != nil {
@@ -115,7 +116,7 @@ func (db *inboxDB[TTx]) dead(t testing.TB, consumer string) []postbox.DeadLetter
 }
 
 // eachDatabase runs fn against a fresh inbox on PostgreSQL and on SQLite.
-func eachDatabase(t *testing.T, cfg postbox.InboxConfig, fn func(t *testing.T, db consumerDB)) {
+func eachDatabase(t *testing.T, cfg postbox.Config, fn func(t *testing.T, db consumerDB)) {
 	t.Run("postgres", func(t *testing.T) {
 		pool := testdb.Pool(t)
 		prefix := testdb.Prefix(t)
@@ -128,14 +129,14 @@ func eachDatabase(t *testing.T, cfg postbox.InboxConfig, fn func(t *testing.T, d
 }
 
 // eachSetup runs fn for every NATS server and database.
-func eachSetup(t *testing.T, cfg postbox.InboxConfig, fn func(t *testing.T, url string, db consumerDB)) {
+func eachSetup(t *testing.T, cfg postbox.Config, fn func(t *testing.T, url string, db consumerDB)) {
 	eachTarget(t, func(t *testing.T, url string) {
 		eachDatabase(t, cfg, func(t *testing.T, db consumerDB) { fn(t, url, db) })
 	})
 }
 
 // fastRetries keeps the inbox's backoff short.
-var fastRetries = postbox.InboxConfig{BackoffBase: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond}
+var fastRetries = postbox.Config{BackoffBase: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond}
 
 // verdicts records what a wrapped Processor returned, with the delivery.
 type verdicts struct {
@@ -396,7 +397,7 @@ func TestInboxPoisonDeadLettered(t *testing.T) {
 		settledAll(t, c)
 
 		dl := db.dead(t, "billing")[0]
-		if dl.MessageID != poison.ID || dl.Attempts != 3 || dl.Error != "cannot apply" || dl.Topic != "orders.paid" ||
+		if dl.ID != poison.ID || dl.Attempts != 3 || dl.Error != "cannot apply" || dl.Topic != "orders.paid" ||
 			dl.Key != "order-9" || string(dl.Payload) != "poison" {
 			t.Fatalf("dead letter %+v", dl)
 		}
@@ -495,7 +496,7 @@ func TestInboxPerKeyPoison(t *testing.T) {
 		if n := db.effects(t); n != 4 {
 			t.Fatalf("%d effects, want 4", n)
 		}
-		if dead := db.dead(t, "billing"); len(dead) != 1 || dead[0].MessageID != poison.ID || dead[0].Attempts != 3 {
+		if dead := db.dead(t, "billing"); len(dead) != 1 || dead[0].ID != poison.ID || dead[0].Attempts != 3 {
 			t.Fatalf("dead letters %+v", dead)
 		}
 	})

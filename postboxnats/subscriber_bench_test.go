@@ -33,7 +33,7 @@ func BenchmarkSubscriberInbox(b *testing.B) {
 			pool := testdb.Pool(b)
 			prefix := testdb.Prefix(b)
 			testdb.DropPrefix(b, pool, prefix)
-			db := newInboxDB[pgx.Tx](b, postboxpgx.New(pool), prefix, postbox.InboxConfig{})
+			db := newInboxDB[pgx.Tx](b, postboxpgx.New(pool), prefix, postbox.Config{})
 
 			payload := make([]byte, benchPayload)
 			for i := range b.N {

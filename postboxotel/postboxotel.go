@@ -1,8 +1,7 @@
 // Package postboxotel connects postbox to OpenTelemetry tracing.
 //
 //	tr := postboxotel.New(otel.GetTracerProvider(), propagation.TraceContext{})
-//	client, _ := postbox.NewClient(driver, &postbox.Config{Publisher: pub, Tracer: tr})
-//	inbox, _ := postbox.NewInbox(driver, &postbox.InboxConfig{Tracer: tr})
+//	client, _ := postbox.NewClient(driver, &postbox.Config{Publisher: pub, Tracer: tr}) // writer, relay and inbox
 //
 // A message written under a traced context stores the trace context in its
 // headers (traceparent, tracestate). The relay's publish span is a new

@@ -50,10 +50,11 @@ func TestTraceFlow(t *testing.T) {
 		t.Fatalf("no traceparent on the broker's message: %v", env.Headers)
 	}
 
-	inbox, err := postbox.NewInbox(d, &postbox.InboxConfig{Prefix: prefix, Tracer: tr})
+	inboxClient, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Tracer: tr})
 	if err != nil {
 		t.Fatal(err)
 	}
+	inbox := inboxClient.Inbox()
 	var handlerSpan trace.SpanContext
 	v := inbox.Handle(ctx, "ledger", &postbox.Delivery{ID: env.ID, Topic: env.Topic, Key: env.Key, Headers: env.Headers},
 		func(ctx context.Context, _ pgx.Tx, _ *postbox.Delivery) error {

@@ -39,6 +39,6 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		Features: postboxdrivertest.Features{ConcurrentWriters: true, Inbox: true, InboxBatch: true, Admin: true},
+		Features: postboxdrivertest.Features{ConcurrentWriters: true},
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox/internal/pgsql"
@@ -23,6 +24,8 @@ type Driver struct {
 	pool *pgxpool.Pool
 }
 
+var _ postboxdriver.Driver[pgx.Tx] = (*Driver)(nil)
+
 // New returns a driver over pool.
 func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
 
@@ -31,7 +34,7 @@ func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 
 // Open implements postboxdriver.Driver.
 func (d *Driver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
-	core, err := pgsql.New(poolDB{d.pool}, prefix)
+	core, err := pgsql.New(poolDB{querier[*pgxpool.Pool]{d.pool}}, prefix)
 	if err != nil {
 		return nil, err
 	}
@@ -43,66 +46,35 @@ type store struct {
 	pool *pgxpool.Pool
 }
 
-func (s *store) InsertTx(ctx context.Context, tx pgx.Tx, rows []postboxdriver.Row) error {
-	return s.Insert(ctx, querier{tx}, rows)
+func (s *store) UnwrapExecutor(tx pgx.Tx) postboxdriver.Executor {
+	return s.WithTx(querier[pgx.Tx]{tx})
 }
 
 func (s *store) InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, s.pool, fn)
 }
 
-type querier struct{ q pgx.Tx }
-
-func (q querier) Exec(ctx context.Context, sql string, args ...any) error {
-	_, err := q.q.Exec(ctx, sql, args...)
-	return err
+// conn is what a pool and a transaction share.
+type conn interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-func (q querier) Query(ctx context.Context, sql string, args ...any) (pgsql.Rows, error) {
-	return q.q.Query(ctx, sql, args...)
+// querier adapts a pool or a transaction to pgsql.Querier.
+type querier[C conn] struct{ c C }
+
+func (q querier[C]) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	tag, err := q.c.Exec(ctx, sql, args...)
+	return tag.RowsAffected(), err
 }
 
-type poolDB struct{ p *pgxpool.Pool }
-
-func (d poolDB) Exec(ctx context.Context, sql string, args ...any) error {
-	_, err := d.p.Exec(ctx, sql, args...)
-	return err
+func (q querier[C]) Query(ctx context.Context, sql string, args ...any) (pgsql.Rows, error) {
+	return q.c.Query(ctx, sql, args...)
 }
 
-func (d poolDB) Query(ctx context.Context, sql string, args ...any) (pgsql.Rows, error) {
-	return d.p.Query(ctx, sql, args...)
-}
+// poolDB runs pgsql's transactions of its own on the pool.
+type poolDB struct{ querier[*pgxpool.Pool] }
 
 func (d poolDB) Tx(ctx context.Context, fn func(q pgsql.Querier) error) error {
-	return pgx.BeginFunc(ctx, d.p, func(tx pgx.Tx) error { return fn(querier{tx}) })
+	return pgx.BeginFunc(ctx, d.c, func(tx pgx.Tx) error { return fn(querier[pgx.Tx]{tx}) })
 }
-
-func (s *store) InboxInsertTx(ctx context.Context, tx pgx.Tx, consumer, messageID string) (bool, error) {
-	return s.InboxInsert(ctx, querier{tx}, consumer, messageID)
-}
-
-func (s *store) TakeDeadTx(ctx context.Context, tx pgx.Tx, consumer, messageID string) (postboxdriver.DeadLetter, error) {
-	return s.TakeDead(ctx, querier{tx}, consumer, messageID)
-}
-
-var _ postboxdriver.Inboxer[pgx.Tx] = (*store)(nil)
-
-func (s *store) ExecTx(ctx context.Context, tx pgx.Tx, query string, args ...any) (int64, error) {
-	tag, err := tx.Exec(ctx, query, args...)
-	return tag.RowsAffected(), err
-}
-
-func (s *store) QueryTx(ctx context.Context, tx pgx.Tx, query string, args ...any) (postboxdriver.Rows, error) {
-	return tx.Query(ctx, query, args...)
-}
-
-func (s *store) Exec(ctx context.Context, query string, args ...any) (int64, error) {
-	tag, err := s.pool.Exec(ctx, query, args...)
-	return tag.RowsAffected(), err
-}
-
-func (s *store) Query(ctx context.Context, query string, args ...any) (postboxdriver.Rows, error) {
-	return s.pool.Query(ctx, query, args...)
-}
-
-var _ postboxdriver.Raw[pgx.Tx] = (*store)(nil)

@@ -2,9 +2,8 @@
 //
 //	reg := prometheus.NewRegistry()
 //	m, err := postboxprom.New(reg)
-//	client, err := postbox.NewClient(driver, &postbox.Config{Publisher: pub, Metrics: m})
-//	inbox, err := postbox.NewInbox(driver, &postbox.InboxConfig{Metrics: m})
-//	reg.MustRegister(postboxprom.NewStatusCollector(admin, 2*time.Second))
+//	client, err := postbox.NewClient(driver, &postbox.Config{Publisher: pub, Metrics: m}) // relay and inbox
+//	reg.MustRegister(postboxprom.NewStatusCollector(client.Admin(), 2*time.Second))
 //
 // Every metric, its type and labels are listed in METRICS.md at the root
 // of the repository.

@@ -51,19 +51,21 @@ func TestMetrics(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	admin, err := postbox.NewAdmin(d, &postbox.AdminConfig{Prefix: prefix})
+	adminClient, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
+	admin := adminClient.Admin()
 	if err := c.Write(ctx, postbox.Message{Topic: "orders.shipped"}); err != nil {
 		t.Fatal(err)
 	}
 	reg.MustRegister(postboxprom.NewStatusCollector(admin, 2*time.Second))
 
-	inbox, err := postbox.NewInbox(d, &postbox.InboxConfig{Prefix: prefix, Metrics: m, MaxAttempts: 1})
+	inboxClient, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Metrics: m, MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
+	inbox := inboxClient.Inbox()
 	id := postbox.NewID()
 	for range 2 {
 		inbox.Handle(ctx, "ledger", &postbox.Delivery{ID: id, Topic: "orders.created"}, func(context.Context, pgx.Tx, *postbox.Delivery) error { return nil })

@@ -74,10 +74,11 @@ func newPipeline(t *testing.T, ctx context.Context, rc redis.UniversalClient) *p
 	if err != nil {
 		t.Fatal(err)
 	}
-	inbox, err := postbox.NewInbox(d, &postbox.InboxConfig{Prefix: prefix, Logger: quiet})
+	inboxClient, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
+	inbox := inboxClient.Inbox()
 	p := &pipeline{t: t, pool: pool, prefix: prefix, client: c, stream: name, log: newLedger(), pub: counted}
 	sub := subscriber(t, rc, postboxredis.SubscriberConfig{Stream: name, Group: "billing", PerKey: true, MaxInFlight: 16,
 		Block: 100 * time.Millisecond, MinIdle: 5 * time.Second, ClaimInterval: 500 * time.Millisecond})

@@ -45,7 +45,7 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		Features: postboxdrivertest.Features{ConcurrentWriters: true, Inbox: true, InboxBatch: true, Admin: true},
+		Features: postboxdrivertest.Features{ConcurrentWriters: true},
 	})
 }
 

@@ -27,6 +27,8 @@ type Driver struct {
 	db *sql.DB
 }
 
+var _ postboxdriver.Driver[*sql.Tx] = (*Driver)(nil)
+
 // New returns a driver over db.
 func New(db *sql.DB) (*Driver, error) {
 	if _, ok := db.Driver().(*stdlib.Driver); !ok {
@@ -35,9 +37,12 @@ func New(db *sql.DB) (*Driver, error) {
 	return &Driver{db: db}, nil
 }
 
+// DB returns the *sql.DB the driver was made with.
+func (d *Driver) DB() *sql.DB { return d.db }
+
 // Open implements postboxdriver.Driver.
 func (d *Driver) Open(prefix string) (postboxdriver.Store[*sql.Tx], error) {
-	core, err := pgsql.New(dbQuerier{d.db}, prefix)
+	core, err := pgsql.New(poolDB{querier[*sql.DB]{d.db}}, prefix)
 	if err != nil {
 		return nil, err
 	}
@@ -49,8 +54,8 @@ type store struct {
 	db *sql.DB
 }
 
-func (s *store) InsertTx(ctx context.Context, tx *sql.Tx, rows []postboxdriver.Row) error {
-	return s.Insert(ctx, txQuerier{tx}, rows)
+func (s *store) UnwrapExecutor(tx *sql.Tx) postboxdriver.Executor {
+	return s.WithTx(querier[*sql.Tx]{tx})
 }
 
 func (s *store) InTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
@@ -73,46 +78,36 @@ func inTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) (err error
 	return tx.Commit()
 }
 
-type sqlQuerier interface {
+// conn is what a *sql.DB and a *sql.Tx share.
+type conn interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
-func exec(ctx context.Context, q sqlQuerier, query string, args []any) error {
-	_, err := q.ExecContext(ctx, query, args...)
-	return err
+// querier adapts a *sql.DB or a *sql.Tx to pgsql.Querier.
+type querier[C conn] struct{ c C }
+
+func (q querier[C]) Exec(ctx context.Context, s string, args ...any) (int64, error) {
+	res, err := q.c.ExecContext(ctx, s, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }
 
-func query(ctx context.Context, q sqlQuerier, query string, args []any) (pgsql.Rows, error) {
-	rows, err := q.QueryContext(ctx, query, args...)
+func (q querier[C]) Query(ctx context.Context, s string, args ...any) (pgsql.Rows, error) {
+	rows, err := q.c.QueryContext(ctx, s, args...)
 	if err != nil {
 		return nil, err
 	}
 	return sqlRows{rows}, nil
 }
 
-type txQuerier struct{ tx *sql.Tx }
+// poolDB runs pgsql's transactions of its own on the *sql.DB.
+type poolDB struct{ querier[*sql.DB] }
 
-func (q txQuerier) Exec(ctx context.Context, s string, args ...any) error {
-	return exec(ctx, q.tx, s, args)
-}
-
-func (q txQuerier) Query(ctx context.Context, s string, args ...any) (pgsql.Rows, error) {
-	return query(ctx, q.tx, s, args)
-}
-
-type dbQuerier struct{ db *sql.DB }
-
-func (q dbQuerier) Exec(ctx context.Context, s string, args ...any) error {
-	return exec(ctx, q.db, s, args)
-}
-
-func (q dbQuerier) Query(ctx context.Context, s string, args ...any) (pgsql.Rows, error) {
-	return query(ctx, q.db, s, args)
-}
-
-func (q dbQuerier) Tx(ctx context.Context, fn func(pgsql.Querier) error) error {
-	return inTx(ctx, q.db, func(tx *sql.Tx) error { return fn(txQuerier{tx}) })
+func (d poolDB) Tx(ctx context.Context, fn func(pgsql.Querier) error) error {
+	return inTx(ctx, d.c, func(tx *sql.Tx) error { return fn(querier[*sql.Tx]{tx}) })
 }
 
 // sqlRows adapts *sql.Rows, whose Close returns an error the core has no
@@ -120,49 +115,3 @@ func (q dbQuerier) Tx(ctx context.Context, fn func(pgsql.Querier) error) error {
 type sqlRows struct{ *sql.Rows }
 
 func (r sqlRows) Close() { _ = r.Rows.Close() }
-
-// DB returns the *sql.DB the driver was made with.
-func (d *Driver) DB() *sql.DB { return d.db }
-
-func (s *store) InboxInsertTx(ctx context.Context, tx *sql.Tx, consumer, messageID string) (bool, error) {
-	return s.InboxInsert(ctx, txQuerier{tx}, consumer, messageID)
-}
-
-func (s *store) TakeDeadTx(ctx context.Context, tx *sql.Tx, consumer, messageID string) (postboxdriver.DeadLetter, error) {
-	return s.TakeDead(ctx, txQuerier{tx}, consumer, messageID)
-}
-
-var _ postboxdriver.Inboxer[*sql.Tx] = (*store)(nil)
-
-func affected(res sql.Result, err error) (int64, error) {
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
-func (s *store) ExecTx(ctx context.Context, tx *sql.Tx, query string, args ...any) (int64, error) {
-	return affected(tx.ExecContext(ctx, query, args...))
-}
-
-func (s *store) QueryTx(ctx context.Context, tx *sql.Tx, query string, args ...any) (postboxdriver.Rows, error) {
-	rows, err := tx.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	return sqlRows{rows}, nil
-}
-
-func (s *store) Exec(ctx context.Context, query string, args ...any) (int64, error) {
-	return affected(s.db.ExecContext(ctx, query, args...))
-}
-
-func (s *store) Query(ctx context.Context, query string, args ...any) (postboxdriver.Rows, error) {
-	rows, err := s.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	return sqlRows{rows}, nil
-}
-
-var _ postboxdriver.Raw[*sql.Tx] = (*store)(nil)

@@ -10,8 +10,6 @@ import (
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
-var _ postboxdriver.Admin = (*store)(nil)
-
 type adminQueries struct {
 	topicStats, listDead, getDead, requeueInsert, requeueDelete, deleteDead, prunePublished,
 	horizon, replayCount, replayInsert, replayDelete, replayAudit, listReplays string
@@ -77,20 +75,33 @@ func millisOrNil(t time.Time) any {
 	return t.UnixMilli()
 }
 
-func deadArgs(f postboxdriver.DeadMessageFilter) []any {
-	ids := "[]"
-	if len(f.IDs) > 0 {
-		b, _ := json.Marshal(f.IDs)
-		ids = string(b)
+// jsonList binds a list of strings as one JSON array.
+func jsonList(xs []string) string {
+	if len(xs) == 0 {
+		return "[]"
 	}
-	return []any{ids, f.Topic, f.Key, millisOrNil(f.Since), millisOrNil(f.Until)}
+	b, _ := json.Marshal(xs) // strings always marshal
+	return string(b)
 }
+
+func limitOr100(n int) int {
+	if n <= 0 {
+		return 100
+	}
+	return n
+}
+
+func deadArgs(f postboxdriver.DeadFilter) []any {
+	return []any{jsonList(f.IDs), f.Topic, f.Key, millisOrNil(f.Since), millisOrNil(f.Until)}
+}
+
+type scanner interface{ Scan(dest ...any) error }
 
 func scanDeadMessage(r scanner) (postboxdriver.DeadMessage, error) {
 	var d postboxdriver.DeadMessage
 	var headers string
 	var created, dead int64
-	err := r.Scan(&d.Seq, &d.ID, &d.Topic, &d.Key, &d.Payload, &headers, &d.Attempts, &d.LastError, &created, &dead)
+	err := r.Scan(&d.Seq, &d.ID, &d.Topic, &d.Key, &d.Payload, &headers, &d.Attempts, &d.Error, &created, &dead)
 	if d.Payload == nil {
 		d.Payload = []byte{}
 	}
@@ -99,61 +110,47 @@ func scanDeadMessage(r scanner) (postboxdriver.DeadMessage, error) {
 	return d, err
 }
 
-// TopicStats implements postboxdriver.Admin.
-func (s *store) TopicStats(ctx context.Context) ([]postboxdriver.TopicStats, error) {
-	rows, err := s.db.QueryContext(ctx, s.aq.topicStats)
-	if err != nil {
-		return nil, s.wrap(err)
+// notFound maps QueryRow's no-row error to ErrNotFound.
+func (s *store) notFound(err error) error {
+	if err == sql.ErrNoRows { //nolint:errorlint // QueryRow returns it unwrapped
+		return postboxdriver.ErrNotFound
 	}
-	var out []postboxdriver.TopicStats
-	err = scanAll(rows, func(r *sql.Rows) error {
+	return s.wrap(err)
+}
+
+// TopicStats implements postboxdriver.Executor.
+func (s *store) TopicStats(ctx context.Context) ([]postboxdriver.TopicStats, error) {
+	out, err := queryAll(ctx, s.conn(), s.aq.topicStats, nil, func(r *sql.Rows) (postboxdriver.TopicStats, error) {
 		var t postboxdriver.TopicStats
 		var age int64
-		if err := r.Scan(&t.Topic, &t.Pending, &t.Dead, &age, &t.PublishedLastMinute); err != nil {
-			return err
-		}
+		err := r.Scan(&t.Topic, &t.Pending, &t.Dead, &age, &t.PublishedLastMinute)
 		t.OldestPendingAge = time.Duration(age) * time.Millisecond
-		out = append(out, t)
-		return nil
+		return t, err
 	})
 	return out, s.wrap(err)
 }
 
-// ListDeadMessages implements postboxdriver.Admin.
-func (s *store) ListDeadMessages(ctx context.Context, f postboxdriver.DeadMessageFilter) ([]postboxdriver.DeadMessage, error) {
-	limit := f.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	rows, err := s.db.QueryContext(ctx, s.aq.listDead, append(deadArgs(f), limit)...)
-	if err != nil {
-		return nil, s.wrap(err)
-	}
-	var out []postboxdriver.DeadMessage
-	err = scanAll(rows, func(r *sql.Rows) error {
-		d, err := scanDeadMessage(r)
-		out = append(out, d)
-		return err
+// ListDeadMessages implements postboxdriver.Executor.
+func (s *store) ListDeadMessages(ctx context.Context, f postboxdriver.DeadFilter) ([]postboxdriver.DeadMessage, error) {
+	out, err := queryAll(ctx, s.conn(), s.aq.listDead, append(deadArgs(f), limitOr100(f.Limit)), func(r *sql.Rows) (postboxdriver.DeadMessage, error) {
+		return scanDeadMessage(r)
 	})
 	return out, s.wrap(err)
 }
 
-// GetDeadMessage implements postboxdriver.Admin.
+// GetDeadMessage implements postboxdriver.Executor.
 func (s *store) GetDeadMessage(ctx context.Context, id string) (postboxdriver.DeadMessage, error) {
-	d, err := scanDeadMessage(s.db.QueryRowContext(ctx, s.aq.getDead, id))
+	d, err := scanDeadMessage(s.conn().QueryRowContext(ctx, s.aq.getDead, id))
 	return d, s.notFound(err)
 }
 
-// RequeueDeadMessages implements postboxdriver.Admin: the copy and the
+// RequeueDeadMessages implements postboxdriver.Executor: the copy and the
 // delete run in one IMMEDIATE transaction, so they see the same rows.
-func (s *store) RequeueDeadMessages(ctx context.Context, f postboxdriver.DeadMessageFilter) (int, error) {
+func (s *store) RequeueDeadMessages(ctx context.Context, f postboxdriver.DeadFilter) (int, error) {
 	var n int64
-	err := s.write(ctx, func(c *sql.Conn) error {
-		res, err := c.ExecContext(ctx, s.aq.requeueInsert, deadArgs(f)...)
-		if err != nil {
-			return err
-		}
-		if n, err = res.RowsAffected(); err != nil {
+	err := s.write(ctx, func(c conn) error {
+		var err error
+		if n, err = affected(c.ExecContext(ctx, s.aq.requeueInsert, deadArgs(f)...)); err != nil {
 			return err
 		}
 		_, err = c.ExecContext(ctx, s.aq.requeueDelete, deadArgs(f)...)
@@ -162,29 +159,31 @@ func (s *store) RequeueDeadMessages(ctx context.Context, f postboxdriver.DeadMes
 	return int(n), err
 }
 
-// DeleteDeadMessages implements postboxdriver.Admin.
-func (s *store) DeleteDeadMessages(ctx context.Context, f postboxdriver.DeadMessageFilter) (int, error) {
-	n, err := affected(s.db.ExecContext(ctx, s.aq.deleteDead, deadArgs(f)...))
+// DeleteDeadMessages implements postboxdriver.Executor.
+func (s *store) DeleteDeadMessages(ctx context.Context, f postboxdriver.DeadFilter) (int, error) {
+	n, err := affected(s.conn().ExecContext(ctx, s.aq.deleteDead, deadArgs(f)...))
 	return int(n), s.wrap(err)
 }
 
-// PrunePublished implements postboxdriver.Admin.
+// PrunePublished implements postboxdriver.Executor.
 func (s *store) PrunePublished(ctx context.Context, age time.Duration, limit int) (int, error) {
-	n, err := affected(s.db.ExecContext(ctx, s.aq.prunePublished, age.Milliseconds(), limit))
+	n, err := affected(s.conn().ExecContext(ctx, s.aq.prunePublished, age.Milliseconds(), limit))
 	return int(n), s.wrap(err)
 }
 
-// Replay implements postboxdriver.Admin.
-func (s *store) Replay(ctx context.Context, r postboxdriver.ReplayRequest) (int, error) {
+// Replay implements postboxdriver.Executor.
+func (s *store) Replay(ctx context.Context, r postboxdriver.ReplayParams) (int, error) {
 	since, until := r.Since.UnixMilli(), r.Until.UnixMilli()
 	var n int64
-	err := s.write(ctx, func(c *sql.Conn) error {
-		var tooOld bool
-		if err := c.QueryRowContext(ctx, s.aq.horizon, since, r.Horizon.Milliseconds()).Scan(&tooOld); err != nil {
-			return err
-		}
-		if tooOld {
-			return postboxdriver.ErrBeyondHorizon
+	err := s.write(ctx, func(c conn) error {
+		if r.Horizon > 0 {
+			var tooOld bool
+			if err := c.QueryRowContext(ctx, s.aq.horizon, since, r.Horizon.Milliseconds()).Scan(&tooOld); err != nil {
+				return err
+			}
+			if tooOld {
+				return postboxdriver.ErrBeyondHorizon
+			}
 		}
 		if r.DryRun {
 			if err := c.QueryRowContext(ctx, s.aq.replayCount, since, until, r.Topic, r.Key).Scan(&n); err != nil {
@@ -208,25 +207,14 @@ func (s *store) Replay(ctx context.Context, r postboxdriver.ReplayRequest) (int,
 	return int(n), nil
 }
 
-// ListReplays implements postboxdriver.Admin.
+// ListReplays implements postboxdriver.Executor.
 func (s *store) ListReplays(ctx context.Context, limit int) ([]postboxdriver.ReplayAudit, error) {
-	if limit <= 0 {
-		limit = 100
-	}
-	rows, err := s.db.QueryContext(ctx, s.aq.listReplays, limit)
-	if err != nil {
-		return nil, s.wrap(err)
-	}
-	var out []postboxdriver.ReplayAudit
-	err = scanAll(rows, func(r *sql.Rows) error {
+	out, err := queryAll(ctx, s.conn(), s.aq.listReplays, []any{limitOr100(limit)}, func(r *sql.Rows) (postboxdriver.ReplayAudit, error) {
 		var a postboxdriver.ReplayAudit
 		var at, since, until int64
-		if err := r.Scan(&a.ID, &at, &a.Actor, &since, &until, &a.Topic, &a.Key, &a.Count, &a.DryRun); err != nil {
-			return err
-		}
+		err := r.Scan(&a.ID, &at, &a.Actor, &since, &until, &a.Topic, &a.Key, &a.Count, &a.DryRun)
 		a.At, a.Since, a.Until = time.UnixMilli(at), time.UnixMilli(since), time.UnixMilli(until)
-		out = append(out, a)
-		return nil
+		return a, err
 	})
 	return out, s.wrap(err)
 }

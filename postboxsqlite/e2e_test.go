@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxsqlite"
 )
@@ -168,7 +167,7 @@ func TestDurabilityWarnings(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		w, err := st.(postboxdriver.DurabilityChecker).DurabilityWarnings(ctx)
+		w, err := st.DurabilityWarnings(ctx)
 		_ = db.Close()
 		if err != nil || (len(w) > 0) != c.warn {
 			t.Fatalf("%s: warnings %v, %v; want warning=%v", c.dsn, w, err, c.warn)

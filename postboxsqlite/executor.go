@@ -13,7 +13,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -38,30 +37,11 @@ const partitions = 64
 // instant per statement.
 const nowExpr = `CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER)`
 
-// store implements postboxdriver.Store[*sql.Tx] for one table prefix.
-type store struct {
-	db      *sql.DB
-	prefix  string
-	q       queries
-	iq      inboxQueries
-	aq      adminQueries
-	inserts sync.Map // row count -> INSERT statement
-}
-
-var _ postboxdriver.Store[*sql.Tx] = (*store)(nil)
-
-func newStore(db *sql.DB, prefix string) (*store, error) {
-	if !postboxdriver.ValidPrefix(prefix) {
-		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most %d characters", prefix, postboxdriver.MaxPrefixLen)
-	}
-	return &store{db: db, prefix: prefix, q: makeQueries(prefix), iq: makeInboxQueries(prefix), aq: makeAdminQueries(prefix)}, nil
-}
-
 // Dialect implements postboxdriver.Executor.
 func (s *store) Dialect() string { return "sqlite" }
 
 type queries struct {
-	lock, partitions, heartbeat, live, unregister, acquire, release, fetch, fetchStrict, fetchRouted, fetchRoutedStrict, publish, unpend, bury, unbury, retry, stats,
+	lock, partitions, heartbeat, live, unregister, acquire, release, expire, fetch, fetchStrict, fetchRouted, fetchRoutedStrict, publish, unpend, bury, unbury, retry, stats,
 	applied, createMigrations, migrationDone, recordMigration string
 }
 
@@ -94,6 +74,8 @@ WHERE partition IN (SELECT value FROM json_each(?2)) AND (owner IS NULL OR owner
 RETURNING partition, generation, expires_at`),
 		release: r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = {now}
 WHERE owner = ?1 AND partition IN (SELECT value FROM json_each(?2))`),
+		// expires_at holds Unix milliseconds; 0 is long past.
+		expire:            r.Replace(`UPDATE {p}leases SET owner = ?1, generation = generation + 1, expires_at = 0`),
 		fetch:             r.Replace(fetchSQL(false, false)),
 		fetchStrict:       r.Replace(fetchSQL(true, false)),
 		fetchRouted:       r.Replace(fetchSQL(false, true)),
@@ -182,29 +164,20 @@ LIMIT ?2`
 // Partitions implements postboxdriver.Executor.
 func (s *store) Partitions(ctx context.Context) (int, error) {
 	var n int
-	err := s.db.QueryRowContext(ctx, s.q.partitions).Scan(&n)
+	err := s.conn().QueryRowContext(ctx, s.q.partitions).Scan(&n)
 	return n, s.wrap(err)
 }
 
 // Heartbeat implements postboxdriver.Executor.
 func (s *store) Heartbeat(ctx context.Context, relayID string, ttl time.Duration) ([]string, error) {
 	var ids []string
-	err := s.write(ctx, func(c *sql.Conn) error {
+	err := s.write(ctx, func(c conn) error {
 		if _, err := c.ExecContext(ctx, s.q.heartbeat, relayID, ttl.Milliseconds()); err != nil {
 			return err
 		}
-		rows, err := c.QueryContext(ctx, s.q.live, relayID)
-		if err != nil {
-			return err
-		}
-		return scanAll(rows, func(r *sql.Rows) error {
-			var id string
-			if err := r.Scan(&id); err != nil {
-				return err
-			}
-			ids = append(ids, id)
-			return nil
-		})
+		var err error
+		ids, err = queryAll(ctx, c, s.q.live, []any{relayID}, scanString)
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -217,7 +190,7 @@ func (s *store) Heartbeat(ctx context.Context, relayID string, ttl time.Duration
 
 // Unregister implements postboxdriver.Executor.
 func (s *store) Unregister(ctx context.Context, relayID string) error {
-	_, err := s.db.ExecContext(ctx, s.q.unregister, relayID)
+	_, err := s.conn().ExecContext(ctx, s.q.unregister, relayID)
 	return s.wrap(err)
 }
 
@@ -225,20 +198,12 @@ func (s *store) Unregister(ctx context.Context, relayID string) error {
 // which SQLite runs in a transaction of its own that starts by taking the
 // write lock, so it waits under the busy timeout like BEGIN IMMEDIATE.
 func (s *store) AcquireLeases(ctx context.Context, owner string, parts []int, ttl time.Duration) ([]postboxdriver.Lease, error) {
-	rows, err := s.db.QueryContext(ctx, s.q.acquire, owner, intsJSON(parts), ttl.Milliseconds())
-	if err != nil {
-		return nil, s.wrap(err)
-	}
-	var out []postboxdriver.Lease
-	err = scanAll(rows, func(r *sql.Rows) error {
+	out, err := queryAll(ctx, s.conn(), s.q.acquire, []any{owner, intsJSON(parts), ttl.Milliseconds()}, func(r *sql.Rows) (postboxdriver.Lease, error) {
 		var l postboxdriver.Lease
 		var exp int64
-		if err := r.Scan(&l.Partition, &l.Generation, &exp); err != nil {
-			return err
-		}
+		err := r.Scan(&l.Partition, &l.Generation, &exp)
 		l.ExpiresAt = time.UnixMilli(exp)
-		out = append(out, l)
-		return nil
+		return l, err
 	})
 	if err != nil {
 		return nil, s.wrap(err)
@@ -249,8 +214,14 @@ func (s *store) AcquireLeases(ctx context.Context, owner string, parts []int, tt
 
 // ReleaseLeases implements postboxdriver.Executor.
 func (s *store) ReleaseLeases(ctx context.Context, owner string, parts []int) error {
-	_, err := s.db.ExecContext(ctx, s.q.release, owner, intsJSON(parts))
+	_, err := s.conn().ExecContext(ctx, s.q.release, owner, intsJSON(parts))
 	return s.wrap(err)
+}
+
+// ExpireLeases implements postboxdriver.Executor.
+func (s *store) ExpireLeases(ctx context.Context, owner string) (int, error) {
+	n, err := affected(s.conn().ExecContext(ctx, s.q.expire, owner))
+	return int(n), s.wrap(err)
 }
 
 // Fetch implements postboxdriver.Executor. It only reads: in WAL mode it
@@ -283,30 +254,19 @@ func (s *store) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postb
 	default:
 		q = s.q.fetch
 	}
-	rows, err := s.db.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, s.wrap(err)
-	}
-	out := make([]postboxdriver.Record, 0, min(p.Limit, 1024))
-	err = scanAll(rows, func(r *sql.Rows) error {
+	out, err := queryAll(ctx, s.conn(), q, args, func(r *sql.Rows) (postboxdriver.Record, error) {
 		var rec postboxdriver.Record
 		var headers string
 		var created int64
-		if err := r.Scan(&rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &headers, &rec.Partition, &rec.Attempts, &created); err != nil {
-			return err
-		}
+		err := r.Scan(&rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &headers, &rec.Partition, &rec.Attempts, &created)
 		if rec.Payload == nil {
 			rec.Payload = []byte{} // SQLite hands an empty blob back as nil
 		}
 		rec.Headers = []byte(headers)
 		rec.CreatedAt = time.UnixMilli(created)
-		out = append(out, rec)
-		return nil
+		return rec, err
 	})
-	if err != nil {
-		return nil, s.wrap(err)
-	}
-	return out, nil
+	return out, s.wrap(err)
 }
 
 // MarkPublished implements postboxdriver.Executor.
@@ -316,7 +276,7 @@ func (s *store) MarkPublished(ctx context.Context, f postboxdriver.Fence, seqs [
 	}
 	list, gens := int64sJSON(seqs), generationsJSON(f)
 	var n int64
-	err := s.write(ctx, func(c *sql.Conn) error {
+	err := s.write(ctx, func(c conn) error {
 		res, err := c.ExecContext(ctx, s.q.publish, list, f.Owner, gens)
 		if err != nil {
 			return err
@@ -377,7 +337,7 @@ func (s *store) MarkFailed(ctx context.Context, f postboxdriver.Fence, failures 
 	}
 	gens := generationsJSON(f)
 	var out []postboxdriver.FailResult
-	err = s.write(ctx, func(c *sql.Conn) error {
+	err = s.write(ctx, func(c conn) error {
 		out = out[:0]
 		collect := func(dead bool) func(*sql.Rows) error {
 			return func(r *sql.Rows) error {
@@ -429,7 +389,7 @@ func (s *store) MarkFailed(ctx context.Context, f postboxdriver.Fence, failures 
 func (s *store) Stats(ctx context.Context) (postboxdriver.Stats, error) {
 	var st postboxdriver.Stats
 	var ageMS int64
-	err := s.db.QueryRowContext(ctx, s.q.stats).Scan(&st.Pending, &st.Dead, &ageMS, &st.Published)
+	err := s.conn().QueryRowContext(ctx, s.q.stats).Scan(&st.Pending, &st.Dead, &ageMS, &st.Published)
 	st.OldestPendingAge = time.Duration(ageMS) * time.Millisecond
 	return st, s.wrap(err)
 }
@@ -441,22 +401,13 @@ func (s *store) Migrations() []postboxdriver.Migration {
 
 // AppliedMigrations implements postboxdriver.Executor.
 func (s *store) AppliedMigrations(ctx context.Context) ([]int, error) {
-	rows, err := s.db.QueryContext(ctx, s.q.applied)
-	if err != nil {
-		if isNoSuchTable(err) {
-			return nil, nil
-		}
-		return nil, err
-	}
-	var vs []int
-	err = scanAll(rows, func(r *sql.Rows) error {
+	vs, err := queryAll(ctx, s.conn(), s.q.applied, nil, func(r *sql.Rows) (int, error) {
 		var v int
-		if err := r.Scan(&v); err != nil {
-			return err
-		}
-		vs = append(vs, v)
-		return nil
+		return v, r.Scan(&v)
 	})
+	if isNoSuchTable(err) {
+		return nil, nil
+	}
 	return vs, err
 }
 
@@ -465,7 +416,7 @@ func (s *store) AppliedMigrations(ctx context.Context) ([]int, error) {
 // version under it, so replicas starting together apply it once. SQLite's
 // DDL is transactional: a migration that fails leaves nothing behind.
 func (s *store) ApplyMigration(ctx context.Context, m postboxdriver.Migration) error {
-	return s.write(ctx, func(c *sql.Conn) error {
+	return s.write(ctx, func(c conn) error {
 		if _, err := c.ExecContext(ctx, s.q.createMigrations); err != nil {
 			return err
 		}
@@ -484,11 +435,15 @@ func (s *store) ApplyMigration(ctx context.Context, m postboxdriver.Migration) e
 	})
 }
 
-// write runs fn in a transaction begun with BEGIN IMMEDIATE on a connection
-// of its own. Taking the write lock first means the transaction waits for
-// it under the busy timeout, instead of reading first and then failing to
-// upgrade to a writer because another one committed in between.
-func (s *store) write(ctx context.Context, fn func(c *sql.Conn) error) (err error) {
+// write runs fn in a transaction: the caller's, or one begun with BEGIN
+// IMMEDIATE on a connection of its own. Taking the write lock first means
+// the transaction waits for it under the busy timeout, instead of reading
+// first and then failing to upgrade to a writer because another one
+// committed in between.
+func (s *store) write(ctx context.Context, fn func(c conn) error) (err error) {
+	if s.tx != nil {
+		return s.wrap(fn(s.tx))
+	}
 	c, err := s.db.Conn(ctx)
 	if err != nil {
 		return err
@@ -525,6 +480,34 @@ func (s *store) wrap(err error) error {
 func isNoSuchTable(err error) bool {
 	var se *sqlite.Error
 	return errors.As(err, &se) && strings.Contains(se.Error(), "no such table")
+}
+
+// queryAll runs a query on c and scans every row with scan.
+func queryAll[T any](ctx context.Context, c conn, query string, args []any, scan func(r *sql.Rows) (T, error)) ([]T, error) {
+	rows, err := c.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	var out []T
+	err = scanAll(rows, func(r *sql.Rows) error {
+		v, err := scan(r)
+		out = append(out, v)
+		return err
+	})
+	return out, err
+}
+
+func scanString(r *sql.Rows) (string, error) {
+	var s string
+	err := r.Scan(&s)
+	return s, err
+}
+
+func affected(res sql.Result, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }
 
 func scanAll(rows *sql.Rows, fn func(*sql.Rows) error) error {

@@ -78,7 +78,7 @@ func row(topic, key, payload string) postboxdriver.Row {
 func (f *fixture) insert(t *testing.T, rows ...postboxdriver.Row) []int64 {
 	t.Helper()
 	ctx := context.Background()
-	if err := f.store.InTx(ctx, func(tx *sql.Tx) error { return f.store.InsertTx(ctx, tx, rows) }); err != nil {
+	if err := f.store.InTx(ctx, func(tx *sql.Tx) error { return f.store.UnwrapExecutor(tx).Insert(ctx, rows) }); err != nil {
 		t.Fatal(err)
 	}
 	seqs := make([]int64, len(rows))

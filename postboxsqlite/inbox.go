@@ -4,15 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
-var _ postboxdriver.Inboxer[*sql.Tx] = (*store)(nil)
-
-const deadColumns = `consumer, message_id, topic, coalesce(key, ''), payload, headers, error, attempts, first_failure_at, last_failure_at, dead_at`
+const consumerDeadColumns = `consumer, message_id, topic, coalesce(key, ''), payload, headers, error, attempts, first_failure_at, last_failure_at, dead_at`
 
 // inboxQueries are the consumer side's statements, bound to a prefix once.
 type inboxQueries struct {
@@ -20,7 +19,7 @@ type inboxQueries struct {
 }
 
 func makeInboxQueries(p string) inboxQueries {
-	r := strings.NewReplacer("{p}", p, "{now}", nowExpr, "{dead}", deadColumns)
+	r := strings.NewReplacer("{p}", p, "{now}", nowExpr, "{dead}", consumerDeadColumns)
 	return inboxQueries{
 		insert: r.Replace(`INSERT INTO {p}inbox (consumer, message_id) VALUES (?, ?) ON CONFLICT DO NOTHING`),
 		// The ids travel as one JSON array; the WHERE clause keeps SQLite
@@ -41,10 +40,11 @@ ON CONFLICT (consumer, message_id) DO UPDATE SET topic = excluded.topic, key = e
   headers = excluded.headers, error = excluded.error, attempts = excluded.attempts,
   first_failure_at = excluded.first_failure_at, last_failure_at = excluded.last_failure_at, dead_at = {now}`),
 		list: r.Replace(`SELECT {dead} FROM {p}consumer_dead
-WHERE (?1 = '' OR consumer = ?1) AND (?2 = '' OR topic = ?2)
-  AND (?3 IS NULL OR dead_at >= ?3) AND (?4 IS NULL OR dead_at < ?4)
+WHERE (?1 = '' OR consumer = ?1) AND (json_array_length(?2) = 0 OR message_id IN (SELECT value FROM json_each(?2)))
+  AND (?3 = '' OR topic = ?3) AND (?4 = '' OR key = ?4)
+  AND (?5 IS NULL OR dead_at >= ?5) AND (?6 IS NULL OR dead_at < ?6)
 ORDER BY dead_at DESC, consumer, message_id
-LIMIT ?5`),
+LIMIT ?7`),
 		get: r.Replace(`SELECT {dead} FROM {p}consumer_dead WHERE consumer = ? AND message_id = ?`),
 		del: r.Replace(`DELETE FROM {p}consumer_dead WHERE consumer = ? AND message_id = ?`),
 		pruneInbox: r.Replace(`DELETE FROM {p}inbox WHERE (consumer, message_id) IN (
@@ -56,13 +56,11 @@ LIMIT ?5`),
 	}
 }
 
-type scanner interface{ Scan(dest ...any) error }
-
-func scanDead(r scanner) (postboxdriver.DeadLetter, error) {
-	var d postboxdriver.DeadLetter
+func scanConsumerDead(r scanner) (postboxdriver.DeadMessage, error) {
+	var d postboxdriver.DeadMessage
 	var headers string
 	var first, last, dead int64
-	err := r.Scan(&d.Consumer, &d.MessageID, &d.Topic, &d.Key, &d.Payload, &headers, &d.Error, &d.Attempts, &first, &last, &dead)
+	err := r.Scan(&d.Consumer, &d.ID, &d.Topic, &d.Key, &d.Payload, &headers, &d.Error, &d.Attempts, &first, &last, &dead)
 	if d.Payload == nil {
 		d.Payload = []byte{}
 	}
@@ -71,42 +69,72 @@ func scanDead(r scanner) (postboxdriver.DeadLetter, error) {
 	return d, err
 }
 
-// InboxInsertTx implements postboxdriver.Inboxer. SQLite admits one writer
+// InboxInsert implements postboxdriver.Executor. SQLite admits one writer
 // at a time, so a copy arriving while the first is uncommitted waits for
 // the write lock and then finds the record.
-func (s *store) InboxInsertTx(ctx context.Context, tx *sql.Tx, consumer, messageID string) (bool, error) {
-	res, err := tx.ExecContext(ctx, s.iq.insert, consumer, messageID)
+func (s *store) InboxInsert(ctx context.Context, consumer, messageID string) (bool, error) {
+	n, err := affected(s.conn().ExecContext(ctx, s.iq.insert, consumer, messageID))
+	return n == 1, s.wrap(err)
+}
+
+// InboxInsertMany implements postboxdriver.Executor.
+func (s *store) InboxInsertMany(ctx context.Context, consumer string, ids []string) ([]bool, error) {
+	out := make([]bool, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	fresh, err := queryAll(ctx, s.conn(), s.iq.insertMany, []any{consumer, jsonList(ids)}, scanString)
 	if err != nil {
-		return false, s.wrap(err)
+		return nil, s.wrap(err)
 	}
-	n, err := res.RowsAffected()
-	return n == 1, err
+	at := make(map[string]int, len(ids))
+	for i, id := range ids {
+		at[id] = i
+	}
+	for _, id := range fresh {
+		if i, ok := at[id]; ok {
+			out[i] = true
+		}
+	}
+	return out, nil
 }
 
-// TakeDeadTx implements postboxdriver.Inboxer.
-func (s *store) TakeDeadTx(ctx context.Context, tx *sql.Tx, consumer, messageID string) (postboxdriver.DeadLetter, error) {
-	d, err := scanDead(tx.QueryRowContext(ctx, s.iq.take, consumer, messageID))
-	return d, s.notFound(err)
-}
-
-func (s *store) notFound(err error) error {
-	if err == sql.ErrNoRows { //nolint:errorlint // QueryRow returns it unwrapped
-		return postboxdriver.ErrNotFound
+// InboxDelete implements postboxdriver.Executor.
+func (s *store) InboxDelete(ctx context.Context, consumer string, ids []string) error {
+	if len(ids) == 0 {
+		return nil
 	}
+	ids = slices.Clone(ids)
+	slices.Sort(ids)
+	_, err := s.conn().ExecContext(ctx, s.iq.deleteMany, consumer, jsonList(ids))
 	return s.wrap(err)
 }
 
-// RecordFailure implements postboxdriver.InboxExecutor.
+// RecordFailure implements postboxdriver.Executor.
 func (s *store) RecordFailure(ctx context.Context, consumer, messageID, errText string) (postboxdriver.Attempts, error) {
 	var a postboxdriver.Attempts
 	var first, last int64
-	err := s.db.QueryRowContext(ctx, s.iq.failure, consumer, messageID, errText).Scan(&a.Attempts, &first, &last)
+	err := s.conn().QueryRowContext(ctx, s.iq.failure, consumer, messageID, errText).Scan(&a.Attempts, &first, &last)
 	a.FirstFailureAt, a.LastFailureAt = time.UnixMilli(first), time.UnixMilli(last)
 	return a, s.wrap(err)
 }
 
-// Bury implements postboxdriver.InboxExecutor.
-func (s *store) Bury(ctx context.Context, d postboxdriver.DeadLetter) error {
+// PruneInbox implements postboxdriver.Executor: one bounded batch.
+func (s *store) PruneInbox(ctx context.Context, age time.Duration, limit int) (int, error) {
+	var n int64
+	err := s.write(ctx, func(c conn) error {
+		var err error
+		if n, err = affected(c.ExecContext(ctx, s.iq.pruneInbox, age.Milliseconds(), limit)); err != nil {
+			return err
+		}
+		_, err = c.ExecContext(ctx, s.iq.pruneAttempts, age.Milliseconds(), limit)
+		return err
+	})
+	return int(n), err
+}
+
+// BuryConsumerDead implements postboxdriver.Executor.
+func (s *store) BuryConsumerDead(ctx context.Context, d postboxdriver.DeadMessage) error {
 	var key any
 	if d.Key != "" {
 		key = d.Key
@@ -119,132 +147,90 @@ func (s *store) Bury(ctx context.Context, d postboxdriver.DeadLetter) error {
 	if payload == nil {
 		payload = []byte{}
 	}
-	return s.write(ctx, func(c *sql.Conn) error {
-		if _, err := c.ExecContext(ctx, s.iq.forget, d.Consumer, d.MessageID); err != nil {
+	return s.write(ctx, func(c conn) error {
+		if _, err := c.ExecContext(ctx, s.iq.forget, d.Consumer, d.ID); err != nil {
 			return err
 		}
 		_, err := c.ExecContext(ctx, s.iq.bury,
-			d.Consumer, d.MessageID, d.Topic, key, payload, headers, d.Error, d.Attempts, d.FirstFailureAt.UnixMilli(), d.LastFailureAt.UnixMilli())
+			d.Consumer, d.ID, d.Topic, key, payload, headers, d.Error, d.Attempts, d.FirstFailureAt.UnixMilli(), d.LastFailureAt.UnixMilli())
 		return err
 	})
 }
 
-// ListDead implements postboxdriver.InboxExecutor.
-func (s *store) ListDead(ctx context.Context, f postboxdriver.DeadFilter) ([]postboxdriver.DeadLetter, error) {
-	limit := f.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	var since, until any
-	if !f.Since.IsZero() {
-		since = f.Since.UnixMilli()
-	}
-	if !f.Until.IsZero() {
-		until = f.Until.UnixMilli()
-	}
-	rows, err := s.db.QueryContext(ctx, s.iq.list, f.Consumer, f.Topic, since, until, limit)
-	if err != nil {
-		return nil, s.wrap(err)
-	}
-	var out []postboxdriver.DeadLetter
-	err = scanAll(rows, func(r *sql.Rows) error {
-		d, err := scanDead(r)
-		out = append(out, d)
-		return err
-	})
+// ListConsumerDead implements postboxdriver.Executor.
+func (s *store) ListConsumerDead(ctx context.Context, f postboxdriver.DeadFilter) ([]postboxdriver.DeadMessage, error) {
+	out, err := queryAll(ctx, s.conn(), s.iq.list,
+		[]any{f.Consumer, jsonList(f.IDs), f.Topic, f.Key, millisOrNil(f.Since), millisOrNil(f.Until), limitOr100(f.Limit)},
+		func(r *sql.Rows) (postboxdriver.DeadMessage, error) { return scanConsumerDead(r) })
 	return out, s.wrap(err)
 }
 
-// GetDead implements postboxdriver.InboxExecutor.
-func (s *store) GetDead(ctx context.Context, consumer, messageID string) (postboxdriver.DeadLetter, error) {
-	d, err := scanDead(s.db.QueryRowContext(ctx, s.iq.get, consumer, messageID))
+// GetConsumerDead implements postboxdriver.Executor.
+func (s *store) GetConsumerDead(ctx context.Context, consumer, messageID string) (postboxdriver.DeadMessage, error) {
+	d, err := scanConsumerDead(s.conn().QueryRowContext(ctx, s.iq.get, consumer, messageID))
 	return d, s.notFound(err)
 }
 
-// DeleteDead implements postboxdriver.InboxExecutor.
-func (s *store) DeleteDead(ctx context.Context, consumer, messageID string) (bool, error) {
-	res, err := s.db.ExecContext(ctx, s.iq.del, consumer, messageID)
-	if err != nil {
-		return false, s.wrap(err)
-	}
-	n, err := res.RowsAffected()
-	return n == 1, err
+// TakeConsumerDead implements postboxdriver.Executor.
+func (s *store) TakeConsumerDead(ctx context.Context, consumer, messageID string) (postboxdriver.DeadMessage, error) {
+	d, err := scanConsumerDead(s.conn().QueryRowContext(ctx, s.iq.take, consumer, messageID))
+	return d, s.notFound(err)
 }
 
-// PruneInbox implements postboxdriver.InboxExecutor: one bounded batch.
-func (s *store) PruneInbox(ctx context.Context, age time.Duration, limit int) (int, error) {
-	var n int64
-	err := s.write(ctx, func(c *sql.Conn) error {
-		res, err := c.ExecContext(ctx, s.iq.pruneInbox, age.Milliseconds(), limit)
-		if err != nil {
-			return err
-		}
-		if n, err = res.RowsAffected(); err != nil {
-			return err
-		}
-		_, err = c.ExecContext(ctx, s.iq.pruneAttempts, age.Milliseconds(), limit)
-		return err
-	})
-	return int(n), err
+// DeleteConsumerDead implements postboxdriver.Executor.
+func (s *store) DeleteConsumerDead(ctx context.Context, consumer, messageID string) (bool, error) {
+	n, err := affected(s.conn().ExecContext(ctx, s.iq.del, consumer, messageID))
+	return n == 1, s.wrap(err)
 }
 
-// PruneConsumerDead implements postboxdriver.InboxExecutor.
+// PruneConsumerDead implements postboxdriver.Executor.
 func (s *store) PruneConsumerDead(ctx context.Context, age time.Duration, limit int) (int, error) {
-	res, err := s.db.ExecContext(ctx, s.iq.pruneDead, age.Milliseconds(), limit)
-	if err != nil {
-		return 0, s.wrap(err)
+	n, err := affected(s.conn().ExecContext(ctx, s.iq.pruneDead, age.Milliseconds(), limit))
+	return int(n), s.wrap(err)
+}
+
+// Savepoint implements postboxdriver.Executor.
+func (s *store) Savepoint(ctx context.Context, name string) error {
+	return s.savepoint(ctx, "SAVEPOINT ", name)
+}
+
+// RollbackToSavepoint implements postboxdriver.Executor.
+func (s *store) RollbackToSavepoint(ctx context.Context, name string) error {
+	return s.savepoint(ctx, "ROLLBACK TO SAVEPOINT ", name)
+}
+
+// ReleaseSavepoint implements postboxdriver.Executor.
+func (s *store) ReleaseSavepoint(ctx context.Context, name string) error {
+	return s.savepoint(ctx, "RELEASE SAVEPOINT ", name)
+}
+
+// savepoint runs a savepoint statement in the caller's transaction. On the
+// pool it is refused: SQLite would take a SAVEPOINT outside a transaction
+// as the start of one, left open on a pooled connection.
+func (s *store) savepoint(ctx context.Context, verb, name string) error {
+	if s.tx == nil {
+		return postboxdriver.ErrNotInTx
 	}
-	n, err := res.RowsAffected()
-	return int(n), err
-}
-
-var _ postboxdriver.Raw[*sql.Tx] = (*store)(nil)
-
-type rows struct{ *sql.Rows }
-
-func (r rows) Close() { _ = r.Rows.Close() }
-
-func affected(res sql.Result, err error) (int64, error) {
-	if err != nil {
-		return 0, err
+	if !postboxdriver.ValidSavepointName(name) {
+		return fmt.Errorf("postbox: savepoint name %q is not a lower-case SQL identifier", name)
 	}
-	return res.RowsAffected()
+	_, err := s.tx.ExecContext(ctx, verb+name)
+	return err
 }
 
-// ExecTx implements postboxdriver.Raw.
-func (s *store) ExecTx(ctx context.Context, tx *sql.Tx, query string, args ...any) (int64, error) {
-	return affected(tx.ExecContext(ctx, query, args...))
+// OldestSnapshot implements postboxdriver.Executor. A SQLite reader holds
+// no horizon that makes the relay's reads slower: there is nothing to
+// report.
+func (s *store) OldestSnapshot(context.Context) (postboxdriver.Snapshot, bool, error) {
+	return postboxdriver.Snapshot{}, false, nil
 }
 
-// QueryTx implements postboxdriver.Raw.
-func (s *store) QueryTx(ctx context.Context, tx *sql.Tx, query string, args ...any) (postboxdriver.Rows, error) {
-	r, err := tx.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	return rows{r}, nil
-}
-
-// Exec implements postboxdriver.Raw.
-func (s *store) Exec(ctx context.Context, query string, args ...any) (int64, error) {
-	return affected(s.db.ExecContext(ctx, query, args...))
-}
-
-// Query implements postboxdriver.Raw.
-func (s *store) Query(ctx context.Context, query string, args ...any) (postboxdriver.Rows, error) {
-	r, err := s.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	return rows{r}, nil
-}
-
-// DurabilityWarnings implements postboxdriver.DurabilityChecker. The
-// setting belongs to each connection; the one the pool hands out here
-// stands for the DSN they all share.
+// DurabilityWarnings implements postboxdriver.Executor. The setting
+// belongs to each connection; the one the pool hands out here stands for
+// the DSN they all share.
 func (s *store) DurabilityWarnings(ctx context.Context) ([]string, error) {
 	var level int
-	if err := s.db.QueryRowContext(ctx, `PRAGMA synchronous`).Scan(&level); err != nil {
+	if err := s.conn().QueryRowContext(ctx, `PRAGMA synchronous`).Scan(&level); err != nil {
 		return nil, s.wrap(err)
 	}
 	if level < 2 {

@@ -47,6 +47,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"modernc.org/sqlite"
 
@@ -117,19 +118,68 @@ func (d *Driver) DB() *sql.DB { return d.db }
 
 // Open implements postboxdriver.Driver.
 func (d *Driver) Open(prefix string) (postboxdriver.Store[*sql.Tx], error) {
-	return newStore(d.db, prefix)
+	if !postboxdriver.ValidPrefix(prefix) {
+		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most %d characters", prefix, postboxdriver.MaxPrefixLen)
+	}
+	return &store{shared: &shared{
+		db: d.db, prefix: prefix,
+		q: makeQueries(prefix), iq: makeInboxQueries(prefix), aq: makeAdminQueries(prefix), idq: makeIdempotencyQueries(prefix),
+	}}, nil
+}
+
+// shared is what the Executors of one prefix share: the database and the
+// statements.
+type shared struct {
+	db      *sql.DB
+	prefix  string
+	q       queries
+	iq      inboxQueries
+	aq      adminQueries
+	idq     idempotencyQueries
+	inserts sync.Map // row count -> INSERT statement
+}
+
+// store implements postboxdriver.Store[*sql.Tx] for one table prefix: on
+// the database's pool, or (tx set) in the caller's transaction.
+type store struct {
+	*shared
+	tx *sql.Tx
+}
+
+var _ postboxdriver.Store[*sql.Tx] = (*store)(nil)
+
+// conn is what *sql.DB, *sql.Tx and *sql.Conn share.
+type conn interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// UnwrapExecutor implements postboxdriver.Store.
+func (s *store) UnwrapExecutor(tx *sql.Tx) postboxdriver.Executor {
+	return &store{shared: s.shared, tx: tx}
+}
+
+// conn returns what single statements run on: the caller's transaction,
+// or the pool.
+func (s *store) conn() conn {
+	if s.tx != nil {
+		return s.tx
+	}
+	return s.db
 }
 
 // maxInsertRows bounds the rows of one INSERT: six variables a row keeps a
 // chunk at 3,000, well under SQLite's limit of 32,766 variables.
 const maxInsertRows = 500
 
-// InsertTx implements postboxdriver.Store. Rows go in with multi-row
+// Insert implements postboxdriver.Executor. Rows go in with multi-row
 // INSERT statements of at most maxInsertRows rows, whose text is built once
 // per row count. Every row is checked before anything runs, and a write in
-// several statements runs under a savepoint, so a failure leaves the
-// caller's transaction as it was: nothing of the batch is in it.
-func (s *store) InsertTx(ctx context.Context, tx *sql.Tx, rows []postboxdriver.Row) (err error) {
+// several statements into the caller's transaction runs under a savepoint,
+// so a failure leaves that transaction as it was: nothing of the batch is
+// in it.
+func (s *store) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 	if len(rows) == 0 {
 		return nil
 	}
@@ -148,16 +198,34 @@ func (s *store) InsertTx(ctx context.Context, tx *sql.Tx, rows []postboxdriver.R
 		if payload == nil {
 			payload = []byte{} // nil would bind NULL
 		}
-		// The row's partition is always computed here, from the id as
-		// stored, as PostgreSQL's generated column does: Row.Partition
-		// is not trusted.
+		// The row's partition is computed here, from the id as stored, as
+		// PostgreSQL's generated column does.
 		args = append(args, id, r.Topic, key, payload, string(r.Headers), postboxdriver.PartitionOf(r.Key, id, partitions))
 	}
 	if len(rows) <= maxInsertRows {
-		_, err := tx.ExecContext(ctx, s.insertSQL(len(rows)), args...)
+		_, err := s.conn().ExecContext(ctx, s.insertSQL(len(rows)), args...)
 		return s.wrap(err)
 	}
-	if _, err := tx.ExecContext(ctx, "SAVEPOINT postbox_insert"); err != nil {
+	if s.tx == nil {
+		return s.write(ctx, func(c conn) error { return s.insertChunks(ctx, c, args, len(rows)) })
+	}
+	return s.inSavepoint(ctx, "postbox_insert", func() error { return s.insertChunks(ctx, s.tx, args, len(rows)) })
+}
+
+func (s *store) insertChunks(ctx context.Context, c conn, args []any, n int) error {
+	for start := 0; start < n; start += maxInsertRows {
+		k := min(maxInsertRows, n-start)
+		if _, err := c.ExecContext(ctx, s.insertSQL(k), args[6*start:6*(start+k)]...); err != nil {
+			return s.wrap(err)
+		}
+	}
+	return nil
+}
+
+// inSavepoint runs fn in the caller's transaction under a savepoint, and
+// rolls back to it if fn fails.
+func (s *store) inSavepoint(ctx context.Context, name string, fn func() error) (err error) {
+	if _, err := s.tx.ExecContext(ctx, "SAVEPOINT "+name); err != nil {
 		return s.wrap(err)
 	}
 	defer func() {
@@ -165,20 +233,17 @@ func (s *store) InsertTx(ctx context.Context, tx *sql.Tx, rows []postboxdriver.R
 			// ROLLBACK TO leaves the savepoint open; RELEASE ends it.
 			// Both run even when ctx has ended, to leave tx clean.
 			bg := context.WithoutCancel(ctx)
-			if _, rbErr := tx.ExecContext(bg, "ROLLBACK TO postbox_insert"); rbErr != nil {
+			if _, rbErr := s.tx.ExecContext(bg, "ROLLBACK TO "+name); rbErr != nil {
 				err = errors.Join(err, rbErr)
 				return
 			}
-			_, _ = tx.ExecContext(bg, "RELEASE postbox_insert")
+			_, _ = s.tx.ExecContext(bg, "RELEASE "+name)
 		}
 	}()
-	for start := 0; start < len(rows); start += maxInsertRows {
-		n := min(maxInsertRows, len(rows)-start)
-		if _, err := tx.ExecContext(ctx, s.insertSQL(n), args[6*start:6*(start+n)]...); err != nil {
-			return s.wrap(err)
-		}
+	if err := fn(); err != nil {
+		return err
 	}
-	_, err = tx.ExecContext(ctx, "RELEASE postbox_insert")
+	_, err = s.tx.ExecContext(ctx, "RELEASE "+name)
 	return s.wrap(err)
 }
 

@@ -63,7 +63,7 @@ func TestInsertTxBatches(t *testing.T) {
 func TestInsertTxNormalizes(t *testing.T) {
 	f := migrated(t)
 	upper := strings.ToUpper("0190a4b8-7c1e-7d3a-9f00-0123456789ab")
-	r := postboxdriver.Row{ID: upper, Topic: "t", Payload: nil, Headers: []byte(`{}`), Partition: 63}
+	r := postboxdriver.Row{ID: upper, Topic: "t", Payload: nil, Headers: []byte(`{}`)}
 	f.insert(t, r)
 	recs := f.fetch(t, postboxdriver.FetchParams{Fence: f.lease(t, "o")})
 	if len(recs) != 1 {
@@ -73,7 +73,7 @@ func TestInsertTxNormalizes(t *testing.T) {
 	if got.ID != strings.ToLower(upper) {
 		t.Fatalf("id stored as %q, want lower case", got.ID)
 	}
-	// The partition comes from the stored id, whatever the row claimed.
+	// The partition comes from the stored id, as PostgreSQL computes it.
 	if want := postboxdriver.PartitionOf("", got.ID, 64); got.Partition != want {
 		t.Fatalf("partition %d, want %d", got.Partition, want)
 	}
@@ -115,10 +115,10 @@ func TestInsertTxRejects(t *testing.T) {
 			}
 			defer func() { _ = tx.Rollback() }()
 			kept := row("t.kept", "", "")
-			if err := f.store.InsertTx(ctx, tx, []postboxdriver.Row{kept}); err != nil {
+			if err := f.store.UnwrapExecutor(tx).Insert(ctx, []postboxdriver.Row{kept}); err != nil {
 				t.Fatal(err)
 			}
-			if err := f.store.InsertTx(ctx, tx, rows); err == nil {
+			if err := f.store.UnwrapExecutor(tx).Insert(ctx, rows); err == nil {
 				t.Fatal("bad batch accepted")
 			}
 			if err := tx.Commit(); err != nil {
@@ -140,7 +140,7 @@ func TestInsertTxRejects(t *testing.T) {
 
 	dup := row("t", "", "")
 	f.insert(t, dup)
-	err := f.store.InTx(ctx, func(tx *sql.Tx) error { return f.store.InsertTx(ctx, tx, []postboxdriver.Row{dup}) })
+	err := f.store.InTx(ctx, func(tx *sql.Tx) error { return f.store.UnwrapExecutor(tx).Insert(ctx, []postboxdriver.Row{dup}) })
 	if err == nil {
 		t.Fatal("duplicate id accepted")
 	}
@@ -161,7 +161,7 @@ func TestInTx(t *testing.T) {
 	ctx := context.Background()
 	boom := errors.New("boom")
 	err := f.store.InTx(ctx, func(tx *sql.Tx) error {
-		if err := f.store.InsertTx(ctx, tx, []postboxdriver.Row{row("t", "", "")}); err != nil {
+		if err := f.store.UnwrapExecutor(tx).Insert(ctx, []postboxdriver.Row{row("t", "", "")}); err != nil {
 			return err
 		}
 		return boom
@@ -182,7 +182,7 @@ func TestInTx(t *testing.T) {
 	}()
 	// The panicking transaction was rolled back: the write lock is free.
 	if err := f.store.InTx(ctx, func(tx *sql.Tx) error {
-		return f.store.InsertTx(ctx, tx, []postboxdriver.Row{row("t", "", "")})
+		return f.store.UnwrapExecutor(tx).Insert(ctx, []postboxdriver.Row{row("t", "", "")})
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +251,7 @@ func TestInTxLocksAtStartOnDeferredDB(t *testing.T) {
 					if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+prefix+`outbox`).Scan(&n); err != nil {
 						return err
 					}
-					return st.InsertTx(ctx, tx, []postboxdriver.Row{row("t", "k", fmt.Sprint(n))})
+					return st.UnwrapExecutor(tx).Insert(ctx, []postboxdriver.Row{row("t", "k", fmt.Sprint(n))})
 				})
 			}
 		}()
@@ -282,7 +282,7 @@ func TestWritersAndRelayTakeTurns(t *testing.T) {
 			defer wg.Done()
 			for i := range 30 {
 				errs <- f.store.InTx(ctx, func(tx *sql.Tx) error {
-					return f.store.InsertTx(ctx, tx, []postboxdriver.Row{row("t", fmt.Sprintf("k%d", i%5), "x")})
+					return f.store.UnwrapExecutor(tx).Insert(ctx, []postboxdriver.Row{row("t", fmt.Sprintf("k%d", i%5), "x")})
 				})
 			}
 		}()
@@ -423,7 +423,7 @@ func TestNotMigrated(t *testing.T) {
 		"Stats": func() error { _, err := f.store.Stats(ctx); return err },
 		"Insert": func() error {
 			return f.store.InTx(ctx, func(tx *sql.Tx) error {
-				return f.store.InsertTx(ctx, tx, []postboxdriver.Row{row("t", "", "")})
+				return f.store.UnwrapExecutor(tx).Insert(ctx, []postboxdriver.Row{row("t", "", "")})
 			})
 		},
 	}

@@ -52,10 +52,11 @@ func TestDrainToInbox(t *testing.T) {
 	// mark would: the broker (no dedupe here) stores a copy.
 	broker.Publish(ctx, broker.Messages()[0], func(error) {})
 
-	inbox, err := postbox.NewInbox(d, &postbox.InboxConfig{Prefix: prefix})
+	inboxClient, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
+	inbox := inboxClient.Inbox()
 	applied := make(chan string, 20)
 	sub := broker.Subscriber("ledger", &postboxtest.SubscriberOptions{PerKey: true})
 	runCtx, cancel := context.WithCancel(ctx)

@@ -110,10 +110,11 @@ func ExampleBroker_Subscriber() {
 		broker.Publish(ctx, env, func(error) {})
 	}
 
-	inbox, err := postbox.NewInbox(driver, nil)
+	client, err := postbox.NewClient(driver, nil)
 	if err != nil {
 		panic(err)
 	}
+	inbox := client.Inbox()
 	handled := make(chan string, 2)
 	sub := broker.Subscriber("ledger", nil)
 	stopped := make(chan struct{})

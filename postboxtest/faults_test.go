@@ -38,10 +38,11 @@ func TestFaultyCrashAfterPublish(t *testing.T) {
 	if len(msgs) != 2 || msgs[0].ID != msgs[1].ID || msgs[1].Attempt != 1 {
 		t.Fatalf("broker holds %d messages; want the same id twice, no attempt spent", len(msgs))
 	}
-	inbox, err := postbox.NewInbox(driver, nil)
+	inboxClient, err := postbox.NewClient(driver, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	inbox := inboxClient.Inbox()
 	runs := 0
 	for _, env := range msgs {
 		inbox.Handle(ctx, "ledger", &postbox.Delivery{ID: env.ID, Topic: env.Topic}, func(context.Context, *sql.Tx, *postbox.Delivery) error {

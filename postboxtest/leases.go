@@ -30,9 +30,6 @@ const ExpiredOwner = "postboxtest:expired"
 //	faulty.AfterPublish(func(*postbox.Envelope) {
 //		_, _ = postboxtest.ExpireLeases(ctx, driver, "")
 //	})
-//
-// The driver's store must implement postboxdriver.Raw, as postbox's own
-// drivers do.
 func ExpireLeases[TTx any](ctx context.Context, d postboxdriver.Driver[TTx], prefix string) (int, error) {
 	if prefix == "" {
 		prefix = postbox.DefaultPrefix
@@ -44,23 +41,9 @@ func ExpireLeases[TTx any](ctx context.Context, d postboxdriver.Driver[TTx], pre
 	if err != nil {
 		return 0, err
 	}
-	raw, ok := store.(postboxdriver.Raw[TTx])
-	if !ok {
-		return 0, fmt.Errorf("postboxtest: ExpireLeases: the driver's store %T does not implement postboxdriver.Raw", store)
-	}
-	var q string
-	switch raw.Dialect() {
-	case "postgres":
-		q = `UPDATE ` + prefix + `leases SET owner = $1, generation = generation + 1, expires_at = now() - interval '1 second'`
-	case "sqlite":
-		// expires_at holds Unix milliseconds; 0 is long past.
-		q = `UPDATE ` + prefix + `leases SET owner = ?1, generation = generation + 1, expires_at = 0`
-	default:
-		return 0, fmt.Errorf("postboxtest: ExpireLeases: unknown dialect %q", raw.Dialect())
-	}
-	n, err := raw.Exec(ctx, q, ExpiredOwner)
+	n, err := store.ExpireLeases(ctx, ExpiredOwner)
 	if err != nil {
 		return 0, fmt.Errorf("postboxtest: ExpireLeases: %w", err)
 	}
-	return int(n), nil
+	return n, nil
 }

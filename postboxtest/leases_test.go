@@ -82,10 +82,11 @@ func expireMidBatch[TTx any](t *testing.T, driver postboxdriver.Driver[TTx], pre
 	if len(seen) != 3 || len(msgs) <= 3 {
 		t.Fatalf("broker holds %d copies of %d ids; want every id, some twice", len(msgs), len(seen))
 	}
-	inbox, err := postbox.NewInbox(driver, &postbox.InboxConfig{Prefix: prefix})
+	inboxClient, err := postbox.NewClient(driver, &postbox.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
+	inbox := inboxClient.Inbox()
 	runs := 0
 	for _, env := range msgs {
 		handle(ctx, inbox, &postbox.Delivery{ID: env.ID, Topic: env.Topic}, func() { runs++ })

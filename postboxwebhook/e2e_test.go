@@ -59,10 +59,11 @@ func newE2E(t *testing.T, cfg postbox.Config, front func(rc http.Handler) http.H
 	}
 	e := &e2e{t: t, ctx: ctx, prefix: prefix, pool: relayPool, verdicts: map[string][]postbox.Verdict{}}
 
-	inbox, err := postbox.NewInbox(postboxpgx.New(consumerPool), &postbox.InboxConfig{Prefix: prefix, Logger: quiet})
+	inboxClient, err := postbox.NewClient(postboxpgx.New(consumerPool), &postbox.Config{Prefix: prefix, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
+	inbox := inboxClient.Inbox()
 	var proc postbox.Processor = recording{e, inbox.Processor("webhook-e2e", func(ctx context.Context, tx pgx.Tx, d *postbox.Delivery) error {
 		key, n, _ := strings.Cut(string(d.Payload), ":")
 		i, err := strconv.Atoi(n)

@@ -69,10 +69,11 @@ func ExampleNewReceiver() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	inbox, err := postbox.NewInbox(postboxpgx.New(pool), nil)
+	inboxClient, err := postbox.NewClient(postboxpgx.New(pool), nil)
 	if err != nil {
 		log.Fatal(err)
 	}
+	inbox := inboxClient.Inbox()
 	handle := func(ctx context.Context, tx pgx.Tx, d *postbox.Delivery) error {
 		_, err := tx.Exec(ctx, `INSERT INTO invoices (order_event, body) VALUES ($1, $2)`, d.ID, d.Payload)
 		return err

@@ -62,7 +62,7 @@ func (f *dbFlags) open(ctx context.Context) (*conn, error) {
 	if err != nil {
 		return nil, usagef("--retention %q: %v", f.retention, err)
 	}
-	acfg := &postbox.AdminConfig{Prefix: f.prefix, Retention: retention}
+	ccfg := &postbox.Config{Prefix: f.prefix, Retention: retention}
 	mcfg := &postboxmigrate.Config{Prefix: f.prefix}
 	switch {
 	case f.url == "":
@@ -77,7 +77,7 @@ func (f *dbFlags) open(ctx context.Context) (*conn, error) {
 			return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
 		}
 		d := postboxpgx.New(pool)
-		return finish(d, acfg, mcfg, pool.Close)
+		return finish(d, ccfg, mcfg, pool.Close)
 	case strings.HasPrefix(f.url, "sqlite:"):
 		path := strings.TrimPrefix(strings.TrimPrefix(f.url, "sqlite:"), "//")
 		if path == "" {
@@ -92,18 +92,19 @@ func (f *dbFlags) open(ctx context.Context) (*conn, error) {
 			_ = db.Close()
 			return nil, err
 		}
-		return finish(d, acfg, mcfg, func() { _ = db.Close() })
+		return finish(d, ccfg, mcfg, func() { _ = db.Close() })
 	default:
 		return nil, usagef("--database %q: want postgres://... or sqlite:PATH", relayd.Redact(f.url))
 	}
 }
 
-func finish[TTx any](d postboxdriver.Driver[TTx], acfg *postbox.AdminConfig, mcfg *postboxmigrate.Config, closeFn func()) (*conn, error) {
-	admin, err := postbox.NewAdmin(d, acfg)
+func finish[TTx any](d postboxdriver.Driver[TTx], ccfg *postbox.Config, mcfg *postboxmigrate.Config, closeFn func()) (*conn, error) {
+	client, err := postbox.NewClient(d, ccfg)
 	if err != nil {
 		closeFn()
 		return nil, err
 	}
+	admin := client.Admin()
 	m, err := postboxmigrate.New(d, mcfg)
 	if err != nil {
 		closeFn()

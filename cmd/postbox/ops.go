@@ -205,23 +205,23 @@ func (d *deadFilterFlags) register(cmd *cobra.Command, bulk bool) {
 	}
 }
 
-func (d *deadFilterFlags) filter(ids []string) (postbox.DeadMessageFilter, error) {
+func (d *deadFilterFlags) filter(ids []string) (postbox.DeadFilter, error) {
 	since, err := parseTime("since", d.since)
 	if err != nil {
-		return postbox.DeadMessageFilter{}, err
+		return postbox.DeadFilter{}, err
 	}
 	until, err := parseTime("until", d.until)
 	if err != nil {
-		return postbox.DeadMessageFilter{}, err
+		return postbox.DeadFilter{}, err
 	}
-	return postbox.DeadMessageFilter{IDs: ids, Topic: d.topic, Key: d.key, Since: since, Until: until, Limit: d.limit}, nil
+	return postbox.DeadFilter{IDs: ids, Topic: d.topic, Key: d.key, Since: since, Until: until, Limit: d.limit}, nil
 }
 
 func deadJSON(d postbox.DeadMessage) map[string]any {
 	h, _ := postbox.DecodeHeaders(d.Headers)
 	return map[string]any{
 		"seq": d.Seq, "id": d.ID, "topic": d.Topic, "key": d.Key, "payload": string(d.Payload), "headers": h,
-		"attempts": d.Attempts, "last_error": d.LastError, "created_at": d.CreatedAt, "dead_at": d.DeadAt,
+		"attempts": d.Attempts, "last_error": d.Error, "created_at": d.CreatedAt, "dead_at": d.DeadAt,
 	}
 }
 
@@ -235,7 +235,7 @@ func newDead(f *dbFlags) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		ds, err := c.admin.DeadMessages(ctx, filter)
+		ds, err := c.admin.ListDead(ctx, filter)
 		if err != nil {
 			return err
 		}
@@ -248,7 +248,7 @@ func newDead(f *dbFlags) *cobra.Command {
 		}
 		var rows [][]string
 		for _, d := range ds {
-			rows = append(rows, []string{d.ID, d.Topic, d.Key, strconv.Itoa(d.Attempts), d.DeadAt.UTC().Format(time.RFC3339), oneLine(d.LastError, 60)})
+			rows = append(rows, []string{d.ID, d.Topic, d.Key, strconv.Itoa(d.Attempts), d.DeadAt.UTC().Format(time.RFC3339), oneLine(d.Error, 60)})
 		}
 		return table(out, "ID\tTOPIC\tKEY\tATTEMPTS\tDEAD AT\tLAST ERROR", rows)
 	})
@@ -260,7 +260,7 @@ func newDead(f *dbFlags) *cobra.Command {
 				return err
 			}
 			defer c.close()
-			d, err := c.admin.DeadMessage(cmd.Context(), args[0])
+			d, err := c.admin.GetDead(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
@@ -270,7 +270,7 @@ func newDead(f *dbFlags) *cobra.Command {
 			out := cmd.OutOrStdout()
 			h, _ := postbox.DecodeHeaders(d.Headers)
 			fmt.Fprintf(out, "id          %s\nseq         %d\ntopic       %s\nkey         %s\nattempts    %d\ncreated at  %s\ndead at     %s\nlast error  %s\nheaders     %v\npayload     %s\n",
-				d.ID, d.Seq, d.Topic, d.Key, d.Attempts, d.CreatedAt.UTC().Format(time.RFC3339Nano), d.DeadAt.UTC().Format(time.RFC3339Nano), d.LastError, h, d.Payload)
+				d.ID, d.Seq, d.Topic, d.Key, d.Attempts, d.CreatedAt.UTC().Format(time.RFC3339Nano), d.DeadAt.UTC().Format(time.RFC3339Nano), d.Error, h, d.Payload)
 			return nil
 		},
 	}
@@ -288,7 +288,7 @@ func newDead(f *dbFlags) *cobra.Command {
 				return err
 			}
 			defer conn.close()
-			n, err := op(conn.admin, cmd.Context(), postbox.DeadSelection{DeadMessageFilter: filter, All: bf.all})
+			n, err := op(conn.admin, cmd.Context(), postbox.DeadSelection{DeadFilter: filter, All: bf.all})
 			if err != nil {
 				return err
 			}

@@ -259,10 +259,11 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 		return res, err
 	}
 
-	in, err := postbox.NewInbox(driver, &postbox.InboxConfig{Prefix: prefix, Logger: quiet})
+	inClient, err := postbox.NewClient(driver, &postbox.Config{Prefix: prefix, Logger: quiet})
 	if err != nil {
 		return res, err
 	}
+	in := inClient.Inbox()
 	handler := func(table string) postbox.Handler[pgx.Tx] {
 		q := upsert(table)
 		return func(ctx context.Context, tx pgx.Tx, d *postbox.Delivery) error {

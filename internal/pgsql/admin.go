@@ -8,8 +8,6 @@ import (
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
-var _ postboxdriver.Admin = (*Core)(nil)
-
 type adminQueries struct {
 	topicStats, listDead, getDead, requeueDead, deleteDead, prunePublished,
 	replay, replayCount, replayAudit, horizon, listReplays string
@@ -85,146 +83,100 @@ SELECT n FROM n`),
 	}
 }
 
-func deadArgs(f postboxdriver.DeadMessageFilter) []any {
-	var since, until *time.Time
-	if !f.Since.IsZero() {
-		since = &f.Since
-	}
-	if !f.Until.IsZero() {
-		until = &f.Until
-	}
+func deadArgs(f postboxdriver.DeadFilter) []any {
 	ids := f.IDs
 	if ids == nil {
 		ids = []string{}
 	}
-	return []any{ids, f.Topic, f.Key, since, until}
+	return []any{ids, f.Topic, f.Key, timeOrNil(f.Since), timeOrNil(f.Until)}
+}
+
+// timeOrNil binds a zero time as NULL: no bound.
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func limitOr100(n int) int {
+	if n <= 0 {
+		return 100
+	}
+	return n
 }
 
 func scanDeadMessage(r Rows) (postboxdriver.DeadMessage, error) {
 	var d postboxdriver.DeadMessage
 	var headers string
-	err := r.Scan(&d.Seq, &d.ID, &d.Topic, &d.Key, &d.Payload, &headers, &d.Attempts, &d.LastError, &d.CreatedAt, &d.DeadAt)
+	err := r.Scan(&d.Seq, &d.ID, &d.Topic, &d.Key, &d.Payload, &headers, &d.Attempts, &d.Error, &d.CreatedAt, &d.DeadAt)
 	d.Headers = []byte(headers)
 	return d, err
 }
 
-// TopicStats implements postboxdriver.Admin.
+// TopicStats implements postboxdriver.Executor.
 func (c *Core) TopicStats(ctx context.Context) ([]postboxdriver.TopicStats, error) {
-	rows, err := c.db.Query(ctx, c.aq.topicStats)
-	if err != nil {
-		return nil, c.wrap(err)
-	}
-	var out []postboxdriver.TopicStats
-	err = scanAll(rows, func(r Rows) error {
+	return queryAll(ctx, c, c.aq.topicStats, nil, func(r Rows) (postboxdriver.TopicStats, error) {
 		var t postboxdriver.TopicStats
 		var age float64
-		if err := r.Scan(&t.Topic, &t.Pending, &t.Dead, &age, &t.PublishedLastMinute); err != nil {
-			return err
-		}
+		err := r.Scan(&t.Topic, &t.Pending, &t.Dead, &age, &t.PublishedLastMinute)
 		t.OldestPendingAge = time.Duration(age * float64(time.Second))
-		out = append(out, t)
-		return nil
+		return t, err
 	})
-	return out, c.wrap(err)
 }
 
-// ListDeadMessages implements postboxdriver.Admin.
-func (c *Core) ListDeadMessages(ctx context.Context, f postboxdriver.DeadMessageFilter) ([]postboxdriver.DeadMessage, error) {
-	limit := f.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	rows, err := c.db.Query(ctx, c.aq.listDead, append(deadArgs(f), limit)...)
-	if err != nil {
-		return nil, c.wrap(err)
-	}
-	var out []postboxdriver.DeadMessage
-	err = scanAll(rows, func(r Rows) error {
-		d, err := scanDeadMessage(r)
-		out = append(out, d)
-		return err
-	})
-	return out, c.wrap(err)
+// ListDeadMessages implements postboxdriver.Executor.
+func (c *Core) ListDeadMessages(ctx context.Context, f postboxdriver.DeadFilter) ([]postboxdriver.DeadMessage, error) {
+	return queryAll(ctx, c, c.aq.listDead, append(deadArgs(f), limitOr100(f.Limit)), scanDeadMessage)
 }
 
-// GetDeadMessage implements postboxdriver.Admin.
+// GetDeadMessage implements postboxdriver.Executor.
 func (c *Core) GetDeadMessage(ctx context.Context, id string) (postboxdriver.DeadMessage, error) {
-	rows, err := c.db.Query(ctx, c.aq.getDead, id)
-	if err != nil {
-		return postboxdriver.DeadMessage{}, c.wrap(err)
-	}
-	var d postboxdriver.DeadMessage
-	found := false
-	err = scanAll(rows, func(r Rows) error {
-		found = true
-		var err error
-		d, err = scanDeadMessage(r)
-		return err
-	})
-	if err == nil && !found {
-		err = postboxdriver.ErrNotFound
-	}
-	return d, c.wrap(err)
+	return queryOne(ctx, c, c.aq.getDead, []any{id}, scanDeadMessage)
 }
 
-// RequeueDeadMessages implements postboxdriver.Admin.
-func (c *Core) RequeueDeadMessages(ctx context.Context, f postboxdriver.DeadMessageFilter) (int, error) {
-	var n int
-	err := c.queryRow(ctx, c.db, c.aq.requeueDead, deadArgs(f), &n)
-	return n, err
+// RequeueDeadMessages implements postboxdriver.Executor.
+func (c *Core) RequeueDeadMessages(ctx context.Context, f postboxdriver.DeadFilter) (int, error) {
+	return c.count(ctx, c.aq.requeueDead, deadArgs(f)...)
 }
 
-// DeleteDeadMessages implements postboxdriver.Admin.
-func (c *Core) DeleteDeadMessages(ctx context.Context, f postboxdriver.DeadMessageFilter) (int, error) {
-	var n int
-	err := c.queryRow(ctx, c.db, c.aq.deleteDead, deadArgs(f), &n)
-	return n, err
+// DeleteDeadMessages implements postboxdriver.Executor.
+func (c *Core) DeleteDeadMessages(ctx context.Context, f postboxdriver.DeadFilter) (int, error) {
+	return c.count(ctx, c.aq.deleteDead, deadArgs(f)...)
 }
 
-// PrunePublished implements postboxdriver.Admin.
+// PrunePublished implements postboxdriver.Executor.
 func (c *Core) PrunePublished(ctx context.Context, age time.Duration, limit int) (int, error) {
-	var n int
-	err := c.queryRow(ctx, c.db, c.aq.prunePublished, []any{age.Milliseconds(), limit}, &n)
-	return n, err
+	return c.count(ctx, c.aq.prunePublished, age.Milliseconds(), limit)
 }
 
-// Replay implements postboxdriver.Admin.
-func (c *Core) Replay(ctx context.Context, r postboxdriver.ReplayRequest) (int, error) {
-	var tooOld bool
-	if err := c.queryRow(ctx, c.db, c.aq.horizon, []any{r.Since, r.Horizon.Milliseconds()}, &tooOld); err != nil {
-		return 0, err
-	}
-	if tooOld {
-		return 0, postboxdriver.ErrBeyondHorizon
-	}
-	var n int
-	if r.DryRun {
-		if err := c.queryRow(ctx, c.db, c.aq.replayCount, []any{r.Since, r.Until, r.Topic, r.Key}, &n); err != nil {
+// Replay implements postboxdriver.Executor.
+func (c *Core) Replay(ctx context.Context, r postboxdriver.ReplayParams) (int, error) {
+	if r.Horizon > 0 {
+		var tooOld bool
+		if err := c.queryRow(ctx, c.db, c.aq.horizon, []any{r.Since, r.Horizon.Milliseconds()}, &tooOld); err != nil {
 			return 0, err
 		}
-		return n, c.wrap(c.db.Exec(ctx, c.aq.replayAudit, r.Actor, r.Since, r.Until, r.Topic, r.Key, n))
+		if tooOld {
+			return 0, postboxdriver.ErrBeyondHorizon
+		}
 	}
-	err := c.queryRow(ctx, c.db, c.aq.replay, []any{r.Since, r.Until, r.Topic, r.Key, r.Actor}, &n)
+	if !r.DryRun {
+		return c.count(ctx, c.aq.replay, r.Since, r.Until, r.Topic, r.Key, r.Actor)
+	}
+	n, err := c.count(ctx, c.aq.replayCount, r.Since, r.Until, r.Topic, r.Key)
+	if err != nil {
+		return 0, err
+	}
+	_, err = c.exec(ctx, c.aq.replayAudit, r.Actor, r.Since, r.Until, r.Topic, r.Key, n)
 	return n, err
 }
 
-// ListReplays implements postboxdriver.Admin.
+// ListReplays implements postboxdriver.Executor.
 func (c *Core) ListReplays(ctx context.Context, limit int) ([]postboxdriver.ReplayAudit, error) {
-	if limit <= 0 {
-		limit = 100
-	}
-	rows, err := c.db.Query(ctx, c.aq.listReplays, limit)
-	if err != nil {
-		return nil, c.wrap(err)
-	}
-	var out []postboxdriver.ReplayAudit
-	err = scanAll(rows, func(r Rows) error {
+	return queryAll(ctx, c, c.aq.listReplays, []any{limitOr100(limit)}, func(r Rows) (postboxdriver.ReplayAudit, error) {
 		var a postboxdriver.ReplayAudit
-		if err := r.Scan(&a.ID, &a.At, &a.Actor, &a.Since, &a.Until, &a.Topic, &a.Key, &a.Count, &a.DryRun); err != nil {
-			return err
-		}
-		out = append(out, a)
-		return nil
+		err := r.Scan(&a.ID, &a.At, &a.Actor, &a.Since, &a.Until, &a.Topic, &a.Key, &a.Count, &a.DryRun)
+		return a, err
 	})
-	return out, c.wrap(err)
 }

@@ -2,65 +2,132 @@ package pgsql
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
-const deadColumns = `consumer, message_id, topic, coalesce(key, ''), payload, headers::text, error, attempts, first_failure_at, last_failure_at, dead_at`
+type inboxQueries struct {
+	insert, insertMany, delete, recordFailure, bury, listDead, getDead, takeDead, deleteDead,
+	pruneInbox, pruneDead string
+}
 
-func scanDead(r Rows) (postboxdriver.DeadLetter, error) {
-	var d postboxdriver.DeadLetter
+const consumerDeadColumns = `consumer, message_id, topic, coalesce(key, ''), payload, headers::text, error, attempts, first_failure_at, last_failure_at, dead_at`
+
+func makeInboxQueries(prefix string) inboxQueries {
+	r := strings.NewReplacer("{p}", prefix)
+	return inboxQueries{
+		insert: r.Replace(`WITH ins AS (
+  INSERT INTO {p}inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1
+) SELECT count(*) FROM ins`),
+		insertMany: r.Replace(`INSERT INTO {p}inbox (consumer, message_id)
+SELECT $1, id FROM unnest($2::text[]) AS u(id) ORDER BY id COLLATE "C"
+ON CONFLICT DO NOTHING
+RETURNING message_id`),
+		delete: r.Replace(`DELETE FROM {p}inbox WHERE consumer = $1 AND message_id = ANY($2::text[])`),
+		recordFailure: r.Replace(`INSERT INTO {p}inbox_attempts (consumer, message_id, attempts, last_error) VALUES ($1, $2, 1, $3)
+ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = {p}inbox_attempts.attempts + 1, last_failure_at = now(), last_error = EXCLUDED.last_error
+RETURNING attempts, first_failure_at, last_failure_at`),
+		bury: r.Replace(`WITH gone AS (
+  DELETE FROM {p}inbox_attempts WHERE consumer = $1 AND message_id = $2
+)
+INSERT INTO {p}consumer_dead (consumer, message_id, topic, key, payload, headers, error, attempts, first_failure_at, last_failure_at)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10)
+ON CONFLICT (consumer, message_id) DO UPDATE SET topic = EXCLUDED.topic, key = EXCLUDED.key, payload = EXCLUDED.payload,
+  headers = EXCLUDED.headers, error = EXCLUDED.error, attempts = EXCLUDED.attempts,
+  first_failure_at = EXCLUDED.first_failure_at, last_failure_at = EXCLUDED.last_failure_at, dead_at = now()`),
+		listDead: r.Replace(`SELECT ` + consumerDeadColumns + ` FROM {p}consumer_dead
+WHERE ($1 = '' OR consumer = $1) AND (cardinality($2::text[]) = 0 OR message_id = ANY($2::text[]))
+  AND ($3 = '' OR topic = $3) AND ($4 = '' OR key = $4)
+  AND ($5::timestamptz IS NULL OR dead_at >= $5) AND ($6::timestamptz IS NULL OR dead_at < $6)
+ORDER BY dead_at DESC, consumer, message_id
+LIMIT $7`),
+		getDead:    r.Replace(`SELECT ` + consumerDeadColumns + ` FROM {p}consumer_dead WHERE consumer = $1 AND message_id = $2`),
+		takeDead:   r.Replace(`DELETE FROM {p}consumer_dead WHERE consumer = $1 AND message_id = $2 RETURNING ` + consumerDeadColumns),
+		deleteDead: r.Replace(`DELETE FROM {p}consumer_dead WHERE consumer = $1 AND message_id = $2`),
+		// Each call deletes one bounded batch, so it never holds many locks
+		// or a long transaction.
+		pruneInbox: r.Replace(`WITH old AS (
+  SELECT consumer, message_id FROM {p}inbox WHERE received_at < now() - $1 * interval '1 millisecond' LIMIT $2
+), del AS (
+  DELETE FROM {p}inbox i USING old WHERE i.consumer = old.consumer AND i.message_id = old.message_id RETURNING 1
+), stale AS (
+  DELETE FROM {p}inbox_attempts a WHERE (a.consumer, a.message_id) IN (
+    SELECT consumer, message_id FROM {p}inbox_attempts WHERE last_failure_at < now() - $1 * interval '1 millisecond' LIMIT $2)
+)
+SELECT count(*) FROM del`),
+		pruneDead: r.Replace(`WITH del AS (
+  DELETE FROM {p}consumer_dead d WHERE (d.consumer, d.message_id) IN (
+    SELECT consumer, message_id FROM {p}consumer_dead WHERE dead_at < now() - $1 * interval '1 millisecond' LIMIT $2)
+  RETURNING 1
+) SELECT count(*) FROM del`),
+	}
+}
+
+func scanConsumerDead(r Rows) (postboxdriver.DeadMessage, error) {
+	var d postboxdriver.DeadMessage
 	var headers string
-	err := r.Scan(&d.Consumer, &d.MessageID, &d.Topic, &d.Key, &d.Payload, &headers, &d.Error, &d.Attempts, &d.FirstFailureAt, &d.LastFailureAt, &d.DeadAt)
+	err := r.Scan(&d.Consumer, &d.ID, &d.Topic, &d.Key, &d.Payload, &headers, &d.Error, &d.Attempts, &d.FirstFailureAt, &d.LastFailureAt, &d.DeadAt)
 	d.Headers = []byte(headers)
 	return d, err
 }
 
-// InboxInsert records (consumer, messageID) in q's transaction.
-func (c *Core) InboxInsert(ctx context.Context, q Querier, consumer, messageID string) (bool, error) {
-	var inserted bool
-	err := c.queryRow(ctx, q, `WITH ins AS (
-  INSERT INTO `+c.prefix+`inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1
-) SELECT EXISTS (SELECT 1 FROM ins)`, []any{consumer, messageID}, &inserted)
-	return inserted, err
+// InboxInsert implements postboxdriver.Executor.
+func (c *Core) InboxInsert(ctx context.Context, consumer, messageID string) (bool, error) {
+	n, err := c.count(ctx, c.iq.insert, consumer, messageID)
+	return n == 1, err
 }
 
-// TakeDead deletes and returns a dead letter in q's transaction.
-func (c *Core) TakeDead(ctx context.Context, q Querier, consumer, messageID string) (postboxdriver.DeadLetter, error) {
-	return c.oneDead(ctx, q, `DELETE FROM `+c.prefix+`consumer_dead WHERE consumer = $1 AND message_id = $2 RETURNING `+deadColumns, consumer, messageID)
-}
-
-func (c *Core) oneDead(ctx context.Context, q Querier, sql string, args ...any) (postboxdriver.DeadLetter, error) {
-	rows, err := q.Query(ctx, sql, args...)
+// InboxInsertMany implements postboxdriver.Executor.
+func (c *Core) InboxInsertMany(ctx context.Context, consumer string, ids []string) ([]bool, error) {
+	out := make([]bool, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	fresh, err := queryAll(ctx, c, c.iq.insertMany, []any{consumer, ids}, scanString)
 	if err != nil {
-		return postboxdriver.DeadLetter{}, c.wrap(err)
+		return nil, err
 	}
-	var d postboxdriver.DeadLetter
-	found := false
-	err = scanAll(rows, func(r Rows) error {
-		found = true
-		var err error
-		d, err = scanDead(r)
-		return err
-	})
-	if err == nil && !found {
-		err = postboxdriver.ErrNotFound
+	at := make(map[string]int, len(ids))
+	for i, id := range ids {
+		at[id] = i
 	}
-	return d, c.wrap(err)
+	for _, id := range fresh {
+		if i, ok := at[id]; ok {
+			out[i] = true
+		}
+	}
+	return out, nil
 }
 
-// RecordFailure implements postboxdriver.InboxExecutor.
+// InboxDelete implements postboxdriver.Executor.
+func (c *Core) InboxDelete(ctx context.Context, consumer string, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	ids = slices.Clone(ids)
+	slices.Sort(ids) // the row locks in one order, whoever deletes
+	_, err := c.exec(ctx, c.iq.delete, consumer, ids)
+	return err
+}
+
+// RecordFailure implements postboxdriver.Executor.
 func (c *Core) RecordFailure(ctx context.Context, consumer, messageID, errText string) (postboxdriver.Attempts, error) {
 	var a postboxdriver.Attempts
-	err := c.queryRow(ctx, c.db, `INSERT INTO `+c.prefix+`inbox_attempts (consumer, message_id, attempts, last_error) VALUES ($1, $2, 1, $3)
-ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = `+c.prefix+`inbox_attempts.attempts + 1, last_failure_at = now(), last_error = EXCLUDED.last_error
-RETURNING attempts, first_failure_at, last_failure_at`, []any{consumer, messageID, errText}, &a.Attempts, &a.FirstFailureAt, &a.LastFailureAt)
+	err := c.queryRow(ctx, c.db, c.iq.recordFailure, []any{consumer, messageID, errText}, &a.Attempts, &a.FirstFailureAt, &a.LastFailureAt)
 	return a, err
 }
 
-// Bury implements postboxdriver.InboxExecutor.
-func (c *Core) Bury(ctx context.Context, d postboxdriver.DeadLetter) error {
+// PruneInbox implements postboxdriver.Executor.
+func (c *Core) PruneInbox(ctx context.Context, age time.Duration, limit int) (int, error) {
+	return c.count(ctx, c.iq.pruneInbox, age.Milliseconds(), limit)
+}
+
+// BuryConsumerDead implements postboxdriver.Executor.
+func (c *Core) BuryConsumerDead(ctx context.Context, d postboxdriver.DeadMessage) error {
 	var key *string
 	if d.Key != "" {
 		key = &d.Key
@@ -73,84 +140,63 @@ func (c *Core) Bury(ctx context.Context, d postboxdriver.DeadLetter) error {
 	if payload == nil {
 		payload = []byte{}
 	}
-	return c.wrap(c.db.Exec(ctx, `WITH gone AS (
-  DELETE FROM `+c.prefix+`inbox_attempts WHERE consumer = $1 AND message_id = $2
-)
-INSERT INTO `+c.prefix+`consumer_dead (consumer, message_id, topic, key, payload, headers, error, attempts, first_failure_at, last_failure_at)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10)
-ON CONFLICT (consumer, message_id) DO UPDATE SET topic = EXCLUDED.topic, key = EXCLUDED.key, payload = EXCLUDED.payload,
-  headers = EXCLUDED.headers, error = EXCLUDED.error, attempts = EXCLUDED.attempts,
-  first_failure_at = EXCLUDED.first_failure_at, last_failure_at = EXCLUDED.last_failure_at, dead_at = now()`,
-		d.Consumer, d.MessageID, d.Topic, key, payload, headers, d.Error, d.Attempts, d.FirstFailureAt, d.LastFailureAt))
+	_, err := c.exec(ctx, c.iq.bury, d.Consumer, d.ID, d.Topic, key, payload, headers, d.Error, d.Attempts, d.FirstFailureAt, d.LastFailureAt)
+	return err
 }
 
-// ListDead implements postboxdriver.InboxExecutor.
-func (c *Core) ListDead(ctx context.Context, f postboxdriver.DeadFilter) ([]postboxdriver.DeadLetter, error) {
-	limit := f.Limit
-	if limit <= 0 {
-		limit = 100
+// ListConsumerDead implements postboxdriver.Executor.
+func (c *Core) ListConsumerDead(ctx context.Context, f postboxdriver.DeadFilter) ([]postboxdriver.DeadMessage, error) {
+	ids := f.IDs
+	if ids == nil {
+		ids = []string{}
 	}
-	var since, until *time.Time
-	if !f.Since.IsZero() {
-		since = &f.Since
-	}
-	if !f.Until.IsZero() {
-		until = &f.Until
-	}
-	rows, err := c.db.Query(ctx, `SELECT `+deadColumns+` FROM `+c.prefix+`consumer_dead
-WHERE ($1 = '' OR consumer = $1) AND ($2 = '' OR topic = $2)
-  AND ($3::timestamptz IS NULL OR dead_at >= $3) AND ($4::timestamptz IS NULL OR dead_at < $4)
-ORDER BY dead_at DESC, consumer, message_id
-LIMIT $5`, f.Consumer, f.Topic, since, until, limit)
-	if err != nil {
-		return nil, c.wrap(err)
-	}
-	var out []postboxdriver.DeadLetter
-	err = scanAll(rows, func(r Rows) error {
-		d, err := scanDead(r)
-		out = append(out, d)
-		return err
-	})
-	return out, c.wrap(err)
+	return queryAll(ctx, c, c.iq.listDead, []any{f.Consumer, ids, f.Topic, f.Key, timeOrNil(f.Since), timeOrNil(f.Until), limitOr100(f.Limit)}, scanConsumerDead)
 }
 
-// GetDead implements postboxdriver.InboxExecutor.
-func (c *Core) GetDead(ctx context.Context, consumer, messageID string) (postboxdriver.DeadLetter, error) {
-	return c.oneDead(ctx, c.db, `SELECT `+deadColumns+` FROM `+c.prefix+`consumer_dead WHERE consumer = $1 AND message_id = $2`, consumer, messageID)
+// GetConsumerDead implements postboxdriver.Executor.
+func (c *Core) GetConsumerDead(ctx context.Context, consumer, messageID string) (postboxdriver.DeadMessage, error) {
+	return queryOne(ctx, c, c.iq.getDead, []any{consumer, messageID}, scanConsumerDead)
 }
 
-// DeleteDead implements postboxdriver.InboxExecutor.
-func (c *Core) DeleteDead(ctx context.Context, consumer, messageID string) (bool, error) {
-	var deleted bool
-	err := c.queryRow(ctx, c.db, `WITH del AS (
-  DELETE FROM `+c.prefix+`consumer_dead WHERE consumer = $1 AND message_id = $2 RETURNING 1
-) SELECT EXISTS (SELECT 1 FROM del)`, []any{consumer, messageID}, &deleted)
-	return deleted, err
+// TakeConsumerDead implements postboxdriver.Executor.
+func (c *Core) TakeConsumerDead(ctx context.Context, consumer, messageID string) (postboxdriver.DeadMessage, error) {
+	return queryOne(ctx, c, c.iq.takeDead, []any{consumer, messageID}, scanConsumerDead)
 }
 
-// PruneInbox implements postboxdriver.InboxExecutor. Each call deletes one
-// bounded batch, so it never holds many locks or a long transaction.
-func (c *Core) PruneInbox(ctx context.Context, age time.Duration, limit int) (int, error) {
-	var n int
-	err := c.queryRow(ctx, c.db, `WITH old AS (
-  SELECT consumer, message_id FROM `+c.prefix+`inbox WHERE received_at < now() - $1 * interval '1 millisecond' LIMIT $2
-), del AS (
-  DELETE FROM `+c.prefix+`inbox i USING old WHERE i.consumer = old.consumer AND i.message_id = old.message_id RETURNING 1
-), stale AS (
-  DELETE FROM `+c.prefix+`inbox_attempts a WHERE (a.consumer, a.message_id) IN (
-    SELECT consumer, message_id FROM `+c.prefix+`inbox_attempts WHERE last_failure_at < now() - $1 * interval '1 millisecond' LIMIT $2)
-)
-SELECT count(*) FROM del`, []any{age.Milliseconds(), limit}, &n)
-	return n, err
+// DeleteConsumerDead implements postboxdriver.Executor.
+func (c *Core) DeleteConsumerDead(ctx context.Context, consumer, messageID string) (bool, error) {
+	n, err := c.exec(ctx, c.iq.deleteDead, consumer, messageID)
+	return n > 0, err
 }
 
-// PruneConsumerDead implements postboxdriver.InboxExecutor.
+// PruneConsumerDead implements postboxdriver.Executor.
 func (c *Core) PruneConsumerDead(ctx context.Context, age time.Duration, limit int) (int, error) {
-	var n int
-	err := c.queryRow(ctx, c.db, `WITH del AS (
-  DELETE FROM `+c.prefix+`consumer_dead d WHERE (d.consumer, d.message_id) IN (
-    SELECT consumer, message_id FROM `+c.prefix+`consumer_dead WHERE dead_at < now() - $1 * interval '1 millisecond' LIMIT $2)
-  RETURNING 1
-) SELECT count(*) FROM del`, []any{age.Milliseconds(), limit}, &n)
-	return n, err
+	return c.count(ctx, c.iq.pruneDead, age.Milliseconds(), limit)
+}
+
+// Savepoint implements postboxdriver.Executor. The statements carry no
+// arguments, so both drivers send them in one round trip each.
+func (c *Core) Savepoint(ctx context.Context, name string) error {
+	return c.savepoint(ctx, "SAVEPOINT ", name)
+}
+
+// RollbackToSavepoint implements postboxdriver.Executor.
+func (c *Core) RollbackToSavepoint(ctx context.Context, name string) error {
+	return c.savepoint(ctx, "ROLLBACK TO SAVEPOINT ", name)
+}
+
+// ReleaseSavepoint implements postboxdriver.Executor.
+func (c *Core) ReleaseSavepoint(ctx context.Context, name string) error {
+	return c.savepoint(ctx, "RELEASE SAVEPOINT ", name)
+}
+
+func (c *Core) savepoint(ctx context.Context, verb, name string) error {
+	if !c.inTx {
+		return postboxdriver.ErrNotInTx
+	}
+	if !postboxdriver.ValidSavepointName(name) {
+		return fmt.Errorf("postbox: savepoint name %q is not a lower-case SQL identifier", name)
+	}
+	_, err := c.db.Exec(ctx, verb+name)
+	return err
 }

@@ -1,6 +1,8 @@
 // Package pgsql holds the PostgreSQL dialect shared by the pgx and the
 // database/sql drivers: the SQL, the migrations and the logic around them,
-// over a small query interface that each driver adapts.
+// over a small query interface that each driver adapts. It implements
+// postboxdriver.Executor once; a driver wraps its pool, or the caller's
+// transaction, in a DB and hands it to Core.
 package pgsql
 
 import (
@@ -8,11 +10,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"sort"
-	"strings"
-	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/postbox-go/postbox/postboxdriver"
 )
@@ -20,7 +17,7 @@ import (
 // Querier runs statements. pgx.Tx, *pgxpool.Pool, *sql.Tx and *sql.DB are
 // adapted to it by the drivers.
 type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) error
+	Exec(ctx context.Context, sql string, args ...any) (int64, error)
 	Query(ctx context.Context, sql string, args ...any) (Rows, error)
 }
 
@@ -32,364 +29,59 @@ type Rows interface {
 	Close()
 }
 
-// DB is a Querier that can also open transactions of its own.
+// DB is a Querier that can also run a function in a transaction: a new one
+// on a pool, the same one when the Querier is a transaction already.
 type DB interface {
 	Querier
 	Tx(ctx context.Context, fn func(q Querier) error) error
 }
 
+// InTx adapts a transaction to DB: its Tx runs fn in the transaction
+// itself, whose outcome is the caller's.
+type InTx struct{ Querier }
+
+// Tx implements DB.
+func (t InTx) Tx(_ context.Context, fn func(q Querier) error) error { return fn(t.Querier) }
+
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// Core implements postboxdriver.Executor for PostgreSQL.
-type Core struct {
-	db     DB
+// dialect is what every Core bound to one prefix shares: the statements.
+type dialect struct {
 	prefix string
 	q      queries
 	aq     adminQueries
+	iq     inboxQueries
+	idq    idempotencyQueries
 }
 
-// New binds db to the tables named with prefix.
+// Core implements postboxdriver.Executor for PostgreSQL over a DB: the
+// driver's pool, or (WithTx) the caller's transaction.
+type Core struct {
+	*dialect
+	db   DB
+	inTx bool
+}
+
+var _ postboxdriver.Executor = (*Core)(nil)
+
+// New binds db, the driver's pool, to the tables named with prefix.
 func New(db DB, prefix string) (*Core, error) {
 	if !postboxdriver.ValidPrefix(prefix) {
 		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most %d characters", prefix, postboxdriver.MaxPrefixLen)
 	}
-	return &Core{db: db, prefix: prefix, q: makeQueries(prefix), aq: makeAdminQueries(prefix)}, nil
+	d := &dialect{prefix: prefix, q: makeQueries(prefix), aq: makeAdminQueries(prefix), iq: makeInboxQueries(prefix), idq: makeIdempotencyQueries(prefix)}
+	return &Core{dialect: d, db: db}, nil
+}
+
+// WithTx returns a Core with the same statements running in tx, the
+// caller's transaction.
+func (c *Core) WithTx(tx Querier) *Core {
+	return &Core{dialect: c.dialect, db: InTx{tx}, inTx: true}
 }
 
 // Dialect implements postboxdriver.Executor.
 func (c *Core) Dialect() string { return "postgres" }
-
-type queries struct {
-	insert, partitions, heartbeat, unregister, acquire, release, fetch, fetchStrict, fetchRouted, fetchRoutedStrict,
-	markPublished, markFailed, applied, stats string
-}
-
-func makeQueries(p string) queries {
-	r := strings.NewReplacer("{p}", p)
-	return queries{
-		insert: r.Replace(`INSERT INTO {p}outbox (id, topic, key, payload, headers)
-SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[])`),
-		partitions: r.Replace(`SELECT count(*) FROM {p}leases`),
-		heartbeat: r.Replace(`WITH up AS (
-  INSERT INTO {p}relays (id, expires_at) VALUES ($1, now() + $2 * interval '1 millisecond')
-  ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
-  RETURNING id
-)
-SELECT id FROM up
-UNION
-SELECT id FROM {p}relays WHERE expires_at > now() AND id <> $1`),
-		unregister: r.Replace(`DELETE FROM {p}relays WHERE id = $1 OR expires_at < now() - interval '1 hour'`),
-		acquire: r.Replace(`UPDATE {p}leases SET
-  generation = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN generation ELSE generation + 1 END,
-  owner = $1,
-  expires_at = now() + $3 * interval '1 millisecond'
-WHERE partition = ANY($2::int[]) AND (owner IS NULL OR owner = $1 OR expires_at <= now())
-RETURNING partition, generation, expires_at`),
-		release:           r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = now() WHERE owner = $1 AND partition = ANY($2::int[])`),
-		fetch:             r.Replace(fetchSQL(false, false)),
-		fetchStrict:       r.Replace(fetchSQL(true, false)),
-		fetchRouted:       r.Replace(fetchSQL(false, true)),
-		fetchRoutedStrict: r.Replace(fetchSQL(true, true)),
-		// The fence: the row's partition lease must still be the owner's, at
-		// the generation the owner read it under. A relay whose lease moved
-		// on matches no row and changes nothing.
-		//
-		// The statement commits without waiting for its WAL flush
-		// (synchronous_commit off, for this transaction only): a mark lost
-		// in a database crash leaves its rows pending, and they are sent
-		// again under the same ids, which consumers absorb. Since the WAL is
-		// replayed in order, what a crash loses is a suffix of the marks,
-		// so first copies stay in key order. This takes a disk flush out
-		// of every relay cycle.
-		markPublished: r.Replace(`WITH moved AS (
-  DELETE FROM {p}outbox o USING {p}leases l
-  WHERE o.seq = ANY($2::bigint[])
-    AND l.partition = o.partition AND l.owner = $1 AND l.generation = ($3::bigint[])[o.partition + 1]
-  RETURNING o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts
-), ins AS (
-  INSERT INTO {p}published (seq, id, topic, key, payload, headers, partition, created_at, attempts)
-  SELECT * FROM moved
-  RETURNING 1
-)
-SELECT count(*) FROM ins, (SELECT set_config('synchronous_commit', 'off', true)) AS async`),
-		// Rows that reach the budget move to the dead table; the others wait
-		// for their backoff. The two CTEs touch disjoint rows.
-		markFailed: r.Replace(`WITH f AS (
-  SELECT * FROM unnest($2::bigint[], $3::text[], $4::bigint[]) AS f(seq, err, backoff_ms)
-), owned AS (
-  SELECT o.seq, o.attempts + 1 >= $5 AS dies FROM {p}outbox o JOIN f ON f.seq = o.seq JOIN {p}leases l
-    ON l.partition = o.partition AND l.owner = $1 AND l.generation = ($6::bigint[])[o.partition + 1]
-), died AS (
-  DELETE FROM {p}outbox o USING owned, f
-  WHERE owned.dies AND o.seq = owned.seq AND f.seq = o.seq
-  RETURNING o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts + 1 AS attempts, f.err
-), buried AS (
-  INSERT INTO {p}dead (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error)
-  SELECT * FROM died
-  RETURNING seq, attempts
-), retried AS (
-  UPDATE {p}outbox o SET attempts = o.attempts + 1, last_error = f.err,
-    available_at = now() + f.backoff_ms * interval '1 millisecond'
-  FROM owned, f
-  WHERE NOT owned.dies AND o.seq = owned.seq AND f.seq = o.seq
-  RETURNING o.seq, o.attempts
-)
-SELECT seq, attempts, true FROM buried
-UNION ALL
-SELECT seq, attempts, false FROM retried`),
-		applied: r.Replace(`SELECT version FROM {p}migrations ORDER BY version`),
-		stats: r.Replace(`SELECT
-  (SELECT count(*) FROM {p}outbox),
-  (SELECT count(*) FROM {p}dead),
-  coalesce((SELECT extract(epoch FROM now() - created_at) FROM {p}outbox ORDER BY seq LIMIT 1), 0)::float8,
-  (SELECT count(*) FROM {p}published)`),
-	}
-}
-
-// fetchSQL reads pending rows in seq order. A keyed row is held back while
-// an older row of its key waits for a retry (or is dead, when strict):
-// only rows that failed before can do that, and the partial retry index
-// holds exactly those, so the check costs nothing while nothing fails.
-//
-// Routed, it reads only the topics matching $3 (LIKE patterns), and a
-// keyed row is also held back by an older row of its key that no route
-// matches: such a row waits for a relay that knows its topic, and its key
-// waits with it. Finding those rows scans the fenced partitions' pending
-// rows once per read, a cost paid only when routes are set.
-func fetchSQL(strict, routed bool) string {
-	var with, topic, unrouted, dead string
-	if strict {
-		dead = `
-    OR EXISTS (SELECT 1 FROM {p}dead d WHERE d.key = o.key AND d.seq < o.seq)`
-	}
-	if routed {
-		with = `WITH unrouted AS (
-  SELECT key, min(seq) AS seq FROM {p}outbox
-  WHERE key IS NOT NULL AND partition = ANY($1::int[]) AND NOT (topic LIKE ANY($3::text[]))
-  GROUP BY key
-)
-`
-		topic = `
-  AND o.topic LIKE ANY($3::text[])`
-		unrouted = `
-    OR EXISTS (SELECT 1 FROM unrouted u WHERE u.key = o.key AND u.seq < o.seq)`
-	}
-	return with + `SELECT o.seq, o.id::text, o.topic, coalesce(o.key, ''), o.payload, o.headers::text, o.partition, o.attempts, o.created_at
-FROM {p}outbox o
-WHERE o.partition = ANY($1::int[])
-  AND o.available_at <= now()` + topic + `
-  AND (o.key IS NULL OR NOT (
-    EXISTS (SELECT 1 FROM {p}outbox b
-            WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > now())` + dead + unrouted + `))
-ORDER BY o.seq
-LIMIT $2`
-}
-
-// FetchStatement is the relay's default fetch (no routes, not strict) for
-// the tables named with prefix: $1 the partitions (int[]), $2 the limit.
-// Benchmarks EXPLAIN it; the relay runs it through Core.Fetch.
-func FetchStatement(prefix string) string {
-	return strings.ReplaceAll(fetchSQL(false, false), "{p}", prefix)
-}
-
-// likePatterns turns topic patterns ("orders.created", "orders.*", "*")
-// into LIKE patterns; topics hold no % or \, but may hold _.
-func likePatterns(ps []string) []string {
-	out := make([]string, len(ps))
-	for i, p := range ps {
-		lit, wild := strings.CutSuffix(p, "*")
-		lit = strings.ReplaceAll(lit, "_", `\_`)
-		if wild {
-			lit += "%"
-		}
-		out[i] = lit
-	}
-	return out
-}
-
-// Insert writes rows with one statement.
-func (c *Core) Insert(ctx context.Context, q Querier, rows []postboxdriver.Row) error {
-	n := len(rows)
-	ids, topics, payloads, headers := make([]string, n), make([]string, n), make([][]byte, n), make([]string, n)
-	keys := make([]*string, n)
-	for i := range rows {
-		r := &rows[i]
-		ids[i], topics[i], payloads[i], headers[i] = r.ID, r.Topic, r.Payload, string(r.Headers)
-		if r.Key != "" {
-			keys[i] = &r.Key
-		}
-		if payloads[i] == nil {
-			payloads[i] = []byte{}
-		}
-	}
-	return c.wrap(q.Exec(ctx, c.q.insert, ids, topics, keys, payloads, headers))
-}
-
-// Partitions implements postboxdriver.Executor.
-func (c *Core) Partitions(ctx context.Context) (int, error) {
-	var n int
-	err := c.queryRow(ctx, c.db, c.q.partitions, nil, &n)
-	return n, err
-}
-
-// Heartbeat implements postboxdriver.Executor.
-func (c *Core) Heartbeat(ctx context.Context, relayID string, ttl time.Duration) ([]string, error) {
-	rows, err := c.db.Query(ctx, c.q.heartbeat, relayID, ttl.Milliseconds())
-	if err != nil {
-		return nil, c.wrap(err)
-	}
-	var ids []string
-	err = scanAll(rows, func(r Rows) error {
-		var id string
-		if err := r.Scan(&id); err != nil {
-			return err
-		}
-		ids = append(ids, id)
-		return nil
-	})
-	sort.Strings(ids)
-	return ids, c.wrap(err)
-}
-
-// Unregister implements postboxdriver.Executor.
-func (c *Core) Unregister(ctx context.Context, relayID string) error {
-	return c.wrap(c.db.Exec(ctx, c.q.unregister, relayID))
-}
-
-// AcquireLeases implements postboxdriver.Executor.
-func (c *Core) AcquireLeases(ctx context.Context, owner string, partitions []int, ttl time.Duration) ([]postboxdriver.Lease, error) {
-	rows, err := c.db.Query(ctx, c.q.acquire, owner, int32s(partitions), ttl.Milliseconds())
-	if err != nil {
-		return nil, c.wrap(err)
-	}
-	var out []postboxdriver.Lease
-	err = scanAll(rows, func(r Rows) error {
-		var l postboxdriver.Lease
-		if err := r.Scan(&l.Partition, &l.Generation, &l.ExpiresAt); err != nil {
-			return err
-		}
-		out = append(out, l)
-		return nil
-	})
-	sort.Slice(out, func(i, j int) bool { return out[i].Partition < out[j].Partition })
-	return out, c.wrap(err)
-}
-
-// ReleaseLeases implements postboxdriver.Executor.
-func (c *Core) ReleaseLeases(ctx context.Context, owner string, partitions []int) error {
-	return c.wrap(c.db.Exec(ctx, c.q.release, owner, int32s(partitions)))
-}
-
-// Fetch implements postboxdriver.Executor.
-func (c *Core) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
-	parts := make([]int32, 0, len(p.Fence.Generations))
-	for part := range p.Fence.Generations {
-		parts = append(parts, int32(part))
-	}
-	if len(parts) == 0 || p.Limit <= 0 {
-		return nil, nil
-	}
-	args := []any{parts, p.Limit}
-	var q string
-	switch {
-	case p.Topics != nil && len(p.Topics) == 0:
-		return nil, nil
-	case p.Topics != nil:
-		q = c.q.fetchRouted
-		if p.BlockOnDead {
-			q = c.q.fetchRoutedStrict
-		}
-		args = append(args, likePatterns(p.Topics))
-	case p.BlockOnDead:
-		q = c.q.fetchStrict
-	default:
-		q = c.q.fetch
-	}
-	rows, err := c.db.Query(ctx, q, args...)
-	if err != nil {
-		return nil, c.wrap(err)
-	}
-	out := make([]postboxdriver.Record, 0, p.Limit)
-	err = scanAll(rows, func(r Rows) error {
-		var rec postboxdriver.Record
-		var headers string
-		if err := r.Scan(&rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &headers, &rec.Partition, &rec.Attempts, &rec.CreatedAt); err != nil {
-			return err
-		}
-		rec.Headers = []byte(headers)
-		out = append(out, rec)
-		return nil
-	})
-	return out, c.wrap(err)
-}
-
-// OldestSnapshot reports the oldest transaction of another backend that
-// holds a snapshot (and so the xmin horizon): its age on the database
-// clock, its pid and state. ok is false when there is none. Without
-// pg_read_all_stats, only the relay's own role's backends are seen.
-func (c *Core) OldestSnapshot(ctx context.Context) (age time.Duration, pid int, state string, ok bool, err error) {
-	rows, err := c.db.Query(ctx, `SELECT extract(epoch FROM now() - xact_start)::float8, pid, coalesce(state, '')
-FROM pg_stat_activity
-WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
-ORDER BY xact_start LIMIT 1`)
-	if err != nil {
-		return 0, 0, "", false, c.wrap(err)
-	}
-	err = scanAll(rows, func(r Rows) error {
-		var secs float64
-		if err := r.Scan(&secs, &pid, &state); err != nil {
-			return err
-		}
-		age, ok = time.Duration(secs*float64(time.Second)), true
-		return nil
-	})
-	return age, pid, state, ok, err
-}
-
-// MarkPublished implements postboxdriver.Executor.
-func (c *Core) MarkPublished(ctx context.Context, f postboxdriver.Fence, seqs []int64) (int, error) {
-	if len(seqs) == 0 {
-		return 0, nil
-	}
-	var n int
-	err := c.queryRow(ctx, c.db, c.q.markPublished, []any{f.Owner, seqs, generations(f)}, &n)
-	return n, err
-}
-
-// MarkFailed implements postboxdriver.Executor.
-func (c *Core) MarkFailed(ctx context.Context, f postboxdriver.Fence, failures []postboxdriver.Failure, maxAttempts int) ([]postboxdriver.FailResult, error) {
-	if len(failures) == 0 {
-		return nil, nil
-	}
-	seqs, errs, backoffs := make([]int64, len(failures)), make([]string, len(failures)), make([]int64, len(failures))
-	for i, fl := range failures {
-		seqs[i], errs[i], backoffs[i] = fl.Seq, fl.Error, fl.Backoff.Milliseconds()
-	}
-	rows, err := c.db.Query(ctx, c.q.markFailed, f.Owner, seqs, errs, backoffs, maxAttempts, generations(f))
-	if err != nil {
-		return nil, c.wrap(err)
-	}
-	var out []postboxdriver.FailResult
-	err = scanAll(rows, func(r Rows) error {
-		var fr postboxdriver.FailResult
-		if err := r.Scan(&fr.Seq, &fr.Attempts, &fr.Dead); err != nil {
-			return err
-		}
-		out = append(out, fr)
-		return nil
-	})
-	return out, c.wrap(err)
-}
-
-// Stats implements postboxdriver.Executor.
-func (c *Core) Stats(ctx context.Context) (postboxdriver.Stats, error) {
-	var s postboxdriver.Stats
-	var age float64
-	err := c.queryRow(ctx, c.db, c.q.stats, nil, &s.Pending, &s.Dead, &age, &s.Published)
-	s.OldestPendingAge = time.Duration(age * float64(time.Second))
-	return s, err
-}
 
 // Migrations implements postboxdriver.Executor.
 func (c *Core) Migrations() []postboxdriver.Migration {
@@ -398,7 +90,7 @@ func (c *Core) Migrations() []postboxdriver.Migration {
 
 // AppliedMigrations implements postboxdriver.Executor.
 func (c *Core) AppliedMigrations(ctx context.Context) ([]int, error) {
-	rows, err := c.db.Query(ctx, c.q.applied)
+	rows, err := c.db.Query(ctx, `SELECT version FROM `+c.prefix+`migrations ORDER BY version`)
 	if err != nil {
 		if isUndefinedTable(err) {
 			return nil, nil
@@ -422,10 +114,10 @@ func (c *Core) AppliedMigrations(ctx context.Context) ([]int, error) {
 // version under the lock, so two replicas starting together apply it once.
 func (c *Core) ApplyMigration(ctx context.Context, m postboxdriver.Migration) error {
 	return c.db.Tx(ctx, func(q Querier) error {
-		if err := q.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "postbox_migrate:"+c.prefix); err != nil {
+		if _, err := q.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "postbox_migrate:"+c.prefix); err != nil {
 			return err
 		}
-		if err := q.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+c.prefix+`migrations (
+		if _, err := q.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+c.prefix+`migrations (
   version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 			return err
 		}
@@ -436,11 +128,25 @@ func (c *Core) ApplyMigration(ctx context.Context, m postboxdriver.Migration) er
 		if done {
 			return nil
 		}
-		if err := q.Exec(ctx, m.SQL); err != nil {
+		if _, err := q.Exec(ctx, m.SQL); err != nil {
 			return fmt.Errorf("migration %d (%s): %w", m.Version, m.Name, err)
 		}
-		return q.Exec(ctx, `INSERT INTO `+c.prefix+`migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name)
+		_, err := q.Exec(ctx, `INSERT INTO `+c.prefix+`migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name)
+		return err
 	})
+}
+
+// exec runs a statement on the Core's DB, wrapping its error.
+func (c *Core) exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	n, err := c.db.Exec(ctx, sql, args...)
+	return n, c.wrap(err)
+}
+
+// count runs a statement that returns one count.
+func (c *Core) count(ctx context.Context, sql string, args ...any) (int, error) {
+	var n int
+	err := c.queryRow(ctx, c.db, sql, args, &n)
+	return n, err
 }
 
 func (c *Core) queryRow(ctx context.Context, q Querier, sql string, args []any, dest ...any) error {
@@ -459,6 +165,34 @@ func (c *Core) queryRow(ctx context.Context, q Querier, sql string, args []any, 
 	return c.wrap(err)
 }
 
+// queryAll runs a query and scans every row with scan.
+func queryAll[T any](ctx context.Context, c *Core, sql string, args []any, scan func(r Rows) (T, error)) ([]T, error) {
+	rows, err := c.db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, c.wrap(err)
+	}
+	var out []T
+	err = scanAll(rows, func(r Rows) error {
+		v, err := scan(r)
+		out = append(out, v)
+		return err
+	})
+	return out, c.wrap(err)
+}
+
+// queryOne runs a query that returns at most one row, or ErrNotFound.
+func queryOne[T any](ctx context.Context, c *Core, sql string, args []any, scan func(r Rows) (T, error)) (T, error) {
+	out, err := queryAll(ctx, c, sql, args, scan)
+	var v T
+	switch {
+	case err != nil:
+		return v, err
+	case len(out) == 0:
+		return v, postboxdriver.ErrNotFound
+	}
+	return out[0], nil
+}
+
 func (c *Core) wrap(err error) error {
 	if err != nil && isUndefinedTable(err) {
 		return fmt.Errorf("%w (prefix %q): %w", postboxdriver.ErrNotMigrated, c.prefix, err)
@@ -466,9 +200,11 @@ func (c *Core) wrap(err error) error {
 	return err
 }
 
+// isUndefinedTable recognizes PostgreSQL's undefined_table error through
+// the SQLState method pgx's error has, so this package needs no client.
 func isUndefinedTable(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
+	var coded interface{ SQLState() string }
+	return errors.As(err, &coded) && coded.SQLState() == "42P01"
 }
 
 func scanAll(rows Rows, fn func(Rows) error) error {
@@ -479,44 +215,4 @@ func scanAll(rows Rows, fn func(Rows) error) error {
 		}
 	}
 	return rows.Err()
-}
-
-func int32s(xs []int) []int32 {
-	out := make([]int32, len(xs))
-	for i, x := range xs {
-		out[i] = int32(x)
-	}
-	return out
-}
-
-// generations lays the fence out as an array indexed by partition+1, the
-// shape the mark statements read it in; 0 is no generation at all.
-func generations(f postboxdriver.Fence) []int64 {
-	maxPart := -1
-	for p := range f.Generations {
-		maxPart = max(maxPart, p)
-	}
-	out := make([]int64, maxPart+1)
-	for p, g := range f.Generations {
-		if p >= 0 { // a negative partition matches no row; skip rather than panic
-			out[p] = g
-		}
-	}
-	return out
-}
-
-// DurabilityWarnings implements postboxdriver.DurabilityChecker.
-func (c *Core) DurabilityWarnings(ctx context.Context) ([]string, error) {
-	var syncCommit, fsync string
-	if err := c.queryRow(ctx, c.db, `SELECT current_setting('synchronous_commit'), current_setting('fsync')`, nil, &syncCommit, &fsync); err != nil {
-		return nil, err
-	}
-	var out []string
-	if syncCommit == "off" {
-		out = append(out, "PostgreSQL runs with synchronous_commit = off: a crash can lose transactions that committed, after the relay published their messages")
-	}
-	if fsync == "off" {
-		out = append(out, "PostgreSQL runs with fsync = off: a crash can lose or corrupt committed transactions, after the relay published their messages")
-	}
-	return out, nil
 }

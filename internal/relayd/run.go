@@ -205,7 +205,6 @@ func (d *Daemon) publisher(name string, log *slog.Logger) (postbox.Publisher, er
 func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.Route, m postbox.Metrics, log *slog.Logger) (*shard, error) {
 	ccfg := cfg.clientConfig(db)
 	ccfg.Routes, ccfg.Metrics, ccfg.Logger = routes, m, log
-	acfg := &postbox.AdminConfig{Prefix: db.Prefix, Retention: max(ccfg.Retention, time.Hour)}
 	if strings.HasPrefix(db.URL, "sqlite:") {
 		sdb, err := postboxsqlite.Open(strings.TrimPrefix(strings.TrimPrefix(db.URL, "sqlite:"), "//"))
 		if err != nil {
@@ -215,10 +214,7 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 		if err == nil {
 			var c *postbox.Client[*sql.Tx]
 			if c, err = postbox.NewClient(drv, ccfg); err == nil {
-				var a *postbox.Admin
-				if a, err = postbox.NewAdmin(drv, acfg); err == nil {
-					return &shard{client: c, admin: a, close: func() { _ = sdb.Close() }}, nil
-				}
+				return &shard{client: c, admin: c.Admin(), close: func() { _ = sdb.Close() }}, nil
 			}
 		}
 		_ = sdb.Close()
@@ -235,10 +231,7 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 	drv := postboxpgx.New(pool)
 	c, err := postbox.NewClient(drv, ccfg)
 	if err == nil {
-		var a *postbox.Admin
-		if a, err = postbox.NewAdmin(drv, acfg); err == nil {
-			return &shard{client: c, admin: a, close: pool.Close}, nil
-		}
+		return &shard{client: c, admin: c.Admin(), close: pool.Close}, nil
 	}
 	pool.Close()
 	return nil, err

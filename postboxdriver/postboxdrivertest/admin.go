@@ -46,10 +46,7 @@ func (s *suite[TTx]) adminSetup(t *testing.T, msgs ...postbox.Message) *adminEnv
 			t.Fatal(err)
 		}
 	}
-	a, err := postbox.NewAdmin(e.d, &postbox.AdminConfig{Prefix: e.prefix, PruneBatch: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := e.client(t, nil, postbox.Config{PruneBatch: 3}).Admin()
 	return &adminEnv[TTx]{env: e, admin: a, rec: rec, c: c}
 }
 
@@ -98,48 +95,48 @@ func (s *suite[TTx]) adminDead(t *testing.T) {
 	}
 	ae := s.adminSetup(t, msgs...)
 	ctx := context.Background()
-	list := func(f postbox.DeadMessageFilter) []postbox.DeadMessage {
+	list := func(f postbox.DeadFilter) []postbox.DeadMessage {
 		t.Helper()
-		out, err := ae.admin.DeadMessages(ctx, f)
+		out, err := ae.admin.ListDead(ctx, f)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return out
 	}
-	all := list(postbox.DeadMessageFilter{})
+	all := list(postbox.DeadFilter{})
 	if len(all) != 6 {
 		t.Fatalf("dead = %d, want 6", len(all))
 	}
-	if n := len(list(postbox.DeadMessageFilter{Topic: "t.b"})); n != 3 {
+	if n := len(list(postbox.DeadFilter{Topic: "t.b"})); n != 3 {
 		t.Fatalf("t.b = %d", n)
 	}
-	if n := len(list(postbox.DeadMessageFilter{Key: "k0"})); n != 2 {
+	if n := len(list(postbox.DeadFilter{Key: "k0"})); n != 2 {
 		t.Fatalf("k0 = %d", n)
 	}
-	if n := len(list(postbox.DeadMessageFilter{IDs: []string{all[0].ID, all[1].ID}})); n != 2 {
+	if n := len(list(postbox.DeadFilter{IDs: []string{all[0].ID, all[1].ID}})); n != 2 {
 		t.Fatalf("by ids = %d", n)
 	}
-	if n := len(list(postbox.DeadMessageFilter{Until: time.Now().Add(-time.Hour)})); n != 0 {
+	if n := len(list(postbox.DeadFilter{Until: time.Now().Add(-time.Hour)})); n != 0 {
 		t.Fatalf("until an hour ago = %d", n)
 	}
-	d, err := ae.admin.DeadMessage(ctx, all[0].ID)
-	if err != nil || d.Attempts != 1 || d.LastError != "rejected" || string(d.Payload) != "poison" || d.DeadAt.IsZero() {
+	d, err := ae.admin.GetDead(ctx, all[0].ID)
+	if err != nil || d.Attempts != 1 || d.Error != "rejected" || string(d.Payload) != "poison" || d.DeadAt.IsZero() {
 		t.Fatalf("show = %+v, %v", d, err)
 	}
-	if _, err := ae.admin.DeadMessage(ctx, postbox.NewID()); !errors.Is(err, postboxdriver.ErrNotFound) {
+	if _, err := ae.admin.GetDead(ctx, postbox.NewID()); !errors.Is(err, postboxdriver.ErrNotFound) {
 		t.Fatalf("show missing: %v", err)
 	}
 	var ve *postbox.ValidationError
-	if _, err := ae.admin.DeadMessages(ctx, postbox.DeadMessageFilter{IDs: []string{"x'; DROP TABLE y; --"}}); !errors.As(err, &ve) {
+	if _, err := ae.admin.ListDead(ctx, postbox.DeadFilter{IDs: []string{"x'; DROP TABLE y; --"}}); !errors.As(err, &ve) {
 		t.Fatalf("bad id: %v", err)
 	}
-	for _, f := range []postbox.DeadMessageFilter{
+	for _, f := range []postbox.DeadFilter{
 		{Key: "\xff"}, {Key: "a\x00b"}, {Since: time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)}, {Until: time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC)},
 	} {
-		if _, err := ae.admin.DeadMessages(ctx, f); !errors.As(err, &ve) {
+		if _, err := ae.admin.ListDead(ctx, f); !errors.As(err, &ve) {
 			t.Fatalf("filter %+v: %v, want *ValidationError", f, err)
 		}
-		if _, err := ae.admin.DeleteDead(ctx, postbox.DeadSelection{DeadMessageFilter: f}); !errors.As(err, &ve) {
+		if _, err := ae.admin.DeleteDead(ctx, postbox.DeadSelection{DeadFilter: f}); !errors.As(err, &ve) {
 			t.Fatalf("delete %+v: %v, want *ValidationError", f, err)
 		}
 	}
@@ -155,7 +152,7 @@ func (s *suite[TTx]) adminDead(t *testing.T) {
 
 	// Requeue one by id: it goes back with its seq and no attempts, and
 	// is published (the publisher takes it now).
-	n, err := ae.admin.RequeueDead(ctx, postbox.DeadSelection{DeadMessageFilter: postbox.DeadMessageFilter{IDs: []string{all[0].ID}}})
+	n, err := ae.admin.RequeueDead(ctx, postbox.DeadSelection{DeadFilter: postbox.DeadFilter{IDs: []string{all[0].ID}}})
 	if err != nil || n != 1 {
 		t.Fatalf("requeue = %d, %v", n, err)
 	}
@@ -169,7 +166,7 @@ func (s *suite[TTx]) adminDead(t *testing.T) {
 	}
 	// Delete by topic (the other t.b messages: the newest, requeued above,
 	// was t.b), then requeue the rest with All.
-	if n, err := ae.admin.DeleteDead(ctx, postbox.DeadSelection{DeadMessageFilter: postbox.DeadMessageFilter{Topic: all[0].Topic}}); err != nil || n != 2 {
+	if n, err := ae.admin.DeleteDead(ctx, postbox.DeadSelection{DeadFilter: postbox.DeadFilter{Topic: all[0].Topic}}); err != nil || n != 2 {
 		t.Fatalf("delete %s = %d, %v", all[0].Topic, n, err)
 	}
 	if n, err := ae.admin.RequeueDead(ctx, postbox.DeadSelection{All: true}); err != nil || n != 3 {

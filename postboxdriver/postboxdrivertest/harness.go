@@ -31,19 +31,13 @@ type Harness[TTx any] struct {
 	Features Features
 }
 
-// Features declares the capabilities a database has; tests that need one
-// run only where it is declared, and say so when skipped.
+// Features declares how a database differs from the others; tests that
+// depend on a difference run only where it is declared, and say so when
+// skipped. Every operation of postboxdriver.Executor is required, so none
+// of them is a feature.
 type Features struct {
 	// ConcurrentWriters is true where two write transactions can be open at
 	// once (PostgreSQL). SQLite serializes writers, so a late commit can
 	// never carry a lower seq than an earlier one there.
 	ConcurrentWriters bool
-	// Inbox is true where the store implements postboxdriver.Inboxer.
-	Inbox bool
-	// InboxBatch is true where the store implements
-	// postboxdriver.InboxBatcher (savepoints and many inbox records at
-	// once), which Inbox.BatchProcessor needs.
-	InboxBatch bool
-	// Admin is true where the store implements postboxdriver.Admin.
-	Admin bool
 }

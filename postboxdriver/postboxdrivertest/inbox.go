@@ -21,12 +21,7 @@ func (s *suite[TTx]) runInbox(t *testing.T) {
 	t.Run("DeadLetterOperations", s.inboxDeadOps)
 	t.Run("Retention", s.inboxRetention)
 	t.Run("ConfigRetentionHorizon", s.inboxConfig)
-	t.Run("Batch", func(t *testing.T) {
-		if !s.h.Features.InboxBatch {
-			t.Skip("driver declares no batched inbox")
-		}
-		s.runInboxBatch(t)
-	})
+	t.Run("Batch", s.runInboxBatch)
 }
 
 // inboxEnv is a consumer whose handler's effect is an outbox message
@@ -38,19 +33,12 @@ type inboxEnv[TTx any] struct {
 	client *postbox.Client[TTx]
 }
 
-func (s *suite[TTx]) inboxSetup(t *testing.T, cfg *postbox.InboxConfig) *inboxEnv[TTx] {
+func (s *suite[TTx]) inboxSetup(t *testing.T, cfg postbox.Config) *inboxEnv[TTx] {
 	t.Helper()
 	e := s.setup(t)
-	if cfg == nil {
-		cfg = &postbox.InboxConfig{}
-	}
-	cfg.Prefix = e.prefix
 	cfg.BackoffBase, cfg.BackoffMax = time.Millisecond, 5*time.Millisecond
-	in, err := postbox.NewInbox(e.d, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &inboxEnv[TTx]{env: e, inbox: in, client: e.client(t, nil, postbox.Config{})}
+	c := e.client(t, nil, cfg)
+	return &inboxEnv[TTx]{env: e, inbox: c.Inbox(), client: c}
 }
 
 // effect is a handler whose effect is one outbox message per run.
@@ -65,12 +53,12 @@ func delivery(id string) *postbox.Delivery {
 }
 
 func (s *suite[TTx]) inboxProcess(t *testing.T) {
-	ie := s.inboxSetup(t, nil)
+	ie := s.inboxSetup(t, postbox.Config{})
 	ctx := context.Background()
 	id := postbox.NewID()
 	for i, wantRan := range []bool{true, false} {
 		tx, commit, _ := s.h.Begin(t, ctx, ie.d)
-		ran, err := ie.inbox.Process(ctx, tx, "billing", id, func(ctx context.Context, tx TTx) error {
+		ran, err := ie.inbox.ProcessTx(ctx, tx, "billing", id, func(ctx context.Context, tx TTx) error {
 			return ie.effect(ctx, tx, delivery(id))
 		})
 		if err != nil || ran != wantRan {
@@ -82,32 +70,32 @@ func (s *suite[TTx]) inboxProcess(t *testing.T) {
 	}
 	// Another consumer has an inbox of its own.
 	tx, commit, _ := s.h.Begin(t, ctx, ie.d)
-	if ran, err := ie.inbox.Process(ctx, tx, "shipping", id, func(context.Context, TTx) error { return nil }); err != nil || !ran {
+	if ran, err := ie.inbox.ProcessTx(ctx, tx, "shipping", id, func(context.Context, TTx) error { return nil }); err != nil || !ran {
 		t.Fatalf("other consumer: ran=%v err=%v", ran, err)
 	}
 	_ = commit()
 	// A rolled-back first run leaves no record: the next copy runs.
 	id2 := postbox.NewID()
 	tx, _, rollback := s.h.Begin(t, ctx, ie.d)
-	if _, err := ie.inbox.Process(ctx, tx, "billing", id2, func(context.Context, TTx) error { return errors.New("boom") }); err == nil {
+	if _, err := ie.inbox.ProcessTx(ctx, tx, "billing", id2, func(context.Context, TTx) error { return errors.New("boom") }); err == nil {
 		t.Fatal("handler error not returned")
 	}
 	_ = rollback()
 	tx, commit, _ = s.h.Begin(t, ctx, ie.d)
-	if ran, err := ie.inbox.Process(ctx, tx, "billing", id2, func(context.Context, TTx) error { return nil }); err != nil || !ran {
+	if ran, err := ie.inbox.ProcessTx(ctx, tx, "billing", id2, func(context.Context, TTx) error { return nil }); err != nil || !ran {
 		t.Fatalf("after rollback: ran=%v err=%v", ran, err)
 	}
 	_ = commit()
 	var ve *postbox.ValidationError
 	tx, _, rollback = s.h.Begin(t, ctx, ie.d)
 	defer func() { _ = rollback() }()
-	if _, err := ie.inbox.Process(ctx, tx, "", id, func(context.Context, TTx) error { return nil }); !errors.As(err, &ve) {
+	if _, err := ie.inbox.ProcessTx(ctx, tx, "", id, func(context.Context, TTx) error { return nil }); !errors.As(err, &ve) {
 		t.Fatalf("empty consumer: %v, want *ValidationError", err)
 	}
 }
 
 func (s *suite[TTx]) inboxThreeDeliveries(t *testing.T) {
-	ie := s.inboxSetup(t, nil)
+	ie := s.inboxSetup(t, postbox.Config{})
 	ctx := context.Background()
 	d := delivery(postbox.NewID())
 	for i := range 3 {
@@ -124,17 +112,14 @@ func (s *suite[TTx]) inboxThreeDeliveries(t *testing.T) {
 // The consumer commits, then dies before acking: the broker redelivers,
 // and the copy is acked without a second effect.
 func (s *suite[TTx]) inboxKilledBeforeAck(t *testing.T) {
-	ie := s.inboxSetup(t, nil)
+	ie := s.inboxSetup(t, postbox.Config{})
 	ctx := context.Background()
 	d := delivery(postbox.NewID())
 	if v := ie.inbox.Handle(ctx, "billing", d, ie.effect); v.Action != postbox.Ack {
 		t.Fatalf("first: %+v", v)
 	}
 	// A new Inbox, as after a restart, sees the same record.
-	in2, err := postbox.NewInbox(ie.d, &postbox.InboxConfig{Prefix: ie.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
+	in2 := ie.env.client(t, nil, postbox.Config{}).Inbox()
 	if v := in2.Handle(ctx, "billing", d, ie.effect); v.Action != postbox.Ack || !v.Duplicate {
 		t.Fatalf("redelivery after restart: %+v", v)
 	}
@@ -144,7 +129,7 @@ func (s *suite[TTx]) inboxKilledBeforeAck(t *testing.T) {
 }
 
 func (s *suite[TTx]) inboxConcurrentCopies(t *testing.T) {
-	ie := s.inboxSetup(t, nil)
+	ie := s.inboxSetup(t, postbox.Config{})
 	ctx := context.Background()
 	d := delivery(postbox.NewID())
 	var wg sync.WaitGroup
@@ -184,7 +169,7 @@ func (s *suite[TTx]) inboxConcurrentCopies(t *testing.T) {
 // A message whose handler always fails is retried with backoff, then
 // dead-lettered after its budget; other messages keep flowing.
 func (s *suite[TTx]) inboxPoison(t *testing.T) {
-	ie := s.inboxSetup(t, &postbox.InboxConfig{MaxAttempts: 3})
+	ie := s.inboxSetup(t, postbox.Config{MaxAttempts: 3})
 	ctx := context.Background()
 	poison := delivery(postbox.NewID())
 	fail := func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
@@ -238,7 +223,7 @@ func (s *suite[TTx]) inboxPoison(t *testing.T) {
 	}
 	invalid := 0
 	for _, l := range letters {
-		if strings.HasPrefix(l.MessageID, "invalid-id:") {
+		if strings.HasPrefix(l.ID, "invalid-id:") {
 			invalid++
 		}
 	}
@@ -253,7 +238,7 @@ func (s *suite[TTx]) inboxPoison(t *testing.T) {
 }
 
 func (s *suite[TTx]) inboxDeadOps(t *testing.T) {
-	ie := s.inboxSetup(t, &postbox.InboxConfig{MaxAttempts: 1})
+	ie := s.inboxSetup(t, postbox.Config{MaxAttempts: 1})
 	ctx := context.Background()
 	failing := func(context.Context, TTx, *postbox.Delivery) error { return errors.New("down") }
 	var ids []string
@@ -294,7 +279,7 @@ func (s *suite[TTx]) inboxDeadOps(t *testing.T) {
 		t.Fatalf("limit 2 = %d", n)
 	}
 	// Requeue with a handler that still fails: the dead letter stays.
-	if err := ie.inbox.Requeue(ctx, "billing", ids[0], failing); err == nil {
+	if err := ie.inbox.RequeueDead(ctx, "billing", ids[0], failing); err == nil {
 		t.Fatal("requeue with a failing handler succeeded")
 	}
 	if _, err := ie.inbox.GetDead(ctx, "billing", ids[0]); err != nil {
@@ -302,7 +287,7 @@ func (s *suite[TTx]) inboxDeadOps(t *testing.T) {
 	}
 	// Requeue with a working handler: the effect happens, the letter goes.
 	var got *postbox.Delivery
-	if err := ie.inbox.Requeue(ctx, "billing", ids[0], func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+	if err := ie.inbox.RequeueDead(ctx, "billing", ids[0], func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
 		got = d
 		return ie.effect(ctx, tx, d)
 	}); err != nil {
@@ -331,7 +316,7 @@ func (s *suite[TTx]) inboxDeadOps(t *testing.T) {
 	if _, err := ie.inbox.ListDead(ctx, postboxdriver.DeadFilter{Topic: "bad topic"}); !errors.As(err, &ve) {
 		t.Fatalf("ListDead with a bad topic: %v", err)
 	}
-	if err := ie.inbox.Requeue(ctx, "billing", "no-such-id", ie.effect); !errors.Is(err, postboxdriver.ErrNotFound) {
+	if err := ie.inbox.RequeueDead(ctx, "billing", "no-such-id", ie.effect); !errors.Is(err, postboxdriver.ErrNotFound) {
 		t.Fatalf("requeue of a missing letter: %v", err)
 	}
 	if ok, err := ie.inbox.DeleteDead(ctx, "billing", ids[1]); err != nil || !ok {
@@ -346,7 +331,7 @@ func (s *suite[TTx]) inboxDeadOps(t *testing.T) {
 }
 
 func (s *suite[TTx]) inboxRetention(t *testing.T) {
-	ie := s.inboxSetup(t, &postbox.InboxConfig{PruneBatch: 7, MaxAttempts: 1})
+	ie := s.inboxSetup(t, postbox.Config{PruneBatch: 7, MaxAttempts: 1})
 	ctx := context.Background()
 	for range 20 {
 		if v := ie.inbox.Handle(ctx, "billing", delivery(postbox.NewID()), ie.effect); v.Action != postbox.Ack {
@@ -359,13 +344,13 @@ func (s *suite[TTx]) inboxRetention(t *testing.T) {
 			t.Fatal(v)
 		}
 	}
-	if res, err := ie.inbox.Prune(ctx); err != nil || res.Inbox != 0 || res.DeadLetters != 0 {
+	if res, err := ie.inbox.Prune(ctx); err != nil || res.Inbox != 0 || res.Dead != 0 {
 		t.Fatalf("prune of fresh records = %+v, %v", res, err)
 	}
 	s.h.Backdate(t, ie.d, ie.prefix, "inbox", "received_at", 9*24*time.Hour)
 	s.h.Backdate(t, ie.d, ie.prefix, "consumer_dead", "dead_at", 31*24*time.Hour)
 	res, err := ie.inbox.Prune(ctx)
-	if err != nil || res.Inbox != 20 || res.DeadLetters != 3 {
+	if err != nil || res.Inbox != 20 || res.Dead != 3 {
 		t.Fatalf("prune = %+v, %v; want 20 inbox records and 3 dead letters, in batches of 7", res, err)
 	}
 	if n := ie.effects(t); n != 20 {
@@ -375,10 +360,22 @@ func (s *suite[TTx]) inboxRetention(t *testing.T) {
 
 func (s *suite[TTx]) inboxConfig(t *testing.T) {
 	e := s.setup(t)
-	_, err := postbox.NewInbox(e.d, &postbox.InboxConfig{Prefix: e.prefix, Retention: 7 * 24 * time.Hour, OutboxRetention: 7 * 24 * time.Hour, MaxAttempts: -1})
+	_, err := postbox.NewClient(e.d, &postbox.Config{Prefix: e.prefix, Retention: 7 * 24 * time.Hour, InboxRetention: 7 * 24 * time.Hour, MaxAttempts: -1})
 	var ce *postbox.ConfigError
-	if !errors.As(err, &ce) || len(ce.Problems) != 2 || ce.Problems[0].Field != "MaxAttempts" || ce.Problems[1].Field != "Retention" {
-		t.Fatalf("err = %v, want MaxAttempts and Retention named", err)
+	if !errors.As(err, &ce) || len(ce.Problems) != 2 || ce.Problems[0].Field != "MaxAttempts" || ce.Problems[1].Field != "InboxRetention" {
+		t.Fatalf("err = %v, want MaxAttempts and InboxRetention named", err)
+	}
+	// Derived, not copied: the default inbox retention follows the
+	// history's, and keeping the history forever keeps the records too.
+	c := e.client(t, nil, postbox.Config{Retention: 30 * 24 * time.Hour})
+	if got := c.Config().InboxRetention; got != 31*24*time.Hour {
+		t.Fatalf("InboxRetention = %s, want Retention plus a day", got)
+	}
+	if got := e.client(t, nil, postbox.Config{Retention: -1}).Config().InboxRetention; got >= 0 {
+		t.Fatalf("InboxRetention = %s with the history kept forever, want negative", got)
+	}
+	if _, err := postbox.NewClient(e.d, &postbox.Config{Prefix: e.prefix, Retention: -1, InboxRetention: 30 * 24 * time.Hour}); !errors.As(err, &ce) || ce.Problems[0].Field != "InboxRetention" {
+		t.Fatalf("a bounded inbox under a history kept forever: %v, want InboxRetention named", err)
 	}
 }
 

@@ -23,28 +23,14 @@ func (s *suite[TTx]) runInboxBatch(t *testing.T) {
 	t.Run("BatchConfigRejected", s.batchConfig)
 }
 
-func (s *suite[TTx]) batcher(t *testing.T, e *env[TTx]) (postboxdriver.InboxBatcher[TTx], postboxdriver.Raw[TTx]) {
-	t.Helper()
-	b, ok := e.store.(postboxdriver.InboxBatcher[TTx])
-	if !ok {
-		t.Fatalf("the store %T declares InboxBatch but implements no postboxdriver.InboxBatcher", e.store)
-	}
-	raw, ok := e.store.(postboxdriver.Raw[TTx])
-	if !ok {
-		t.Fatalf("the store %T implements no postboxdriver.Raw", e.store)
-	}
-	return b, raw
-}
-
 func (s *suite[TTx]) batchInsertMany(t *testing.T) {
-	ie := s.inboxSetup(t, nil)
-	b, _ := s.batcher(t, ie.env)
+	ie := s.inboxSetup(t, postbox.Config{})
 	ctx := context.Background()
 	a, c, d, x := postbox.NewID(), postbox.NewID(), postbox.NewID(), postbox.NewID()
 
 	insert := func(tx TTx, consumer string, ids ...string) []bool {
 		t.Helper()
-		got, err := b.InboxInsertManyTx(ctx, tx, consumer, ids)
+		got, err := ie.store.UnwrapExecutor(tx).InboxInsertMany(ctx, consumer, ids)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,10 +55,10 @@ func (s *suite[TTx]) batchInsertMany(t *testing.T) {
 	if got := insert(tx, "shipping", a); fmt.Sprint(got) != "[true]" {
 		t.Fatalf("other consumer = %v", got)
 	}
-	if err := b.InboxDeleteTx(ctx, tx, "billing", []string{x, a}); err != nil {
+	if err := ie.store.UnwrapExecutor(tx).InboxDelete(ctx, "billing", []string{x, a}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.InboxDeleteTx(ctx, tx, "billing", nil); err != nil {
+	if err := ie.store.UnwrapExecutor(tx).InboxDelete(ctx, "billing", nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := commit(); err != nil {
@@ -85,14 +71,13 @@ func (s *suite[TTx]) batchInsertMany(t *testing.T) {
 	if got := insert(tx, "billing", a, c, d, x); fmt.Sprint(got) != "[true false false true]" {
 		t.Fatalf("after delete = %v, want [true false false true]", got)
 	}
-	if first, err := ie.inbox.Process(ctx, tx, "shipping", a, func(context.Context, TTx) error { return nil }); err != nil || first {
+	if first, err := ie.inbox.ProcessTx(ctx, tx, "shipping", a, func(context.Context, TTx) error { return nil }); err != nil || first {
 		t.Fatalf("single insert of a batch-recorded id: first=%v err=%v", first, err)
 	}
 }
 
 func (s *suite[TTx]) batchSavepoints(t *testing.T) {
-	ie := s.inboxSetup(t, nil)
-	b, raw := s.batcher(t, ie.env)
+	ie := s.inboxSetup(t, postbox.Config{})
 	ctx := context.Background()
 	write := func(tx TTx, n int) {
 		t.Helper()
@@ -107,26 +92,27 @@ func (s *suite[TTx]) batchSavepoints(t *testing.T) {
 		}
 	}
 	tx, commit, _ := s.h.Begin(t, ctx, ie.d)
+	ex := ie.store.UnwrapExecutor(tx)
 	write(tx, 1)
-	must(b.SavepointTx(ctx, tx, "sp"))
+	must(ex.Savepoint(ctx, "sp"))
 	write(tx, 2) // undone
-	must(b.RollbackToSavepointTx(ctx, tx, "sp"))
+	must(ex.RollbackToSavepoint(ctx, "sp"))
 	write(tx, 3) // kept: the savepoint stays open after a rollback to it
-	must(b.SavepointTx(ctx, tx, "sp"))
+	must(ex.Savepoint(ctx, "sp"))
 	write(tx, 4) // kept: nested under the first, released with it
-	must(b.SavepointTx(ctx, tx, "sp"))
+	must(ex.Savepoint(ctx, "sp"))
 	write(tx, 5) // undone: a name used again names the latest savepoint
-	must(b.RollbackToSavepointTx(ctx, tx, "sp"))
-	must(b.ReleaseSavepointTx(ctx, tx, "sp"))
+	must(ex.RollbackToSavepoint(ctx, "sp"))
+	must(ex.ReleaseSavepoint(ctx, "sp"))
 	// A failed statement inside a savepoint is undone by a rollback to
 	// it, and the transaction goes on (PostgreSQL aborts it otherwise).
-	must(b.SavepointTx(ctx, tx, "other"))
-	if _, err := raw.ExecTx(ctx, tx, "INSERT INTO "+ie.prefix+"no_such_table VALUES (1)"); err == nil {
-		t.Fatal("a statement on a missing table succeeded")
+	must(ex.Savepoint(ctx, "other"))
+	if err := ie.failStatement(t, ctx, tx); !errors.Is(err, postboxdriver.ErrNotMigrated) {
+		t.Fatalf("a statement on missing tables: %v, want ErrNotMigrated", err)
 	}
-	must(b.RollbackToSavepointTx(ctx, tx, "other"))
+	must(ex.RollbackToSavepoint(ctx, "other"))
 	write(tx, 6)
-	must(b.ReleaseSavepointTx(ctx, tx, "other"))
+	must(ex.ReleaseSavepoint(ctx, "other"))
 	must(commit())
 	if n := ie.effects(t); n != 4 {
 		t.Fatalf("%d rows committed, want 4 (1, 3, 4, 6)", n)
@@ -134,16 +120,21 @@ func (s *suite[TTx]) batchSavepoints(t *testing.T) {
 	// Names that are not identifiers are refused, and change nothing.
 	tx, _, rollback := s.h.Begin(t, ctx, ie.d)
 	defer func() { _ = rollback() }()
+	ex = ie.store.UnwrapExecutor(tx)
 	for _, bad := range []string{"", "1sp", "sp; DROP TABLE x", "Sp", "sp-1"} {
-		if err := b.SavepointTx(ctx, tx, bad); err == nil {
+		if err := ex.Savepoint(ctx, bad); err == nil {
 			t.Fatalf("savepoint name %q accepted", bad)
 		}
-		if err := b.RollbackToSavepointTx(ctx, tx, bad); err == nil {
+		if err := ex.RollbackToSavepoint(ctx, bad); err == nil {
 			t.Fatalf("rollback to savepoint name %q accepted", bad)
 		}
-		if err := b.ReleaseSavepointTx(ctx, tx, bad); err == nil {
+		if err := ex.ReleaseSavepoint(ctx, bad); err == nil {
 			t.Fatalf("release of savepoint name %q accepted", bad)
 		}
+	}
+	// Outside a transaction, savepoints are refused.
+	if err := ie.store.Savepoint(ctx, "sp"); !errors.Is(err, postboxdriver.ErrNotInTx) {
+		t.Fatalf("savepoint on the store's own executor: %v, want ErrNotInTx", err)
 	}
 }
 
@@ -197,7 +188,7 @@ var wideBatches = &postbox.BatchConfig{MaxBatch: 64, MaxWait: time.Second, Concu
 
 // Copies in the same batch and across batches run one handler per id.
 func (s *suite[TTx]) batchCopies(t *testing.T) {
-	ie := s.inboxSetup(t, nil)
+	ie := s.inboxSetup(t, postbox.Config{})
 	var txs txCounter
 	p, err := ie.inbox.BatchProcessor("billing", func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
 		txs.add(any(tx))
@@ -251,8 +242,7 @@ func (s *suite[TTx]) batchCopies(t *testing.T) {
 // back its own message only; the others commit, and the failed one runs
 // again on its redelivery.
 func (s *suite[TTx]) batchFailingIsolated(t *testing.T) {
-	ie := s.inboxSetup(t, nil)
-	_, raw := s.batcher(t, ie.env)
+	ie := s.inboxSetup(t, postbox.Config{})
 	var ds []*postbox.Delivery
 	for range 30 {
 		ds = append(ds, delivery(postbox.NewID()))
@@ -276,11 +266,7 @@ func (s *suite[TTx]) batchFailingIsolated(t *testing.T) {
 		case "error":
 			return errors.New("cannot apply")
 		case "statement":
-			_, err := raw.ExecTx(ctx, tx, "INSERT INTO "+ie.prefix+"no_such_table VALUES (1)")
-			if err == nil {
-				err = errors.New("a statement on a missing table succeeded")
-			}
-			return err
+			return ie.failStatement(t, ctx, tx)
 		case "panic":
 			panic("oops")
 		}
@@ -331,7 +317,7 @@ func (s *suite[TTx]) batchFailingIsolated(t *testing.T) {
 // The consumer commits a batch and dies before acking: every delivery
 // comes back, to a new Inbox, and is a copy.
 func (s *suite[TTx]) batchKilledBeforeAck(t *testing.T) {
-	ie := s.inboxSetup(t, nil)
+	ie := s.inboxSetup(t, postbox.Config{})
 	p, err := ie.inbox.BatchProcessor("billing", ie.effect, wideBatches)
 	if err != nil {
 		t.Fatal(err)
@@ -345,10 +331,7 @@ func (s *suite[TTx]) batchKilledBeforeAck(t *testing.T) {
 			t.Fatalf("delivery %d: %+v", i, v)
 		}
 	}
-	in2, err := postbox.NewInbox(ie.d, &postbox.InboxConfig{Prefix: ie.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
+	in2 := ie.env.client(t, nil, postbox.Config{}).Inbox()
 	p2, err := in2.BatchProcessor("billing", ie.effect, wideBatches)
 	if err != nil {
 		t.Fatal(err)
@@ -366,7 +349,7 @@ func (s *suite[TTx]) batchKilledBeforeAck(t *testing.T) {
 // A message whose handler always fails is retried, then dead-lettered
 // after its budget, while the messages batched with it commit.
 func (s *suite[TTx]) batchPoison(t *testing.T) {
-	ie := s.inboxSetup(t, &postbox.InboxConfig{MaxAttempts: 3})
+	ie := s.inboxSetup(t, postbox.Config{MaxAttempts: 3})
 	poison := delivery(postbox.NewID())
 	p, err := ie.inbox.BatchProcessor("billing", func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
 		if err := ie.effect(ctx, tx, d); err != nil {
@@ -417,7 +400,7 @@ func (s *suite[TTx]) batchPoison(t *testing.T) {
 }
 
 func (s *suite[TTx]) batchConfig(t *testing.T) {
-	ie := s.inboxSetup(t, nil)
+	ie := s.inboxSetup(t, postbox.Config{})
 	for _, cfg := range []postbox.BatchConfig{{MaxBatch: 65}, {MaxBatch: -1}, {MaxWait: -time.Second}, {MaxWait: time.Minute}, {Concurrency: -1}} {
 		var ce *postbox.ConfigError
 		if _, err := ie.inbox.BatchProcessor("billing", ie.effect, &cfg); !errors.As(err, &ce) {

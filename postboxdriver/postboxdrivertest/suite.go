@@ -36,18 +36,9 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("InfrastructureErrorSpendsNoAttempt", s.infraSpendsNoAttempt)
 	t.Run("StopReleasesLeases", s.stopReleases)
 	t.Run("CrashedRelayRecovered", s.crashedRelayRecovered)
-	t.Run("Admin", func(t *testing.T) {
-		if !h.Features.Admin {
-			t.Skip("driver declares no operator operations")
-		}
-		s.runAdmin(t)
-	})
-	t.Run("Inbox", func(t *testing.T) {
-		if !h.Features.Inbox {
-			t.Skip("driver declares no inbox")
-		}
-		s.runInbox(t)
-	})
+	t.Run("Executor", s.runExecutor)
+	t.Run("Admin", s.runAdmin)
+	t.Run("Inbox", s.runInbox)
 }
 
 type suite[TTx any] struct {
@@ -112,6 +103,22 @@ func start[TTx any](t *testing.T, c *postbox.Client[TTx]) {
 			t.Errorf("stop: %v", err)
 		}
 	})
+}
+
+// failStatement runs a statement that fails in tx: one on the tables of a
+// prefix that was never migrated. On PostgreSQL it aborts tx until a
+// rollback (to a savepoint).
+func (e *env[TTx]) failStatement(t *testing.T, ctx context.Context, tx TTx) error {
+	t.Helper()
+	missing, err := e.d.Open(e.prefix + "missing_")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = missing.UnwrapExecutor(tx).Stats(ctx)
+	if err == nil {
+		return errors.New("a statement on missing tables succeeded")
+	}
+	return err
 }
 
 func (e *env[TTx]) stats(t *testing.T) postboxdriver.Stats {

@@ -1,0 +1,351 @@
+package pgsql
+
+import (
+	"context"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/postbox-go/postbox/postboxdriver"
+)
+
+type queries struct {
+	insert, partitions, heartbeat, unregister, acquire, release, fetch, fetchStrict, fetchRouted, fetchRoutedStrict,
+	markPublished, markFailed, expire, stats string
+}
+
+func makeQueries(p string) queries {
+	r := strings.NewReplacer("{p}", p)
+	return queries{
+		insert: r.Replace(`INSERT INTO {p}outbox (id, topic, key, payload, headers)
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[])`),
+		partitions: r.Replace(`SELECT count(*) FROM {p}leases`),
+		heartbeat: r.Replace(`WITH up AS (
+  INSERT INTO {p}relays (id, expires_at) VALUES ($1, now() + $2 * interval '1 millisecond')
+  ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
+  RETURNING id
+)
+SELECT id FROM up
+UNION
+SELECT id FROM {p}relays WHERE expires_at > now() AND id <> $1`),
+		unregister: r.Replace(`DELETE FROM {p}relays WHERE id = $1 OR expires_at < now() - interval '1 hour'`),
+		acquire: r.Replace(`UPDATE {p}leases SET
+  generation = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN generation ELSE generation + 1 END,
+  owner = $1,
+  expires_at = now() + $3 * interval '1 millisecond'
+WHERE partition = ANY($2::int[]) AND (owner IS NULL OR owner = $1 OR expires_at <= now())
+RETURNING partition, generation, expires_at`),
+		release:           r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = now() WHERE owner = $1 AND partition = ANY($2::int[])`),
+		fetch:             r.Replace(fetchSQL(false, false)),
+		fetchStrict:       r.Replace(fetchSQL(true, false)),
+		fetchRouted:       r.Replace(fetchSQL(false, true)),
+		fetchRoutedStrict: r.Replace(fetchSQL(true, true)),
+		// The fence: the row's partition lease must still be the owner's, at
+		// the generation the owner read it under. A relay whose lease moved
+		// on matches no row and changes nothing.
+		//
+		// The statement commits without waiting for its WAL flush
+		// (synchronous_commit off, for this transaction only): a mark lost
+		// in a database crash leaves its rows pending, and they are sent
+		// again under the same ids, which consumers absorb. Since the WAL is
+		// replayed in order, what a crash loses is a suffix of the marks,
+		// so first copies stay in key order. This takes a disk flush out
+		// of every relay cycle.
+		markPublished: r.Replace(`WITH moved AS (
+  DELETE FROM {p}outbox o USING {p}leases l
+  WHERE o.seq = ANY($2::bigint[])
+    AND l.partition = o.partition AND l.owner = $1 AND l.generation = ($3::bigint[])[o.partition + 1]
+  RETURNING o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts
+), ins AS (
+  INSERT INTO {p}published (seq, id, topic, key, payload, headers, partition, created_at, attempts)
+  SELECT * FROM moved
+  RETURNING 1
+)
+SELECT count(*) FROM ins, (SELECT set_config('synchronous_commit', 'off', true)) AS async`),
+		// Rows that reach the budget move to the dead table; the others wait
+		// for their backoff. The two CTEs touch disjoint rows.
+		markFailed: r.Replace(`WITH f AS (
+  SELECT * FROM unnest($2::bigint[], $3::text[], $4::bigint[]) AS f(seq, err, backoff_ms)
+), owned AS (
+  SELECT o.seq, o.attempts + 1 >= $5 AS dies FROM {p}outbox o JOIN f ON f.seq = o.seq JOIN {p}leases l
+    ON l.partition = o.partition AND l.owner = $1 AND l.generation = ($6::bigint[])[o.partition + 1]
+), died AS (
+  DELETE FROM {p}outbox o USING owned, f
+  WHERE owned.dies AND o.seq = owned.seq AND f.seq = o.seq
+  RETURNING o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts + 1 AS attempts, f.err
+), buried AS (
+  INSERT INTO {p}dead (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error)
+  SELECT * FROM died
+  RETURNING seq, attempts
+), retried AS (
+  UPDATE {p}outbox o SET attempts = o.attempts + 1, last_error = f.err,
+    available_at = now() + f.backoff_ms * interval '1 millisecond'
+  FROM owned, f
+  WHERE NOT owned.dies AND o.seq = owned.seq AND f.seq = o.seq
+  RETURNING o.seq, o.attempts
+)
+SELECT seq, attempts, true FROM buried
+UNION ALL
+SELECT seq, attempts, false FROM retried`),
+		expire: r.Replace(`UPDATE {p}leases SET owner = $1, generation = generation + 1, expires_at = now() - interval '1 second'`),
+		stats: r.Replace(`SELECT
+  (SELECT count(*) FROM {p}outbox),
+  (SELECT count(*) FROM {p}dead),
+  coalesce((SELECT extract(epoch FROM now() - created_at) FROM {p}outbox ORDER BY seq LIMIT 1), 0)::float8,
+  (SELECT count(*) FROM {p}published)`),
+	}
+}
+
+// fetchSQL reads pending rows in seq order. A keyed row is held back while
+// an older row of its key waits for a retry (or is dead, when strict):
+// only rows that failed before can do that, and the partial retry index
+// holds exactly those, so the check costs nothing while nothing fails.
+//
+// Routed, it reads only the topics matching $3 (LIKE patterns), and a
+// keyed row is also held back by an older row of its key that no route
+// matches: such a row waits for a relay that knows its topic, and its key
+// waits with it. Finding those rows scans the fenced partitions' pending
+// rows once per read, a cost paid only when routes are set.
+func fetchSQL(strict, routed bool) string {
+	var with, topic, unrouted, dead string
+	if strict {
+		dead = `
+    OR EXISTS (SELECT 1 FROM {p}dead d WHERE d.key = o.key AND d.seq < o.seq)`
+	}
+	if routed {
+		with = `WITH unrouted AS (
+  SELECT key, min(seq) AS seq FROM {p}outbox
+  WHERE key IS NOT NULL AND partition = ANY($1::int[]) AND NOT (topic LIKE ANY($3::text[]))
+  GROUP BY key
+)
+`
+		topic = `
+  AND o.topic LIKE ANY($3::text[])`
+		unrouted = `
+    OR EXISTS (SELECT 1 FROM unrouted u WHERE u.key = o.key AND u.seq < o.seq)`
+	}
+	return with + `SELECT o.seq, o.id::text, o.topic, coalesce(o.key, ''), o.payload, o.headers::text, o.partition, o.attempts, o.created_at
+FROM {p}outbox o
+WHERE o.partition = ANY($1::int[])
+  AND o.available_at <= now()` + topic + `
+  AND (o.key IS NULL OR NOT (
+    EXISTS (SELECT 1 FROM {p}outbox b
+            WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > now())` + dead + unrouted + `))
+ORDER BY o.seq
+LIMIT $2`
+}
+
+// FetchStatement is the relay's default fetch (no routes, not strict) for
+// the tables named with prefix: $1 the partitions (int[]), $2 the limit.
+// Benchmarks EXPLAIN it; the relay runs it through Core.Fetch.
+func FetchStatement(prefix string) string {
+	return strings.ReplaceAll(fetchSQL(false, false), "{p}", prefix)
+}
+
+// likePatterns turns topic patterns ("orders.created", "orders.*", "*")
+// into LIKE patterns; topics hold no % or \, but may hold _.
+func likePatterns(ps []string) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		lit, wild := strings.CutSuffix(p, "*")
+		lit = strings.ReplaceAll(lit, "_", `\_`)
+		if wild {
+			lit += "%"
+		}
+		out[i] = lit
+	}
+	return out
+}
+
+// Insert implements postboxdriver.Executor, with one statement.
+func (c *Core) Insert(ctx context.Context, rows []postboxdriver.Row) error {
+	n := len(rows)
+	ids, topics, payloads, headers := make([]string, n), make([]string, n), make([][]byte, n), make([]string, n)
+	keys := make([]*string, n)
+	for i := range rows {
+		r := &rows[i]
+		ids[i], topics[i], payloads[i], headers[i] = r.ID, r.Topic, r.Payload, string(r.Headers)
+		if r.Key != "" {
+			keys[i] = &r.Key
+		}
+		if payloads[i] == nil {
+			payloads[i] = []byte{}
+		}
+	}
+	_, err := c.exec(ctx, c.q.insert, ids, topics, keys, payloads, headers)
+	return err
+}
+
+// Partitions implements postboxdriver.Executor.
+func (c *Core) Partitions(ctx context.Context) (int, error) {
+	return c.count(ctx, c.q.partitions)
+}
+
+// Heartbeat implements postboxdriver.Executor.
+func (c *Core) Heartbeat(ctx context.Context, relayID string, ttl time.Duration) ([]string, error) {
+	ids, err := queryAll(ctx, c, c.q.heartbeat, []any{relayID, ttl.Milliseconds()}, scanString)
+	sort.Strings(ids)
+	return ids, err
+}
+
+// Unregister implements postboxdriver.Executor.
+func (c *Core) Unregister(ctx context.Context, relayID string) error {
+	_, err := c.exec(ctx, c.q.unregister, relayID)
+	return err
+}
+
+// AcquireLeases implements postboxdriver.Executor.
+func (c *Core) AcquireLeases(ctx context.Context, owner string, partitions []int, ttl time.Duration) ([]postboxdriver.Lease, error) {
+	out, err := queryAll(ctx, c, c.q.acquire, []any{owner, int32s(partitions), ttl.Milliseconds()}, func(r Rows) (postboxdriver.Lease, error) {
+		var l postboxdriver.Lease
+		err := r.Scan(&l.Partition, &l.Generation, &l.ExpiresAt)
+		return l, err
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Partition < out[j].Partition })
+	return out, err
+}
+
+// ReleaseLeases implements postboxdriver.Executor.
+func (c *Core) ReleaseLeases(ctx context.Context, owner string, partitions []int) error {
+	_, err := c.exec(ctx, c.q.release, owner, int32s(partitions))
+	return err
+}
+
+// ExpireLeases implements postboxdriver.Executor.
+func (c *Core) ExpireLeases(ctx context.Context, owner string) (int, error) {
+	n, err := c.exec(ctx, c.q.expire, owner)
+	return int(n), err
+}
+
+// Fetch implements postboxdriver.Executor.
+func (c *Core) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
+	parts := make([]int32, 0, len(p.Fence.Generations))
+	for part := range p.Fence.Generations {
+		parts = append(parts, int32(part))
+	}
+	if len(parts) == 0 || p.Limit <= 0 {
+		return nil, nil
+	}
+	args := []any{parts, p.Limit}
+	var q string
+	switch {
+	case p.Topics != nil && len(p.Topics) == 0:
+		return nil, nil
+	case p.Topics != nil:
+		q = c.q.fetchRouted
+		if p.BlockOnDead {
+			q = c.q.fetchRoutedStrict
+		}
+		args = append(args, likePatterns(p.Topics))
+	case p.BlockOnDead:
+		q = c.q.fetchStrict
+	default:
+		q = c.q.fetch
+	}
+	return queryAll(ctx, c, q, args, func(r Rows) (postboxdriver.Record, error) {
+		var rec postboxdriver.Record
+		var headers string
+		err := r.Scan(&rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &headers, &rec.Partition, &rec.Attempts, &rec.CreatedAt)
+		rec.Headers = []byte(headers)
+		return rec, err
+	})
+}
+
+// OldestSnapshot implements postboxdriver.Executor: the oldest
+// transaction of another backend that holds a snapshot. Without
+// pg_read_all_stats, only the same role's backends are seen.
+func (c *Core) OldestSnapshot(ctx context.Context) (postboxdriver.Snapshot, bool, error) {
+	out, err := queryAll(ctx, c, `SELECT extract(epoch FROM now() - xact_start)::float8, pid, coalesce(state, '')
+FROM pg_stat_activity
+WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+ORDER BY xact_start LIMIT 1`, nil, func(r Rows) (postboxdriver.Snapshot, error) {
+		var s postboxdriver.Snapshot
+		var secs float64
+		err := r.Scan(&secs, &s.PID, &s.State)
+		s.Age = time.Duration(secs * float64(time.Second))
+		return s, err
+	})
+	if err != nil || len(out) == 0 {
+		return postboxdriver.Snapshot{}, false, err
+	}
+	return out[0], true, nil
+}
+
+// MarkPublished implements postboxdriver.Executor.
+func (c *Core) MarkPublished(ctx context.Context, f postboxdriver.Fence, seqs []int64) (int, error) {
+	if len(seqs) == 0 {
+		return 0, nil
+	}
+	return c.count(ctx, c.q.markPublished, f.Owner, seqs, generations(f))
+}
+
+// MarkFailed implements postboxdriver.Executor.
+func (c *Core) MarkFailed(ctx context.Context, f postboxdriver.Fence, failures []postboxdriver.Failure, maxAttempts int) ([]postboxdriver.FailResult, error) {
+	if len(failures) == 0 {
+		return nil, nil
+	}
+	seqs, errs, backoffs := make([]int64, len(failures)), make([]string, len(failures)), make([]int64, len(failures))
+	for i, fl := range failures {
+		seqs[i], errs[i], backoffs[i] = fl.Seq, fl.Error, fl.Backoff.Milliseconds()
+	}
+	return queryAll(ctx, c, c.q.markFailed, []any{f.Owner, seqs, errs, backoffs, maxAttempts, generations(f)}, func(r Rows) (postboxdriver.FailResult, error) {
+		var fr postboxdriver.FailResult
+		err := r.Scan(&fr.Seq, &fr.Attempts, &fr.Dead)
+		return fr, err
+	})
+}
+
+// Stats implements postboxdriver.Executor.
+func (c *Core) Stats(ctx context.Context) (postboxdriver.Stats, error) {
+	var s postboxdriver.Stats
+	var age float64
+	err := c.queryRow(ctx, c.db, c.q.stats, nil, &s.Pending, &s.Dead, &age, &s.Published)
+	s.OldestPendingAge = time.Duration(age * float64(time.Second))
+	return s, err
+}
+
+func scanString(r Rows) (string, error) {
+	var s string
+	err := r.Scan(&s)
+	return s, err
+}
+
+func int32s(xs []int) []int32 {
+	out := make([]int32, len(xs))
+	for i, x := range xs {
+		out[i] = int32(x)
+	}
+	return out
+}
+
+// generations lays the fence out as an array indexed by partition+1, the
+// shape the mark statements read it in; 0 is no generation at all.
+func generations(f postboxdriver.Fence) []int64 {
+	maxPart := -1
+	for p := range f.Generations {
+		maxPart = max(maxPart, p)
+	}
+	out := make([]int64, maxPart+1)
+	for p, g := range f.Generations {
+		if p >= 0 { // a negative partition matches no row; skip rather than panic
+			out[p] = g
+		}
+	}
+	return out
+}
+
+// DurabilityWarnings implements postboxdriver.Executor.
+func (c *Core) DurabilityWarnings(ctx context.Context) ([]string, error) {
+	var syncCommit, fsync string
+	if err := c.queryRow(ctx, c.db, `SELECT current_setting('synchronous_commit'), current_setting('fsync')`, nil, &syncCommit, &fsync); err != nil {
+		return nil, err
+	}
+	var out []string
+	if syncCommit == "off" {
+		out = append(out, "PostgreSQL runs with synchronous_commit = off: a crash can lose transactions that committed, after the relay published their messages")
+	}
+	if fsync == "off" {
+		out = append(out, "PostgreSQL runs with fsync = off: a crash can lose or corrupt committed transactions, after the relay published their messages")
+	}
+	return out, nil
+}

@@ -1,0 +1,205 @@
+package postboxdriver
+
+import (
+	"context"
+	"time"
+)
+
+// Executor is every operation postbox runs against its tables. A Store is
+// one, running on the driver's connections; Store.UnwrapExecutor gives one
+// running in the caller's transaction. Operations marked "in a
+// transaction" are meant for the latter; on a Store's own Executor they run
+// in a transaction of their own (savepoints refuse with ErrNotInTx).
+//
+// Times are the database clock's. Every operation wraps a missing table as
+// ErrNotMigrated.
+type Executor interface {
+	// Dialect names the SQL dialect: "postgres" or "sqlite".
+	Dialect() string
+
+	// Writing.
+
+	// Insert inserts rows, in one statement where the dialect allows it.
+	// The database computes each row's partition (PartitionOf).
+	Insert(ctx context.Context, rows []Row) error
+
+	// The relay: membership, leases, reading and recording.
+
+	// Partitions reports the number of partitions the outbox table was
+	// migrated with. Rows carry partition = PartitionOf(key, id, n).
+	Partitions(ctx context.Context) (int, error)
+	// Heartbeat registers relayID as live until now()+ttl and returns the
+	// ids of every live relay, sorted.
+	Heartbeat(ctx context.Context, relayID string, ttl time.Duration) ([]string, error)
+	// Unregister removes relayID from the live set.
+	Unregister(ctx context.Context, relayID string) error
+	// AcquireLeases takes or renews the leases on partitions for owner until
+	// now()+ttl. A partition is taken when it is free, expired or already
+	// owner's; others are left alone. The generation of a partition
+	// increases each time its owner changes. It returns the leases owner
+	// holds among partitions after the call.
+	AcquireLeases(ctx context.Context, owner string, partitions []int, ttl time.Duration) ([]Lease, error)
+	// ReleaseLeases frees owner's leases on partitions so another relay can
+	// take them at once.
+	ReleaseLeases(ctx context.Context, owner string, partitions []int) error
+	// ExpireLeases passes every partition's lease to owner at a new
+	// generation, already expired, as a takeover after a long pause would:
+	// the relays holding them are fenced out, and any relay takes them
+	// next. It returns how many leases it changed.
+	ExpireLeases(ctx context.Context, owner string) (int, error)
+	// Fetch reads up to Limit pending rows of the fenced partitions in seq
+	// order: available now, and not behind an older row of the same key
+	// that is waiting for a retry (or dead, when BlockOnDead is set). It
+	// writes nothing.
+	Fetch(ctx context.Context, p FetchParams) ([]Record, error)
+	// MarkPublished moves the rows with the given seqs out of the pending
+	// set, recording the publish time, but only those whose partition lease
+	// still belongs to the fence. It returns how many rows it changed.
+	MarkPublished(ctx context.Context, f Fence, seqs []int64) (int, error)
+	// MarkFailed records a failed attempt for each row: attempts+1, the
+	// error, available_at = now()+Backoff, and moves it to the dead
+	// messages when attempts reaches maxAttempts. Fenced like
+	// MarkPublished. It returns the rows changed, with whether each is now
+	// dead.
+	MarkFailed(ctx context.Context, f Fence, failures []Failure, maxAttempts int) ([]FailResult, error)
+
+	// State and maintenance.
+
+	// Stats reports the state of the outbox.
+	Stats(ctx context.Context) (Stats, error)
+	// TopicStats reports, per topic, what is pending, dead and recently
+	// published. Topics with nothing pending, dead or published in the last
+	// minute are left out.
+	TopicStats(ctx context.Context) ([]TopicStats, error)
+	// PrunePublished deletes at most limit published rows older than age
+	// (by publish time). Pending and dead rows are never touched.
+	PrunePublished(ctx context.Context, age time.Duration, limit int) (int, error)
+	// OldestSnapshot reports the oldest transaction of another session
+	// that holds a snapshot, if any. Databases without such a horizon
+	// (SQLite) report none.
+	OldestSnapshot(ctx context.Context) (Snapshot, bool, error)
+	// DurabilityWarnings says when the database may lose a committed
+	// transaction (PostgreSQL with synchronous_commit = off, SQLite below
+	// synchronous=FULL): a row the relay published could then vanish in a
+	// crash, leaving the broker with an event about a change the database
+	// no longer has.
+	DurabilityWarnings(ctx context.Context) ([]string, error)
+
+	// Dead messages of the outbox, and replay.
+
+	// ListDeadMessages lists the outbox's dead messages matching f, newest
+	// first. f.Consumer is ignored.
+	ListDeadMessages(ctx context.Context, f DeadFilter) ([]DeadMessage, error)
+	// GetDeadMessage returns one dead message by id, or ErrNotFound.
+	GetDeadMessage(ctx context.Context, id string) (DeadMessage, error)
+	// RequeueDeadMessages moves the dead messages matching f back to the
+	// outbox with their attempts reset and their original seq, so they are
+	// published next, in their place among their key's messages.
+	RequeueDeadMessages(ctx context.Context, f DeadFilter) (int, error)
+	// DeleteDeadMessages deletes the dead messages matching f.
+	DeleteDeadMessages(ctx context.Context, f DeadFilter) (int, error)
+	// Replay moves published messages created in [Since, Until), narrowed
+	// by topic and key, back to the outbox under their own ids, in their
+	// original order, and records the request in the replay audit. With
+	// DryRun it only counts (and audits the count).
+	Replay(ctx context.Context, p ReplayParams) (int, error)
+	// ListReplays returns the replay audit, newest first.
+	ListReplays(ctx context.Context, limit int) ([]ReplayAudit, error)
+
+	// The inbox.
+
+	// InboxInsert records (consumer, messageID), in a transaction. It
+	// reports false, writing nothing, when the record exists: the message
+	// is a copy. A copy arriving while the first is still uncommitted
+	// waits for it, so at most one handler run per id ever commits.
+	InboxInsert(ctx context.Context, consumer, messageID string) (bool, error)
+	// InboxInsertMany records (consumer, id) for every id, in a
+	// transaction, in one statement where the dialect allows it, and
+	// reports for each id, in the order given, whether it was new. The
+	// records are inserted in id order, so that two transactions recording
+	// overlapping sets take the row locks in the same order. ids must hold
+	// no duplicates.
+	InboxInsertMany(ctx context.Context, consumer string, ids []string) ([]bool, error)
+	// InboxDelete deletes the records of ids for consumer, in a
+	// transaction: those a batch recorded for messages whose handler then
+	// failed, so that their next delivery runs again.
+	InboxDelete(ctx context.Context, consumer string, ids []string) error
+	// RecordFailure counts a failed handler run for (consumer, messageID)
+	// and returns the running totals. It runs outside the handler's
+	// transaction, so the count survives its rollback.
+	RecordFailure(ctx context.Context, consumer, messageID, errText string) (Attempts, error)
+	// PruneInbox deletes at most limit inbox records (and attempt counts)
+	// older than age, and returns how many.
+	PruneInbox(ctx context.Context, age time.Duration, limit int) (int, error)
+
+	// Dead messages of consumers.
+
+	// BuryConsumerDead writes a consumer's dead message (d.Consumer set),
+	// replacing one for the same (consumer, message id), and forgets its
+	// attempts.
+	BuryConsumerDead(ctx context.Context, d DeadMessage) error
+	// ListConsumerDead lists consumers' dead messages matching f, newest
+	// first.
+	ListConsumerDead(ctx context.Context, f DeadFilter) ([]DeadMessage, error)
+	// GetConsumerDead returns one consumer dead message, or ErrNotFound.
+	GetConsumerDead(ctx context.Context, consumer, messageID string) (DeadMessage, error)
+	// TakeConsumerDead deletes a consumer dead message and returns it (or
+	// ErrNotFound), in a transaction: a requeue runs the handler again in
+	// the same one.
+	TakeConsumerDead(ctx context.Context, consumer, messageID string) (DeadMessage, error)
+	// DeleteConsumerDead deletes one consumer dead message and reports
+	// whether it existed.
+	DeleteConsumerDead(ctx context.Context, consumer, messageID string) (bool, error)
+	// PruneConsumerDead deletes at most limit consumer dead messages older
+	// than age.
+	PruneConsumerDead(ctx context.Context, age time.Duration, limit int) (int, error)
+
+	// Savepoints, in a transaction. A savepoint marks a point that
+	// RollbackToSavepoint returns to, undoing only what ran after it; on
+	// PostgreSQL it also makes a transaction usable again after a failed
+	// statement. Savepoints nest: a name used again names the most recent
+	// savepoint of that name. name must satisfy ValidSavepointName.
+
+	// Savepoint opens a savepoint called name.
+	Savepoint(ctx context.Context, name string) error
+	// RollbackToSavepoint undoes everything since the savepoint name was
+	// opened, keeping the savepoint itself open.
+	RollbackToSavepoint(ctx context.Context, name string) error
+	// ReleaseSavepoint ends the savepoint name (and any opened after it),
+	// keeping their work.
+	ReleaseSavepoint(ctx context.Context, name string) error
+
+	// Idempotency records (postboxidem).
+
+	// LookupIdempotency reads the record of keyHash; found is false when
+	// there is none.
+	LookupIdempotency(ctx context.Context, keyHash []byte) (rec IdempotencyRecord, found bool, err error)
+	// ClaimIdempotency takes a key for a new run and reports whether it
+	// did: a fresh record, or a takeover of an expired one, or of one whose
+	// claim was released or ran out when the same body comes back. The
+	// test and the takeover are one statement, so of two retries racing
+	// for a key exactly one gets it.
+	ClaimIdempotency(ctx context.Context, c IdempotencyClaim) (bool, error)
+	// FinalizeIdempotency stores the response, in the handler's
+	// transaction, fenced by the claim token and the processing state. It
+	// reports false when the claim is no longer the caller's.
+	FinalizeIdempotency(ctx context.Context, r IdempotencyResponse) (bool, error)
+	// ReleaseIdempotency marks a claim failed so that a retry may run the
+	// request again; status is nil when there was no response. Fenced like
+	// FinalizeIdempotency.
+	ReleaseIdempotency(ctx context.Context, keyHash []byte, token string, status *int) error
+	// PruneIdempotency deletes at most limit expired records, never a
+	// claim still held, and returns how many.
+	PruneIdempotency(ctx context.Context, limit int) (int, error)
+
+	// Migrations.
+
+	// Migrations lists the dialect's migrations in version order.
+	Migrations() []Migration
+	// AppliedMigrations returns the versions already applied. A missing
+	// migrations table means none.
+	AppliedMigrations(ctx context.Context) ([]int, error)
+	// ApplyMigration runs one migration and records it, atomically and
+	// exclusive of other migrators. Applying an applied version is a no-op.
+	ApplyMigration(ctx context.Context, m Migration) error
+}

@@ -1,0 +1,359 @@
+package postboxdrivertest
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxdriver"
+)
+
+// runExecutor tests operations of postboxdriver.Executor directly, where
+// the end-to-end tests reach them only through the Client, the Inbox, the
+// Admin or the Idempotency-Key middleware.
+func (s *suite[TTx]) runExecutor(t *testing.T) {
+	t.Run("InsertInCallersTransaction", s.execInsertTx)
+	t.Run("ExpireLeasesFencesOwner", s.execExpireLeases)
+	t.Run("ConsumerDeadMessages", s.execConsumerDead)
+	t.Run("Idempotency", s.execIdempotency)
+	t.Run("SnapshotAndDurability", s.execSnapshotAndDurability)
+	t.Run("NotMigrated", s.execNotMigrated)
+}
+
+func row(topic, key string) postboxdriver.Row {
+	return postboxdriver.Row{ID: postbox.NewID(), Topic: topic, Key: key, Payload: []byte("p"), Headers: []byte(`{}`)}
+}
+
+// The executor UnwrapExecutor returns writes in the caller's transaction:
+// its rows exist if and only if that transaction commits.
+func (s *suite[TTx]) execInsertTx(t *testing.T) {
+	e := s.setup(t)
+	ctx := context.Background()
+	tx, _, rollback := s.h.Begin(t, ctx, e.d)
+	if err := e.store.UnwrapExecutor(tx).Insert(ctx, []postboxdriver.Row{row("a", "k"), row("b", "")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.stats(t); st.Pending != 0 {
+		t.Fatalf("%d rows after a rollback, want 0", st.Pending)
+	}
+	tx, commit, _ := s.h.Begin(t, ctx, e.d)
+	if err := e.store.UnwrapExecutor(tx).Insert(ctx, []postboxdriver.Row{row("a", "k"), row("b", "")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	// The store's own executor writes in a transaction of its own.
+	if err := e.store.Insert(ctx, []postboxdriver.Row{row("c", "k")}); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.stats(t); st.Pending != 3 {
+		t.Fatalf("%d rows after two commits, want 3", st.Pending)
+	}
+}
+
+// ExpireLeases passes every lease to another owner at a new generation,
+// already expired: the holder's fenced marks change nothing, and anyone
+// takes the partitions next.
+func (s *suite[TTx]) execExpireLeases(t *testing.T) {
+	e := s.setup(t)
+	ctx := context.Background()
+	n, err := e.store.Partitions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := e.store.AcquireLeases(ctx, "a", allPartitions(), time.Minute)
+	if err != nil || len(held) != n {
+		t.Fatalf("acquire: %d leases, %v", len(held), err)
+	}
+	if err := e.store.Insert(ctx, []postboxdriver.Row{row("t", "k")}); err != nil {
+		t.Fatal(err)
+	}
+	recs := fetchAll(t, e.store, "a")
+	if len(recs) != 1 {
+		t.Fatalf("fetched %d rows, want 1", len(recs))
+	}
+	got, err := e.store.ExpireLeases(ctx, "expired")
+	if err != nil || got != n {
+		t.Fatalf("ExpireLeases = %d, %v; want %d", got, err, n)
+	}
+	if moved, err := e.store.MarkPublished(ctx, fenceOf("a", held), []int64{recs[0].Seq}); err != nil || moved != 0 {
+		t.Fatalf("mark under an expired lease moved %d rows (%v), want 0", moved, err)
+	}
+	taken, err := e.store.AcquireLeases(ctx, "b", allPartitions(), time.Minute)
+	if err != nil || len(taken) != n {
+		t.Fatalf("takeover: %d leases, %v", len(taken), err)
+	}
+	for i, l := range taken {
+		if l.Generation <= held[i].Generation+1 {
+			t.Fatalf("partition %d: generation %d after expiry and takeover, want more than %d", l.Partition, l.Generation, held[i].Generation+1)
+		}
+	}
+	if moved, err := e.store.MarkPublished(ctx, fenceOf("b", taken), []int64{recs[0].Seq}); err != nil || moved != 1 {
+		t.Fatalf("mark by the new owner moved %d rows (%v), want 1", moved, err)
+	}
+}
+
+// Consumers' dead messages: written (replacing one of the same consumer
+// and id, and forgetting its attempts), listed by every filter, read,
+// taken in a transaction that can roll back, and deleted.
+func (s *suite[TTx]) execConsumerDead(t *testing.T) {
+	e := s.setup(t)
+	ctx := context.Background()
+	ex := e.store
+	a, err := ex.RecordFailure(ctx, "billing", "m1", "first")
+	if err != nil || a.Attempts != 1 || a.FirstFailureAt.IsZero() {
+		t.Fatalf("RecordFailure = %+v, %v", a, err)
+	}
+	if a, err = ex.RecordFailure(ctx, "billing", "m1", "second"); err != nil || a.Attempts != 2 {
+		t.Fatalf("second RecordFailure = %+v, %v", a, err)
+	}
+	bury := func(consumer, id, topic, key, errText string) {
+		t.Helper()
+		now := time.Now()
+		d := postboxdriver.DeadMessage{Consumer: consumer, ID: id, Topic: topic, Key: key, Payload: []byte(id),
+			Headers: []byte(`{"h":"v"}`), Error: errText, Attempts: 2, FirstFailureAt: now.Add(-time.Minute), LastFailureAt: now}
+		if err := ex.BuryConsumerDead(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bury("billing", "m1", "orders.paid", "o-1", "old")
+	bury("billing", "m1", "orders.paid", "o-1", "boom") // replaces
+	bury("billing", "m2", "orders.created", "o-2", "boom")
+	bury("shipping", "m1", "orders.paid", "", "boom")
+	// The bury forgot the attempts: the next failure counts from one.
+	if a, err = ex.RecordFailure(ctx, "billing", "m1", "again"); err != nil || a.Attempts != 1 {
+		t.Fatalf("RecordFailure after the bury = %+v, %v; want 1 attempt", a, err)
+	}
+	list := func(f postboxdriver.DeadFilter) string {
+		t.Helper()
+		ds, err := ex.ListConsumerDead(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := ""
+		for _, d := range ds {
+			out += d.Consumer + "/" + d.ID + " "
+		}
+		return out
+	}
+	for _, c := range []struct {
+		f    postboxdriver.DeadFilter
+		want []string // in any order
+	}{
+		{postboxdriver.DeadFilter{}, []string{"billing/m1", "billing/m2", "shipping/m1"}},
+		{postboxdriver.DeadFilter{Consumer: "billing"}, []string{"billing/m1", "billing/m2"}},
+		{postboxdriver.DeadFilter{IDs: []string{"m1"}}, []string{"billing/m1", "shipping/m1"}},
+		{postboxdriver.DeadFilter{Topic: "orders.created"}, []string{"billing/m2"}},
+		{postboxdriver.DeadFilter{Key: "o-1"}, []string{"billing/m1"}},
+		{postboxdriver.DeadFilter{Until: time.Now().Add(-time.Hour)}, nil},
+		{postboxdriver.DeadFilter{Since: time.Now().Add(-time.Hour), Limit: 1}, []string{"?"}},
+	} {
+		got := list(c.f)
+		if len(c.want) == 1 && c.want[0] == "?" {
+			if n := len(splitFields(got)); n != 1 {
+				t.Errorf("filter %+v: %q, want one", c.f, got)
+			}
+			continue
+		}
+		if !sameSet(splitFields(got), c.want) {
+			t.Errorf("filter %+v: %q, want %v", c.f, got, c.want)
+		}
+	}
+	d, err := ex.GetConsumerDead(ctx, "billing", "m1")
+	if err != nil || d.Error != "boom" || d.Key != "o-1" || string(d.Payload) != "m1" || headerOf(t, d.Headers, "h") != "v" || d.DeadAt.IsZero() {
+		t.Fatalf("GetConsumerDead = %+v, %v", d, err)
+	}
+	if _, err := ex.GetConsumerDead(ctx, "billing", "nope"); !errors.Is(err, postboxdriver.ErrNotFound) {
+		t.Fatalf("missing: %v, want ErrNotFound", err)
+	}
+	// Take in a transaction that rolls back: the dead message stays.
+	tx, _, rollback := s.h.Begin(t, ctx, e.d)
+	if d, err := e.store.UnwrapExecutor(tx).TakeConsumerDead(ctx, "billing", "m2"); err != nil || d.ID != "m2" {
+		t.Fatalf("TakeConsumerDead = %+v, %v", d, err)
+	}
+	if err := rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ex.GetConsumerDead(ctx, "billing", "m2"); err != nil {
+		t.Fatalf("after a rolled-back take: %v", err)
+	}
+	tx, commit, _ := s.h.Begin(t, ctx, e.d)
+	if _, err := e.store.UnwrapExecutor(tx).TakeConsumerDead(ctx, "billing", "nope"); !errors.Is(err, postboxdriver.ErrNotFound) {
+		t.Fatalf("take of a missing one: %v, want ErrNotFound", err)
+	}
+	if _, err := e.store.UnwrapExecutor(tx).TakeConsumerDead(ctx, "billing", "m2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := ex.DeleteConsumerDead(ctx, "shipping", "m1"); err != nil || !ok {
+		t.Fatalf("delete: %v, %v", ok, err)
+	}
+	if ok, err := ex.DeleteConsumerDead(ctx, "shipping", "m1"); err != nil || ok {
+		t.Fatalf("second delete: %v, %v", ok, err)
+	}
+	if got := list(postboxdriver.DeadFilter{}); !sameSet(splitFields(got), []string{"billing/m1"}) {
+		t.Fatalf("left: %q, want billing/m1", got)
+	}
+}
+
+// The idempotency record: a claim is taken once, stored with its response
+// in the handler's transaction under its token only, released for a retry
+// of the same body, and pruned once expired but never while held.
+func (s *suite[TTx]) execIdempotency(t *testing.T) {
+	e := s.setup(t)
+	ctx := context.Background()
+	ex := e.store
+	hash := func(s string) []byte { h := sha256.Sum256([]byte(s)); return h[:] }
+	t1, t2, t3, t4 := postbox.NewID(), postbox.NewID(), postbox.NewID(), postbox.NewID()
+	key, fp := hash("key 1"), hash("body 1")
+	claim := postboxdriver.IdempotencyClaim{KeyHash: key, Fingerprint: fp, Method: "POST", Path: "/orders", Token: t1, TTLMillis: 60_000, ClaimMillis: 60_000}
+	if _, found, err := ex.LookupIdempotency(ctx, key); err != nil || found {
+		t.Fatalf("lookup before any claim: found=%v err=%v", found, err)
+	}
+	if took, err := ex.ClaimIdempotency(ctx, claim); err != nil || !took {
+		t.Fatalf("first claim: %v, %v", took, err)
+	}
+	again := claim
+	again.Token = t2
+	if took, err := ex.ClaimIdempotency(ctx, again); err != nil || took {
+		t.Fatalf("claim of a held key: %v, %v; want refused", took, err)
+	}
+	rec, found, err := ex.LookupIdempotency(ctx, key)
+	if err != nil || !found || rec.State != postboxdriver.IdempotencyProcessing || rec.ClaimLeftMillis <= 0 || rec.Expired {
+		t.Fatalf("lookup of a held claim: %+v, %v, %v", rec, found, err)
+	}
+	resp := postboxdriver.IdempotencyResponse{KeyHash: key, Status: 201, Headers: `{"Location":["/orders/1"]}`, Body: []byte("created"), TTLMillis: 60_000}
+	resp.Token = t2
+	tx, commit, _ := s.h.Begin(t, ctx, e.d)
+	if ok, err := e.store.UnwrapExecutor(tx).FinalizeIdempotency(ctx, resp); err != nil || ok {
+		t.Fatalf("finalize with another token: %v, %v; want refused", ok, err)
+	}
+	resp.Token = t1
+	if ok, err := e.store.UnwrapExecutor(tx).FinalizeIdempotency(ctx, resp); err != nil || !ok {
+		t.Fatalf("finalize: %v, %v", ok, err)
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	rec, found, err = ex.LookupIdempotency(ctx, key)
+	if err != nil || !found || rec.State != postboxdriver.IdempotencySucceeded || rec.Status != 201 || string(rec.Body) != "created" || string(rec.Fingerprint) != string(fp) {
+		t.Fatalf("lookup of a stored response: %+v, %v, %v", rec, found, err)
+	}
+	// A release after the commit leaves the stored response alone.
+	if err := ex.ReleaseIdempotency(ctx, key, t1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _, _ = ex.LookupIdempotency(ctx, key); rec.State != postboxdriver.IdempotencySucceeded {
+		t.Fatalf("state after a late release: %q", rec.State)
+	}
+	// A released claim is taken again by the same body, not another.
+	key2 := hash("key 2")
+	c2 := claim
+	c2.KeyHash = key2
+	if took, err := ex.ClaimIdempotency(ctx, c2); err != nil || !took {
+		t.Fatalf("claim: %v, %v", took, err)
+	}
+	status := 500
+	if err := ex.ReleaseIdempotency(ctx, key2, t1, &status); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _, _ = ex.LookupIdempotency(ctx, key2); rec.State != postboxdriver.IdempotencyFailed || rec.Status != 500 {
+		t.Fatalf("released: %+v", rec)
+	}
+	other := c2
+	other.Fingerprint, other.Token = hash("another body"), t3
+	if took, err := ex.ClaimIdempotency(ctx, other); err != nil || took {
+		t.Fatalf("claim of a released key with another body: %v, %v; want refused", took, err)
+	}
+	c2.Token = t4
+	if took, err := ex.ClaimIdempotency(ctx, c2); err != nil || !took {
+		t.Fatalf("claim of a released key with the same body: %v, %v", took, err)
+	}
+	// Pruning: nothing is expired yet; then everything is, but the claim
+	// of key2 is still held (its claim expiry is not backdated) and stays.
+	if n, err := ex.PruneIdempotency(ctx, 100); err != nil || n != 0 {
+		t.Fatalf("prune before expiry: %d, %v", n, err)
+	}
+	s.h.Backdate(t, e.d, e.prefix, "idempotency", "expires_at", time.Hour)
+	if rec, _, _ = ex.LookupIdempotency(ctx, key); !rec.Expired {
+		t.Fatalf("record past its TTL not reported expired: %+v", rec)
+	}
+	if rec, _, _ = ex.LookupIdempotency(ctx, key2); rec.Expired {
+		t.Fatalf("held claim reported expired: %+v", rec)
+	}
+	if n, err := ex.PruneIdempotency(ctx, 100); err != nil || n != 1 {
+		t.Fatalf("prune: %d, %v; want the one expired record", n, err)
+	}
+	if _, found, _ := ex.LookupIdempotency(ctx, key2); !found {
+		t.Fatal("a held claim was pruned")
+	}
+}
+
+// OldestSnapshot and DurabilityWarnings answer on every database (the
+// PostgreSQL drivers' own tests hold a snapshot and weaken durability).
+func (s *suite[TTx]) execSnapshotAndDurability(t *testing.T) {
+	e := s.setup(t)
+	ctx := context.Background()
+	snap, found, err := e.store.OldestSnapshot(ctx)
+	if err != nil {
+		t.Fatalf("OldestSnapshot: %v", err)
+	}
+	if found && (snap.Age < 0 || snap.PID == 0) {
+		t.Fatalf("OldestSnapshot = %+v", snap)
+	}
+	if _, err := e.store.DurabilityWarnings(ctx); err != nil {
+		t.Fatalf("DurabilityWarnings: %v", err)
+	}
+}
+
+// Every operation on tables that were never migrated fails with
+// ErrNotMigrated.
+func (s *suite[TTx]) execNotMigrated(t *testing.T) {
+	e := s.setup(t)
+	ctx := context.Background()
+	st, err := e.d.Open(e.prefix + "none_")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, op := range map[string]func() error{
+		"Insert": func() error { return st.Insert(ctx, []postboxdriver.Row{row("t", "")}) },
+		"Fetch": func() error {
+			_, err := st.Fetch(ctx, postboxdriver.FetchParams{Fence: fenceOf("a", []postboxdriver.Lease{{}}), Limit: 1})
+			return err
+		},
+		"Stats":             func() error { _, err := st.Stats(ctx); return err },
+		"Partitions":        func() error { _, err := st.Partitions(ctx); return err },
+		"ListDeadMessages":  func() error { _, err := st.ListDeadMessages(ctx, postboxdriver.DeadFilter{}); return err },
+		"RecordFailure":     func() error { _, err := st.RecordFailure(ctx, "c", "m", "e"); return err },
+		"ListConsumerDead":  func() error { _, err := st.ListConsumerDead(ctx, postboxdriver.DeadFilter{}); return err },
+		"LookupIdempotency": func() error { _, _, err := st.LookupIdempotency(ctx, make([]byte, 32)); return err },
+	} {
+		if err := op(); !errors.Is(err, postboxdriver.ErrNotMigrated) {
+			t.Errorf("%s: %v, want ErrNotMigrated", name, err)
+		}
+	}
+	if vs, err := st.AppliedMigrations(ctx); err != nil || len(vs) != 0 {
+		t.Errorf("AppliedMigrations = %v, %v; want none", vs, err)
+	}
+}
+
+func splitFields(s string) []string { return strings.Fields(s) }
+
+// sameSet reports whether a and b hold the same strings, in any order.
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}

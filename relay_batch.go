@@ -1,0 +1,288 @@
+package postbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/postbox-go/postbox/postboxdriver"
+)
+
+// stepResult is what one relay cycle did.
+type stepResult struct {
+	read      int   // rows read; 0 means nothing was available
+	published int   // acknowledged and marked
+	failed    int   // message failures (an attempt spent, or dead)
+	dead      int   // rows moved to the dead messages
+	fencedOut int   // acknowledged rows whose mark changed nothing: the lease moved on
+	infra     error // the batch's infrastructure failure: nothing of it spent an attempt
+	markErr   error // recording the outcome failed; those rows stay pending
+}
+
+// step is the relay's one cycle, run by every lane and by Drain: read the
+// next batch of fence's partitions, publish it under one deadline, record
+// the outcome fenced by the leases' generations, and report it to the
+// metrics. until is when the leases stop being usable: nothing read under
+// them is published after it.
+//
+// The read runs on soft: a stop ends it. Publishing and recording run on
+// hard, so that a soft stop still finishes the batch in flight and records
+// it. The returned error is the read's; publish and record failures are in
+// the result.
+func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, until time.Time) (stepResult, error) {
+	// A read that outlives the lease is of no use, so it is bounded by it.
+	fctx, cancel := context.WithDeadline(soft, until)
+	recs, err := r.ex.Fetch(fctx, r.fetchParams(fence))
+	cancel()
+	if err != nil || len(recs) == 0 {
+		return stepResult{}, err
+	}
+	began := time.Now()
+	deadline := began.Add(r.cfg.BatchDeadline)
+	if until.Before(deadline) {
+		deadline = until
+	}
+	out := r.publish(hard, deadline, recs)
+	res, rep := r.record(hard, fence, recs, out)
+	if m := r.cfg.Metrics; m != nil {
+		rep.Duration = time.Since(began)
+		m.RelayBatch(rep)
+	}
+	return res, nil
+}
+
+// fetchParams selects the next batch under fence: always from the start of
+// its partitions in seq order. A lower bound carried from the previous read would skip a row
+// that committed late with a lower seq than rows already read, and
+// publish its key's later rows before it (G4); under a held snapshot the
+// read therefore walks the index entries of rows already moved out, which
+// the relay reports (see checkSnapshots).
+func (r *relay) fetchParams(fence postboxdriver.Fence) postboxdriver.FetchParams {
+	return postboxdriver.FetchParams{Fence: fence, Limit: r.cfg.BatchSize, BlockOnDead: r.cfg.BlockOnDead, Topics: r.topics}
+}
+
+type batchResult struct {
+	published []int64
+	ackedAt   []time.Time // parallel to published; with metrics only
+	failed    []postboxdriver.Failure
+	infra     error
+}
+
+type outcome struct {
+	i   int
+	err error
+}
+
+// publish sends recs with at most PublishWindow outstanding, each keyed
+// message only after its predecessor in the batch was acknowledged. A
+// message failure ends its key's chain for this batch (the rest stay
+// pending and wait behind its backoff); an infrastructure failure stops
+// new publishes, and what is outstanding at the deadline is abandoned:
+// those rows stay pending and are published again later.
+func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxdriver.Record) batchResult {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+
+	next := make([]int, len(recs))
+	last := make(map[string]int)
+	ready := make([]int, 0, len(recs))
+	for i := range recs {
+		next[i] = -1
+		k := recs[i].Key
+		if k == "" {
+			ready = append(ready, i)
+			continue
+		}
+		if j, ok := last[k]; ok {
+			next[j] = i
+		} else {
+			ready = append(ready, i)
+		}
+		last[k] = i
+	}
+
+	var res batchResult
+	// Buffered for every record, so a publisher that calls done after the
+	// batch is abandoned never blocks.
+	results := make(chan outcome, len(recs))
+	inflight, head := 0, 0
+	settle := func(o outcome) {
+		inflight--
+		switch {
+		case o.err == nil:
+			res.published = append(res.published, recs[o.i].Seq)
+			if r.cfg.Metrics != nil {
+				res.ackedAt = append(res.ackedAt, time.Now())
+			}
+			if n := next[o.i]; n >= 0 {
+				ready = append(ready, n)
+			}
+		case IsMessageError(o.err):
+			res.failed = append(res.failed, r.failure(&recs[o.i], o.err))
+		case res.infra == nil:
+			res.infra = o.err
+		}
+	}
+	for {
+		for res.infra == nil && head < len(ready) && ctx.Err() == nil {
+			// A window token, without waiting while this batch has
+			// publishes outstanding: their acks may be what frees one.
+			if inflight > 0 {
+				select {
+				case r.window <- struct{}{}:
+				default:
+					goto wait
+				}
+			} else {
+				select {
+				case r.window <- struct{}{}:
+				case <-ctx.Done():
+					continue
+				}
+			}
+			i := ready[head]
+			head++
+			env, err := r.envelope(&recs[i])
+			if err != nil {
+				<-r.window
+				res.failed = append(res.failed, r.failure(&recs[i], err))
+				continue
+			}
+			inflight++
+			var once atomic.Bool
+			var end func(error)
+			if r.cfg.Tracer != nil {
+				end = r.cfg.Tracer.StartPublish(ctx, env)
+			}
+			r.pub.Publish(ctx, env, func(err error) {
+				if once.CompareAndSwap(false, true) {
+					<-r.window // free the slot at once, for every lane
+					if end != nil {
+						end(err)
+					}
+					results <- outcome{i, err}
+				}
+			})
+		}
+	wait:
+		if inflight == 0 {
+			if res.infra == nil && ctx.Err() != nil && head < len(ready) {
+				res.infra = fmt.Errorf("batch deadline passed: %w", ctx.Err())
+			}
+			return res
+		}
+		select {
+		case o := <-results:
+			settle(o)
+		case <-ctx.Done():
+			if res.infra == nil {
+				res.infra = fmt.Errorf("batch deadline passed with %d publishes unacknowledged: %w", inflight, ctx.Err())
+			}
+			// The abandoned publishes keep their tokens until the
+			// publisher gives up on them, which it must when ctx ends.
+			return res
+		}
+	}
+}
+
+func (r *relay) envelope(rec *postboxdriver.Record) (*Envelope, error) {
+	h, err := DecodeHeaders(rec.Headers)
+	if err != nil {
+		return nil, NewMessageError(err)
+	}
+	h[HeaderSpecVersion] = "1.0"
+	h[HeaderID] = rec.ID
+	h[HeaderType] = rec.Topic
+	if h[HeaderSource] == "" {
+		h[HeaderSource] = r.cfg.Source
+	}
+	if h[HeaderTime] == "" {
+		h[HeaderTime] = rec.CreatedAt.UTC().Format(time.RFC3339Nano)
+	}
+	if rec.Key != "" {
+		h[HeaderPartitionKey] = rec.Key
+	}
+	return &Envelope{
+		ID: rec.ID, Topic: rec.Topic, Key: rec.Key, Payload: rec.Payload, Headers: h,
+		CreatedAt: rec.CreatedAt, Attempt: rec.Attempts + 1,
+	}, nil
+}
+
+func (r *relay) failure(rec *postboxdriver.Record, err error) postboxdriver.Failure {
+	return postboxdriver.Failure{Seq: rec.Seq, Error: truncate(err.Error(), maxErrorBytes), Backoff: backoff(rec.Attempts, r.cfg.BackoffBase, r.cfg.BackoffMax)}
+}
+
+// record writes the batch's outcome back, fenced. It runs on the hard
+// context so a soft Stop still records a finished batch; after a hard stop
+// it gets a short budget of its own, since every acknowledged row it fails
+// to mark is published again. With metrics on it also returns the batch's
+// report, counted per topic.
+func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, recs []postboxdriver.Record, out batchResult) (stepResult, *BatchReport) {
+	var cancel context.CancelFunc
+	if ctx.Err() != nil {
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
+	} else {
+		// A mark stuck on a stalled connection for a whole lease is
+		// given up: its rows stay pending, and whoever holds their
+		// partitions next sends them again.
+		ctx, cancel = context.WithTimeout(ctx, r.cfg.LeaseDuration)
+	}
+	defer cancel()
+	res := stepResult{read: len(recs), failed: len(out.failed), infra: out.infra}
+	var rep *BatchReport
+	var bySeq map[int64]*postboxdriver.Record
+	if r.cfg.Metrics != nil {
+		rep = &BatchReport{Relay: r.id, Size: len(recs), Infrastructure: out.infra,
+			Published: map[string]int{}, Failed: map[string]int{}, Dead: map[string]int{}}
+		bySeq = make(map[int64]*postboxdriver.Record, len(recs))
+		for i := range recs {
+			bySeq[recs[i].Seq] = &recs[i]
+		}
+	}
+	var errs []error
+	if len(out.published) > 0 {
+		n, err := r.ex.MarkPublished(ctx, fence, out.published)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("mark %d published rows (they will be published again): %w", len(out.published), err))
+		case n < len(out.published):
+			res.fencedOut = len(out.published) - n
+			r.log.Warn("postbox relay lost marks to fencing: its lease moved on, the new owner publishes these again",
+				slog.Int("lost", res.fencedOut))
+		}
+		if err == nil {
+			res.published = n
+			if rep != nil {
+				rep.FencedOut = res.fencedOut
+				for i, seq := range out.published {
+					rec := bySeq[seq]
+					rep.Published[rec.Topic]++
+					rep.Lag = append(rep.Lag, out.ackedAt[i].Sub(rec.CreatedAt))
+				}
+			}
+		}
+	}
+	if len(out.failed) > 0 {
+		frs, err := r.ex.MarkFailed(ctx, fence, out.failed, r.cfg.MaxAttempts)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("record %d failed publishes: %w", len(out.failed), err))
+		}
+		for _, fr := range frs {
+			if rep != nil {
+				rep.Failed[bySeq[fr.Seq].Topic]++
+			}
+			if fr.Dead {
+				res.dead++
+				if rep != nil {
+					rep.Dead[bySeq[fr.Seq].Topic]++
+				}
+				r.log.Warn("postbox message dead after its attempt budget", slog.Int64("seq", fr.Seq), slog.Int("attempts", fr.Attempts))
+			}
+		}
+	}
+	res.markErr = errors.Join(errs...)
+	return res, rep
+}
