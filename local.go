@@ -35,9 +35,9 @@ func NewLocalHandlers() *LocalHandlers {
 	return &LocalHandlers{handlers: map[string]LocalFunc{}}
 }
 
-// Handle registers fn for topic, replacing any earlier one. It returns a
+// Register registers fn for topic, replacing any earlier one. It returns a
 // *ValidationError for an invalid topic.
-func (l *LocalHandlers) Handle(topic string, fn LocalFunc) error {
+func (l *LocalHandlers) Register(topic string, fn LocalFunc) error {
 	if err := ValidateTopic(topic); err != nil {
 		return err
 	}

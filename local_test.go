@@ -20,7 +20,7 @@ func TestLocalHandlers(t *testing.T) {
 	var mu sync.Mutex
 	got := map[string][]string{}
 	calls := 0
-	if err := local.Handle("orders.paid", func(_ context.Context, env *postbox.Envelope) error {
+	if err := local.Register("orders.paid", func(_ context.Context, env *postbox.Envelope) error {
 		mu.Lock()
 		defer mu.Unlock()
 		calls++
@@ -38,7 +38,7 @@ func TestLocalHandlers(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ve *postbox.ValidationError
-	if err := local.Handle("bad topic", func(context.Context, *postbox.Envelope) error { return nil }); !errors.As(err, &ve) {
+	if err := local.Register("bad topic", func(context.Context, *postbox.Envelope) error { return nil }); !errors.As(err, &ve) {
 		t.Fatalf("bad topic: %v", err)
 	}
 	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: local, MaxAttempts: 2, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond})
