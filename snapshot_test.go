@@ -9,7 +9,6 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/testdb"
-	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
 
@@ -46,29 +45,5 @@ func TestStatusReportsHeldSnapshot(t *testing.T) {
 	}
 	if h.PID == pid && h.State != "idle in transaction" {
 		t.Fatalf("our transaction's state = %q, want idle in transaction", h.State)
-	}
-}
-
-func TestStatusHasNoHeldSnapshotOnSQLite(t *testing.T) {
-	d := testdb.SQLiteDriver(t)
-	ctx := context.Background()
-	m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: "postbox_"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
-	client, err := postbox.NewClient(d, &postbox.Config{Prefix: "postbox_"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin := client.Admin()
-	st, err := admin.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.HeldSnapshot != nil {
-		t.Fatalf("HeldSnapshot = %+v on SQLite", st.HeldSnapshot)
 	}
 }

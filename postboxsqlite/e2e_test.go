@@ -174,3 +174,20 @@ func TestDurabilityWarnings(t *testing.T) {
 		}
 	}
 }
+
+func TestStatusHasNoHeldSnapshotOnSQLite(t *testing.T) {
+	f := migrated(t)
+	ctx := context.Background()
+	client, err := postbox.NewClient(f.d, &postbox.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := client.Admin()
+	st, err := admin.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.HeldSnapshot != nil {
+		t.Fatalf("HeldSnapshot = %+v on SQLite", st.HeldSnapshot)
+	}
+}

@@ -1,4 +1,4 @@
-package postbox_test
+package postboxdrivertest
 
 import (
 	"context"
@@ -8,10 +8,6 @@ import (
 	"time"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/testdb"
-	"github.com/postbox-go/postbox/postboxdriver"
-	"github.com/postbox-go/postbox/postboxmigrate"
-	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxtest"
 )
 
@@ -32,25 +28,9 @@ var sqlInjections = []string{
 // topics are refused with a typed error; keys, actors, consumers and
 // payloads travel as parameters, match nothing they should not, and come
 // back as written; no table loses a row.
-func TestSQLInjection(t *testing.T) {
-	t.Run("postgres", func(t *testing.T) {
-		pool, prefix := testdb.Migrated(t)
-		injectionSuite(t, postboxpgx.New(pool), prefix)
-	})
-	t.Run("sqlite", func(t *testing.T) {
-		d := testdb.SQLiteDriver(t)
-		m, err := postboxmigrate.New(d, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := m.Up(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		injectionSuite(t, d, postbox.DefaultPrefix)
-	})
-}
-
-func injectionSuite[TTx any](t *testing.T, d postboxdriver.Driver[TTx], prefix string) {
+func (s *suite[TTx]) sqlInjection(t *testing.T) {
+	e := s.setup(t)
+	d, prefix := e.d, e.prefix
 	ctx := context.Background()
 	broker := postboxtest.NewBroker(nil)
 	client, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: broker})
@@ -61,21 +41,21 @@ func injectionSuite[TTx any](t *testing.T, d postboxdriver.Driver[TTx], prefix s
 	expand := func(s string) string { return strings.ReplaceAll(s, "{p}", prefix) }
 
 	// Prefixes are identifiers spliced into SQL: refused before any use.
-	for _, s := range sqlInjections {
+	for _, inj := range sqlInjections {
 		var ve *postbox.ValidationError
-		if _, err := postbox.NewClient(d, &postbox.Config{Prefix: expand(s), Publisher: broker}); !errors.As(err, &ve) && !isConfigError(err) {
-			t.Errorf("prefix %q: %v, want a typed error", s, err)
+		if _, err := postbox.NewClient(d, &postbox.Config{Prefix: expand(inj), Publisher: broker}); !errors.As(err, &ve) && !isConfigError(err) {
+			t.Errorf("prefix %q: %v, want a typed error", inj, err)
 		}
-		if _, err := postboxtest.ExpireLeases(ctx, d, expand(s)); err == nil {
-			t.Errorf("ExpireLeases took prefix %q", s)
+		if _, err := postboxtest.ExpireLeases(ctx, d, expand(inj)); err == nil {
+			t.Errorf("ExpireLeases took prefix %q", inj)
 		}
 		// Topics are refused at write time and as filters.
-		err := client.Write(ctx, postbox.Message{Topic: expand(s)})
+		err := client.Write(ctx, postbox.Message{Topic: expand(inj)})
 		if !errors.As(err, &ve) {
-			t.Errorf("topic %q: %v, want *ValidationError", s, err)
+			t.Errorf("topic %q: %v, want *ValidationError", inj, err)
 		}
-		if _, err := admin.ListDead(ctx, postbox.DeadFilter{Topic: expand(s)}); !errors.As(err, &ve) {
-			t.Errorf("dead filter topic %q: %v, want *ValidationError", s, err)
+		if _, err := admin.ListDead(ctx, postbox.DeadFilter{Topic: expand(inj)}); !errors.As(err, &ve) {
+			t.Errorf("dead filter topic %q: %v, want *ValidationError", inj, err)
 		}
 	}
 
@@ -83,16 +63,16 @@ func injectionSuite[TTx any](t *testing.T, d postboxdriver.Driver[TTx], prefix s
 	// written, or refused whole with a typed error (a NUL byte).
 	var msgs []postbox.Message
 	accepted := map[string]bool{}
-	for _, s := range sqlInjections {
-		m := postbox.Message{Topic: "orders.paid", Key: expand(s), Payload: []byte(expand(s)), Headers: map[string]string{"x-note": expand(s)}}
+	for _, inj := range sqlInjections {
+		m := postbox.Message{Topic: "orders.paid", Key: expand(inj), Payload: []byte(expand(inj)), Headers: map[string]string{"x-note": expand(inj)}}
 		err := client.Write(ctx, m)
 		var ve *postbox.ValidationError
 		switch {
 		case err == nil:
 			msgs = append(msgs, m)
-			accepted[s] = true
+			accepted[inj] = true
 		case !errors.As(err, &ve):
-			t.Fatalf("write key %q: %v, want success or *ValidationError", s, err)
+			t.Fatalf("write key %q: %v, want success or *ValidationError", inj, err)
 		}
 	}
 	if len(msgs) < len(sqlInjections)-1 {
@@ -115,23 +95,23 @@ func injectionSuite[TTx any](t *testing.T, d postboxdriver.Driver[TTx], prefix s
 	}
 
 	// Filters and free text reach SQL as parameters: they match nothing.
-	for _, s := range sqlInjections {
-		if !accepted[s] {
+	for _, inj := range sqlInjections {
+		if !accepted[inj] {
 			continue
 		}
-		s = expand(s)
-		if ds, err := admin.ListDead(ctx, postbox.DeadFilter{Key: s}); err != nil || len(ds) != 0 {
-			t.Errorf("dead filter key %q: %d rows, %v", s, len(ds), err)
+		v := expand(inj)
+		if ds, err := admin.ListDead(ctx, postbox.DeadFilter{Key: v}); err != nil || len(ds) != 0 {
+			t.Errorf("dead filter key %q: %d rows, %v", v, len(ds), err)
 		}
-		if n, err := admin.DeleteDead(ctx, postbox.DeadSelection{DeadFilter: postbox.DeadFilter{Key: s}}); err != nil || n != 0 {
-			t.Errorf("delete dead by key %q: %d, %v", s, n, err)
+		if n, err := admin.DeleteDead(ctx, postbox.DeadSelection{DeadFilter: postbox.DeadFilter{Key: v}}); err != nil || n != 0 {
+			t.Errorf("delete dead by key %q: %d, %v", v, n, err)
 		}
 		now := time.Now()
-		if n, err := admin.Replay(ctx, postbox.ReplayRequest{Since: now.Add(-time.Hour), Until: now.Add(time.Minute), Key: s + "-none", Actor: s, DryRun: true}); err != nil || n != 0 {
-			t.Errorf("replay by key %q: %d, %v", s, n, err)
+		if n, err := admin.Replay(ctx, postbox.ReplayRequest{Since: now.Add(-time.Hour), Until: now.Add(time.Minute), Key: v + "-none", Actor: v, DryRun: true}); err != nil || n != 0 {
+			t.Errorf("replay by key %q: %d, %v", v, n, err)
 		}
-		if ls, err := inbox.ListDead(ctx, postbox.DeadFilter{Consumer: s}); err == nil && len(ls) != 0 {
-			t.Errorf("inbox dead letters for consumer %q: %d rows", s, len(ls))
+		if ls, err := inbox.ListDead(ctx, postbox.DeadFilter{Consumer: v}); err == nil && len(ls) != 0 {
+			t.Errorf("consumers' dead messages for consumer %q: %d rows", v, len(ls))
 		}
 	}
 	audits, err := admin.Replays(ctx, 100)
@@ -142,9 +122,9 @@ func injectionSuite[TTx any](t *testing.T, d postboxdriver.Driver[TTx], prefix s
 	for _, a := range audits {
 		actors[a.Actor] = true
 	}
-	for _, s := range sqlInjections {
-		if accepted[s] && !actors[expand(s)] {
-			t.Errorf("the audit does not hold actor %q as written", expand(s))
+	for _, inj := range sqlInjections {
+		if accepted[inj] && !actors[expand(inj)] {
+			t.Errorf("the audit does not hold actor %q as written", expand(inj))
 		}
 	}
 
