@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/postbox-go/postbox/internal/bench"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/bench"
 )
 
 func init() { benchCommands = append(benchCommands, newBenchRSS) }

@@ -3,7 +3,7 @@ package main
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/postbox-go/postbox/internal/demo"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/demo"
 )
 
 func newDemo() *cobra.Command {

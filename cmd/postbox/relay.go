@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/postbox-go/postbox/internal/relayd"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
 )
 
 func newRelay() *cobra.Command {

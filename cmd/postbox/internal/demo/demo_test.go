@@ -9,7 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/postbox-go/postbox/internal/demo"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/demo"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

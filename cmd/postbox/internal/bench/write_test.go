@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postbox-go/postbox/internal/bench"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/bench"
 )
 
 // A short write benchmark: both phases of every case run, and the tables

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postbox-go/postbox/internal/bench"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/bench"
 )
 
 // A short latency run at a low rate, in both writing modes: every message

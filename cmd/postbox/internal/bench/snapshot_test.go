@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postbox-go/postbox/internal/bench"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/bench"
 )
 
 // A short held-snapshot study: every phase is sampled, the holder shows up

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/postbox-go/postbox/internal/bench"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/bench"
 )
 
 // A tiny history run, so the benchmark's own checks (every fetch finds

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postbox-go/postbox/internal/bench"
-	"github.com/postbox-go/postbox/internal/relayd"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/bench"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
 )
 
 // TestRelayDaemonHelper is the relay daemon when the test binary runs

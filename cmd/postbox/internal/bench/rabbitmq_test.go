@@ -3,7 +3,7 @@ package bench_test
 import (
 	"testing"
 
-	"github.com/postbox-go/postbox/internal/bench"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/bench"
 	"github.com/postbox-go/postbox/internal/testdb"
 )
 

@@ -5,7 +5,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/postbox-go/postbox/internal/bench"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/bench"
 )
 
 // Small consumer benchmarks, one transaction per message and batched, so

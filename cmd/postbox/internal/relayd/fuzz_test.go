@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/relayd"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
 )
 
 // Any bytes as a configuration file: no panic, and either a parse error,

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postbox-go/postbox/internal/bench"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/bench"
 )
 
 // A short NOTIFY study: every mode runs in every run, and the listener
