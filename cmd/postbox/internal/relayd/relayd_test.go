@@ -21,8 +21,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/natsembed"
 	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
+	"github.com/postbox-go/postbox/internal/natsembed"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxamqp"
 	"github.com/postbox-go/postbox/postboxkafka"
