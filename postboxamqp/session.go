@@ -11,7 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/brokerutil"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // session is one connection with one channel in confirm mode. Its reader
@@ -349,7 +349,7 @@ func (s *session) unroutable(f *flight) error {
 		}
 		return nil
 	}
-	return postbox.NewMessageError(fmt.Errorf("postboxamqp: publish %s: %w: exchange %q, routing key %q: %s", f.id, ErrUnroutable, s.p.cfg.Exchange, brokerutil.Shorten(f.key), f.returned))
+	return postbox.NewMessageError(fmt.Errorf("postboxamqp: publish %s: %w: exchange %q, routing key %q: %s", f.id, ErrUnroutable, s.p.cfg.Exchange, pubkit.Shorten(f.key), f.returned))
 }
 
 // die fails every flight left once the channel closed with cause (nil for

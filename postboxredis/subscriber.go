@@ -17,7 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/brokerutil"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // Timings of a Run that are not configurable.
@@ -149,7 +149,7 @@ func uniqueConsumer() string {
 			return '_'
 		}
 		return r
-	}, brokerutil.Shorten(host))
+	}, pubkit.Shorten(host))
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
@@ -405,7 +405,7 @@ func (r *run) ack(entryID string) error {
 		ctx, cancel := context.WithTimeout(base, ackTimeout)
 		err = r.s.client.XAck(ctx, r.s.cfg.Stream, r.s.cfg.Group, entryID).Err()
 		cancel()
-		if err == nil || Classify(err) == Message || redis.HasErrorPrefix(err, "NOGROUP") {
+		if err == nil || isMessageFault(err) || redis.HasErrorPrefix(err, "NOGROUP") {
 			break
 		}
 	}
