@@ -36,27 +36,6 @@ var (
 // and of every Publish after it.
 var ErrClosed = errors.New("postboxnats: publisher closed")
 
-// fault is how a publish error counts for the relay.
-type fault int
-
-const (
-	// infraFault: the broker could not be reached or did not answer in
-	// time. The relay spends no attempt, keeps the message pending and
-	// pauses.
-	infraFault fault = iota
-	// messageFault: the message itself was refused (too large, an invalid
-	// subject or header, no stream for its subject). The Publisher wraps
-	// the error with postbox.NewMessageError; the relay spends one
-	// attempt and backs the message off.
-	messageFault
-	// unconfirmedFault: nothing answered the publish. If no stream
-	// captures the subject this is a message failure; if the lookup
-	// cannot tell (or a stream exists but is not answering) it is
-	// infrastructure. The Publisher settles it with a stream lookup
-	// before calling done.
-	unconfirmedFault
-)
-
 // messageAPIErrors are the JetStream error codes, returned in a PubAck, that
 // are caused by the message and would be returned again for the same
 // message: retrying it soon cannot help, so it must spend an attempt
@@ -100,40 +79,40 @@ const storeFailed jetstream.ErrorCode = 10077
 // classify tells how err, returned by a JetStream publish, counts for
 // the relay. err must not be nil.
 //
-//   - messageFault: what pubkit.MessageFault knows as the message's
+//   - pubkit.Message: what pubkit.MessageFault knows as the message's
 //     (postbox.MessageError); ErrNoStream, ErrInvalidSubject,
 //     ErrInvalidHeader, ErrNoID; nats.ErrMaxPayload (payload and headers
 //     over the server's max_payload), nats.ErrBadSubject,
 //     nats.ErrBadHeaderMsg, jetstream.ErrInvalidSubject; and the
 //     JetStream API errors in a PubAck that the message causes (over the
 //     stream's max_msg_size, expected stream mismatch, sealed stream, ...).
-//   - unconfirmedFault: jetstream.ErrNoStreamResponse and
+//   - pubkit.Unconfirmed (a stream lookup settles it): jetstream.ErrNoStreamResponse and
 //     nats.ErrNoResponders.
-//   - infraFault: everything else: context errors, timeouts
+//   - pubkit.Infra: everything else: context errors, timeouts
 //     (jetstream.ErrAsyncPublishTimeout, nats.ErrTimeout), nats.ErrDisconnected,
 //     nats.ErrConnectionClosed, jetstream.ErrJetStreamNotEnabled, ErrClosed,
 //     and unknown errors.
-func classify(err error) fault {
+func classify(err error) pubkit.Fault {
 	if message, known := pubkit.MessageFault(err, ErrNoStream, ErrInvalidSubject, ErrInvalidHeader, ErrNoID,
 		nats.ErrMaxPayload, nats.ErrBadSubject, nats.ErrBadHeaderMsg, jetstream.ErrInvalidSubject); known {
 		if message {
-			return messageFault
+			return pubkit.Message
 		}
-		return infraFault
+		return pubkit.Infra
 	}
 	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
-		return unconfirmedFault
+		return pubkit.Unconfirmed
 	}
 	var api *jetstream.APIError
 	if errors.As(err, &api) {
 		if messageAPIErrors[api.ErrorCode] {
-			return messageFault
+			return pubkit.Message
 		}
 		if api.ErrorCode == storeFailed && strings.Contains(api.Description, "message too large") {
-			return messageFault
+			return pubkit.Message
 		}
 	}
-	return infraFault
+	return pubkit.Infra
 }
 
 // MaxSubjectBytes caps a subject's length. A publish's subject travels in

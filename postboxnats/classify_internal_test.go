@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 func TestClassify(t *testing.T) {
@@ -21,46 +22,46 @@ func TestClassify(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		err  error
-		want fault
+		want pubkit.Fault
 	}{
-		{"already a message error", postbox.NewMessageError(io.EOF), messageFault},
-		{"context canceled", context.Canceled, infraFault},
-		{"context deadline, wrapped", wrap(context.DeadlineExceeded), infraFault},
-		{"over max_payload", nats.ErrMaxPayload, messageFault},
-		{"over max_payload, wrapped", wrap(nats.ErrMaxPayload), messageFault},
-		{"client: bad subject", nats.ErrBadSubject, messageFault},
-		{"client: bad header", nats.ErrBadHeaderMsg, messageFault},
-		{"jetstream: invalid subject", jetstream.ErrInvalidSubject, messageFault},
-		{"invalid subject", ErrInvalidSubject, messageFault},
-		{"invalid header", ErrInvalidHeader, messageFault},
-		{"no id", ErrNoID, messageFault},
-		{"no stream, confirmed", wrap(ErrNoStream), messageFault},
-		{"no stream response", jetstream.ErrNoStreamResponse, unconfirmedFault},
-		{"no responders", nats.ErrNoResponders, unconfirmedFault},
-		{"no responders, wrapped", wrap(nats.ErrNoResponders), unconfirmedFault},
-		{"stream max_msg_size", api(10054, "message size exceeds maximum allowed"), messageFault},
-		{"stream max_msg_size, sentinel", jetstream.ErrStreamMessageExceedsMaximum, messageFault},
-		{"header over 64k", api(10097, "header size exceeds maximum allowed of 64k"), messageFault},
-		{"expected stream mismatch", wrap(api(10060, "expected stream does not match")), messageFault},
-		{"sealed stream", api(10109, "invalid operation on sealed stream"), messageFault},
-		{"file store record too large", api(10077, "message too large"), messageFault},
-		{"stream full, discard new", api(10077, "maximum messages exceeded"), infraFault},
-		{"stream bytes full", api(10077, "maximum bytes exceeded"), infraFault},
-		{"insufficient resources", api(10023, "insufficient resources"), infraFault},
-		{"duplicate in process", api(10158, "duplicate message id is in process"), infraFault},
-		{"too many requests", api(10167, "too many requests"), infraFault},
-		{"stream offline", api(10118, "stream is offline"), infraFault},
-		{"jetstream not enabled", jetstream.ErrJetStreamNotEnabled, infraFault},
-		{"ack timeout", jetstream.ErrAsyncPublishTimeout, infraFault},
-		{"request timeout", nats.ErrTimeout, infraFault},
-		{"disconnected", nats.ErrDisconnected, infraFault},
-		{"connection closed", nats.ErrConnectionClosed, infraFault},
-		{"jetstream: connection closed", jetstream.ErrConnectionClosed, infraFault},
-		{"reconnect buffer full", nats.ErrReconnectBufExceeded, infraFault},
-		{"invalid ack", jetstream.ErrInvalidJSAck, infraFault},
-		{"publisher closed", ErrClosed, infraFault},
-		{"client context closed", jetstream.ErrJetStreamPublisherClosed, infraFault},
-		{"unknown", errors.New("something odd"), infraFault},
+		{"already a message error", postbox.NewMessageError(io.EOF), pubkit.Message},
+		{"context canceled", context.Canceled, pubkit.Infra},
+		{"context deadline, wrapped", wrap(context.DeadlineExceeded), pubkit.Infra},
+		{"over max_payload", nats.ErrMaxPayload, pubkit.Message},
+		{"over max_payload, wrapped", wrap(nats.ErrMaxPayload), pubkit.Message},
+		{"client: bad subject", nats.ErrBadSubject, pubkit.Message},
+		{"client: bad header", nats.ErrBadHeaderMsg, pubkit.Message},
+		{"jetstream: invalid subject", jetstream.ErrInvalidSubject, pubkit.Message},
+		{"invalid subject", ErrInvalidSubject, pubkit.Message},
+		{"invalid header", ErrInvalidHeader, pubkit.Message},
+		{"no id", ErrNoID, pubkit.Message},
+		{"no stream, confirmed", wrap(ErrNoStream), pubkit.Message},
+		{"no stream response", jetstream.ErrNoStreamResponse, pubkit.Unconfirmed},
+		{"no responders", nats.ErrNoResponders, pubkit.Unconfirmed},
+		{"no responders, wrapped", wrap(nats.ErrNoResponders), pubkit.Unconfirmed},
+		{"stream max_msg_size", api(10054, "message size exceeds maximum allowed"), pubkit.Message},
+		{"stream max_msg_size, sentinel", jetstream.ErrStreamMessageExceedsMaximum, pubkit.Message},
+		{"header over 64k", api(10097, "header size exceeds maximum allowed of 64k"), pubkit.Message},
+		{"expected stream mismatch", wrap(api(10060, "expected stream does not match")), pubkit.Message},
+		{"sealed stream", api(10109, "invalid operation on sealed stream"), pubkit.Message},
+		{"file store record too large", api(10077, "message too large"), pubkit.Message},
+		{"stream full, discard new", api(10077, "maximum messages exceeded"), pubkit.Infra},
+		{"stream bytes full", api(10077, "maximum bytes exceeded"), pubkit.Infra},
+		{"insufficient resources", api(10023, "insufficient resources"), pubkit.Infra},
+		{"duplicate in process", api(10158, "duplicate message id is in process"), pubkit.Infra},
+		{"too many requests", api(10167, "too many requests"), pubkit.Infra},
+		{"stream offline", api(10118, "stream is offline"), pubkit.Infra},
+		{"jetstream not enabled", jetstream.ErrJetStreamNotEnabled, pubkit.Infra},
+		{"ack timeout", jetstream.ErrAsyncPublishTimeout, pubkit.Infra},
+		{"request timeout", nats.ErrTimeout, pubkit.Infra},
+		{"disconnected", nats.ErrDisconnected, pubkit.Infra},
+		{"connection closed", nats.ErrConnectionClosed, pubkit.Infra},
+		{"jetstream: connection closed", jetstream.ErrConnectionClosed, pubkit.Infra},
+		{"reconnect buffer full", nats.ErrReconnectBufExceeded, pubkit.Infra},
+		{"invalid ack", jetstream.ErrInvalidJSAck, pubkit.Infra},
+		{"publisher closed", ErrClosed, pubkit.Infra},
+		{"client context closed", jetstream.ErrJetStreamPublisherClosed, pubkit.Infra},
+		{"unknown", errors.New("something odd"), pubkit.Infra},
 	} {
 		if got := classify(tc.err); got != tc.want {
 			t.Errorf("%s: classify(%v) = %d, want %d", tc.name, tc.err, got, tc.want)

@@ -269,9 +269,9 @@ func (p *Publisher) failed(_ jetstream.JetStream, m *nats.Msg, err error) {
 func (p *Publisher) resolve(f *flight, err error) {
 	f.Stop()
 	switch classify(err) {
-	case messageFault:
+	case pubkit.Message:
 		f.Finish(postbox.NewMessageError(fmt.Errorf("postboxnats: publish %s on %q: %w", f.id, f.subject, err)))
-	case unconfirmedFault:
+	case pubkit.Unconfirmed:
 		p.confirm(f, err)
 	default:
 		f.Finish(fmt.Errorf("postboxnats: publish %s on %q: %w", f.id, f.subject, err))

@@ -34,3 +34,23 @@ func MessageFault(err error, causes ...error) (message, known bool) {
 	}
 	return false, false
 }
+
+// Fault is how a publish error counts for the relay, for an adapter
+// that cannot always tell at once.
+type Fault int
+
+const (
+	// Infra: the broker could not be reached, did not answer in time, or
+	// is in a state that passes. The relay spends no attempt, keeps the
+	// message pending and pauses.
+	Infra Fault = iota
+	// Message: the message itself was refused. The adapter wraps the
+	// error with postbox.NewMessageError; the relay spends one attempt
+	// and backs the message off.
+	Message
+	// Unconfirmed: the broker did not know the message's destination
+	// (stream, topic). Whether it exists is the question: the adapter
+	// asks the broker before it calls done, and reports a message failure
+	// only when the broker confirms that it does not.
+	Unconfirmed
+)
