@@ -358,7 +358,7 @@ func (r *run) dispatch(msg jetstream.Msg) {
 		}()
 		return
 	}
-	r.keys.arrive(&entry{key: d.Key, seq: seq, msg: msg, d: d, touched: time.Now()})
+	r.keys.arrive(d.Key, seq, &entry{msg: msg, d: d, touched: time.Now()})
 }
 
 // process hands d to the processor and settles msg as the verdict says;

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/keyorder"
 	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
@@ -127,7 +128,7 @@ func (s *Subscriber) Run(ctx context.Context, p postbox.Processor) error {
 		s: s, ctx: runCtx, p: p, consumer: consumer,
 		sem:  make(chan struct{}, s.cfg.MaxInFlight),
 		held: map[string]*entry{},
-		keys: map[string]*keyQueue{},
+		keys: keyorder.New[*entry](s.cfg.MaxInFlight, markersPerPlace*s.cfg.MaxInFlight),
 	}
 	r.bg.Add(1)
 	go r.maintain()
@@ -168,11 +169,9 @@ type run struct {
 	bg   sync.WaitGroup // the maintenance goroutine
 	work sync.WaitGroup // processing goroutines and retry timers
 
-	mu      sync.Mutex
-	held    map[string]*entry    // by entry id
-	keys    map[string]*keyQueue // PerKey: queues of keyed entries, by key
-	queued  int                  // PerKey: entries queued behind their key, fields in memory
-	markers int                  // PerKey: entries queued behind their key, fields dropped
+	mu   sync.Mutex
+	held map[string]*entry       // by entry id
+	keys *keyorder.Order[*entry] // PerKey: the lines of keyed entries, by stream id
 }
 
 // reserve waits for a free token and takes up to MaxInFlight free ones;
