@@ -152,16 +152,8 @@ func (p *Publisher) Pending() int { return p.kit.Window().Pending() }
 // lanes); it blocks while MaxPending publishes are unsettled, until ctx
 // ends.
 func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done func(error)) {
-	if err := ctx.Err(); err != nil {
-		done(err)
-		return
-	}
-	f, err := p.flight(env)
-	if err != nil {
-		done(postbox.NewMessageError(err))
-		return
-	}
-	if !p.kit.Enter(ctx, &f.Flight, done) {
+	f, ok := pubkit.Start(p.kit, ctx, env, done, p.flight)
+	if !ok {
 		return
 	}
 	// Registered before the send: the ack can arrive before
@@ -169,7 +161,7 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 	p.mu.Lock()
 	p.inflight[f.msg] = f
 	p.mu.Unlock()
-	_, err = p.js.PublishMsgAsync(f.msg)
+	_, err := p.js.PublishMsgAsync(f.msg)
 	p.kit.Leave()
 	if err != nil {
 		// The client failed the send itself (payload over max_payload,

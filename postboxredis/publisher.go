@@ -185,16 +185,8 @@ func (p *Publisher) Pending() int { return p.kit.Window().Pending() }
 // not block. Publish may be called from several goroutines at once; it
 // blocks while MaxPending publishes are unsettled, until ctx ends.
 func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done func(error)) {
-	if err := ctx.Err(); err != nil {
-		done(err)
-		return
-	}
-	r, err := p.request(env)
-	if err != nil {
-		done(postbox.NewMessageError(err))
-		return
-	}
-	if !p.kit.Enter(ctx, &r.Flight, done) {
+	r, ok := pubkit.Start(p.kit, ctx, env, done, p.request)
+	if !ok {
 		return
 	}
 	p.queue <- r // has room: every queued request holds a slot

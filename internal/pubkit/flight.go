@@ -21,6 +21,9 @@ type Flight struct {
 	held   atomic.Bool // holds weight slots of window
 }
 
+// Base returns f: a record that embeds Flight is a Record.
+func (f *Flight) Base() *Flight { return f }
+
 // Start sets the done to call with the outcome. It is called before the
 // flight is shared.
 func (f *Flight) Start(done func(error)) { f.done = done }

@@ -9,6 +9,8 @@ package pubkit
 import (
 	"context"
 	"sync"
+
+	"github.com/postbox-go/postbox"
 )
 
 // Kit is the lifecycle a Publisher shares with its publishes: whether it
@@ -63,6 +65,27 @@ func (k *Kit) Closed() bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.shut
+}
+
+// Record is an adapter's record of one publish; embedding Flight gives it
+// Base.
+type Record interface{ Base() *Flight }
+
+// Start is the start every Publish through k shares: it fails the
+// publish with ctx.Err() if ctx has ended, encodes env with encode
+// (failing it with a message failure wrapping encode's error), and
+// Enters the record's Flight. On true the gate is held, as after Enter.
+func Start[R Record](k *Kit, ctx context.Context, env *postbox.Envelope, done func(error), encode func(*postbox.Envelope) (R, error)) (r R, ok bool) {
+	if err := ctx.Err(); err != nil {
+		done(err)
+		return r, false
+	}
+	r, err := encode(env)
+	if err != nil {
+		done(postbox.NewMessageError(err))
+		return r, false
+	}
+	return r, k.Enter(ctx, r.Base(), done)
 }
 
 // Enter is the start every publish shares, once env

@@ -300,3 +300,44 @@ func TestMessageFault(t *testing.T) {
 		}
 	}
 }
+
+type testRecord struct {
+	Flight
+	id string
+}
+
+// TestStart: an ended context fails the publish as it is, an envelope
+// that cannot be encoded fails as a message failure, and one that can
+// enters the gate holding a slot.
+func TestStart(t *testing.T) {
+	k := New(1, errClosed)
+	encode := func(env *postbox.Envelope) (*testRecord, error) {
+		if env.ID == "" {
+			return nil, errors.New("no id")
+		}
+		return &testRecord{id: env.ID}, nil
+	}
+	var got error
+	done := func(err error) { got = err }
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, ok := Start(k, ctx, &postbox.Envelope{ID: "a"}, done, encode); ok || !errors.Is(got, context.Canceled) {
+		t.Fatalf("ended context: ok, got %v", got)
+	}
+	if _, ok := Start(k, context.Background(), &postbox.Envelope{}, done, encode); ok || !postbox.IsMessageError(got) {
+		t.Fatalf("bad envelope: got %v, want a message failure", got)
+	}
+	got = nil
+	r, ok := Start(k, context.Background(), &postbox.Envelope{ID: "a"}, done, encode)
+	if !ok || r.id != "a" || got != nil {
+		t.Fatalf("good envelope: ok %t, record %+v, done %v", ok, r, got)
+	}
+	k.Leave()
+	if n := k.Window().Pending(); n != 1 {
+		t.Fatalf("Pending = %d, want 1", n)
+	}
+	r.Settle(nil)
+	if n := k.Window().Pending(); n != 0 {
+		t.Fatalf("Pending = %d after the settle, want 0", n)
+	}
+}

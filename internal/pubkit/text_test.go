@@ -2,32 +2,25 @@ package pubkit
 
 import "testing"
 
-func TestPrintable(t *testing.T) {
-	for s, want := range map[string]bool{
-		"":              true,
-		"orders.créé":   true,
-		"tab\there":     false,
-		"new\nline":     false,
-		"del\x7f":       false,
-		"bad\xffutf8":   false,
-		"spaces are ok": true,
+func TestPrintableAndVisibleASCII(t *testing.T) {
+	for _, c := range []struct {
+		s                string
+		printable, ascii bool
+	}{
+		{"", true, false},
+		{"orders.créé", true, false},
+		{"spaces are ok", true, false},
+		{"abc-123_~", true, true},
+		{"tab\there", false, false},
+		{"new\nline", false, false},
+		{"del\x7f", false, false},
+		{"bad\xffutf8", false, false},
 	} {
-		if got := Printable(s); got != want {
-			t.Errorf("Printable(%q) = %t, want %t", s, got, want)
+		if got := Printable(c.s); got != c.printable {
+			t.Errorf("Printable(%q) = %t, want %t", c.s, got, c.printable)
 		}
-	}
-}
-
-func TestVisibleASCII(t *testing.T) {
-	for s, want := range map[string]bool{
-		"":          false,
-		"abc-123_~": true,
-		"a b":       false,
-		"é":         false,
-		"a\x7f":     false,
-	} {
-		if got := VisibleASCII(s); got != want {
-			t.Errorf("VisibleASCII(%q) = %t, want %t", s, got, want)
+		if got := VisibleASCII(c.s); got != c.ascii {
+			t.Errorf("VisibleASCII(%q) = %t, want %t", c.s, got, c.ascii)
 		}
 	}
 }
