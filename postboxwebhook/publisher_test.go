@@ -87,7 +87,7 @@ func TestConfigValidation(t *testing.T) {
 func TestClassification(t *testing.T) {
 	secret := newSecret(t)
 	cases := []struct {
-		codes []int
+		codes   []int
 		want    error // nil: acknowledged
 		message bool  // a message failure, else infrastructure
 	}{
