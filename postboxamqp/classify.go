@@ -1,17 +1,15 @@
 package postboxamqp
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/postbox-go/postbox"
 )
 
 // Errors this package reports as the cause of a message failure. The
-// Publisher wraps them with postbox.NewMessageError; errors.Is finds them
+// Publisher wraps them with postbox.NewMessageError where they arise, so
+// that postbox.IsMessageError tells them apart; errors.Is finds them
 // through that wrapper.
 var (
 	// ErrUnroutable means the broker returned the message (basic.return,
@@ -62,55 +60,6 @@ var (
 	// exchange exists, so it spends no attempts.
 	ErrNoExchange = errors.New("postboxamqp: exchange not found")
 )
-
-// Class is how a publish error counts for the relay.
-type Class int
-
-const (
-	// Infrastructure: the broker could not be reached, did not confirm in
-	// time, or is in a state that passes. The relay spends no attempt.
-	Infrastructure Class = iota
-	// Message: the message itself was refused. The relay spends one
-	// attempt and backs the message off.
-	Message
-)
-
-func (c Class) String() string {
-	switch c {
-	case Infrastructure:
-		return "infrastructure"
-	case Message:
-		return "message"
-	}
-	return fmt.Sprintf("Class(%d)", int(c))
-}
-
-// Classify tells how err, reported by a Publisher, counts for the relay.
-// err must not be nil.
-//
-//   - Message: an error wrapped with postbox.NewMessageError;
-//     ErrUnroutable, ErrTooLarge, ErrInvalidRoutingKey, ErrInvalidHeader,
-//     ErrNoID, ErrRejected.
-//   - Infrastructure: everything else: context errors, ErrClosed,
-//     ErrNotConnected, ErrConnectionLost, ErrNacked, ErrPublishTimeout,
-//     ErrBlocked, ErrNoExchange, *amqp.Error, and unknown errors. An
-//     unknown error is treated as the broker's fault on purpose: that
-//     costs a pause and never an attempt, so it can delay a message but
-//     never bury one.
-func Classify(err error) Class {
-	var me *postbox.MessageError
-	switch {
-	case errors.As(err, &me):
-		return Message
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return Infrastructure
-	case errors.Is(err, ErrUnroutable), errors.Is(err, ErrTooLarge),
-		errors.Is(err, ErrInvalidRoutingKey), errors.Is(err, ErrInvalidHeader),
-		errors.Is(err, ErrNoID), errors.Is(err, ErrRejected):
-		return Message
-	}
-	return Infrastructure
-}
 
 // contentFault reports whether the broker closed the channel or the
 // connection over the content of something published on it: a message

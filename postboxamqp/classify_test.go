@@ -1,49 +1,14 @@
 package postboxamqp_test
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/postboxamqp"
 )
-
-func TestClassify(t *testing.T) {
-	wrap := func(err error) error { return fmt.Errorf("publish x: %w", err) }
-	for _, tc := range []struct {
-		err  error
-		want postboxamqp.Class
-	}{
-		{postbox.NewMessageError(errors.New("refused")), postboxamqp.Message},
-		{wrap(postboxamqp.ErrUnroutable), postboxamqp.Message},
-		{wrap(postboxamqp.ErrTooLarge), postboxamqp.Message},
-		{wrap(postboxamqp.ErrInvalidRoutingKey), postboxamqp.Message},
-		{wrap(postboxamqp.ErrInvalidHeader), postboxamqp.Message},
-		{wrap(postboxamqp.ErrNoID), postboxamqp.Message},
-		{fmt.Errorf("%w: %w", postboxamqp.ErrRejected, &amqp.Error{Code: amqp.PreconditionFailed, Server: true}), postboxamqp.Message},
-		{wrap(postboxamqp.ErrNacked), postboxamqp.Infrastructure},
-		{wrap(postboxamqp.ErrNoExchange), postboxamqp.Infrastructure},
-		{wrap(postboxamqp.ErrConnectionLost), postboxamqp.Infrastructure},
-		{wrap(postboxamqp.ErrNotConnected), postboxamqp.Infrastructure},
-		{wrap(postboxamqp.ErrPublishTimeout), postboxamqp.Infrastructure},
-		{wrap(postboxamqp.ErrBlocked), postboxamqp.Infrastructure},
-		{wrap(postboxamqp.ErrClosed), postboxamqp.Infrastructure},
-		{context.Canceled, postboxamqp.Infrastructure},
-		{context.DeadlineExceeded, postboxamqp.Infrastructure},
-		{&amqp.Error{Code: amqp.ConnectionForced, Server: true}, postboxamqp.Infrastructure},
-		{amqp.ErrClosed, postboxamqp.Infrastructure},
-		{errors.New("something unknown"), postboxamqp.Infrastructure},
-	} {
-		if got := postboxamqp.Classify(tc.err); got != tc.want {
-			t.Errorf("Classify(%v) = %s, want %s", tc.err, got, tc.want)
-		}
-	}
-}
 
 func TestDeliveryMapping(t *testing.T) {
 	ts := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)

@@ -5,9 +5,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
-	"unicode/utf8"
 
-	"github.com/postbox-go/postbox/internal/brokerutil"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // Publisher defaults, as documented on Config.
@@ -134,12 +133,12 @@ func (c *Config) WithDefaults() *Config {
 	if out.Exchange == "" {
 		out.Exchange = DefaultExchange
 	}
-	brokerutil.Default(&out.PublishTimeout, DefaultPublishTimeout)
-	brokerutil.Default(&out.MaxPending, DefaultMaxPending)
-	brokerutil.Default(&out.MaxMessageSize, DefaultMaxMessageSize)
-	brokerutil.Default(&out.DialTimeout, DefaultDialTimeout)
-	brokerutil.Default(&out.ReconnectBackoff, DefaultReconnectBackoff)
-	brokerutil.Default(&out.ReconnectBackoffMax, DefaultReconnectBackoffMax)
+	pubkit.Default(&out.PublishTimeout, DefaultPublishTimeout)
+	pubkit.Default(&out.MaxPending, DefaultMaxPending)
+	pubkit.Default(&out.MaxMessageSize, DefaultMaxMessageSize)
+	pubkit.Default(&out.DialTimeout, DefaultDialTimeout)
+	pubkit.Default(&out.ReconnectBackoff, DefaultReconnectBackoff)
+	pubkit.Default(&out.ReconnectBackoffMax, DefaultReconnectBackoffMax)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -215,14 +214,14 @@ func (c *SubscriberConfig) WithDefaults() *SubscriberConfig {
 	if c != nil {
 		out = *c
 	}
-	brokerutil.Default(&out.MaxInFlight, DefaultMaxInFlight)
+	pubkit.Default(&out.MaxInFlight, DefaultMaxInFlight)
 	if out.Prefetch == 0 {
 		out.Prefetch = max(DefaultPrefetch, out.MaxInFlight)
 	}
-	brokerutil.Default(&out.MaxRetryHold, DefaultMaxRetryHold)
-	brokerutil.Default(&out.DialTimeout, DefaultDialTimeout)
-	brokerutil.Default(&out.ReconnectBackoff, DefaultReconnectBackoff)
-	brokerutil.Default(&out.ReconnectBackoffMax, DefaultReconnectBackoffMax)
+	pubkit.Default(&out.MaxRetryHold, DefaultMaxRetryHold)
+	pubkit.Default(&out.DialTimeout, DefaultDialTimeout)
+	pubkit.Default(&out.ReconnectBackoff, DefaultReconnectBackoff)
+	pubkit.Default(&out.ReconnectBackoffMax, DefaultReconnectBackoffMax)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -249,7 +248,7 @@ func (c *SubscriberConfig) Validate() error {
 }
 
 // problems collects the bad fields of one config.
-type problems = brokerutil.Problems
+type problems = pubkit.Problems
 
 func checkBackoff(ps *problems, dialName string, dial time.Duration, baseName string, base time.Duration, maxName string, maxDelay time.Duration) {
 	if dial < 100*time.Millisecond || dial > 5*time.Minute {
@@ -271,7 +270,7 @@ func validateName(s string) error {
 		return fmt.Errorf("must not be empty")
 	case len(s) > maxShortString:
 		return fmt.Errorf("is %d bytes, over AMQP's limit of %d", len(s), maxShortString)
-	case !printable(s):
+	case !pubkit.Printable(s):
 		return fmt.Errorf("must be printable UTF-8 text")
 	}
 	return nil
@@ -284,7 +283,7 @@ func validatePattern(p string) error {
 	if i := strings.IndexByte(p, '*'); i >= 0 && i != len(p)-1 {
 		return fmt.Errorf(`may hold "*" only as its last character`)
 	}
-	if !printable(p) {
+	if !pubkit.Printable(p) {
 		return fmt.Errorf("must be printable UTF-8 text")
 	}
 	return nil
@@ -303,17 +302,4 @@ func matchAny(patterns []string, topic string) bool {
 		}
 	}
 	return false
-}
-
-// printable reports whether s is UTF-8 text without control characters.
-func printable(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] == 0x7f {
-			return false
-		}
-	}
-	return true
 }

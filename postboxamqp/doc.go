@@ -73,7 +73,8 @@
 // # Failures
 //
 // done gets nil on a confirm, and otherwise an error the relay sorts by
-// postbox.IsMessageError (see Classify):
+// postbox.IsMessageError; the Publisher wraps every message failure with
+// postbox.NewMessageError:
 //
 //	failure                                              class           error
 //	basic.ack, not returned                              success         nil

@@ -1,7 +1,6 @@
 package postboxamqp_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -27,14 +26,16 @@ func ExampleNew_invalidConfig() {
 	// PublishTimeout
 }
 
-// Classify tells the relay's two kinds of failure apart: an unroutable
-// message spends an attempt, a lost connection does not.
-func ExampleClassify() {
-	fmt.Println(postboxamqp.Classify(postbox.NewMessageError(postboxamqp.ErrUnroutable)))
-	fmt.Println(postboxamqp.Classify(fmt.Errorf("publish: %w", postboxamqp.ErrConnectionLost)))
-	fmt.Println(postboxamqp.Classify(context.DeadlineExceeded))
+// The relay tells its two kinds of failure apart with
+// postbox.IsMessageError: the Publisher reports an unroutable message as
+// a message failure, and a lost connection as an infrastructure failure;
+// errors.Is finds the cause through either.
+func Example_failures() {
+	unroutable := postbox.NewMessageError(fmt.Errorf("postboxamqp: publish: %w", postboxamqp.ErrUnroutable))
+	lost := fmt.Errorf("postboxamqp: publish: %w", postboxamqp.ErrConnectionLost)
+	fmt.Println(postbox.IsMessageError(unroutable), errors.Is(unroutable, postboxamqp.ErrUnroutable))
+	fmt.Println(postbox.IsMessageError(lost), errors.Is(lost, postboxamqp.ErrConnectionLost))
 	// Output:
-	// message
-	// infrastructure
-	// infrastructure
+	// true true
+	// false true
 }

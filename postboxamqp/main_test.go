@@ -158,17 +158,14 @@ func envelope(topic, payload string) *postbox.Envelope {
 	}
 }
 
-// isMessage is this package's Classify verdict of a message failure.
-func isMessage(err error) bool { return postboxamqp.Classify(err) == postboxamqp.Message }
-
 func mustMessage(t testing.TB, err error, target error) {
 	t.Helper()
-	pubtest.MustMessage(t, err, target, isMessage)
+	pubtest.MustMessage(t, err, target)
 }
 
 func mustInfra(t testing.TB, err error, target error) {
 	t.Helper()
-	pubtest.MustInfra(t, err, target, isMessage)
+	pubtest.MustInfra(t, err, target)
 }
 
 // get takes one message from queue, waiting a bounded time for it.

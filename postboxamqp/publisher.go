@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // maxSuspects bounds the ids remembered as suspects of a channel exception.
@@ -30,17 +31,11 @@ type Publisher struct {
 	dial Dialer
 	log  *slog.Logger
 
-	// slots is the MaxPending window: one token per publish the broker
-	// has not settled (a suspect holds them all).
-	slots chan struct{}
-	// excl is held by a suspect while it collects the whole window, so
-	// that ordinary publishes cannot starve it; they pass through it.
-	excl    chan struct{}
-	settled chan struct{} // a token after every settle, for Close
-	closing chan struct{} // closed by Close
-
-	ctx    context.Context // ends dials at Close
-	cancel context.CancelFunc
+	// kit holds the MaxPending window (a slot per publish the broker has
+	// not settled; a suspect holds them all), whether the Publisher is
+	// closed, its goroutines (dials and session readers) and a context
+	// that ends dials at Close.
+	kit *pubkit.Kit
 
 	unroutable atomic.Int64
 	nsuspects  atomic.Int32 // len(suspects)
@@ -50,14 +45,12 @@ type Publisher struct {
 	noFrameCheck bool
 
 	mu       sync.Mutex
-	closed   bool
 	sess     *session      // the live session, nil when there is none
 	dialing  chan struct{} // closed when the dial in progress ends; nil when none runs
 	dialErr  error         // why the last dial failed
 	failures int           // consecutive failed dials
 	retryAt  time.Time     // no dial before this
 	suspects map[string]bool
-	wg       sync.WaitGroup // dials and session readers
 }
 
 // New returns a Publisher that sends to cfg.Exchange over connections
@@ -77,17 +70,11 @@ func New(dial Dialer, cfg *Config) (*Publisher, error) {
 	if dial == nil {
 		return nil, errors.New("postboxamqp: New needs a Dialer")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	return &Publisher{
 		cfg:      c,
 		dial:     dial,
 		log:      c.Logger,
-		slots:    make(chan struct{}, c.MaxPending),
-		excl:     make(chan struct{}, 1),
-		settled:  make(chan struct{}, 1),
-		closing:  make(chan struct{}),
-		ctx:      ctx,
-		cancel:   cancel,
+		kit:      pubkit.New(c.MaxPending, ErrClosed),
 		suspects: map[string]bool{},
 	}, nil
 }
@@ -102,7 +89,7 @@ func (p *Publisher) Unroutable() int64 { return p.unroutable.Load() }
 // Pending returns the number of publishes the broker has not settled yet,
 // including those whose done was already called because their context
 // ended or their timeout passed.
-func (p *Publisher) Pending() int { return len(p.slots) }
+func (p *Publisher) Pending() int { return p.kit.Window().Pending() }
 
 // Publish sends env to the exchange with the routing key of its topic and
 // returns once the message is written to the connection. done is called
@@ -113,7 +100,7 @@ func (p *Publisher) Pending() int { return len(p.slots) }
 //     topic matches AcceptUnroutable, and is counted by Unroutable;
 //   - a postbox.MessageError when the message itself was refused: returned
 //     as unroutable, too large, an invalid routing key or header, or the
-//     cause of a channel exception (see Classify);
+//     cause of a channel exception;
 //   - ctx.Err() when ctx ends first;
 //   - any other error for an infrastructure failure: no connection, the
 //     connection or channel lost before the confirm, basic.nack, no
@@ -136,55 +123,6 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 		}
 	}
 	done(postbox.NewMessageError(fmt.Errorf("postboxamqp: publish %s: %w", env.ID, err)))
-}
-
-// acquire takes weight slots of the window, waiting until ctx ends or the
-// Publisher closes.
-func (p *Publisher) acquire(ctx context.Context, weight int) error {
-	// Pass through excl, or hold it while collecting a whole window.
-	select {
-	case p.excl <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-p.closing:
-		return ErrClosed
-	}
-	if weight == 1 {
-		<-p.excl
-	}
-	for n := 0; n < weight; n++ {
-		var err error
-		select {
-		case p.slots <- struct{}{}:
-			continue
-		case <-ctx.Done():
-			err = ctx.Err()
-		case <-p.closing:
-			err = ErrClosed
-		}
-		p.release(n)
-		if weight > 1 {
-			<-p.excl
-		}
-		return err
-	}
-	if weight > 1 {
-		<-p.excl
-	}
-	return nil
-}
-
-// release frees n slots.
-func (p *Publisher) release(n int) {
-	for range n {
-		<-p.slots
-	}
-	if n > 0 {
-		select {
-		case p.settled <- struct{}{}:
-		default:
-		}
-	}
 }
 
 // suspect reports whether id was in flight when the broker closed a
@@ -219,7 +157,7 @@ func (p *Publisher) clearSuspect(id string) {
 // the backoff after a failed dial runs, it fails at once.
 func (p *Publisher) session(ctx context.Context) (*session, error) {
 	p.mu.Lock()
-	if p.closed {
+	if p.kit.Closed() {
 		p.mu.Unlock()
 		return nil, ErrClosed
 	}
@@ -235,22 +173,24 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 			return nil, err
 		}
 		wait = make(chan struct{})
+		if !p.kit.Go(func() { p.connect(wait) }) {
+			p.mu.Unlock()
+			return nil, ErrClosed
+		}
 		p.dialing = wait
-		p.wg.Add(1)
-		go p.connect(wait)
 	}
 	p.mu.Unlock()
 	select {
 	case <-wait:
 	case <-ctx.Done():
 		return nil, ctx.Err()
-	case <-p.closing:
+	case <-p.kit.Closing():
 		return nil, ErrClosed
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
-	case p.closed:
+	case p.kit.Closed():
 		return nil, ErrClosed
 	case p.sess != nil:
 		return p.sess, nil
@@ -263,15 +203,14 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 // connect dials a session and installs it; wait is closed once it is
 // done, either way.
 func (p *Publisher) connect(wait chan struct{}) {
-	defer p.wg.Done()
 	defer close(wait)
-	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.DialTimeout)
+	ctx, cancel := context.WithTimeout(p.kit.Context(), p.cfg.DialTimeout)
 	s, err := p.open(ctx)
 	cancel()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.dialing = nil
-	if p.closed {
+	if p.kit.Closed() {
 		if s != nil {
 			closeConn(s.conn)
 		}
@@ -288,9 +227,13 @@ func (p *Publisher) connect(wait chan struct{}) {
 		p.log.Info("postboxamqp: reconnected", slog.Int("after_failures", p.failures))
 	}
 	p.failures, p.dialErr = 0, nil
+	// The reader's first step that needs p.mu (lost) waits until the
+	// session is installed.
+	if !p.kit.Go(s.run) {
+		closeConn(s.conn)
+		return
+	}
 	p.sess = s
-	p.wg.Add(1)
-	go s.run()
 }
 
 // lost forgets s once its connection is gone, so the next Publish dials.
@@ -300,9 +243,8 @@ func (p *Publisher) lost(s *session, cause error) {
 	if p.sess == s {
 		p.sess = nil
 	}
-	closed := p.closed
 	p.mu.Unlock()
-	if !closed {
+	if !p.kit.Closed() {
 		p.log.Warn("postboxamqp: connection lost", slog.Any("error", cause))
 	}
 }
@@ -314,23 +256,14 @@ func (p *Publisher) lost(s *session, cause error) {
 // the connection and waits, until ctx ends, for its goroutines to exit.
 // Calling Close again does nothing.
 func (p *Publisher) Close(ctx context.Context) error {
-	p.mu.Lock()
-	already := p.closed
-	p.closed = true
-	p.mu.Unlock()
-	if already {
+	if !p.kit.Close() {
 		return nil
 	}
-	close(p.closing)
 	var err error
-	for err == nil && len(p.slots) > 0 {
-		select {
-		case <-p.settled:
-		case <-ctx.Done():
-			err = fmt.Errorf("postboxamqp: close: %d publishes unconfirmed: %w", len(p.slots), ctx.Err())
-		}
+	if e := p.kit.Window().Drain(ctx); e != nil {
+		err = fmt.Errorf("postboxamqp: close: %d publishes unconfirmed: %w", p.kit.Window().Pending(), e)
 	}
-	p.cancel()
+	p.kit.Cancel()
 	p.mu.Lock()
 	s := p.sess
 	p.sess = nil
@@ -342,17 +275,8 @@ func (p *Publisher) Close(ctx context.Context) error {
 		}
 		s.shut(deadline)
 	}
-	waited := make(chan struct{})
-	go func() {
-		p.wg.Wait()
-		close(waited)
-	}()
-	select {
-	case <-waited:
-	case <-ctx.Done():
-		if err == nil {
-			err = fmt.Errorf("postboxamqp: close: %w", ctx.Err())
-		}
+	if e := p.kit.Wait(ctx); e != nil && err == nil {
+		err = fmt.Errorf("postboxamqp: close: %w", e)
 	}
 	return err
 }

@@ -5,13 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/brokerutil"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // session is one connection with one channel in confirm mode. Its reader
@@ -46,8 +45,15 @@ type session struct {
 	byID    map[string][]uint64 // message id -> tags in flight, ascending
 }
 
-// flight is one publish awaiting its confirm.
+// flight is one publish awaiting its confirm. The broker's answer
+// (confirm, channel loss) and the end of the publish's context or its
+// timeout race to its done. Say the timeout fires while the ack is being
+// read: the timeout reports an infrastructure failure, and the ack's
+// outcome is dropped; the relay sends the message again later with the
+// same message-id, and the consumers' inbox absorbs the copy. Its slots
+// are freed when the broker settles it.
 type flight struct {
+	pubkit.Flight
 	id       string
 	topic    string
 	key      string // routing key
@@ -55,24 +61,6 @@ type flight struct {
 	weight   int    // window slots held
 	tag      uint64
 	returned string // the basic.return's reply, when the broker returned it
-	done     func(error)
-	called   atomic.Bool
-	stop     func() bool        // unregisters the context watch
-	cancel   context.CancelFunc // ends the timeout context
-}
-
-// finish calls done once. Two paths race to it: the broker's answer
-// (confirm, channel loss) and the end of the publish's context or its
-// timeout. Say the timeout fires while the ack is being read: the
-// timeout's finish wins the swap and reports an infrastructure failure,
-// and the ack's finish does nothing; the relay sends the message again
-// later with the same message-id, and the consumers' inbox absorbs the
-// copy. In the other order the ack is reported and the timeout ignored.
-// Either way done runs exactly once.
-func (f *flight) finish(err error) {
-	if f.called.CompareAndSwap(false, true) {
-		f.done(err)
-	}
 }
 
 // open dials a connection and opens a confirm-mode channel on it.
@@ -118,37 +106,34 @@ func (p *Publisher) send(ctx context.Context, env *postbox.Envelope, key string,
 		// is blamed.
 		weight = p.cfg.MaxPending
 	}
-	if err := p.acquire(ctx, weight); err != nil {
+	w := p.kit.Window()
+	if err := w.Acquire(ctx, weight); err != nil {
 		done(err)
 		return
 	}
 	s, err := p.session(ctx)
 	if err != nil {
-		p.release(weight)
+		w.Release(weight)
 		done(err)
 		return
 	}
 	if s.frameMax > 0 && size > s.frameMax && !p.noFrameCheck {
-		p.release(weight)
+		w.Release(weight)
 		done(postbox.NewMessageError(fmt.Errorf("postboxamqp: publish %s: %w: properties and headers take %d bytes, over the connection's frame_max %d", env.ID, ErrTooLarge, size, s.frameMax)))
 		return
 	}
-	f := &flight{id: env.ID, topic: env.Topic, key: key, weight: weight, done: done}
+	f := &flight{id: env.ID, topic: env.Topic, key: key, weight: weight}
 	f.accept = !p.cfg.DisableMandatory && matchAny(p.cfg.AcceptUnroutable, env.Topic)
-	tctx, cancel := context.WithTimeout(ctx, p.cfg.PublishTimeout)
-	f.cancel = cancel
-	f.stop = context.AfterFunc(tctx, func() {
-		err := ctx.Err()
-		if err == nil {
-			err = fmt.Errorf("postboxamqp: publish %s: %w (%s)", f.id, ErrPublishTimeout, p.cfg.PublishTimeout)
+	f.Start(done)
+	f.Hold(w, weight)
+	f.Watch(ctx, p.cfg.PublishTimeout, func(ctxErr error) error {
+		if ctxErr != nil {
+			return ctxErr
 		}
-		f.finish(err)
+		return fmt.Errorf("postboxamqp: publish %s: %w (%s)", f.id, ErrPublishTimeout, p.cfg.PublishTimeout)
 	})
 	if err := s.publish(ctx, f, msg); err != nil {
-		f.stop()
-		cancel()
-		p.release(weight)
-		f.finish(err)
+		f.Settle(err)
 	}
 }
 
@@ -227,18 +212,9 @@ func (s *session) take(tag uint64) *flight {
 	return f
 }
 
-// settle frees f's slots and reports err.
-func (s *session) settle(f *flight, err error) {
-	f.stop()
-	f.cancel()
-	s.p.release(f.weight)
-	f.finish(err)
-}
-
 // run is the session's reader: it settles flights as the broker answers,
 // and fails the rest once the channel closes.
 func (s *session) run() {
-	defer s.p.wg.Done()
 	returns, blocks := s.returns, s.blocks
 	for {
 		select {
@@ -337,7 +313,7 @@ func (s *session) confirmed(c amqp.Confirmation) {
 	case f.weight > 1:
 		s.p.clearSuspect(f.id)
 	}
-	s.settle(f, err)
+	f.Settle(err)
 }
 
 // unroutable is the outcome of a returned message.
@@ -349,7 +325,7 @@ func (s *session) unroutable(f *flight) error {
 		}
 		return nil
 	}
-	return postbox.NewMessageError(fmt.Errorf("postboxamqp: publish %s: %w: exchange %q, routing key %q: %s", f.id, ErrUnroutable, s.p.cfg.Exchange, brokerutil.Shorten(f.key), f.returned))
+	return postbox.NewMessageError(fmt.Errorf("postboxamqp: publish %s: %w: exchange %q, routing key %q: %s", f.id, ErrUnroutable, s.p.cfg.Exchange, pubkit.Shorten(f.key), f.returned))
 }
 
 // die fails every flight left once the channel closed with cause (nil for
@@ -394,7 +370,7 @@ func (s *session) die(cause *amqp.Error) {
 			}
 			err = lostError(f.id, cause)
 		}
-		s.settle(f, err)
+		f.Settle(err)
 	}
 }
 

@@ -1,13 +1,11 @@
 package postboxkafka
 
 import (
-	"context"
 	"errors"
-	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
-	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // Errors this package reports as the cause of a message failure. The
@@ -63,71 +61,37 @@ var messageErrors = []error{
 	kerr.PolicyViolation,
 }
 
-// Class is how a publish error counts for the relay.
-type Class int
+// messageCauses are this package's message-failure sentinels and the
+// broker's answers caused by the message.
+var messageCauses = append([]error{ErrNoTopic, ErrInvalidTopic, ErrInvalidHeader, ErrNoID}, messageErrors...)
 
-const (
-	// Infrastructure: the cluster could not be reached, did not answer in
-	// time, or is in a state that passes. The relay spends no attempt.
-	Infrastructure Class = iota
-	// Message: the message, or its topic, was refused. The relay spends one
-	// attempt and backs the message off.
-	Message
-	// Unconfirmed: the topic is unknown to the broker that answered. If
-	// the cluster confirms that it does not exist this is a message
-	// failure (ErrNoTopic); otherwise infrastructure. The Publisher settles
-	// it with a metadata lookup before calling done; only Classify's
-	// caller ever sees it.
-	Unconfirmed
-)
-
-func (c Class) String() string {
-	switch c {
-	case Infrastructure:
-		return "infrastructure"
-	case Message:
-		return "message"
-	case Unconfirmed:
-		return "unconfirmed"
-	}
-	return fmt.Sprintf("Class(%d)", int(c))
-}
-
-// Classify tells how err, reported for a produce, counts for the relay.
+// classify tells how err, reported for a produce, counts for the relay.
 // err must not be nil.
 //
-//   - Message: an error wrapped with postbox.NewMessageError; ErrNoTopic,
-//     ErrInvalidTopic, ErrInvalidHeader, ErrNoID; kerr.MessageTooLarge,
+//   - pubkit.Message: what pubkit.MessageFault knows as the message's
+//     (postbox.MessageError); ErrNoTopic, ErrInvalidTopic,
+//     ErrInvalidHeader, ErrNoID; kerr.MessageTooLarge,
 //     kerr.RecordListTooLarge, kerr.InvalidRecord,
 //     kerr.InvalidTopicException, kerr.TopicAuthorizationFailed,
 //     kerr.PolicyViolation.
-//   - Unconfirmed: kerr.UnknownTopicOrPartition, kerr.UnknownTopicID.
-//   - Infrastructure: everything else: context errors, ErrClosed,
+//   - pubkit.Unconfirmed (a metadata lookup settles it):
+//     kerr.UnknownTopicOrPartition, kerr.UnknownTopicID.
+//   - pubkit.Infra: everything else: context errors, ErrClosed,
 //     ErrPublishTimeout, kerr.NotEnoughReplicas,
 //     kerr.NotEnoughReplicasAfterAppend, kerr.NotLeaderForPartition,
 //     kerr.RequestTimedOut, kerr.ClusterAuthorizationFailed,
 //     kerr.InvalidTimestamp (the relay's clock is off), kgo.ErrRecordTimeout,
 //     kgo.ErrRecordRetries, kgo.ErrClientClosed, network errors, and
-//     unknown errors. An unknown error is treated as the cluster's fault on
-//     purpose: that costs a pause and never an attempt, so it can delay a
-//     message but never bury one.
-func Classify(err error) Class {
-	var me *postbox.MessageError
-	switch {
-	case errors.As(err, &me):
-		return Message
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return Infrastructure
-	case errors.Is(err, ErrNoTopic), errors.Is(err, ErrInvalidTopic),
-		errors.Is(err, ErrInvalidHeader), errors.Is(err, ErrNoID):
-		return Message
-	case errors.Is(err, kerr.UnknownTopicOrPartition), errors.Is(err, kerr.UnknownTopicID):
-		return Unconfirmed
-	}
-	for _, m := range messageErrors {
-		if errors.Is(err, m) {
-			return Message
+//     unknown errors.
+func classify(err error) pubkit.Fault {
+	if message, known := pubkit.MessageFault(err, messageCauses...); known {
+		if message {
+			return pubkit.Message
 		}
+		return pubkit.Infra
 	}
-	return Infrastructure
+	if errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID) {
+		return pubkit.Unconfirmed
+	}
+	return pubkit.Infra
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -18,51 +17,6 @@ import (
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/postboxkafka"
 )
-
-func TestClassify(t *testing.T) {
-	cases := []struct {
-		err  error
-		want postboxkafka.Class
-	}{
-		{postbox.NewMessageError(errors.New("x")), postboxkafka.Message},
-		{fmt.Errorf("wrapped: %w", postbox.NewMessageError(errors.New("x"))), postboxkafka.Message},
-		{postboxkafka.ErrNoTopic, postboxkafka.Message},
-		{postboxkafka.ErrInvalidTopic, postboxkafka.Message},
-		{postboxkafka.ErrInvalidHeader, postboxkafka.Message},
-		{postboxkafka.ErrNoID, postboxkafka.Message},
-		{kerr.MessageTooLarge, postboxkafka.Message},
-		{fmt.Errorf("%w (uncompressed_bytes=9)", kerr.MessageTooLarge), postboxkafka.Message},
-		{kerr.RecordListTooLarge, postboxkafka.Message},
-		{kerr.InvalidRecord, postboxkafka.Message},
-		{kerr.InvalidTopicException, postboxkafka.Message},
-		{kerr.TopicAuthorizationFailed, postboxkafka.Message},
-		{kerr.PolicyViolation, postboxkafka.Message},
-		{kerr.UnknownTopicOrPartition, postboxkafka.Unconfirmed},
-		{kerr.UnknownTopicID, postboxkafka.Unconfirmed},
-		{context.Canceled, postboxkafka.Infrastructure},
-		{context.DeadlineExceeded, postboxkafka.Infrastructure},
-		{postboxkafka.ErrClosed, postboxkafka.Infrastructure},
-		{postboxkafka.ErrPublishTimeout, postboxkafka.Infrastructure},
-		{kerr.NotEnoughReplicas, postboxkafka.Infrastructure},
-		{kerr.NotEnoughReplicasAfterAppend, postboxkafka.Infrastructure},
-		{kerr.NotLeaderForPartition, postboxkafka.Infrastructure},
-		{kerr.LeaderNotAvailable, postboxkafka.Infrastructure},
-		{kerr.RequestTimedOut, postboxkafka.Infrastructure},
-		{kerr.ClusterAuthorizationFailed, postboxkafka.Infrastructure},
-		{kerr.InvalidTimestamp, postboxkafka.Infrastructure},
-		{kerr.CorruptMessage, postboxkafka.Infrastructure},
-		{kgo.ErrRecordTimeout, postboxkafka.Infrastructure},
-		{kgo.ErrRecordRetries, postboxkafka.Infrastructure},
-		{kgo.ErrClientClosed, postboxkafka.Infrastructure},
-		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, postboxkafka.Infrastructure},
-		{errors.New("something new"), postboxkafka.Infrastructure},
-	}
-	for _, tc := range cases {
-		if got := postboxkafka.Classify(tc.err); got != tc.want {
-			t.Errorf("Classify(%v) = %s, want %s", tc.err, got, tc.want)
-		}
-	}
-}
 
 // TestBrokerFaults injects the broker's answers to produce requests with
 // kfake and checks how each publish counts for the relay.

@@ -7,7 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/postbox-go/postbox/internal/brokerutil"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // Publisher defaults, as documented on Config.
@@ -81,7 +81,7 @@ func (c *Config) WithDefaults() *Config {
 	if c != nil {
 		out = *c
 	}
-	brokerutil.Default(&out.PublishTimeout, DefaultPublishTimeout)
+	pubkit.Default(&out.PublishTimeout, DefaultPublishTimeout)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -150,11 +150,11 @@ func (c *SubscriberConfig) WithDefaults() *SubscriberConfig {
 	if c != nil {
 		out = *c
 	}
-	brokerutil.Default(&out.MaxInFlight, DefaultMaxInFlight)
-	brokerutil.Default(&out.PartitionBuffer, DefaultPartitionBuffer)
-	brokerutil.Default(&out.CommitInterval, DefaultCommitInterval)
-	brokerutil.Default(&out.CommitTimeout, DefaultCommitTimeout)
-	brokerutil.Default(&out.MaxRetryHold, DefaultMaxRetryHold)
+	pubkit.Default(&out.MaxInFlight, DefaultMaxInFlight)
+	pubkit.Default(&out.PartitionBuffer, DefaultPartitionBuffer)
+	pubkit.Default(&out.CommitInterval, DefaultCommitInterval)
+	pubkit.Default(&out.CommitTimeout, DefaultCommitTimeout)
+	pubkit.Default(&out.MaxRetryHold, DefaultMaxRetryHold)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -184,7 +184,7 @@ func (c *SubscriberConfig) Validate() error {
 }
 
 // problems collects the bad fields of one config.
-type problems = brokerutil.Problems
+type problems = pubkit.Problems
 
 // ValidateTopicName reports whether name is a topic name Kafka accepts
 // for postbox messages: 1 to 249 bytes of ASCII letters, digits, '.', '_'
@@ -193,7 +193,7 @@ type problems = brokerutil.Problems
 // The error wraps ErrInvalidTopic.
 func ValidateTopicName(name string) error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w %q: %s", ErrInvalidTopic, brokerutil.Shorten(name), fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w %q: %s", ErrInvalidTopic, pubkit.Shorten(name), fmt.Sprintf(format, args...))
 	}
 	switch {
 	case name == "":
@@ -226,21 +226,8 @@ func validateGroup(g string) error {
 		return fmt.Errorf("must not be empty")
 	case len(g) > maxGroupBytes:
 		return fmt.Errorf("is %d bytes, over the limit of %d", len(g), maxGroupBytes)
-	case !printable(g):
+	case !pubkit.Printable(g):
 		return fmt.Errorf("must be printable UTF-8 text")
 	}
 	return nil
-}
-
-// printable reports whether s is UTF-8 text without control characters.
-func printable(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] == 0x7f {
-			return false
-		}
-	}
-	return true
 }

@@ -82,7 +82,8 @@
 // # Failures
 //
 // done gets nil on the acknowledgement, and otherwise an error the relay
-// sorts by postbox.IsMessageError (see Classify):
+// sorts by postbox.IsMessageError; the Publisher wraps every message
+// failure with postbox.NewMessageError:
 //
 //	failure                                             class           error
 //	acknowledged by the leader after all in-sync        success         nil

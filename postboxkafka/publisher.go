@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // Publisher produces envelopes to Kafka with acks=all on an idempotent
@@ -22,42 +22,33 @@ import (
 // message: a publish costs the record, the client's promise, a timer for
 // PublishTimeout and a context.AfterFunc registration.
 type Publisher struct {
-	cfg    *Config
-	cl     *kgo.Client
-	log    *slog.Logger
-	ctx    context.Context    // ends topic lookups at Close
-	cancel context.CancelFunc // cancels ctx
+	cfg *Config
+	cl  *kgo.Client
+	log *slog.Logger
+	// kit keeps Close out while a Publish registers its flight, so that
+	// Close waits for every flight registered; its context ends topic
+	// lookups at Close.
+	kit *pubkit.Kit
 
 	mu      sync.Mutex
-	closed  bool
 	flights map[*flight]struct{} // produced, the promise not yet run
 	lookups map[string][]waiter  // Kafka topic -> publishes awaiting its lookup
 	waiting int                  // publishes in lookups
 	settled chan struct{}        // a token whenever a flight or a lookup ends, for Close
-	wg      sync.WaitGroup       // lookups
+	// lookups. Not the kit's goroutines: they are started while Close
+	// waits for the publishes that need them.
+	wg sync.WaitGroup
 }
 
-// flight is one publish awaiting its outcome.
+// flight is one publish awaiting its outcome. The client's promise and
+// the end of the publish's context or its PublishTimeout race to its
+// done: say the timeout passes while the acknowledgement is on its way;
+// the timeout is reported, the relay sends the message again later under
+// the same ce_id, and the consumers' inbox absorbs the copy.
 type flight struct {
-	id     string
-	topic  string // the Kafka topic
-	done   func(error)
-	called atomic.Bool
-}
-
-// finish calls done once. Two paths race to it: the client's promise
-// (acknowledgement or error) and the end of the publish's context or its
-// PublishTimeout. Say the timeout passes while the acknowledgement is on
-// its way: the AfterFunc calls finish(ErrPublishTimeout) and wins; the
-// promise's finish(nil) then does nothing, and the relay, treating the
-// message as not published, sends it again later under the same ce_id,
-// which the consumers' inbox absorbs. In the other order the
-// acknowledgement is reported and the timeout ignored. Either way done
-// runs exactly once.
-func (f *flight) finish(err error) {
-	if f.called.CompareAndSwap(false, true) {
-		f.done(err)
-	}
+	pubkit.Flight
+	id    string
+	topic string // the Kafka topic
 }
 
 type waiter struct {
@@ -90,9 +81,8 @@ func New(cl *kgo.Client, cfg *Config) (*Publisher, error) {
 	if err := ps.Err(); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	return &Publisher{
-		cfg: c, cl: cl, log: c.Logger, ctx: ctx, cancel: cancel,
+		cfg: c, cl: cl, log: c.Logger, kit: pubkit.New(0, ErrClosed),
 		flights: map[*flight]struct{}{},
 		lookups: map[string][]waiter{},
 		settled: make(chan struct{}, 1),
@@ -108,7 +98,7 @@ func (p *Publisher) Config() Config { return *p.cfg }
 //   - nil when the partition's leader acknowledged the record after every
 //     in-sync replica stored it (acks=all);
 //   - a postbox.MessageError when the message or its topic was refused
-//     (see Classify): too large, an invalid record, topic or header, no
+//     too large, an invalid record, topic or header, no
 //     write permission on the topic, or a topic the cluster confirms does
 //     not exist;
 //   - the context's error, wrapped, when ctx ends first;
@@ -136,31 +126,29 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 		done(postbox.NewMessageError(fmt.Errorf("postboxkafka: publish %s: %w", env.ID, err)))
 		return
 	}
-	f := &flight{id: env.ID, topic: rec.Topic, done: done}
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
+	f := &flight{id: env.ID, topic: rec.Topic}
+	f.Start(done)
+	if !p.kit.Open() {
 		done(fmt.Errorf("postboxkafka: publish %s: %w", env.ID, ErrClosed))
 		return
 	}
+	p.mu.Lock()
 	p.flights[f] = struct{}{}
 	p.mu.Unlock()
+	p.kit.Leave()
 
 	// The record's context bounds its wait for buffer space and, while it
 	// is not yet sent, its stay in the buffer. Once sent, an idempotent
-	// producer waits for its outcome whatever the context says; the
-	// AfterFunc reports the end of the wait to the relay meanwhile.
-	rctx, cancel := context.WithTimeout(ctx, p.cfg.PublishTimeout)
-	stop := context.AfterFunc(rctx, func() {
-		if err := ctx.Err(); err != nil {
-			f.finish(fmt.Errorf("postboxkafka: publish %s: %w", f.id, err))
-			return
+	// producer waits for its outcome whatever the context says; the watch
+	// reports the end of the wait to the relay meanwhile.
+	rctx := f.Watch(ctx, p.cfg.PublishTimeout, func(ctxErr error) error {
+		if ctxErr != nil {
+			return fmt.Errorf("postboxkafka: publish %s: %w", f.id, ctxErr)
 		}
-		f.finish(fmt.Errorf("postboxkafka: publish %s to %s: %w (%s)", f.id, f.topic, ErrPublishTimeout, p.cfg.PublishTimeout))
+		return fmt.Errorf("postboxkafka: publish %s to %s: %w (%s)", f.id, f.topic, ErrPublishTimeout, p.cfg.PublishTimeout)
 	})
 	p.cl.Produce(rctx, rec, func(_ *kgo.Record, err error) {
-		stop()
-		cancel()
+		f.Stop()
 		p.resolve(f, err)
 	})
 }
@@ -177,17 +165,17 @@ func (p *Publisher) resolve(f *flight, err error) {
 	}()
 	switch {
 	case err == nil:
-		f.finish(nil)
-	case f.called.Load():
+		f.Finish(nil)
+	case f.Finished():
 		// The context ended first and the relay has its answer.
 	default:
-		switch Classify(err) {
-		case Message:
-			f.finish(postbox.NewMessageError(fmt.Errorf("postboxkafka: publish %s to %s: %w", f.id, f.topic, err)))
-		case Unconfirmed:
+		switch classify(err) {
+		case pubkit.Message:
+			f.Finish(postbox.NewMessageError(fmt.Errorf("postboxkafka: publish %s to %s: %w", f.id, f.topic, err)))
+		case pubkit.Unconfirmed:
 			p.lookup(f, err)
 		default:
-			f.finish(fmt.Errorf("postboxkafka: publish %s to %s: %w", f.id, f.topic, err))
+			f.Finish(fmt.Errorf("postboxkafka: publish %s to %s: %w", f.id, f.topic, err))
 		}
 	}
 }
@@ -196,9 +184,9 @@ func (p *Publisher) resolve(f *flight, err error) {
 // that met it unknown meanwhile.
 func (p *Publisher) lookup(f *flight, cause error) {
 	p.mu.Lock()
-	if p.ctx.Err() != nil {
+	if p.kit.Context().Err() != nil {
 		p.mu.Unlock()
-		f.finish(fmt.Errorf("postboxkafka: publish %s to %s: %w (%w)", f.id, f.topic, cause, ErrClosed))
+		f.Finish(fmt.Errorf("postboxkafka: publish %s to %s: %w (%w)", f.id, f.topic, cause, ErrClosed))
 		return
 	}
 	ws, running := p.lookups[f.topic]
@@ -213,7 +201,7 @@ func (p *Publisher) lookup(f *flight, cause error) {
 
 func (p *Publisher) runLookup(topic string) {
 	defer p.wg.Done()
-	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.PublishTimeout)
+	ctx, cancel := context.WithTimeout(p.kit.Context(), p.cfg.PublishTimeout)
 	missing, err := topicMissing(ctx, p.cl, topic)
 	cancel()
 	p.mu.Lock()
@@ -227,11 +215,11 @@ func (p *Publisher) runLookup(topic string) {
 	for _, w := range ws {
 		switch {
 		case err != nil:
-			w.f.finish(fmt.Errorf("postboxkafka: publish %s to %s: %w (the topic lookup failed: %w)", w.f.id, topic, w.cause, err))
+			w.f.Finish(fmt.Errorf("postboxkafka: publish %s to %s: %w (the topic lookup failed: %w)", w.f.id, topic, w.cause, err))
 		case missing:
-			w.f.finish(postbox.NewMessageError(fmt.Errorf("postboxkafka: publish %s: %w: %s", w.f.id, ErrNoTopic, topic)))
+			w.f.Finish(postbox.NewMessageError(fmt.Errorf("postboxkafka: publish %s: %w: %s", w.f.id, ErrNoTopic, topic)))
 		default:
-			w.f.finish(fmt.Errorf("postboxkafka: publish %s to %s: %w (the topic exists; the broker did not know it yet)", w.f.id, topic, w.cause))
+			w.f.Finish(fmt.Errorf("postboxkafka: publish %s to %s: %w (the topic exists; the broker did not know it yet)", w.f.id, topic, w.cause))
 		}
 	}
 	p.poke()
@@ -252,9 +240,7 @@ func (p *Publisher) poke() {
 // under the same ce_id, and the inbox absorbs a copy. Close leaves the
 // client open: close it after the Publisher.
 func (p *Publisher) Close(ctx context.Context) error {
-	p.mu.Lock()
-	p.closed = true
-	p.mu.Unlock()
+	p.kit.Close()
 	var err error
 	for err == nil {
 		p.mu.Lock()
@@ -269,7 +255,7 @@ func (p *Publisher) Close(ctx context.Context) error {
 			err = ctx.Err()
 		}
 	}
-	p.cancel()
+	p.kit.Cancel()
 	p.wg.Wait()
 	if err != nil {
 		p.mu.Lock()
@@ -279,7 +265,7 @@ func (p *Publisher) Close(ctx context.Context) error {
 		}
 		p.mu.Unlock()
 		for _, f := range left {
-			f.finish(fmt.Errorf("postboxkafka: publish %s to %s: %w before its acknowledgement", f.id, f.topic, ErrClosed))
+			f.Finish(fmt.Errorf("postboxkafka: publish %s to %s: %w before its acknowledgement", f.id, f.topic, ErrClosed))
 		}
 	}
 	return err

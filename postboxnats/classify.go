@@ -1,7 +1,6 @@
 package postboxnats
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,8 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/brokerutil"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // Errors this package reports as the cause of a message failure. The
@@ -37,38 +35,6 @@ var (
 // ErrClosed is the infrastructure failure of publishes cut off by Close,
 // and of every Publish after it.
 var ErrClosed = errors.New("postboxnats: publisher closed")
-
-// Class is how a publish error counts for the relay.
-type Class int
-
-const (
-	// Infrastructure: the broker could not be reached or did not answer in
-	// time. The relay spends no attempt, keeps the message pending and
-	// pauses.
-	Infrastructure Class = iota
-	// Message: the message itself was refused (too large, an invalid
-	// subject or header, no stream for its subject). The relay spends one
-	// attempt and backs the message off.
-	Message
-	// Unconfirmed: nothing answered the publish. If no stream captures the
-	// subject this is a message failure; if the lookup cannot tell (or a
-	// stream exists but is not answering) it is infrastructure. The
-	// Publisher settles it with a stream lookup before calling done; only
-	// Classify's caller ever sees it.
-	Unconfirmed
-)
-
-func (c Class) String() string {
-	switch c {
-	case Infrastructure:
-		return "infrastructure"
-	case Message:
-		return "message"
-	case Unconfirmed:
-		return "unconfirmed"
-	}
-	return fmt.Sprintf("Class(%d)", int(c))
-}
 
 // messageAPIErrors are the JetStream error codes, returned in a PubAck, that
 // are caused by the message and would be returned again for the same
@@ -110,48 +76,43 @@ var messageAPIErrors = map[jetstream.ErrorCode]bool{
 // stream's state.
 const storeFailed jetstream.ErrorCode = 10077
 
-// Classify tells how err, returned by a JetStream publish, counts for the
-// relay. err must not be nil.
+// classify tells how err, returned by a JetStream publish, counts for
+// the relay. err must not be nil.
 //
-//   - Message: an error already wrapped with postbox.NewMessageError;
-//     ErrNoStream, ErrInvalidSubject, ErrInvalidHeader, ErrNoID;
-//     nats.ErrMaxPayload (payload and headers over the server's
-//     max_payload), nats.ErrBadSubject, nats.ErrBadHeaderMsg,
-//     jetstream.ErrInvalidSubject; and the JetStream API errors in a PubAck
-//     that the message causes (over the stream's max_msg_size, expected
-//     stream mismatch, sealed stream, ...).
-//   - Unconfirmed: jetstream.ErrNoStreamResponse and nats.ErrNoResponders.
-//   - Infrastructure: everything else: context errors, timeouts
+//   - pubkit.Message: what pubkit.MessageFault knows as the message's
+//     (postbox.MessageError); ErrNoStream, ErrInvalidSubject,
+//     ErrInvalidHeader, ErrNoID; nats.ErrMaxPayload (payload and headers
+//     over the server's max_payload), nats.ErrBadSubject,
+//     nats.ErrBadHeaderMsg, jetstream.ErrInvalidSubject; and the
+//     JetStream API errors in a PubAck that the message causes (over the
+//     stream's max_msg_size, expected stream mismatch, sealed stream, ...).
+//   - pubkit.Unconfirmed (a stream lookup settles it): jetstream.ErrNoStreamResponse and
+//     nats.ErrNoResponders.
+//   - pubkit.Infra: everything else: context errors, timeouts
 //     (jetstream.ErrAsyncPublishTimeout, nats.ErrTimeout), nats.ErrDisconnected,
 //     nats.ErrConnectionClosed, jetstream.ErrJetStreamNotEnabled, ErrClosed,
-//     and unknown errors. An unknown error is treated as the broker's
-//     fault on purpose: that costs a pause and never an attempt, so it
-//     can delay a message but never bury one.
-func Classify(err error) Class {
-	var me *postbox.MessageError
-	switch {
-	case errors.As(err, &me):
-		return Message
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return Infrastructure
-	case errors.Is(err, ErrNoStream), errors.Is(err, ErrInvalidSubject),
-		errors.Is(err, ErrInvalidHeader), errors.Is(err, ErrNoID),
-		errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadSubject),
-		errors.Is(err, nats.ErrBadHeaderMsg), errors.Is(err, jetstream.ErrInvalidSubject):
-		return Message
-	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
-		return Unconfirmed
+//     and unknown errors.
+func classify(err error) pubkit.Fault {
+	if message, known := pubkit.MessageFault(err, ErrNoStream, ErrInvalidSubject, ErrInvalidHeader, ErrNoID,
+		nats.ErrMaxPayload, nats.ErrBadSubject, nats.ErrBadHeaderMsg, jetstream.ErrInvalidSubject); known {
+		if message {
+			return pubkit.Message
+		}
+		return pubkit.Infra
+	}
+	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+		return pubkit.Unconfirmed
 	}
 	var api *jetstream.APIError
 	if errors.As(err, &api) {
 		if messageAPIErrors[api.ErrorCode] {
-			return Message
+			return pubkit.Message
 		}
 		if api.ErrorCode == storeFailed && strings.Contains(api.Description, "message too large") {
-			return Message
+			return pubkit.Message
 		}
 	}
-	return Infrastructure
+	return pubkit.Infra
 }
 
 // MaxSubjectBytes caps a subject's length. A publish's subject travels in
@@ -177,7 +138,7 @@ func ValidateSubject(subject string) error {
 
 func validateSubject(s string) error {
 	bad := func(reason string) error {
-		return fmt.Errorf("%w %q: %s", ErrInvalidSubject, brokerutil.Shorten(s), reason)
+		return fmt.Errorf("%w %q: %s", ErrInvalidSubject, pubkit.Shorten(s), reason)
 	}
 	if s == "" {
 		return bad("it is empty")
@@ -228,18 +189,18 @@ func validateHeader(name, value string) error {
 	}
 	for i := 0; i < len(name); i++ {
 		if c := name[i]; c < 0x21 || c > 0x7e || c == ':' {
-			return fmt.Errorf("%w %q: name has %q; names are printable ASCII without ':'", ErrInvalidHeader, brokerutil.Shorten(name), c)
+			return fmt.Errorf("%w %q: name has %q; names are printable ASCII without ':'", ErrInvalidHeader, pubkit.Shorten(name), c)
 		}
 	}
 	if len(name) >= 5 && strings.EqualFold(name[:5], "nats-") {
-		return fmt.Errorf("%w %q: Nats-* headers steer JetStream and are set by the publisher only", ErrInvalidHeader, brokerutil.Shorten(name))
+		return fmt.Errorf("%w %q: Nats-* headers steer JetStream and are set by the publisher only", ErrInvalidHeader, pubkit.Shorten(name))
 	}
 	return validateHeaderValue(name, value)
 }
 
 func validateHeaderValue(name, value string) error {
 	if strings.ContainsAny(value, "\r\n\x00") {
-		return fmt.Errorf("%w %q: value holds CR, LF or NUL", ErrInvalidHeader, brokerutil.Shorten(name))
+		return fmt.Errorf("%w %q: value holds CR, LF or NUL", ErrInvalidHeader, pubkit.Shorten(name))
 	}
 	return nil
 }

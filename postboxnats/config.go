@@ -3,10 +3,9 @@ package postboxnats
 import (
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/brokerutil"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // Defaults, as documented on Config.
@@ -90,7 +89,7 @@ func (c *Config) WithDefaults() *Config {
 func (c *Config) Validate() error {
 	var ps []*postbox.ValidationError
 	bad := func(field string, value any, format string, args ...any) {
-		ps = append(ps, brokerutil.Problem(field, value, format, args...))
+		ps = append(ps, pubkit.Problem(field, value, format, args...))
 	}
 	if p := c.SubjectPrefix; p != "" {
 		switch {
@@ -104,7 +103,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	if s := c.ExpectStream; s != "" {
-		if len(s) > maxStreamName || strings.ContainsAny(s, ">*. /\\\t\r\n") || !printable(s) {
+		if len(s) > maxStreamName || strings.ContainsAny(s, ">*. /\\\t\r\n") || !pubkit.Printable(s) {
 			bad("ExpectStream", s, "is not a valid stream name (printable, at most %d bytes, none of . * > / \\ or whitespace)", maxStreamName)
 		}
 	}
@@ -118,17 +117,4 @@ func (c *Config) Validate() error {
 		return &postbox.ConfigError{Problems: ps}
 	}
 	return nil
-}
-
-// printable reports whether s is UTF-8 text without control characters.
-func printable(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] == 0x7f {
-			return false
-		}
-	}
-	return true
 }

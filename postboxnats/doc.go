@@ -44,7 +44,8 @@
 // # Failures
 //
 // done gets nil on a PubAck, and otherwise an error the relay sorts by
-// postbox.IsMessageError (see Classify):
+// postbox.IsMessageError; the Publisher wraps every message failure with
+// postbox.NewMessageError:
 //
 //	failure                                           class           error
 //	PubAck (Duplicate or not)                         success         nil

@@ -3,7 +3,6 @@ package postboxnats
 import (
 	"context"
 	"log/slog"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/keyorder"
 )
 
 // Per-key order (SubscriberConfig.PerKey).
@@ -46,34 +46,24 @@ import (
 // by a running delivery moves on soon after.
 const minBounce = 100 * time.Millisecond
 
-// entry is one message of a key: held (msg set), being processed
-// (keyQueue.running), or a marker awaiting its redelivery (msg nil).
+// entry is one message of a key: held (msg set), being processed (the
+// key's active entry), or a marker awaiting its redelivery (msg nil).
 type entry struct {
-	key     string
-	seq     uint64 // stream sequence
+	keyorder.Entry
 	msg     jetstream.Msg
 	d       *postbox.Delivery
 	touched time.Time // last delivery or InProgress of a held message
-	due     time.Time // marker: when the redelivery is expected
-	expires time.Time // marker: when waiting for it is given up
-}
-
-type keyQueue struct {
-	entries []*entry // by stream sequence, one per sequence
-	running *entry
 }
 
 // keyOrder schedules the deliveries of one Run that carry a key.
 type keyOrder struct {
 	r          *run
-	maxHeld    int
 	giveUp     time.Duration // a marker's wait beyond its delay
 	touchEvery time.Duration
 	interval   time.Duration
 
 	mu   sync.Mutex
-	keys map[string]*keyQueue
-	held int // entries with a message, not running
+	keys *keyorder.Order[*entry] // by stream sequence
 }
 
 // newKeyOrder: ackMin and ackMax are the shortest and longest time the
@@ -89,16 +79,16 @@ type keyOrder struct {
 func newKeyOrder(r *run, maxInFlight int, ackMin, ackMax time.Duration) *keyOrder {
 	return &keyOrder{
 		r:          r,
-		maxHeld:    maxInFlight / 2,
 		giveUp:     2*ackMax + time.Second,
 		touchEvery: ackMin / 3,
 		interval:   min(max(ackMin/4, 10*time.Millisecond), time.Second),
-		keys:       map[string]*keyQueue{},
+		keys:       keyorder.New[*entry](maxInFlight, 0),
 	}
 }
 
-// arrive takes in a delivery, which holds a token.
-func (k *keyOrder) arrive(e *entry) {
+// arrive takes in a delivery of key at stream sequence seq, which holds a
+// token.
+func (k *keyOrder) arrive(key string, seq uint64, e *entry) {
 	now := time.Now()
 	in := e.msg // the delivery just taken in, whichever entry files it
 	var start, bounce *entry
@@ -106,26 +96,18 @@ func (k *keyOrder) arrive(e *entry) {
 	release := false
 
 	k.mu.Lock()
-	q := k.keys[e.key]
-	if q == nil {
-		q = &keyQueue{}
-		k.keys[e.key] = q
-	}
-	i := sort.Search(len(q.entries), func(i int) bool { return q.entries[i].seq >= e.seq })
 	added := e
-	if i < len(q.entries) && q.entries[i].seq == e.seq {
-		x := q.entries[i]
-		switch {
-		case x == q.running:
+	if x := k.keys.Add(key, keyorder.Pos{Hi: seq}, e); x != e {
+		switch x.State() {
+		case keyorder.Active:
 			// A copy of the delivery being processed, sent because the
 			// run outlived AckWait. Its outcome settles the message by
 			// stream sequence, whichever delivery it came with.
 			added, release = nil, true
-		case x.msg == nil:
+		case keyorder.Marker:
 			// The redelivery a marker waited for.
 			x.msg, x.d, x.touched = e.msg, e.d, now
-			x.due, x.expires = time.Time{}, time.Time{}
-			k.held++
+			k.keys.Fill(x)
 			added = x
 		default:
 			// A held message the server sent again: keep the newer
@@ -133,21 +115,15 @@ func (k *keyOrder) arrive(e *entry) {
 			x.msg, x.d, x.touched = e.msg, e.d, now
 			added, release = nil, true
 		}
-	} else {
-		q.entries = append(q.entries, nil)
-		copy(q.entries[i+1:], q.entries[i:])
-		q.entries[i] = e
-		k.held++
 	}
-	start = k.next(q)
-	if added != nil && added != start && k.held > k.maxHeld {
+	start = k.next(key)
+	if added != nil && added != start && k.keys.Crowded() {
 		bounceDelay = minBounce
-		if h := q.entries[0]; h.msg == nil && h.due.Sub(now) > bounceDelay {
-			bounceDelay = h.due.Sub(now) + 10*time.Millisecond
+		if h, _ := k.keys.First(key); h.State() == keyorder.Marker && h.Due().Sub(now) > bounceDelay {
+			bounceDelay = h.Due().Sub(now) + 10*time.Millisecond
 		}
 		bounce = added
 		k.toMarker(bounce, now, bounceDelay)
-		k.held--
 	}
 	k.mu.Unlock()
 
@@ -158,7 +134,7 @@ func (k *keyOrder) arrive(e *entry) {
 		if err := in.NakWithDelay(bounceDelay); err != nil {
 			k.disrupted(time.Now())
 			k.r.s.log.Warn("postboxnats subscriber: could not hand a held message back; it comes back after AckWait",
-				slog.String("consumer", k.r.s.name), slog.String("key", bounce.key), slog.Uint64("stream_seq", bounce.seq), slog.Any("error", err))
+				slog.String("consumer", k.r.s.name), slog.String("key", bounce.Key()), slog.Uint64("stream_seq", bounce.Pos().Hi), slog.Any("error", err))
 		}
 		k.r.release()
 	}
@@ -171,35 +147,26 @@ func (k *keyOrder) arrive(e *entry) {
 // the server could not be reached, so a nak may be lost, or the server
 // restarted and its redelivery timers begin again.
 func (k *keyOrder) disrupted(now time.Time) {
-	end := now.Add(k.giveUp)
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	for _, q := range k.keys {
-		for _, e := range q.entries {
-			if e.msg == nil && e.expires.Before(end) {
-				e.expires = end
-			}
-		}
-	}
+	k.keys.PushOut(now.Add(k.giveUp))
 }
 
 // toMarker turns e into a marker expected after delay; k.mu is held.
 func (k *keyOrder) toMarker(e *entry, now time.Time, delay time.Duration) {
 	e.msg = nil
-	e.due = now.Add(delay)
-	e.expires = e.due.Add(k.giveUp)
+	k.keys.ToMarker(e, now, delay, k.giveUp)
 }
 
-// next marks q's head as running and returns it, when q has nothing
-// running and its head is a held message; k.mu is held. Once ctx has
-// ended nothing new starts: held messages are abandoned to AckWait.
-func (k *keyOrder) next(q *keyQueue) *entry {
-	if q.running != nil || len(q.entries) == 0 || q.entries[0].msg == nil || k.r.ctx.Err() != nil {
+// next starts key's head and returns it, when nothing of the key runs
+// and its head is a held message; k.mu is held. Once ctx has ended
+// nothing new starts: held messages are abandoned to AckWait.
+func (k *keyOrder) next(key string) *entry {
+	if k.r.ctx.Err() != nil {
 		return nil
 	}
-	q.running = q.entries[0]
-	k.held--
-	return q.running
+	e, _ := k.keys.Next(key)
+	return e
 }
 
 func (k *keyOrder) start(e *entry) {
@@ -217,22 +184,12 @@ func (k *keyOrder) start(e *entry) {
 func (k *keyOrder) settled(e *entry, again bool, delay time.Duration) {
 	now := time.Now()
 	k.mu.Lock()
-	q := k.keys[e.key]
-	q.running = nil
 	if again {
 		k.toMarker(e, now, delay)
 	} else {
-		for i, x := range q.entries {
-			if x == e {
-				q.entries = append(q.entries[:i], q.entries[i+1:]...)
-				break
-			}
-		}
+		k.keys.Remove(e)
 	}
-	start := k.next(q)
-	if len(q.entries) == 0 {
-		delete(k.keys, e.key)
-	}
+	start := k.next(e.Key())
 	k.mu.Unlock()
 	k.r.release()
 	if start != nil {
@@ -261,12 +218,10 @@ func (k *keyOrder) sweep(now time.Time, saturated bool) {
 	// of reach, which must push the markers out before any is given up.
 	var touch []jetstream.Msg
 	k.mu.Lock()
-	for _, q := range k.keys {
-		for _, e := range q.entries {
-			if e.msg != nil && e != q.running && now.Sub(e.touched) >= k.touchEvery {
-				touch = append(touch, e.msg)
-				e.touched = now
-			}
+	for e := range k.keys.All() {
+		if e.State() == keyorder.Held && now.Sub(e.touched) >= k.touchEvery {
+			touch = append(touch, e.msg)
+			e.touched = now
 		}
 	}
 	k.mu.Unlock()
@@ -281,30 +236,22 @@ func (k *keyOrder) sweep(now time.Time, saturated bool) {
 		k.disrupted(now)
 	}
 
+	// The markers are not given up while the puller is short of tokens:
+	// then a redelivery may simply not have been fetched yet.
 	var expired, starts []*entry
 	k.mu.Lock()
-	for key, q := range k.keys {
-		kept := q.entries[:0]
-		for _, e := range q.entries {
-			if e.msg == nil && !saturated && now.After(e.expires) {
-				expired = append(expired, e)
-				continue
-			}
-			kept = append(kept, e)
-		}
-		clear(q.entries[len(kept):])
-		q.entries = kept
-		if s := k.next(q); s != nil {
+	if !saturated {
+		expired = k.keys.Expire(now)
+	}
+	for key := range k.keys.Keys() {
+		if s := k.next(key); s != nil {
 			starts = append(starts, s)
-		}
-		if len(q.entries) == 0 {
-			delete(k.keys, key)
 		}
 	}
 	k.mu.Unlock()
 	for _, e := range expired {
 		k.r.s.log.Warn("postboxnats subscriber: a retried message was not redelivered in time; its key moves on, so its order may break",
-			slog.String("consumer", k.r.s.name), slog.String("key", e.key), slog.Uint64("stream_seq", e.seq),
+			slog.String("consumer", k.r.s.name), slog.String("key", e.Key()), slog.Uint64("stream_seq", e.Pos().Hi),
 			slog.String("hint", "MaxDeliver reached, message deleted from the stream, or delivered to another subscriber of the consumer"))
 	}
 	for _, e := range starts {

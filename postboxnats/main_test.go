@@ -200,10 +200,10 @@ func envelope(topic string, payload string) *postbox.Envelope {
 
 func mustMessage(t testing.TB, err error, target error) {
 	t.Helper()
-	pubtest.MustMessage(t, err, target, nil)
+	pubtest.MustMessage(t, err, target)
 }
 
 func mustInfra(t testing.TB, err error) {
 	t.Helper()
-	pubtest.MustInfra(t, err, nil, nil)
+	pubtest.MustInfra(t, err, nil)
 }

@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/brokerutil"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // Publisher publishes envelopes to JetStream and reports each one done on
@@ -24,46 +23,29 @@ import (
 // map entry, the client's own ack timer, and a context.AfterFunc
 // registration for its context.
 type Publisher struct {
-	cfg     *Config
-	js      jetstream.JetStream
-	slots   chan struct{} // the MaxPending window: one token per publish the broker has not settled
-	closing chan struct{} // closed by Close, wakes a Publish waiting for a slot
-	ctx     context.Context
-	cancel  context.CancelFunc // ends stream lookups at Close
-
-	// gate keeps Close out while a Publish is inside the client: after
-	// CleanupPublisher, a late PublishMsgAsync would resubscribe the
-	// reply subject and nothing would ever clean it up again.
-	gate sync.RWMutex
+	cfg *Config
+	js  jetstream.JetStream
+	// kit holds the MaxPending window (a slot per publish the broker has
+	// not settled) and keeps Close out while a Publish is inside the
+	// client: after CleanupPublisher, a late PublishMsgAsync would
+	// resubscribe the reply subject and nothing would ever clean it up
+	// again. Its goroutines are the stream lookups and timeout hand-offs,
+	// and its context ends the lookups at Close.
+	kit *pubkit.Kit
 
 	mu       sync.Mutex
-	closed   bool
 	inflight map[*nats.Msg]*flight // sent, awaiting the broker's answer
 	lookups  map[string][]waiter   // subject -> publishes awaiting a stream lookup
-	wg       sync.WaitGroup        // lookups and timeout hand-offs
 }
 
-// flight is one publish awaiting its outcome.
+// flight is one publish awaiting its outcome. Its slot is freed when the
+// client hands the broker's answer back (take), before the outcome is
+// classified, which may take a stream lookup.
 type flight struct {
+	pubkit.Flight
 	id      string
 	subject string
-	done    func(error)
-	called  atomic.Bool
-	stop    func() bool // unregisters the context watch; set before the flight is shared
-}
-
-// finish calls done once. Two paths race to it: the broker's answer (ack,
-// error, timeout) and the end of the publish's context. Say the context
-// ends while the ack is being read: its AfterFunc calls finish(ctx.Err())
-// and wins the swap; the ack handler's finish(nil) then does nothing, and
-// the relay treats the message as not published, so it sends it again
-// later, with the same Nats-Msg-Id, which JetStream answers as a
-// duplicate. The other order reports the ack and the context's end is
-// ignored. Either way done runs exactly once.
-func (f *flight) finish(err error) {
-	if f.called.CompareAndSwap(false, true) {
-		f.done(err)
-	}
+	msg     *nats.Msg
 }
 
 type waiter struct {
@@ -90,19 +72,15 @@ func New(js jetstream.JetStream, cfg *Config) (*Publisher, error) {
 	if nc == nil {
 		return nil, errors.New("postboxnats: the JetStream has no connection")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{
 		cfg:      c,
-		slots:    make(chan struct{}, c.MaxPending),
-		closing:  make(chan struct{}),
-		ctx:      ctx,
-		cancel:   cancel,
+		kit:      pubkit.New(c.MaxPending, ErrClosed),
 		inflight: make(map[*nats.Msg]*flight, c.MaxPending),
 		lookups:  map[string][]waiter{},
 	}
 	// Ack and error handlers are per JetStream context, so the Publisher
 	// makes its own on the same connection rather than take over the
-	// caller's. Its pending limit equals the window, which p.slots
+	// caller's. Its pending limit equals the window, which p.kit
 	// enforces first, so the client never stalls on it.
 	o := js.Options()
 	opts := []jetstream.JetStreamOpt{
@@ -127,7 +105,7 @@ func New(js jetstream.JetStream, cfg *Config) (*Publisher, error) {
 		p.js, err = jetstream.New(nc, opts...)
 	}
 	if err != nil {
-		cancel()
+		p.kit.Cancel()
 		return nil, fmt.Errorf("postboxnats: %w", err)
 	}
 	return p, nil
@@ -146,7 +124,7 @@ func (p *Publisher) Subject(topic string) (string, error) {
 		s = p.cfg.SubjectPrefix + topic
 	}
 	if err := validateSubject(s); err != nil {
-		return "", fmt.Errorf("topic %q: %w", brokerutil.Shorten(topic), err)
+		return "", fmt.Errorf("topic %q: %w", pubkit.Shorten(topic), err)
 	}
 	return s, nil
 }
@@ -154,7 +132,7 @@ func (p *Publisher) Subject(topic string) (string, error) {
 // Pending returns the number of publishes the broker has not yet settled,
 // including those whose done was already called because their context
 // ended: each holds a slot of the MaxPending window until it resolves.
-func (p *Publisher) Pending() int { return len(p.slots) }
+func (p *Publisher) Pending() int { return p.kit.Window().Pending() }
 
 // Publish sends env to the subject its topic maps to, with Nats-Msg-Id set
 // to env.ID and env.Headers as NATS headers, and returns once the message
@@ -163,8 +141,8 @@ func (p *Publisher) Pending() int { return len(p.slots) }
 //   - nil when JetStream acknowledged the message, a duplicate included
 //     (a message with that id was stored before);
 //   - a postbox.MessageError when the message itself was refused (see
-//     Classify; ErrNoStream only after the server confirmed that no stream
-//     captures the subject);
+//     the package's table of failures; ErrNoStream only after the server
+//     confirmed that no stream captures the subject);
 //   - ctx.Err() when ctx ends first;
 //   - any other error for an infrastructure failure.
 //
@@ -174,53 +152,32 @@ func (p *Publisher) Pending() int { return len(p.slots) }
 // lanes); it blocks while MaxPending publishes are unsettled, until ctx
 // ends.
 func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done func(error)) {
-	if err := ctx.Err(); err != nil {
-		done(err)
-		return
-	}
-	m, err := p.message(env)
-	if err != nil {
-		done(postbox.NewMessageError(err))
-		return
-	}
-	if err := brokerutil.Acquire(ctx, p.slots, p.closing, ErrClosed); err != nil {
-		done(err)
-		return
-	}
-	f := &flight{id: env.ID, subject: m.Subject, done: done}
-	f.stop = context.AfterFunc(ctx, func() { f.finish(ctx.Err()) })
-
-	p.gate.RLock()
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		p.gate.RUnlock()
-		<-p.slots
-		f.stop()
-		f.finish(ErrClosed)
+	f, ok := pubkit.Start(p.kit, ctx, env, done, p.flight)
+	if !ok {
 		return
 	}
 	// Registered before the send: the ack can arrive before
 	// PublishMsgAsync returns.
-	p.inflight[m] = f
+	p.mu.Lock()
+	p.inflight[f.msg] = f
 	p.mu.Unlock()
-	_, err = p.js.PublishMsgAsync(m)
-	p.gate.RUnlock()
+	_, err := p.js.PublishMsgAsync(f.msg)
+	p.kit.Leave()
 	if err != nil {
 		// The client failed the send itself (payload over max_payload,
 		// connection closed, reconnect buffer full) and calls no handler
 		// for it, unless a reconnect failed the publish first; take
 		// settles whichever came first.
-		if f := p.take(m); f != nil {
+		if f := p.take(f.msg); f != nil {
 			p.resolve(f, err)
 		}
 	}
 }
 
-// message builds the NATS message for env. The id travels as Nats-Msg-Id,
+// flight builds the NATS message for env. The id travels as Nats-Msg-Id,
 // exactly what jetstream.WithMsgID sets; setting the header directly
 // spares the options' allocations on every publish.
-func (p *Publisher) message(env *postbox.Envelope) (*nats.Msg, error) {
+func (p *Publisher) flight(env *postbox.Envelope) (*flight, error) {
 	if env.ID == "" {
 		return nil, ErrNoID
 	}
@@ -250,7 +207,7 @@ func (p *Publisher) message(env *postbox.Envelope) (*nats.Msg, error) {
 	if p.cfg.ExpectStream != "" {
 		set(jetstream.ExpectedStreamHeader, p.cfg.ExpectStream)
 	}
-	return &nats.Msg{Subject: subject, Data: env.Payload, Header: h}, nil
+	return &flight{id: env.ID, subject: subject, msg: &nats.Msg{Subject: subject, Data: env.Payload, Header: h}}, nil
 }
 
 // take removes m's flight and frees its slot; nil when another path
@@ -261,7 +218,7 @@ func (p *Publisher) take(m *nats.Msg) *flight {
 	delete(p.inflight, m)
 	p.mu.Unlock()
 	if f != nil {
-		<-p.slots
+		f.Release()
 	}
 	return f
 }
@@ -269,8 +226,7 @@ func (p *Publisher) take(m *nats.Msg) *flight {
 // acked is the client's ack handler, run on its reply dispatch goroutine.
 func (p *Publisher) acked(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) {
 	if f := p.take(m); f != nil {
-		f.stop()
-		f.finish(nil)
+		f.Settle(nil)
 	}
 }
 
@@ -292,32 +248,25 @@ func (p *Publisher) failed(_ jetstream.JetStream, m *nats.Msg, err error) {
 		// A done that published again from here would deadlock on the
 		// lock the timer holds; hand the outcome to a goroutine of our
 		// own. Timeouts come only when the broker is in trouble, so
-		// these are few.
-		p.mu.Lock()
-		if !p.closed {
-			p.wg.Add(1)
-			p.mu.Unlock()
-			go func() {
-				defer p.wg.Done()
-				p.resolve(f, err)
-			}()
+		// these are few. Once closed, no goroutine is started, and none
+		// is needed: Close's CleanupPublisher calls us holding no lock.
+		if p.kit.Go(func() { p.resolve(f, err) }) {
 			return
 		}
-		p.mu.Unlock()
 	}
 	p.resolve(f, err)
 }
 
 // resolve reports a failed publish, classified.
 func (p *Publisher) resolve(f *flight, err error) {
-	f.stop()
-	switch Classify(err) {
-	case Message:
-		f.finish(postbox.NewMessageError(fmt.Errorf("postboxnats: publish %s on %q: %w", f.id, f.subject, err)))
-	case Unconfirmed:
+	f.Stop()
+	switch classify(err) {
+	case pubkit.Message:
+		f.Finish(postbox.NewMessageError(fmt.Errorf("postboxnats: publish %s on %q: %w", f.id, f.subject, err)))
+	case pubkit.Unconfirmed:
 		p.confirm(f, err)
 	default:
-		f.finish(fmt.Errorf("postboxnats: publish %s on %q: %w", f.id, f.subject, err))
+		f.Finish(fmt.Errorf("postboxnats: publish %s on %q: %w", f.id, f.subject, err))
 	}
 }
 
@@ -326,23 +275,19 @@ func (p *Publisher) resolve(f *flight, err error) {
 // a missing stream fails a whole window of them at once.
 func (p *Publisher) confirm(f *flight, cause error) {
 	p.mu.Lock()
-	if p.closed {
+	ws, running := p.lookups[f.subject]
+	if p.kit.Closed() || !running && !p.kit.Go(func() { p.lookup(f.subject) }) {
 		p.mu.Unlock()
-		f.finish(fmt.Errorf("postboxnats: publish %s on %q: %w (%w)", f.id, f.subject, cause, ErrClosed))
+		f.Finish(fmt.Errorf("postboxnats: publish %s on %q: %w (%w)", f.id, f.subject, cause, ErrClosed))
 		return
 	}
-	ws, running := p.lookups[f.subject]
+	// The lookup started above reads the waiters only once p.mu is free.
 	p.lookups[f.subject] = append(ws, waiter{f, cause})
-	if !running {
-		p.wg.Add(1)
-		go p.lookup(f.subject)
-	}
 	p.mu.Unlock()
 }
 
 func (p *Publisher) lookup(subject string) {
-	defer p.wg.Done()
-	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.PublishTimeout)
+	ctx, cancel := context.WithTimeout(p.kit.Context(), p.cfg.PublishTimeout)
 	stream, err := p.js.StreamNameBySubject(ctx, subject)
 	cancel()
 	p.mu.Lock()
@@ -352,13 +297,13 @@ func (p *Publisher) lookup(subject string) {
 	for _, w := range ws {
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound):
-			w.f.finish(postbox.NewMessageError(fmt.Errorf("postboxnats: publish %s: %w: %q (%w)", w.f.id, ErrNoStream, subject, w.cause)))
+			w.f.Finish(postbox.NewMessageError(fmt.Errorf("postboxnats: publish %s: %w: %q (%w)", w.f.id, ErrNoStream, subject, w.cause)))
 		case err != nil:
 			// JetStream not ready, disconnected, lookup timed out: the
 			// server could not say, so the message is not to blame.
-			w.f.finish(fmt.Errorf("postboxnats: publish %s on %q: %w (stream lookup failed: %w)", w.f.id, subject, w.cause, err))
+			w.f.Finish(fmt.Errorf("postboxnats: publish %s on %q: %w (stream lookup failed: %w)", w.f.id, subject, w.cause, err))
 		default:
-			w.f.finish(fmt.Errorf("postboxnats: publish %s on %q: stream %q did not answer: %w", w.f.id, subject, stream, w.cause))
+			w.f.Finish(fmt.Errorf("postboxnats: publish %s on %q: stream %q did not answer: %w", w.f.id, subject, stream, w.cause))
 		}
 	}
 }
@@ -370,39 +315,23 @@ func (p *Publisher) lookup(subject string) {
 // lookups) to exit. The connection is left open. Calling Close again
 // does nothing.
 func (p *Publisher) Close(ctx context.Context) error {
-	p.gate.Lock()
-	p.mu.Lock()
-	already := p.closed
-	p.closed = true
-	p.mu.Unlock()
-	if !already {
-		close(p.closing)
-	}
-	p.gate.Unlock()
-	if already {
+	if !p.kit.Close() {
 		return nil
 	}
 	// Fails everything in flight through p.failed, unsubscribes the reply
 	// subject and stops the client's reconnect watcher.
 	p.js.CleanupPublisher()
-	p.cancel()
-	waited := make(chan struct{})
-	go func() {
-		p.wg.Wait()
-		close(waited)
-	}()
-	select {
-	case <-waited:
-	case <-ctx.Done():
-		return fmt.Errorf("postboxnats: close: %w", ctx.Err())
+	p.kit.Cancel()
+	if err := p.kit.Wait(ctx); err != nil {
+		return fmt.Errorf("postboxnats: close: %w", err)
 	}
 	p.mu.Lock()
 	left := p.inflight
 	p.inflight = map[*nats.Msg]*flight{}
 	p.mu.Unlock()
 	for _, f := range left {
-		f.stop()
-		f.finish(ErrClosed)
+		f.Stop()
+		f.Finish(ErrClosed)
 	}
 	return nil
 }

@@ -1,14 +1,13 @@
 package postboxredis
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // Errors this package reports as the cause of a message failure. The
@@ -54,31 +53,6 @@ var (
 // subscribing creates neither, EnsureGroup does.
 var ErrNoGroup = errors.New("postboxredis: the consumer group does not exist")
 
-// Class is how a publish error counts for the relay.
-type Class int
-
-const (
-	// Infrastructure: Redis could not be reached, did not answer in time,
-	// or is in a state that passes (loading, read-only replica, out of
-	// memory, busy script). The relay spends no attempt, keeps the message
-	// pending and pauses.
-	Infrastructure Class = iota
-	// Message: the message itself cannot be stored (no stream, a key of
-	// another type, an invalid stream name or header, too large). The
-	// relay spends one attempt and backs the message off.
-	Message
-)
-
-func (c Class) String() string {
-	switch c {
-	case Infrastructure:
-		return "infrastructure"
-	case Message:
-		return "message"
-	}
-	return fmt.Sprintf("Class(%d)", int(c))
-}
-
 // messageReplyPrefixes are the Redis error replies caused by the message
 // and returned again for the same message, so that retrying it soon
 // cannot help. Every other error reply (LOADING, READONLY, MASTERDOWN,
@@ -98,52 +72,41 @@ var messageReplyPrefixes = []string{
 	"ERR string exceeds maximum allowed size",
 }
 
-// Classify tells how err, returned by a publish, counts for the relay.
-// err must not be nil.
+// isMessageFault tells whether err, returned by a publish or an ack, is
+// the message's fault. err must not be nil.
 //
-//   - Message: an error already wrapped with postbox.NewMessageError;
-//     ErrNoStream, ErrWrongType, ErrInvalidStream, ErrTooLarge,
-//     ErrInvalidHeader, ErrNoID; and the error replies WRONGTYPE,
-//     CROSSSLOT and an argument over the server's proto-max-bulk-len.
+//   - The message's: what pubkit.MessageFault knows as the message's
+//     (postbox.MessageError); ErrNoStream, ErrWrongType, ErrInvalidStream,
+//     ErrTooLarge, ErrInvalidHeader, ErrNoID; and the error replies
+//     WRONGTYPE, CROSSSLOT and an argument over the server's
+//     proto-max-bulk-len.
 //   - Infrastructure: everything else: context errors, ErrClosed,
 //     ErrPublishTimeout, ErrNotReplicated, network errors (connection
 //     refused, reset, EOF, timeouts), redis.ErrClosed, pool timeouts, the
 //     error replies LOADING, READONLY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN,
 //     NOREPLICAS, BUSY, OOM, NOAUTH, WRONGPASS, NOPERM and "max number of
-//     clients", and unknown errors. An unknown error is treated as the
-//     broker's fault on purpose: that costs a pause and never an attempt,
-//     so it can delay a message but never bury one.
-func Classify(err error) Class {
-	var me *postbox.MessageError
-	switch {
-	case errors.As(err, &me):
-		return Message
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return Infrastructure
-	case errors.Is(err, ErrNoStream), errors.Is(err, ErrWrongType), errors.Is(err, ErrInvalidStream),
-		errors.Is(err, ErrTooLarge), errors.Is(err, ErrInvalidHeader), errors.Is(err, ErrNoID):
-		return Message
+//     clients", and unknown errors.
+func isMessageFault(err error) bool {
+	if message, known := pubkit.MessageFault(err, ErrNoStream, ErrWrongType, ErrInvalidStream,
+		ErrTooLarge, ErrInvalidHeader, ErrNoID); known {
+		return message
 	}
 	var re redis.Error
 	if errors.As(err, &re) {
 		msg := re.Error()
 		for _, p := range messageReplyPrefixes {
 			if strings.HasPrefix(msg, p) {
-				return Message
+				return true
 			}
 		}
 	}
-	return Infrastructure
+	return false
 }
 
 // classified wraps err for done: message failures with
 // postbox.NewMessageError, the rest as they are.
 func classified(err error) error {
-	if Classify(err) == Message {
-		var me *postbox.MessageError
-		if errors.As(err, &me) {
-			return err
-		}
+	if isMessageFault(err) && !postbox.IsMessageError(err) {
 		return postbox.NewMessageError(err)
 	}
 	return err

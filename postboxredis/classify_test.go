@@ -16,66 +16,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/postboxredis"
 )
-
-// replyError is an error reply as the client reports it: any error with a
-// RedisError method.
-type replyError string
-
-func (e replyError) Error() string { return string(e) }
-func (replyError) RedisError()     {}
-
-func TestClassify(t *testing.T) {
-	message := []error{
-		postbox.NewMessageError(errors.New("anything")),
-		postboxredis.ErrNoStream, postboxredis.ErrWrongType, postboxredis.ErrInvalidStream,
-		postboxredis.ErrTooLarge, postboxredis.ErrInvalidHeader, postboxredis.ErrNoID,
-		fmt.Errorf("publish x: %w", postboxredis.ErrNoStream),
-		replyError("WRONGTYPE Operation against a key holding the wrong kind of value"),
-		redis.ErrCrossSlot,
-		replyError("ERR Protocol error: invalid bulk length"),
-		replyError("ERR string exceeds maximum allowed size (proto-max-bulk-len)"),
-		fmt.Errorf("wrapped: %w", replyError("WRONGTYPE x")),
-	}
-	infra := []error{
-		context.Canceled, context.DeadlineExceeded,
-		fmt.Errorf("deadline: %w", context.DeadlineExceeded),
-		postboxredis.ErrClosed, postboxredis.ErrPublishTimeout, postboxredis.ErrNotReplicated,
-		&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED},
-		&net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET},
-		io.EOF, io.ErrUnexpectedEOF,
-		redis.ErrClosed, redis.ErrPoolTimeout, redis.ErrNoScript,
-		replyError("LOADING Redis is loading the dataset in memory"),
-		replyError("READONLY You can't write against a read only replica."),
-		replyError("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."),
-		replyError("CLUSTERDOWN The cluster is down"),
-		replyError("TRYAGAIN Multiple keys request during rehashing of slot"),
-		replyError("NOREPLICAS Not enough good replicas to write."),
-		replyError("BUSY Redis is busy running a script."),
-		replyError("OOM command not allowed when used memory > 'maxmemory'."),
-		replyError("NOAUTH Authentication required."),
-		replyError("WRONGPASS invalid username-password pair or user is disabled."),
-		replyError("NOPERM this user has no permissions to run the 'evalsha' command"),
-		replyError("ERR max number of clients reached"),
-		replyError("ERR unknown command 'evalsha'"),
-		errors.New("something nobody foresaw"),
-	}
-	for _, err := range message {
-		if c := postboxredis.Classify(err); c != postboxredis.Message {
-			t.Errorf("Classify(%v) = %s, want message", err, c)
-		}
-	}
-	for _, err := range infra {
-		if c := postboxredis.Classify(err); c != postboxredis.Infrastructure {
-			t.Errorf("Classify(%v) = %s, want infrastructure", err, c)
-		}
-	}
-	if s := postboxredis.Class(7).String(); s != "Class(7)" {
-		t.Errorf("unknown class prints %q", s)
-	}
-}
 
 // TestPublishClassifiedOnRedis publishes what the machine's Redis refuses,
 // and what the Publisher refuses before sending, and checks each

@@ -7,7 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/postbox-go/postbox/internal/brokerutil"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // Publisher defaults, as documented on Config.
@@ -156,13 +156,13 @@ func (c *Config) WithDefaults() *Config {
 	if out.DedupeWindow == 0 && !out.DisableDedupe {
 		out.DedupeWindow = DefaultDedupeWindow
 	}
-	brokerutil.Default(&out.PublishTimeout, DefaultPublishTimeout)
-	brokerutil.Default(&out.MaxPending, DefaultMaxPending)
-	brokerutil.Default(&out.Pipelines, DefaultPipelines)
-	brokerutil.Default(&out.MaxBatch, DefaultMaxBatch)
-	brokerutil.Default(&out.MaxEntryBytes, DefaultMaxEntryBytes)
+	pubkit.Default(&out.PublishTimeout, DefaultPublishTimeout)
+	pubkit.Default(&out.MaxPending, DefaultMaxPending)
+	pubkit.Default(&out.Pipelines, DefaultPipelines)
+	pubkit.Default(&out.MaxBatch, DefaultMaxBatch)
+	pubkit.Default(&out.MaxEntryBytes, DefaultMaxEntryBytes)
 	if out.MinReplicas > 0 {
-		brokerutil.Default(&out.ReplicaTimeout, DefaultReplicaTimeout)
+		pubkit.Default(&out.ReplicaTimeout, DefaultReplicaTimeout)
 	}
 	return &out
 }
@@ -288,13 +288,13 @@ func (c *SubscriberConfig) WithDefaults() *SubscriberConfig {
 	if c != nil {
 		out = *c
 	}
-	brokerutil.Default(&out.MaxInFlight, DefaultMaxInFlight)
-	brokerutil.Default(&out.Block, DefaultBlock)
-	brokerutil.Default(&out.MinIdle, DefaultMinIdle)
+	pubkit.Default(&out.MaxInFlight, DefaultMaxInFlight)
+	pubkit.Default(&out.Block, DefaultBlock)
+	pubkit.Default(&out.MinIdle, DefaultMinIdle)
 	if out.ClaimInterval == 0 {
 		out.ClaimInterval = min(DefaultClaimInterval, out.MinIdle)
 	}
-	brokerutil.Default(&out.IdleConsumerTTL, DefaultIdleConsumerTTL)
+	pubkit.Default(&out.IdleConsumerTTL, DefaultIdleConsumerTTL)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -335,7 +335,7 @@ func (c *SubscriberConfig) Validate() error {
 }
 
 // problems collects the bad fields of one config.
-type problems = brokerutil.Problems
+type problems = pubkit.Problems
 
 // ValidateStreamName reports whether name can name a stream here: 1 to
 // MaxStreamNameBytes bytes of UTF-8 without whitespace or control
@@ -345,10 +345,10 @@ type problems = brokerutil.Problems
 // ErrInvalidStream.
 func ValidateStreamName(name string) error {
 	if err := validateName(name); err != nil {
-		return fmt.Errorf("%w %q: %w", ErrInvalidStream, brokerutil.Shorten(name), err)
+		return fmt.Errorf("%w %q: %w", ErrInvalidStream, pubkit.Shorten(name), err)
 	}
 	if strings.Contains(name, "}") && hashTag(name) == "" {
-		return fmt.Errorf("%w %q: it has a '}' but no hash tag; write {tag} with something inside, or no braces", ErrInvalidStream, brokerutil.Shorten(name))
+		return fmt.Errorf("%w %q: it has a '}' but no hash tag; write {tag} with something inside, or no braces", ErrInvalidStream, pubkit.Shorten(name))
 	}
 	return nil
 }
@@ -398,18 +398,4 @@ func sameSlot(stream string) string {
 		return stream
 	}
 	return "{" + stream + "}"
-}
-
-// printableID reports whether id can be a message id: 1 to MaxIDBytes
-// bytes of UTF-8 without control characters.
-func printableID(id string) bool {
-	if id == "" || len(id) > MaxIDBytes || !utf8.ValidString(id) {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; c < 0x20 || c == 0x7f {
-			return false
-		}
-	}
-	return true
 }

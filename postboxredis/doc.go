@@ -92,7 +92,8 @@
 //
 // done gets nil once Redis replied that the entry is stored (or that the
 // guard found it stored before), and otherwise an error the relay sorts
-// by postbox.IsMessageError (see Classify):
+// by postbox.IsMessageError; the Publisher wraps every message failure
+// with postbox.NewMessageError:
 //
 //	failure                                             class           error
 //	entry added, or found by the dedupe guard           success         nil

@@ -1,7 +1,6 @@
 package postboxredis_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -32,14 +31,16 @@ func ExampleNew_invalidConfig() {
 	// PublishTimeout
 }
 
-// Classify tells the relay's two kinds of failure apart: a message whose
-// stream does not exist spends an attempt, a lost connection does not.
-func ExampleClassify() {
-	fmt.Println(postboxredis.Classify(postbox.NewMessageError(postboxredis.ErrNoStream)))
-	fmt.Println(postboxredis.Classify(fmt.Errorf("publish: %w", postboxredis.ErrPublishTimeout)))
-	fmt.Println(postboxredis.Classify(context.DeadlineExceeded))
+// The relay tells its two kinds of failure apart with
+// postbox.IsMessageError: the Publisher reports a message whose stream
+// does not exist as a message failure, and a timeout as an
+// infrastructure failure; errors.Is finds the cause through either.
+func Example_failures() {
+	noStream := postbox.NewMessageError(fmt.Errorf("postboxredis: publish: %w", postboxredis.ErrNoStream))
+	timeout := fmt.Errorf("postboxredis: publish: %w", postboxredis.ErrPublishTimeout)
+	fmt.Println(postbox.IsMessageError(noStream), errors.Is(noStream, postboxredis.ErrNoStream))
+	fmt.Println(postbox.IsMessageError(timeout), errors.Is(timeout, postboxredis.ErrPublishTimeout))
 	// Output:
-	// message
-	// infrastructure
-	// infrastructure
+	// true true
+	// false true
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/keyorder"
 )
 
 // The entries a Run holds.
@@ -46,11 +46,13 @@ import (
 // are bounded too (64 per place); past that, queued entries keep their
 // places and reading waits.
 
+// entryState is what the Run does with an entry. A keyed entry's place
+// in its key's line (queued with its fields, a marker, or its key's
+// active entry) is the keyorder.Entry's.
 type entryState int
 
 const (
-	queued   entryState = iota // PerKey: waiting behind an earlier entry of its key, fields in memory
-	marker                     // PerKey: waiting behind an earlier entry of its key, fields dropped
+	idle     entryState = iota // waiting behind its key, or taken as ctx ended
 	fetching                   // PerKey: a marker being fetched back
 	running                    // handed to the processor
 	waiting                    // waiting out a Retry's delay
@@ -62,34 +64,23 @@ const markersPerPlace = 64
 
 // entry is one pending entry the Run holds.
 type entry struct {
-	id       string // the stream entry id
-	ms, seq  uint64 // id's two parts, for ordering
-	key      string // the delivery's key, when queued by key
-	d        *postbox.Delivery
-	state    entryState
-	hasToken bool        // holds a place of the MaxInFlight window
-	touched  time.Time   // last time its idle time was reset
-	due      time.Time   // waiting: when the retry is due
-	timer    *time.Timer // waiting, or fetching again: the timer
-	lost     bool        // another subscriber claimed it while it ran
+	keyorder.Entry        // PerKey, for an entry with a key: its place in the key's line
+	id             string // the stream entry id
+	d              *postbox.Delivery
+	state          entryState
+	hasToken       bool        // holds a place of the MaxInFlight window
+	touched        time.Time   // last time its idle time was reset
+	due            time.Time   // waiting: when the retry is due
+	timer          *time.Timer // waiting, or fetching again: the timer
+	lost           bool        // another subscriber claimed it while it ran
 }
 
-// before reports whether e is older in the stream than o.
-func (e *entry) before(o *entry) bool {
-	return e.ms < o.ms || e.ms == o.ms && e.seq < o.seq
-}
-
-func parseEntryID(id string) (ms, seq uint64) {
+// entryPos is an entry id's place in the stream.
+func entryPos(id string) keyorder.Pos {
 	a, b, _ := strings.Cut(id, "-")
-	ms, _ = strconv.ParseUint(a, 10, 64)
-	seq, _ = strconv.ParseUint(b, 10, 64)
-	return ms, seq
-}
-
-// keyQueue holds a key's entries (PerKey).
-type keyQueue struct {
-	active  *entry   // running, waiting for its retry, or being fetched
-	entries []*entry // queued or markers, by stream id
+	ms, _ := strconv.ParseUint(a, 10, 64)
+	seq, _ := strconv.ParseUint(b, 10, 64)
+	return keyorder.Pos{Hi: ms, Lo: seq}
 }
 
 // admit takes in an entry read or claimed, which holds a token: it keeps
@@ -109,16 +100,15 @@ func (r *run) admit(id string, fields map[string]string, delivered int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if x := r.held[id]; x != nil {
-		if x.state == marker {
+		if x.State() == keyorder.Marker {
 			// A marker claimed back (touches failed for a while): it has
 			// its fields again.
 			if x.hasToken {
 				r.release(1)
 			}
-			x.d, x.state, x.hasToken, x.touched = d, queued, true, time.Now()
-			r.markers--
-			r.queued++
-			r.next(r.keys[x.key])
+			x.d, x.hasToken, x.touched = d, true, time.Now()
+			r.keys.Fill(x)
+			r.next(x.Key())
 			return
 		}
 		// Claimed back while this Run holds it: it goes on with the copy
@@ -126,52 +116,39 @@ func (r *run) admit(id string, fields map[string]string, delivered int) {
 		r.release(1)
 		return
 	}
-	ms, seq := parseEntryID(id)
-	e := &entry{id: id, ms: ms, seq: seq, d: d, hasToken: true, touched: time.Now()}
+	e := &entry{id: id, d: d, hasToken: true, touched: time.Now()}
 	r.held[id] = e
 	if !r.s.cfg.PerKey || d.Key == "" {
 		if r.ctx.Err() != nil {
-			e.state = queued
 			return // taken as ctx ended: handed back by shutdown
 		}
 		r.start(e)
 		return
 	}
-	// A keyed entry joins its key's queue even when ctx has ended (next
+	// A keyed entry joins its key's line even when ctx has ended (next
 	// then starts nothing), so that shutdown hands it back behind the
 	// key's head.
-	e.key, e.state = d.Key, queued
-	r.queued++
-	q := r.keys[e.key]
-	if q == nil {
-		q = &keyQueue{}
-		r.keys[e.key] = q
-	}
-	i := sort.Search(len(q.entries), func(i int) bool { return e.before(q.entries[i]) })
-	q.entries = append(q.entries, nil)
-	copy(q.entries[i+1:], q.entries[i:])
-	q.entries[i] = e
-	r.next(q)
-	if e.state == queued && r.queued > cap(r.sem)/2 && r.markers < markersPerPlace*cap(r.sem) {
-		e.d, e.state, e.hasToken = nil, marker, false
-		r.queued--
-		r.markers++
+	r.keys.Add(d.Key, entryPos(id), e)
+	r.next(d.Key)
+	if e.State() == keyorder.Held && r.keys.Crowded() {
+		e.d, e.hasToken = nil, false
+		r.keys.ToMarker(e, time.Now(), 0, 0)
 		r.release(1)
 	}
 }
 
-// next makes q's oldest entry active when none of its key is: it starts
-// a queued entry, and fetches a marker back on a free place (the one the
-// entry before it left, see forget). r.mu is held.
-func (r *run) next(q *keyQueue) {
-	if q == nil || q.active != nil || len(q.entries) == 0 || r.ctx.Err() != nil {
+// next makes the oldest entry of key active when none of its key is: it
+// starts a queued entry, and fetches a marker back on a free place (the
+// one the entry before it left, see forget). r.mu is held.
+func (r *run) next(key string) {
+	if r.ctx.Err() != nil {
 		return
 	}
-	e := q.entries[0]
-	switch e.state {
-	case queued:
-		r.queued--
-	case marker:
+	e, ok := r.keys.Head(key)
+	if !ok {
+		return
+	}
+	if e.State() == keyorder.Marker {
 		if !e.hasToken {
 			select {
 			case r.sem <- struct{}{}:
@@ -180,10 +157,8 @@ func (r *run) next(q *keyQueue) {
 				return // the maintenance tick tries again
 			}
 		}
-		r.markers--
+		r.keys.Activate(e)
 		e.state = fetching
-		q.active = e
-		q.entries = q.entries[1:]
 		r.work.Add(1)
 		go func() {
 			defer r.work.Done()
@@ -191,8 +166,7 @@ func (r *run) next(q *keyQueue) {
 		}()
 		return
 	}
-	q.active = e
-	q.entries = q.entries[1:]
+	r.keys.Activate(e)
 	r.start(e)
 }
 
@@ -225,43 +199,17 @@ func (r *run) forget(e *entry) {
 		r.work.Done()
 	}
 	e.timer = nil
-	if e.key != "" {
-		switch e.state {
-		case queued:
-			r.queued--
-		case marker:
-			r.markers--
-		}
-	}
-	q := r.keys[e.key]
-	if q == nil {
-		if e.hasToken {
-			r.release(1)
-		}
-		return
-	}
-	if q.active == e {
-		q.active = nil
-		if e.hasToken && len(q.entries) > 0 && q.entries[0].state == marker && !q.entries[0].hasToken {
-			q.entries[0].hasToken = true
-		} else if e.hasToken {
-			r.release(1)
-		}
-	} else {
-		for i, x := range q.entries {
-			if x == e {
-				q.entries = append(q.entries[:i], q.entries[i+1:]...)
-				break
-			}
-		}
-		if e.hasToken {
+	key := e.Key()
+	active, _ := r.keys.Active(key)
+	r.keys.Remove(e)
+	if e.hasToken {
+		if h, ok := r.keys.Head(key); active == e && ok && h.State() == keyorder.Marker && !h.hasToken {
+			h.hasToken = true
+		} else {
 			r.release(1)
 		}
 	}
-	r.next(q)
-	if q.active == nil && len(q.entries) == 0 {
-		delete(r.keys, e.key)
-	}
+	r.next(key)
 }
 
 // fetch takes a marker's fields back and processes it.
@@ -390,8 +338,8 @@ func (r *run) touch(touchEvery time.Duration) {
 			ids = append(ids, id)
 		}
 	}
-	for _, q := range r.keys {
-		r.next(q)
+	for key := range r.keys.Keys() {
+		r.next(key)
 	}
 	r.mu.Unlock()
 	for len(ids) > 0 && r.ctx.Err() == nil {
@@ -455,8 +403,8 @@ func (r *run) handBack() {
 	r.mu.Lock()
 	for id, e := range r.held {
 		idle := idleOf(e)
-		if q := r.keys[e.key]; q != nil && q.active != nil && q.active != e {
-			idle = min(idle, idleOf(q.active))
+		if a, ok := r.keys.Active(e.Key()); ok && a != e {
+			idle = min(idle, idleOf(a))
 		}
 		args = append(args, id, idle.Milliseconds())
 		if e.hasToken {
@@ -464,8 +412,7 @@ func (r *run) handBack() {
 		}
 	}
 	clear(r.held)
-	clear(r.keys)
-	r.queued, r.markers = 0, 0
+	r.keys.Clear()
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), releaseTimeout)
 	defer cancel()

@@ -175,15 +175,12 @@ func envelope(topic, key, payload string) *postbox.Envelope {
 	return &postbox.Envelope{ID: id, Topic: topic, Key: key, Payload: []byte(payload), Headers: h, CreatedAt: time.Now(), Attempt: 1}
 }
 
-// isMessage is this package's Classify verdict of a message failure.
-func isMessage(err error) bool { return postboxredis.Classify(err) == postboxredis.Message }
-
 func mustMessage(t testing.TB, err error, target error) {
 	t.Helper()
-	pubtest.MustMessage(t, err, target, isMessage)
+	pubtest.MustMessage(t, err, target)
 }
 
 func mustInfra(t testing.TB, err error, target error) {
 	t.Helper()
-	pubtest.MustInfra(t, err, target, isMessage)
+	pubtest.MustInfra(t, err, target)
 }

@@ -6,14 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/brokerutil"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // The fields of a stream entry, in the order they are added. Every entry
@@ -82,38 +80,25 @@ type Publisher struct {
 	maxLen   string
 	trim     string
 
-	slots   chan struct{} // the MaxPending window: one token per publish not yet settled
-	queue   chan *request // publishes waiting for a pipeline; never fuller than slots
-	closing chan struct{} // closed by Close, wakes a Publish waiting for a slot
-	ctx     context.Context
-	cancel  context.CancelFunc // ends the pipelines at Close
-	wg      sync.WaitGroup     // the pipeline goroutines
-
-	// gate keeps Close out while a Publish enqueues, so that nothing is
-	// queued after Close drained the queue.
-	gate   sync.RWMutex
-	closed bool
+	// kit holds the MaxPending window (a slot per publish not yet
+	// settled) and keeps Close out while a Publish enqueues, so that
+	// nothing is queued after Close drained the queue. Its goroutines are
+	// the pipelines, and its context ends them at Close.
+	kit   *pubkit.Kit
+	queue chan *request // publishes waiting for a pipeline; never fuller than the window
 }
 
-// request is one publish on its way.
+// request is one publish on its way. Its slot is freed before its done
+// runs. The reply, the publish's context, the batch's timeout and Close
+// race to done; whichever comes first is reported. When the context
+// wins, the relay treats the message as not published and sends it again
+// later with the same id, which the dedupe guard absorbs if the first add
+// went through after all.
 type request struct {
+	pubkit.Flight
 	id, stream string
 	keys       []string
 	args       []any
-	done       func(error)
-	called     atomic.Bool
-	stop       func() bool // unregisters the context watch
-}
-
-// finish calls done once. The reply, the publish's context, the batch's
-// timeout and Close race to it; whichever comes first is reported. When
-// the context wins, the relay treats the message as not published and
-// sends it again later with the same id, which the dedupe guard absorbs
-// if the first add went through after all.
-func (r *request) finish(err error) {
-	if r.called.CompareAndSwap(false, true) {
-		r.done(err)
-	}
 }
 
 // New returns a Publisher over client. cfg may be nil for all defaults;
@@ -144,25 +129,20 @@ func New(client redis.UniversalClient, cfg *Config) (*Publisher, error) {
 			return nil, err
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{
 		client:   client,
 		cfg:      c,
 		dedupeMs: strconv.FormatInt(c.DedupeWindow.Milliseconds(), 10),
 		maxLen:   strconv.FormatInt(c.MaxLen, 10),
 		trim:     "~",
-		slots:    make(chan struct{}, c.MaxPending),
+		kit:      pubkit.New(c.MaxPending, ErrClosed),
 		queue:    make(chan *request, c.MaxPending),
-		closing:  make(chan struct{}),
-		ctx:      ctx,
-		cancel:   cancel,
 	}
 	if c.TrimExact {
 		p.trim = "="
 	}
-	p.wg.Add(c.Pipelines)
 	for range c.Pipelines {
-		go p.pipeline()
+		p.kit.Go(p.pipeline)
 	}
 	return p, nil
 }
@@ -178,7 +158,7 @@ func (p *Publisher) Stream(topic string) (string, error) {
 		s = p.cfg.StreamPrefix + topic
 	}
 	if err := ValidateStreamName(s); err != nil {
-		return "", fmt.Errorf("topic %q: %w", brokerutil.Shorten(topic), err)
+		return "", fmt.Errorf("topic %q: %w", pubkit.Shorten(topic), err)
 	}
 	return s, nil
 }
@@ -186,7 +166,7 @@ func (p *Publisher) Stream(topic string) (string, error) {
 // Pending returns the number of publishes not yet settled by Redis,
 // including those whose done was already called because their context
 // ended: each holds a slot of the MaxPending window until it resolves.
-func (p *Publisher) Pending() int { return len(p.slots) }
+func (p *Publisher) Pending() int { return p.kit.Window().Pending() }
 
 // Publish adds env to the stream its topic maps to, as an entry with the
 // fields id, topic, key, payload and headers and an id Redis makes, and
@@ -196,7 +176,7 @@ func (p *Publisher) Pending() int { return len(p.slots) }
 //   - nil when Redis added the entry, or when the dedupe guard found the
 //     message added within DedupeWindow;
 //   - a postbox.MessageError when the message itself cannot be added
-//     (see Classify);
+//     (see the package's table of failures);
 //   - ctx.Err() when ctx ends first;
 //   - any other error for an infrastructure failure.
 //
@@ -205,37 +185,18 @@ func (p *Publisher) Pending() int { return len(p.slots) }
 // not block. Publish may be called from several goroutines at once; it
 // blocks while MaxPending publishes are unsettled, until ctx ends.
 func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done func(error)) {
-	if err := ctx.Err(); err != nil {
-		done(err)
-		return
-	}
-	r, err := p.request(env)
-	if err != nil {
-		done(postbox.NewMessageError(err))
-		return
-	}
-	r.done = done
-	if err := brokerutil.Acquire(ctx, p.slots, p.closing, ErrClosed); err != nil {
-		done(err)
-		return
-	}
-	r.stop = context.AfterFunc(ctx, func() { r.finish(ctx.Err()) })
-	p.gate.RLock()
-	if p.closed {
-		p.gate.RUnlock()
-		<-p.slots
-		r.stop()
-		r.finish(ErrClosed)
+	r, ok := pubkit.Start(p.kit, ctx, env, done, p.request)
+	if !ok {
 		return
 	}
 	p.queue <- r // has room: every queued request holds a slot
-	p.gate.RUnlock()
+	p.kit.Leave()
 }
 
 // request builds the script call for env.
 func (p *Publisher) request(env *postbox.Envelope) (*request, error) {
-	if !printableID(env.ID) {
-		return nil, fmt.Errorf("%w: %q", ErrNoID, brokerutil.Shorten(env.ID))
+	if env.ID == "" || len(env.ID) > MaxIDBytes || !pubkit.Printable(env.ID) {
+		return nil, fmt.Errorf("%w: %q", ErrNoID, pubkit.Shorten(env.ID))
 	}
 	stream, err := p.Stream(env.Topic)
 	if err != nil {
@@ -245,7 +206,7 @@ func (p *Publisher) request(env *postbox.Envelope) (*request, error) {
 	if len(env.Headers) > 0 {
 		for k, v := range env.Headers {
 			if !utf8.ValidString(k) || !utf8.ValidString(v) {
-				return nil, fmt.Errorf("%w %q: name or value is not valid UTF-8", ErrInvalidHeader, brokerutil.Shorten(k))
+				return nil, fmt.Errorf("%w %q: name or value is not valid UTF-8", ErrInvalidHeader, pubkit.Shorten(k))
 			}
 		}
 		if headers, err = json.Marshal(env.Headers); err != nil {
@@ -276,19 +237,17 @@ func (p *Publisher) request(env *postbox.Envelope) (*request, error) {
 
 // pipeline sends queued publishes until Close.
 func (p *Publisher) pipeline() {
-	defer p.wg.Done()
+	ctx := p.kit.Context()
 	batch := make([]*request, 0, p.cfg.MaxBatch)
 	for {
 		select {
-		case <-p.ctx.Done():
+		case <-ctx.Done():
 			p.drain()
 			return
 		case r := <-p.queue:
-			if p.ctx.Err() != nil {
+			if ctx.Err() != nil {
 				// Closed while this one was chosen over ctx.Done.
-				r.stop()
-				<-p.slots
-				r.finish(ErrClosed)
+				r.Settle(ErrClosed)
 				p.drain()
 				return
 			}
@@ -313,9 +272,7 @@ func (p *Publisher) drain() {
 	for {
 		select {
 		case r := <-p.queue:
-			r.stop()
-			<-p.slots
-			r.finish(ErrClosed)
+			r.Settle(ErrClosed)
 		default:
 			return
 		}
@@ -328,9 +285,9 @@ func (p *Publisher) send(batch []*request) {
 	// not sending it spares Redis an entry the relay will send again.
 	live := make([]*request, 0, len(batch))
 	for _, r := range batch {
-		if r.called.Load() {
-			r.stop()
-			<-p.slots
+		if r.Finished() {
+			r.Stop()
+			r.Release()
 			continue
 		}
 		live = append(live, r)
@@ -338,7 +295,7 @@ func (p *Publisher) send(batch []*request) {
 	if len(live) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.PublishTimeout)
+	ctx, cancel := context.WithTimeout(p.kit.Context(), p.cfg.PublishTimeout)
 	defer cancel()
 	// The client bounds its own reads and writes (ReadTimeout,
 	// WriteTimeout, retries) and looks at a context's deadline only with
@@ -346,21 +303,17 @@ func (p *Publisher) send(batch []*request) {
 	// the reply that may still come is then ignored.
 	unwatch := context.AfterFunc(ctx, func() {
 		cause := ErrPublishTimeout
-		if p.ctx.Err() != nil {
+		if p.kit.Context().Err() != nil {
 			cause = ErrClosed
 		}
 		for _, r := range live {
-			r.finish(fmt.Errorf("postboxredis: publish %s to %q: %w", r.id, r.stream, cause))
+			r.Finish(fmt.Errorf("postboxredis: publish %s to %q: %w", r.id, r.stream, cause))
 		}
 	})
 	errs := p.exec(ctx, live)
 	unwatch()
 	for i, r := range live {
-		r.stop()
-		// The slot first: when done runs, Pending no longer counts
-		// this publish, and a done that publishes again finds room.
-		<-p.slots
-		r.finish(errs[i])
+		r.Settle(errs[i])
 	}
 }
 
@@ -453,26 +406,12 @@ func (p *Publisher) outcome(r *request, c *redis.Cmd, wait *redis.Cmd) error {
 // It waits, until ctx ends, for the pipelines in flight to return. The
 // client is left open. Calling Close again does nothing.
 func (p *Publisher) Close(ctx context.Context) error {
-	p.gate.Lock()
-	already := p.closed
-	p.closed = true
-	if !already {
-		close(p.closing)
-	}
-	p.gate.Unlock()
-	if already {
+	if !p.kit.Close() {
 		return nil
 	}
-	p.cancel()
-	waited := make(chan struct{})
-	go func() {
-		p.wg.Wait()
-		close(waited)
-	}()
-	select {
-	case <-waited:
-	case <-ctx.Done():
-		return fmt.Errorf("postboxredis: close: %w", ctx.Err())
+	p.kit.Cancel()
+	if err := p.kit.Wait(ctx); err != nil {
+		return fmt.Errorf("postboxredis: close: %w", err)
 	}
 	p.drain()
 	return nil

@@ -17,7 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/brokerutil"
+	"github.com/postbox-go/postbox/internal/keyorder"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // Timings of a Run that are not configurable.
@@ -127,7 +128,7 @@ func (s *Subscriber) Run(ctx context.Context, p postbox.Processor) error {
 		s: s, ctx: runCtx, p: p, consumer: consumer,
 		sem:  make(chan struct{}, s.cfg.MaxInFlight),
 		held: map[string]*entry{},
-		keys: map[string]*keyQueue{},
+		keys: keyorder.New[*entry](s.cfg.MaxInFlight, markersPerPlace*s.cfg.MaxInFlight),
 	}
 	r.bg.Add(1)
 	go r.maintain()
@@ -149,7 +150,7 @@ func uniqueConsumer() string {
 			return '_'
 		}
 		return r
-	}, brokerutil.Shorten(host))
+	}, pubkit.Shorten(host))
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
@@ -168,11 +169,9 @@ type run struct {
 	bg   sync.WaitGroup // the maintenance goroutine
 	work sync.WaitGroup // processing goroutines and retry timers
 
-	mu      sync.Mutex
-	held    map[string]*entry    // by entry id
-	keys    map[string]*keyQueue // PerKey: queues of keyed entries, by key
-	queued  int                  // PerKey: entries queued behind their key, fields in memory
-	markers int                  // PerKey: entries queued behind their key, fields dropped
+	mu   sync.Mutex
+	held map[string]*entry       // by entry id
+	keys *keyorder.Order[*entry] // PerKey: the lines of keyed entries, by stream id
 }
 
 // reserve waits for a free token and takes up to MaxInFlight free ones;
@@ -405,7 +404,7 @@ func (r *run) ack(entryID string) error {
 		ctx, cancel := context.WithTimeout(base, ackTimeout)
 		err = r.s.client.XAck(ctx, r.s.cfg.Stream, r.s.cfg.Group, entryID).Err()
 		cancel()
-		if err == nil || Classify(err) == Message || redis.HasErrorPrefix(err, "NOGROUP") {
+		if err == nil || isMessageFault(err) || redis.HasErrorPrefix(err, "NOGROUP") {
 			break
 		}
 	}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/brokerutil"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // Defaults, as documented on Destination.
@@ -133,13 +133,13 @@ type destination struct {
 	url     *url.URL
 	display string // the URL without credentials or query
 	signer  *Signer
-	slots   chan struct{}
+	window  *pubkit.Window // MaxInFlight requests; made by New
 }
 
 func (c *Config) compile() ([]*destination, error) {
 	var ps []*postbox.ValidationError
 	bad := func(field string, value any, format string, args ...any) {
-		ps = append(ps, brokerutil.Problem(field, value, format, args...))
+		ps = append(ps, pubkit.Problem(field, value, format, args...))
 	}
 	if len(c.Destinations) == 0 {
 		bad("Destinations", "", "needs at least one destination")
@@ -174,15 +174,14 @@ func (c *Config) compile() ([]*destination, error) {
 		}
 		for _, name := range slices.Sorted(maps.Keys(d.Headers)) {
 			if err := checkHeader(name, d.Headers[name]); err != nil {
-				bad(fmt.Sprintf("%s[%q]", field("Headers"), brokerutil.Shorten(name)), "", "%s", err)
+				bad(fmt.Sprintf("%s[%q]", field("Headers"), pubkit.Shorten(name)), "", "%s", err)
 			} else if l := strings.ToLower(name); l == contentTypeHeader || strings.HasPrefix(l, ceHeaderPrefix) {
-				bad(fmt.Sprintf("%s[%q]", field("Headers"), brokerutil.Shorten(name)), "", "content-type and ce-* headers come from each message's CloudEvents attributes")
+				bad(fmt.Sprintf("%s[%q]", field("Headers"), pubkit.Shorten(name)), "", "content-type and ce-* headers come from each message's CloudEvents attributes")
 			}
 		}
 		if d.MaxInFlight < 1 || d.MaxInFlight > maxMaxInFlight {
 			bad(field("MaxInFlight"), d.MaxInFlight, "must be between 1 and %d", maxMaxInFlight)
 		}
-		dst.slots = make(chan struct{}, max(d.MaxInFlight, 1))
 		out = append(out, dst)
 	}
 	if len(ps) > 0 {

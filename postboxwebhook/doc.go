@@ -106,7 +106,8 @@
 // # Failures
 //
 // done gets nil on a 2xx and otherwise an error the relay sorts by
-// postbox.IsMessageError (see ClassifyStatus and Classify):
+// postbox.IsMessageError (see ClassifyStatus); the Publisher wraps every
+// message failure with postbox.NewMessageError:
 //
 //	outcome                                    class           error
 //	200-299                                    success         nil

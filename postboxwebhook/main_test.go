@@ -106,12 +106,12 @@ func envelope(topic, key, payload string) *postbox.Envelope {
 
 func mustMessage(t testing.TB, err error, target error) {
 	t.Helper()
-	pubtest.MustMessage(t, err, target, nil)
+	pubtest.MustMessage(t, err, target)
 }
 
 func mustInfra(t testing.TB, err error) {
 	t.Helper()
-	pubtest.MustInfra(t, err, nil, nil)
+	pubtest.MustInfra(t, err, nil)
 }
 
 // status answers every request with code.

@@ -10,12 +10,11 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/brokerutil"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // Errors this package reports as the cause of a message failure. The
@@ -51,29 +50,6 @@ var (
 	ErrClosed = errors.New("postboxwebhook: publisher closed")
 )
 
-// Class is how a publish error counts for the relay.
-type Class int
-
-const (
-	// Infrastructure: the receiver could not be reached, did not answer in
-	// time, or answered that it cannot take messages now. The relay spends
-	// no attempt, keeps the message pending and pauses.
-	Infrastructure Class = iota
-	// Message: the receiver refused this message, or the message cannot be
-	// sent. The relay spends one attempt and backs the message off.
-	Message
-)
-
-func (c Class) String() string {
-	switch c {
-	case Infrastructure:
-		return "infrastructure"
-	case Message:
-		return "message"
-	}
-	return fmt.Sprintf("Class(%d)", int(c))
-}
-
 // ClassifyStatus tells how an HTTP status counts: nil for 2xx (the
 // acknowledgement), ErrRedirect for 3xx and ErrRejected for 4xx other
 // than 408 and 429 (message failures), and ErrUnavailable for 408, 429,
@@ -90,16 +66,6 @@ func ClassifyStatus(code int) error {
 		return ErrRejected
 	}
 	return ErrUnavailable
-}
-
-// Classify tells how err, given to a publish's done, counts for the relay:
-// Message when it is (or wraps) a *postbox.MessageError, Infrastructure
-// otherwise. err must not be nil.
-func Classify(err error) Class {
-	if postbox.IsMessageError(err) {
-		return Message
-	}
-	return Infrastructure
 }
 
 // StatusError is a non-2xx answer. Publish reports it wrapped with
@@ -157,14 +123,10 @@ type Publisher struct {
 	dsts   []*destination
 	client *http.Client
 	owned  bool // the Publisher made client, and closes its idle connections
-
-	ctx     context.Context // ends when Close gives up waiting
-	cancel  context.CancelFunc
-	closing chan struct{} // closed by Close, wakes a Publish waiting for a slot
-
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
+	// kit runs each request on a goroutine Close waits for, wakes a
+	// Publish waiting for a slot at Close, and its context cancels the
+	// requests when Close gives up waiting.
+	kit *pubkit.Kit
 }
 
 // New returns a Publisher for cfg's destinations. An invalid cfg returns a
@@ -177,8 +139,11 @@ func New(cfg *Config) (*Publisher, error) {
 		return nil, err
 	}
 	client, owned := c.client(dsts)
-	ctx, cancel := context.WithCancel(context.Background())
-	return &Publisher{cfg: c, dsts: dsts, client: client, owned: owned, ctx: ctx, cancel: cancel, closing: make(chan struct{})}, nil
+	kit := pubkit.New(0, ErrClosed)
+	for _, d := range dsts {
+		d.window = pubkit.NewWindow(d.MaxInFlight, kit.Closing(), ErrClosed)
+	}
+	return &Publisher{cfg: c, dsts: dsts, client: client, owned: owned, kit: kit}, nil
 }
 
 // Config returns the publisher's configuration, defaults filled in.
@@ -208,7 +173,7 @@ func (p *Publisher) route(topic string) *destination {
 func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done func(error)) {
 	d := p.route(env.Topic)
 	if d == nil {
-		done(postbox.NewMessageError(fmt.Errorf("%w %q", ErrNoDestination, brokerutil.Shorten(env.Topic))))
+		done(postbox.NewMessageError(fmt.Errorf("%w %q", ErrNoDestination, pubkit.Shorten(env.Topic))))
 		return
 	}
 	header, err := requestHeader(d, env)
@@ -220,20 +185,14 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 		done(err)
 		return
 	}
-	if err := brokerutil.Acquire(ctx, d.slots, p.closing, ErrClosed); err != nil {
+	if err := d.window.Acquire(ctx, 1); err != nil {
 		done(err)
 		return
 	}
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		<-d.slots
+	if !p.kit.Go(func() { p.send(ctx, d, env, header, done) }) {
+		d.window.Release(1)
 		done(ErrClosed)
-		return
 	}
-	p.wg.Add(1)
-	p.mu.Unlock()
-	go p.send(ctx, d, env, header, done)
 }
 
 // requestHeader builds every header of env's request but the timestamp
@@ -256,7 +215,7 @@ func requestHeader(d *destination, env *postbox.Envelope) (http.Header, error) {
 			continue
 		case strings.HasPrefix(lower, ceHeaderPrefix):
 			if !validHeaderName(name) || !utf8.ValidString(value) {
-				return nil, fmt.Errorf("%w %q: a CloudEvents attribute must be a token name with a UTF-8 value", ErrInvalidHeader, brokerutil.Shorten(name))
+				return nil, fmt.Errorf("%w %q: a CloudEvents attribute must be a token name with a UTF-8 value", ErrInvalidHeader, pubkit.Shorten(name))
 			}
 			value = ceEncode(value)
 		default:
@@ -266,7 +225,7 @@ func requestHeader(d *destination, env *postbox.Envelope) (http.Header, error) {
 		}
 		key := http.CanonicalHeaderKey(name)
 		if _, dup := h[key]; dup {
-			return nil, fmt.Errorf("%w %q: the message has two headers of this name, differing in case only", ErrInvalidHeader, brokerutil.Shorten(name))
+			return nil, fmt.Errorf("%w %q: the message has two headers of this name, differing in case only", ErrInvalidHeader, pubkit.Shorten(name))
 		}
 		h[key] = []string{value}
 	}
@@ -294,30 +253,29 @@ func requestHeader(d *destination, env *postbox.Envelope) (http.Header, error) {
 
 func checkID(id string) error {
 	if id == "" || len(id) > maxIDBytes {
-		return fmt.Errorf("%w %q: must be 1 to %d bytes", ErrInvalidID, brokerutil.Shorten(id), maxIDBytes)
+		return fmt.Errorf("%w %q: must be 1 to %d bytes", ErrInvalidID, pubkit.Shorten(id), maxIDBytes)
 	}
 	for i := 0; i < len(id); i++ {
 		if c := id[i]; c <= ' ' || c >= 0x7f || c == '.' {
-			return fmt.Errorf("%w %q: has %q at byte %d", ErrInvalidID, brokerutil.Shorten(id), c, i)
+			return fmt.Errorf("%w %q: has %q at byte %d", ErrInvalidID, pubkit.Shorten(id), c, i)
 		}
 	}
 	return nil
 }
 
+// send runs on a goroutine of p.kit, which Close waits for until done
+// has returned. The slot is freed before done runs, so the relay's next
+// Publish, which done may trigger, finds it.
 func (p *Publisher) send(ctx context.Context, d *destination, env *postbox.Envelope, header http.Header, done func(error)) {
-	// The slot is freed before done runs, so the relay's next Publish,
-	// which done may trigger, finds it; the WaitGroup only after, so Close
-	// returns once every done has.
 	err := p.do(ctx, d, env, header)
-	<-d.slots
+	d.window.Release(1)
 	done(err)
-	p.wg.Done()
 }
 
 func (p *Publisher) do(ctx context.Context, d *destination, env *postbox.Envelope, header http.Header) error {
 	rctx, cancel := context.WithTimeout(ctx, d.Timeout)
 	defer cancel()
-	stop := context.AfterFunc(p.ctx, cancel)
+	stop := context.AfterFunc(p.kit.Context(), cancel)
 	defer stop()
 
 	req, err := http.NewRequestWithContext(rctx, http.MethodPost, d.url.String(), bytes.NewReader(env.Payload))
@@ -349,7 +307,7 @@ func (p *Publisher) do(ctx context.Context, d *destination, env *postbox.Envelop
 		StatusCode: resp.StatusCode,
 		Status:     resp.Status,
 		RetryAfter: retryAfter(resp.Header.Get("Retry-After"), now),
-		Body:       printableDetail(detail[:n]),
+		Body:       pubkit.OneLine(detail[:n]),
 	}
 	if se.Status == "" {
 		se.Status = strconv.Itoa(resp.StatusCode)
@@ -379,7 +337,7 @@ func (p *Publisher) transportError(ctx context.Context, d *destination, rctx con
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("postboxwebhook: POST %s: %w", d.display, ctx.Err())
-	case p.ctx.Err() != nil:
+	case p.kit.Context().Err() != nil:
 		return fmt.Errorf("postboxwebhook: POST %s: %w", d.display, ErrClosed)
 	case errors.Is(rctx.Err(), context.DeadlineExceeded):
 		return fmt.Errorf("postboxwebhook: POST %s: no answer within the destination's timeout %s: %w", d.display, d.Timeout, context.DeadlineExceeded)
@@ -404,19 +362,6 @@ func retryAfter(v string, now time.Time) time.Duration {
 	return 0
 }
 
-// printableDetail makes the start of a response body safe to store as a
-// message's last error: one line of printable text.
-func printableDetail(b []byte) string {
-	s := strings.ToValidUTF8(string(b), "?")
-	s = strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return ' '
-		}
-		return r
-	}, s)
-	return strings.TrimSpace(strings.Join(strings.Fields(s), " "))
-}
-
 // Close stops the Publisher: every later Publish, and every Publish
 // waiting for a slot, fails with ErrClosed (an infrastructure failure).
 // Close waits for the requests already sent until ctx ends, then cancels
@@ -424,26 +369,12 @@ func printableDetail(b []byte) string {
 // closes the idle connections of the client it made. It returns ctx's
 // error when it had to cancel requests.
 func (p *Publisher) Close(ctx context.Context) error {
-	p.mu.Lock()
-	if !p.closed {
-		p.closed = true
-		close(p.closing)
+	p.kit.Close()
+	err := p.kit.Wait(ctx)
+	p.kit.Cancel()
+	if err != nil {
+		_ = p.kit.Wait(context.Background()) // the requests end with the Kit's context
 	}
-	p.mu.Unlock()
-	finished := make(chan struct{})
-	go func() {
-		p.wg.Wait()
-		close(finished)
-	}()
-	var err error
-	select {
-	case <-finished:
-	case <-ctx.Done():
-		err = ctx.Err()
-		p.cancel()
-		<-finished
-	}
-	p.cancel()
 	if p.owned {
 		p.client.CloseIdleConnections()
 	}

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/brokerutil"
+	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // Receiver defaults and bounds.
@@ -83,13 +83,13 @@ func NewReceiver(v *Verifier, p postbox.Processor, cfg *ReceiverConfig) (*Receiv
 	}
 	var ps []*postbox.ValidationError
 	if v == nil {
-		ps = append(ps, brokerutil.Problem("verifier", "", "is nil"))
+		ps = append(ps, pubkit.Problem("verifier", "", "is nil"))
 	}
 	if p == nil {
-		ps = append(ps, brokerutil.Problem("processor", "", "is nil"))
+		ps = append(ps, pubkit.Problem("processor", "", "is nil"))
 	}
 	if c.MaxBodyBytes < 1 || c.MaxBodyBytes > maxMaxBodyBytes {
-		ps = append(ps, brokerutil.Problem("MaxBodyBytes", c.MaxBodyBytes, "must be between 1 and %d", maxMaxBodyBytes))
+		ps = append(ps, pubkit.Problem("MaxBodyBytes", c.MaxBodyBytes, "must be between 1 and %d", maxMaxBodyBytes))
 	}
 	ignore := make(map[string]bool, len(ignoredHeaders)+len(c.IgnoreHeaders))
 	for name := range ignoredHeaders {
@@ -97,7 +97,7 @@ func NewReceiver(v *Verifier, p postbox.Processor, cfg *ReceiverConfig) (*Receiv
 	}
 	for i, name := range c.IgnoreHeaders {
 		if !validHeaderName(name) {
-			ps = append(ps, brokerutil.Problem(fmt.Sprintf("IgnoreHeaders[%d]", i), name, "is not an HTTP header name"))
+			ps = append(ps, pubkit.Problem(fmt.Sprintf("IgnoreHeaders[%d]", i), name, "is not an HTTP header name"))
 		}
 		ignore[strings.ToLower(name)] = true
 	}
@@ -172,7 +172,7 @@ func (rc *Receiver) refuse(w http.ResponseWriter, r *http.Request, status int, e
 // CloudEvents attributes percent-decoded.
 func (rc *Receiver) delivery(h http.Header, body []byte) (*postbox.Delivery, error) {
 	id := h.Get(HeaderWebhookID)
-	if len(id) > postbox.MaxDeliveryIDBytes || !printableASCII(id) {
+	if len(id) > postbox.MaxDeliveryIDBytes || !pubkit.VisibleASCII(id) {
 		return nil, fmt.Errorf("webhook-id must be 1 to %d bytes of printable ASCII", postbox.MaxDeliveryIDBytes)
 	}
 	headers := make(map[string]string, len(h))
@@ -185,7 +185,7 @@ func (rc *Receiver) delivery(h http.Header, body []byte) (*postbox.Delivery, err
 		if strings.HasPrefix(lower, ceHeaderPrefix) {
 			decoded, err := ceDecode(value)
 			if err != nil {
-				return nil, fmt.Errorf("header %s: %w", brokerutil.Shorten(lower), err)
+				return nil, fmt.Errorf("header %s: %w", pubkit.Shorten(lower), err)
 			}
 			value = decoded
 		}
@@ -198,16 +198,4 @@ func (rc *Receiver) delivery(h http.Header, body []byte) (*postbox.Delivery, err
 		Payload: body,
 		Headers: headers,
 	}, nil
-}
-
-func printableASCII(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x21 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return true
 }

@@ -7,29 +7,27 @@ import (
 	"github.com/postbox-go/postbox"
 )
 
-// MustMessage fails the test unless err is a message failure wrapping
-// target (unless target is nil). isMessage, if not nil, is the adapter's
-// own Classify, reporting a message failure, and must agree.
-func MustMessage(t testing.TB, err, target error, isMessage func(error) bool) {
+// MustMessage fails the test unless err is a message failure
+// (postbox.IsMessageError) wrapping target (unless target is nil).
+func MustMessage(t testing.TB, err, target error) {
 	t.Helper()
 	if err == nil {
 		t.Fatal("publish succeeded, want a message failure")
 	}
-	if !postbox.IsMessageError(err) || isMessage != nil && !isMessage(err) {
+	if !postbox.IsMessageError(err) {
 		t.Fatalf("got infrastructure failure %v, want a message failure", err)
 	}
 	mustWrap(t, err, target)
 }
 
-// MustInfra fails the test unless err is an infrastructure failure
-// wrapping target (unless target is nil). isMessage, if not nil, is the
-// adapter's own Classify, reporting a message failure, and must agree.
-func MustInfra(t testing.TB, err, target error, isMessage func(error) bool) {
+// MustInfra fails the test unless err is an infrastructure failure (not
+// postbox.IsMessageError) wrapping target (unless target is nil).
+func MustInfra(t testing.TB, err, target error) {
 	t.Helper()
 	if err == nil {
 		t.Fatal("publish succeeded, want an infrastructure failure")
 	}
-	if postbox.IsMessageError(err) || isMessage != nil && isMessage(err) {
+	if postbox.IsMessageError(err) {
 		t.Fatalf("got message failure %v, want an infrastructure failure", err)
 	}
 	mustWrap(t, err, target)

@@ -1,9 +1,6 @@
-// Package brokerutil holds the helpers the broker adapters share to fill
-// in and check their configs.
-package brokerutil
+package pubkit
 
 import (
-	"context"
 	"fmt"
 	"unicode/utf8"
 
@@ -52,24 +49,4 @@ func (ps Problems) Err() error {
 		return nil
 	}
 	return &postbox.ConfigError{Problems: ps}
-}
-
-// Acquire takes a slot of a publisher's window: it sends a token on slots,
-// waiting while the window is full. It returns ctx.Err() if ctx ends
-// first, or closed if closing is closed first; a free slot is taken even
-// then.
-func Acquire(ctx context.Context, slots chan<- struct{}, closing <-chan struct{}, closed error) error {
-	select {
-	case slots <- struct{}{}:
-		return nil
-	default:
-	}
-	select {
-	case slots <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-closing:
-		return closed
-	}
 }

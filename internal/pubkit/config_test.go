@@ -1,7 +1,6 @@
-package brokerutil
+package pubkit
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -46,27 +45,5 @@ func TestProblems(t *testing.T) {
 	}
 	if p := ce.Problems[0]; p.Field != "Field" || p.Value != "7" || p.Reason != "must be under 5" {
 		t.Fatalf("got %+v", p)
-	}
-}
-
-func TestAcquire(t *testing.T) {
-	slots := make(chan struct{}, 1)
-	closing := make(chan struct{})
-	errClosed := errors.New("closed")
-	if err := Acquire(context.Background(), slots, closing, errClosed); err != nil {
-		t.Fatalf("free slot: got %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := Acquire(ctx, slots, closing, errClosed); !errors.Is(err, context.Canceled) {
-		t.Fatalf("full window, ended context: got %v, want context.Canceled", err)
-	}
-	close(closing)
-	if err := Acquire(context.Background(), slots, closing, errClosed); !errors.Is(err, errClosed) {
-		t.Fatalf("full window, closing: got %v, want the closed error", err)
-	}
-	<-slots
-	if err := Acquire(ctx, slots, closing, errClosed); err != nil {
-		t.Fatalf("free slot, ended context and closing: got %v, want the slot taken", err)
 	}
 }

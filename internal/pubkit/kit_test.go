@@ -1,0 +1,343 @@
+package pubkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/postbox-go/postbox"
+)
+
+var errClosed = errors.New("closed")
+
+func TestAcquire(t *testing.T) {
+	closing := make(chan struct{})
+	w := NewWindow(1, closing, errClosed)
+	if err := w.Acquire(context.Background(), 1); err != nil {
+		t.Fatalf("free slot: got %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := w.Acquire(ctx, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("full window, ended context: got %v, want context.Canceled", err)
+	}
+	close(closing)
+	if err := w.Acquire(context.Background(), 1); !errors.Is(err, errClosed) {
+		t.Fatalf("full window, closing: got %v, want the closed error", err)
+	}
+	w.Release(1)
+	if err := w.Acquire(ctx, 1); err != nil {
+		t.Fatalf("free slot, ended context and closing: got %v, want the slot taken", err)
+	}
+}
+
+// TestAcquireWeighted: an acquire of the whole window waits for every
+// slot, holds none when it gives up, and is not starved by single
+// acquires that come after it.
+func TestAcquireWeighted(t *testing.T) {
+	w := NewWindow(3, make(chan struct{}), errClosed)
+	if err := w.Acquire(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := w.Acquire(ctx, 3); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("whole window while one slot is held: got %v", err)
+	}
+	if n := w.Pending(); n != 1 {
+		t.Fatalf("after a weighted acquire gave up: %d slots held, want 1", n)
+	}
+
+	whole := make(chan error, 1)
+	go func() { whole <- w.Acquire(context.Background(), 3) }()
+	// Wait until the weighted acquire holds excl and the two free slots.
+	for w.Pending() != 3 {
+		runtime.Gosched()
+	}
+	single := make(chan error, 1)
+	go func() { single <- w.Acquire(context.Background(), 1) }()
+	w.Release(1) // the weighted acquire, not the single one, takes it
+	if err := <-whole; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-single:
+		t.Fatalf("a single acquire got a slot of a full window: %v", err)
+	default:
+	}
+	w.Release(3)
+	if err := <-single; err != nil {
+		t.Fatal(err)
+	}
+	if n := w.Pending(); n != 1 {
+		t.Fatalf("%d slots held, want 1", n)
+	}
+}
+
+func TestDrain(t *testing.T) {
+	w := NewWindow(2, make(chan struct{}), errClosed)
+	if err := w.Drain(context.Background()); err != nil {
+		t.Fatalf("empty window: %v", err)
+	}
+	_ = w.Acquire(context.Background(), 1)
+	_ = w.Acquire(context.Background(), 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if err := w.Drain(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("held slots: got %v, want the context's end", err)
+	}
+	drained := make(chan error, 1)
+	go func() { drained <- w.Drain(context.Background()) }()
+	w.Release(1)
+	w.Release(1)
+	if err := <-drained; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFlightDoneOnce races the broker's answer with the end of the
+// publish's context, many times: done must run exactly once, and the
+// slot must be freed exactly once, whichever wins.
+func TestFlightDoneOnce(t *testing.T) {
+	k := New(8, errClosed)
+	const rounds = 2000
+	calls := make([]atomic.Int32, rounds)
+	for i := range rounds {
+		ctx, cancel := context.WithCancel(context.Background())
+		got := make(chan error, 2)
+		f := &Flight{}
+		if !k.Enter(ctx, f, func(err error) { calls[i].Add(1); got <- err }) {
+			t.Fatal("Enter refused an open Kit")
+		}
+		k.Leave()
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); cancel() }()
+		go func() { defer wg.Done(); f.Settle(nil) }()
+		wg.Wait()
+		// The winner may be the context's watch, on a goroutine of its
+		// own: wait for its done.
+		if err := <-got; err != nil && !errors.Is(err, context.Canceled) {
+			t.Fatalf("round %d: got %v", i, err)
+		}
+		if n := k.Window().Pending(); n != 0 {
+			t.Fatalf("round %d: %d slots held after the settle", i, n)
+		}
+	}
+	// A second call would come from the loser of a round; by now every
+	// watch has run or been stopped long ago.
+	for i := range calls {
+		if n := calls[i].Load(); n != 1 {
+			t.Fatalf("round %d: done called %d times", i, n)
+		}
+	}
+}
+
+// TestFlightContextEndKeepsSlot: a publish whose context ended has its
+// done called, but holds its slot until the broker settles it.
+func TestFlightContextEndKeepsSlot(t *testing.T) {
+	k := New(2, errClosed)
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan error, 1)
+	f := &Flight{}
+	if !k.Enter(ctx, f, func(err error) { got <- err }) {
+		t.Fatal("Enter refused an open Kit")
+	}
+	k.Leave()
+	if n := k.Window().Pending(); n != 1 {
+		t.Fatalf("Pending = %d after Enter, want 1", n)
+	}
+	cancel()
+	if err := <-got; !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v, want context.Canceled", err)
+	}
+	if n := k.Window().Pending(); n != 1 {
+		t.Fatalf("Pending = %d once the context ended, want 1: the broker has not settled it", n)
+	}
+	f.Settle(nil)
+	f.Release() // a second release frees nothing
+	if n := k.Window().Pending(); n != 0 {
+		t.Fatalf("Pending = %d after the settle, want 0", n)
+	}
+}
+
+// TestFlightTimeout: a watch with a timeout reports why's error, with a
+// nil context error, and ends the context it returns.
+func TestFlightTimeout(t *testing.T) {
+	got := make(chan error, 1)
+	f := &Flight{}
+	f.Start(func(err error) { got <- err })
+	wctx := f.Watch(context.Background(), time.Millisecond, func(ctxErr error) error {
+		if ctxErr != nil {
+			return ctxErr
+		}
+		return errors.New("timed out")
+	})
+	if err := <-got; err == nil || err.Error() != "timed out" {
+		t.Fatalf("got %v, want the timeout's error", err)
+	}
+	<-wctx.Done()
+	f.Stop()
+	if !f.Finished() {
+		t.Fatal("Finished = false after done ran")
+	}
+}
+
+// TestCloseWakesEnter: a Publish waiting for a slot of a full window
+// fails with the closed error when Close is called, and one after Close
+// fails at once; neither holds a slot.
+func TestCloseWakesEnter(t *testing.T) {
+	k := New(1, errClosed)
+	first := &Flight{}
+	if !k.Enter(context.Background(), first, func(error) {}) {
+		t.Fatal("Enter refused an open Kit")
+	}
+	k.Leave()
+	waiting := make(chan error, 1)
+	go func() {
+		f := &Flight{}
+		if k.Enter(context.Background(), f, func(err error) { waiting <- err }) {
+			k.Leave()
+			waiting <- errors.New("entered a full window")
+		}
+	}()
+	if !k.Close() {
+		t.Fatal("the first Close reported the Kit closed already")
+	}
+	if k.Close() {
+		t.Fatal("a second Close reported closing the Kit")
+	}
+	if err := <-waiting; !errors.Is(err, errClosed) {
+		t.Fatalf("waiting Publish: got %v, want the closed error", err)
+	}
+	first.Settle(nil)
+	var after error
+	if k.Enter(context.Background(), &Flight{}, func(err error) { after = err }) {
+		t.Fatal("Enter let a publish in after Close")
+	}
+	if !errors.Is(after, errClosed) {
+		t.Fatalf("Publish after Close: got %v, want the closed error", after)
+	}
+	if n := k.Window().Pending(); n != 0 {
+		t.Fatalf("Pending = %d, want 0", n)
+	}
+}
+
+// TestCloseWaitsForGate: Close does not return while a Publish is inside
+// the gate, so that whatever Close cleans up includes its message.
+func TestCloseWaitsForGate(t *testing.T) {
+	k := New(0, errClosed)
+	if !k.Open() {
+		t.Fatal("Open refused an open Kit")
+	}
+	closed := make(chan struct{})
+	go func() {
+		k.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a Publish was inside the gate")
+	case <-time.After(20 * time.Millisecond):
+	}
+	k.Leave()
+	<-closed
+	if k.Open() {
+		t.Fatal("Open let a publish in after Close")
+	}
+}
+
+// TestGoAndWait: Close waits for the goroutines Go started until its
+// context ends, and Go starts none once the Kit is closed.
+func TestGoAndWait(t *testing.T) {
+	k := New(0, errClosed)
+	release := make(chan struct{})
+	if !k.Go(func() { <-release }) {
+		t.Fatal("Go refused an open Kit")
+	}
+	k.Close()
+	if k.Go(func() {}) {
+		t.Fatal("Go started a goroutine after Close")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if err := k.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("goroutine still running: got %v, want the context's end", err)
+	}
+	close(release)
+	if err := k.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	k.Cancel()
+	if k.Context().Err() == nil {
+		t.Fatal("Context did not end with Cancel")
+	}
+}
+
+func TestMessageFault(t *testing.T) {
+	errMine := errors.New("the message's fault")
+	cases := []struct {
+		err            error
+		message, known bool
+	}{
+		{postbox.NewMessageError(errors.New("x")), true, true},
+		{fmt.Errorf("wrapped: %w", postbox.NewMessageError(context.Canceled)), true, true},
+		{context.Canceled, false, true},
+		{fmt.Errorf("wrapped: %w", context.DeadlineExceeded), false, true},
+		{fmt.Errorf("%w: %w", errMine, context.Canceled), false, true},
+		{fmt.Errorf("wrapped: %w", errMine), true, true},
+		{errors.New("unknown"), false, false},
+	}
+	for _, c := range cases {
+		message, known := MessageFault(c.err, errMine)
+		if message != c.message || known != c.known {
+			t.Errorf("MessageFault(%v) = %t, %t; want %t, %t", c.err, message, known, c.message, c.known)
+		}
+	}
+}
+
+type testRecord struct {
+	Flight
+	id string
+}
+
+// TestStart: an ended context fails the publish as it is, an envelope
+// that cannot be encoded fails as a message failure, and one that can
+// enters the gate holding a slot.
+func TestStart(t *testing.T) {
+	k := New(1, errClosed)
+	encode := func(env *postbox.Envelope) (*testRecord, error) {
+		if env.ID == "" {
+			return nil, errors.New("no id")
+		}
+		return &testRecord{id: env.ID}, nil
+	}
+	var got error
+	done := func(err error) { got = err }
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, ok := Start(k, ctx, &postbox.Envelope{ID: "a"}, done, encode); ok || !errors.Is(got, context.Canceled) {
+		t.Fatalf("ended context: ok, got %v", got)
+	}
+	if _, ok := Start(k, context.Background(), &postbox.Envelope{}, done, encode); ok || !postbox.IsMessageError(got) {
+		t.Fatalf("bad envelope: got %v, want a message failure", got)
+	}
+	got = nil
+	r, ok := Start(k, context.Background(), &postbox.Envelope{ID: "a"}, done, encode)
+	if !ok || r.id != "a" || got != nil {
+		t.Fatalf("good envelope: ok %t, record %+v, done %v", ok, r, got)
+	}
+	k.Leave()
+	if n := k.Window().Pending(); n != 1 {
+		t.Fatalf("Pending = %d, want 1", n)
+	}
+	r.Settle(nil)
+	if n := k.Window().Pending(); n != 0 {
+		t.Fatalf("Pending = %d after the settle, want 0", n)
+	}
+}
