@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/postbox-go/postbox/internal/printable"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
@@ -252,7 +253,7 @@ func (a *Admin) Replay(ctx context.Context, r ReplayRequest) (int, error) {
 		return 0, invalid("until", "", "is required")
 	case !r.Since.Before(r.Until):
 		return 0, invalid("since", r.Since.Format(time.RFC3339), "must be before until (%s)", r.Until.Format(time.RFC3339))
-	case r.Actor == "" || len(r.Actor) > 200 || !printable(r.Actor):
+	case r.Actor == "" || len(r.Actor) > 200 || !printable.Text(r.Actor):
 		return 0, invalid("actor", r.Actor, "must be printable text of 1 to 200 bytes")
 	}
 	if err := errors.Join(validateKey("key", r.Key), validateTime("since", r.Since), validateTime("until", r.Until)); err != nil {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/postbox-go/postbox/internal/printable"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
@@ -216,7 +217,7 @@ func (c *Config) Validate() error {
 	if err := ValidatePrefix(c.Prefix); err != nil {
 		ps = append(ps, err.(*ValidationError)) //nolint:errorlint // always this type
 	}
-	if len(c.Source) > MaxHeaderValueBytes || !printable(c.Source) {
+	if len(c.Source) > MaxHeaderValueBytes || !printable.Text(c.Source) {
 		bad("Source", c.Source, "must be printable text of at most %d bytes", MaxHeaderValueBytes)
 	}
 	between := func(field string, v, limit int) {
@@ -266,7 +267,7 @@ func (c *Config) Validate() error {
 			bad(fmt.Sprintf("Routes[%d].Publisher", i), "", "is nil")
 		}
 	}
-	if c.RelayID != "" && (len(c.RelayID) > 200 || !printable(c.RelayID)) {
+	if c.RelayID != "" && (len(c.RelayID) > 200 || !printable.Text(c.RelayID)) {
 		bad("RelayID", c.RelayID, "must be printable text of at most 200 bytes")
 	}
 	if len(ps) > 0 {

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postbox-go/postbox/internal/printable"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
@@ -92,10 +93,10 @@ type Inbox[TTx any] struct {
 }
 
 func validateConsumer(consumer, messageID string) error {
-	if consumer == "" || len(consumer) > MaxConsumerNameBytes || !printable(consumer) {
+	if consumer == "" || len(consumer) > MaxConsumerNameBytes || !printable.Text(consumer) {
 		return invalid("consumer", consumer, "must be printable text of 1 to %d bytes", MaxConsumerNameBytes)
 	}
-	if messageID == "" || len(messageID) > MaxDeliveryIDBytes || !printable(messageID) {
+	if messageID == "" || len(messageID) > MaxDeliveryIDBytes || !printable.Text(messageID) {
 		return invalid("message_id", messageID, "must be printable text of 1 to %d bytes", MaxDeliveryIDBytes)
 	}
 	return nil

@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+
+	"github.com/postbox-go/postbox/internal/printable"
 )
 
 // Limits on messages. The payload cap is configurable (Config.MaxPayloadBytes).
@@ -144,7 +146,7 @@ func (m *Message) validate(i, maxPayload int) error {
 		return invalid(field("headers"), "", "total %d bytes, over the limit of %d", total, MaxHeadersBytes)
 	}
 	for _, a := range [...]struct{ name, value string }{{"source", m.Source}, {"subject", m.Subject}, {"content_type", m.ContentType}} {
-		if len(a.value) > MaxHeaderValueBytes || !printable(a.value) {
+		if len(a.value) > MaxHeaderValueBytes || !printable.Text(a.value) {
 			return invalid(field(a.name), a.value, "must be printable text of at most %d bytes", MaxHeaderValueBytes)
 		}
 	}
@@ -170,22 +172,10 @@ func validateHeader(name, value string) error {
 	if len(value) > MaxHeaderValueBytes {
 		return fmt.Errorf("header value is %d bytes, over the limit of %d", len(value), MaxHeaderValueBytes)
 	}
-	if !printable(value) {
+	if !printable.Text(value) {
 		return fmt.Errorf("header value must be UTF-8 text without control characters")
 	}
 	return nil
-}
-
-func printable(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if r < 0x20 && r != '\t' || r == 0x7f {
-			return false
-		}
-	}
-	return true
 }
 
 // encodeHeaders renders what a message stores in the headers column: its

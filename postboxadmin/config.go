@@ -10,9 +10,10 @@ import (
 	"net/netip"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/configcheck"
+	"github.com/postbox-go/postbox/internal/printable"
 )
 
 // Scope is what a token may do.
@@ -122,15 +123,9 @@ func (c *Config) withDefaults() *Config {
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
-	if out.MaxBodyBytes == 0 {
-		out.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if out.ReadyTimeout == 0 {
-		out.ReadyTimeout = DefaultReadyTimeout
-	}
-	if out.ShutdownTimeout == 0 {
-		out.ShutdownTimeout = DefaultShutdownTimeout
-	}
+	configcheck.Default(&out.MaxBodyBytes, DefaultMaxBodyBytes)
+	configcheck.Default(&out.ReadyTimeout, DefaultReadyTimeout)
+	configcheck.Default(&out.ShutdownTimeout, DefaultShutdownTimeout)
 	out.Tokens = append([]Token(nil), out.Tokens...)
 	return &out
 }
@@ -138,7 +133,7 @@ func (c *Config) withDefaults() *Config {
 func (c *Config) validate() error {
 	var ps []*postbox.ValidationError
 	bad := func(field string, value any, format string, args ...any) {
-		ps = append(ps, invalid(field, value, format, args...))
+		ps = append(ps, configcheck.Problem(field, value, format, args...))
 	}
 	if c.Admin == nil {
 		bad("Admin", "", "is required")
@@ -155,7 +150,7 @@ func (c *Config) validate() error {
 	seen := make(map[[sha256.Size]byte]int, len(c.Tokens))
 	for i, t := range c.Tokens {
 		field := func(f string) string { return fmt.Sprintf("Tokens[%d].%s", i, f) }
-		if t.Name == "" || len(t.Name) > maxActorBytes || !printable(t.Name) {
+		if t.Name == "" || len(t.Name) > maxActorBytes || !printable.Text(t.Name) {
 			bad(field("Name"), t.Name, "must be printable text of 1 to %d bytes: it is the actor in the replay audit", maxActorBytes)
 		}
 		// The value is a secret: the errors describe it but never show it.
@@ -164,7 +159,7 @@ func (c *Config) validate() error {
 			bad(field("Value"), "", "is empty")
 		case len(t.Value) < MinTokenBytes:
 			bad(field("Value"), "", "is %d bytes; at least %d are required", len(t.Value), MinTokenBytes)
-		case !visibleASCII(t.Value):
+		case !printable.VisibleASCII(t.Value):
 			bad(field("Value"), "", "must be visible ASCII without spaces, as a bearer token is sent")
 		default:
 			d := sha256.Sum256([]byte(t.Value))
@@ -206,7 +201,7 @@ func (e *ListenError) Error() string {
 func CheckListen(addr string, cfg *Config) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return invalid("addr", addr, "is not host:port: %v", err)
+		return configcheck.Problem("addr", addr, "is not host:port: %v", err)
 	}
 	if cfg != nil && len(cfg.Tokens) > 0 {
 		return nil
@@ -225,43 +220,4 @@ func loopbackHost(host string) bool {
 	}
 	a, err := netip.ParseAddr(host)
 	return err == nil && a.Unmap().IsLoopback()
-}
-
-func invalid(field string, value any, format string, args ...any) *postbox.ValidationError {
-	return &postbox.ValidationError{Field: field, Value: shorten(fmt.Sprint(value), 64), Reason: fmt.Sprintf(format, args...)}
-}
-
-// shorten cuts s to at most n bytes at a rune boundary, marking the cut.
-func shorten(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n - 3
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "..."
-}
-
-// printable reports UTF-8 text without control characters (tab allowed),
-// the rule postbox applies to consumer names, ids and actors.
-func printable(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if r < 0x20 && r != '\t' || r == 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
-func visibleASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] <= ' ' || s[i] >= 0x7f {
-			return false
-		}
-	}
-	return true
 }

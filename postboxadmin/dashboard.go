@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/configcheck"
 )
 
 // dashboardRows bounds each list on the dashboard.
@@ -32,7 +33,7 @@ var dashboardCSP = func() string {
 var dashboardPage = template.Must(template.New("dashboard").Funcs(template.FuncMap{
 	"age":  func(d time.Duration) string { return d.Round(time.Millisecond).String() },
 	"when": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
-	"cut":  func(s string) string { return shorten(s, 120) },
+	"cut":  func(s string) string { return configcheck.ShortenTo(s, 120) },
 }).Parse(`<!doctype html>
 <html lang="en">
 <head>

@@ -17,6 +17,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/configcheck"
+	"github.com/postbox-go/postbox/internal/printable"
 )
 
 // badRequest is a 400 naming field.
@@ -33,7 +35,7 @@ func query(r *http.Request, allowed ...string) (url.Values, error) {
 	}
 	for _, k := range slices.Sorted(maps.Keys(v)) {
 		if !slices.Contains(allowed, k) {
-			return nil, badRequest(shorten(k, 64), "unknown query parameter %q; allowed: %s", shorten(k, 64), strings.Join(allowed, ", "))
+			return nil, badRequest(configcheck.ShortenTo(k, 64), "unknown query parameter %q; allowed: %s", configcheck.ShortenTo(k, 64), strings.Join(allowed, ", "))
 		}
 		if len(v[k]) > 1 {
 			return nil, badRequest(k, "query parameter %s is given %d times; give it once", k, len(v[k]))
@@ -57,10 +59,10 @@ func parseTime(field, s string, now time.Time) (time.Time, error) {
 	}
 	d, err := parseDuration(s)
 	if err != nil {
-		return time.Time{}, badRequest(field, "%s %q: want an RFC 3339 time (2026-01-02T15:04:05Z) or a duration ago (90m, 2h, 7d)", field, shorten(s, 64))
+		return time.Time{}, badRequest(field, "%s %q: want an RFC 3339 time (2026-01-02T15:04:05Z) or a duration ago (90m, 2h, 7d)", field, configcheck.ShortenTo(s, 64))
 	}
 	if d < 0 || d > maxAgo {
-		return time.Time{}, badRequest(field, "%s %q: a duration ago must be between 0 and 100 years", field, shorten(s, 64))
+		return time.Time{}, badRequest(field, "%s %q: a duration ago must be between 0 and 100 years", field, configcheck.ShortenTo(s, 64))
 	}
 	return now.Add(-d), nil
 }
@@ -84,7 +86,7 @@ func parseLimit(s string, def int) (int, error) {
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 1 || n > 10_000 {
-		return 0, badRequest("limit", "limit %q: want a whole number from 1 to 10000", shorten(s, 64))
+		return 0, badRequest("limit", "limit %q: want a whole number from 1 to 10000", configcheck.ShortenTo(s, 64))
 	}
 	return n, nil
 }
@@ -115,7 +117,7 @@ func checkText(field, s string, maxBytes int, optional bool) error {
 	if s == "" && optional {
 		return nil
 	}
-	if s == "" || len(s) > maxBytes || !printable(s) {
+	if s == "" || len(s) > maxBytes || !printable.Text(s) {
 		return badRequest(field, "%s must be printable text of 1 to %d bytes", field, maxBytes)
 	}
 	return nil
@@ -158,12 +160,12 @@ func decodeBody(r *http.Request, f fields, allowEmpty bool) error {
 		return badRequest("", "malformed JSON: data after the object")
 	}
 	if k := duplicateField(b); k != "" {
-		return badRequest(shorten(k, 64), "field %q is given twice; give it once", shorten(k, 64))
+		return badRequest(configcheck.ShortenTo(k, 64), "field %q is given twice; give it once", configcheck.ShortenTo(k, 64))
 	}
 	for _, k := range slices.Sorted(maps.Keys(raw)) {
 		dst, ok := f[k]
 		if !ok {
-			return badRequest(shorten(k, 64), "unknown field %q; allowed: %s", shorten(k, 64), names(f))
+			return badRequest(configcheck.ShortenTo(k, 64), "unknown field %q; allowed: %s", configcheck.ShortenTo(k, 64), names(f))
 		}
 		if err := json.Unmarshal(raw[k], dst); err != nil {
 			want := "a string"

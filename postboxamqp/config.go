@@ -6,7 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/postbox-go/postbox/internal/pubkit"
+	"github.com/postbox-go/postbox/internal/configcheck"
+	"github.com/postbox-go/postbox/internal/printable"
 )
 
 // Publisher defaults, as documented on Config.
@@ -133,12 +134,12 @@ func (c *Config) WithDefaults() *Config {
 	if out.Exchange == "" {
 		out.Exchange = DefaultExchange
 	}
-	pubkit.Default(&out.PublishTimeout, DefaultPublishTimeout)
-	pubkit.Default(&out.MaxPending, DefaultMaxPending)
-	pubkit.Default(&out.MaxMessageSize, DefaultMaxMessageSize)
-	pubkit.Default(&out.DialTimeout, DefaultDialTimeout)
-	pubkit.Default(&out.ReconnectBackoff, DefaultReconnectBackoff)
-	pubkit.Default(&out.ReconnectBackoffMax, DefaultReconnectBackoffMax)
+	configcheck.Default(&out.PublishTimeout, DefaultPublishTimeout)
+	configcheck.Default(&out.MaxPending, DefaultMaxPending)
+	configcheck.Default(&out.MaxMessageSize, DefaultMaxMessageSize)
+	configcheck.Default(&out.DialTimeout, DefaultDialTimeout)
+	configcheck.Default(&out.ReconnectBackoff, DefaultReconnectBackoff)
+	configcheck.Default(&out.ReconnectBackoffMax, DefaultReconnectBackoffMax)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -214,14 +215,14 @@ func (c *SubscriberConfig) WithDefaults() *SubscriberConfig {
 	if c != nil {
 		out = *c
 	}
-	pubkit.Default(&out.MaxInFlight, DefaultMaxInFlight)
+	configcheck.Default(&out.MaxInFlight, DefaultMaxInFlight)
 	if out.Prefetch == 0 {
 		out.Prefetch = max(DefaultPrefetch, out.MaxInFlight)
 	}
-	pubkit.Default(&out.MaxRetryHold, DefaultMaxRetryHold)
-	pubkit.Default(&out.DialTimeout, DefaultDialTimeout)
-	pubkit.Default(&out.ReconnectBackoff, DefaultReconnectBackoff)
-	pubkit.Default(&out.ReconnectBackoffMax, DefaultReconnectBackoffMax)
+	configcheck.Default(&out.MaxRetryHold, DefaultMaxRetryHold)
+	configcheck.Default(&out.DialTimeout, DefaultDialTimeout)
+	configcheck.Default(&out.ReconnectBackoff, DefaultReconnectBackoff)
+	configcheck.Default(&out.ReconnectBackoffMax, DefaultReconnectBackoffMax)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -248,7 +249,7 @@ func (c *SubscriberConfig) Validate() error {
 }
 
 // problems collects the bad fields of one config.
-type problems = pubkit.Problems
+type problems = configcheck.Problems
 
 func checkBackoff(ps *problems, dialName string, dial time.Duration, baseName string, base time.Duration, maxName string, maxDelay time.Duration) {
 	if dial < 100*time.Millisecond || dial > 5*time.Minute {
@@ -270,7 +271,7 @@ func validateName(s string) error {
 		return fmt.Errorf("must not be empty")
 	case len(s) > maxShortString:
 		return fmt.Errorf("is %d bytes, over AMQP's limit of %d", len(s), maxShortString)
-	case !pubkit.Printable(s):
+	case !printable.Line(s):
 		return fmt.Errorf("must be printable UTF-8 text")
 	}
 	return nil
@@ -283,7 +284,7 @@ func validatePattern(p string) error {
 	if i := strings.IndexByte(p, '*'); i >= 0 && i != len(p)-1 {
 		return fmt.Errorf(`may hold "*" only as its last character`)
 	}
-	if !pubkit.Printable(p) {
+	if !printable.Line(p) {
 		return fmt.Errorf("must be printable UTF-8 text")
 	}
 	return nil

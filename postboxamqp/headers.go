@@ -10,7 +10,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/pubkit"
+	"github.com/postbox-go/postbox/internal/configcheck"
+	"github.com/postbox-go/postbox/internal/printable"
 )
 
 // ceAMQPPrefix names CloudEvents attributes in AMQP application
@@ -53,9 +54,9 @@ func (p *Publisher) routingKey(topic string) (string, error) {
 	}
 	switch {
 	case len(rk) > maxShortString:
-		return "", fmt.Errorf("%w for topic %q: %d bytes, over AMQP's limit of %d", ErrInvalidRoutingKey, pubkit.Shorten(topic), len(rk), maxShortString)
+		return "", fmt.Errorf("%w for topic %q: %d bytes, over AMQP's limit of %d", ErrInvalidRoutingKey, configcheck.Shorten(topic), len(rk), maxShortString)
 	case !utf8.ValidString(rk):
-		return "", fmt.Errorf("%w for topic %q: not UTF-8", ErrInvalidRoutingKey, pubkit.Shorten(topic))
+		return "", fmt.Errorf("%w for topic %q: not UTF-8", ErrInvalidRoutingKey, configcheck.Shorten(topic))
 	}
 	return rk, nil
 }
@@ -75,7 +76,7 @@ func (p *Publisher) publishing(env *postbox.Envelope) (amqp.Publishing, int, err
 		return m, 0, fmt.Errorf("%w: message id is %d bytes, over AMQP's limit of %d", ErrInvalidHeader, len(env.ID), maxShortString)
 	}
 	if len(env.Topic) > maxShortString {
-		return m, 0, fmt.Errorf("%w: topic %q is %d bytes, over AMQP's limit of %d for the type property", ErrInvalidHeader, pubkit.Shorten(env.Topic), len(env.Topic), maxShortString)
+		return m, 0, fmt.Errorf("%w: topic %q is %d bytes, over AMQP's limit of %d for the type property", ErrInvalidHeader, configcheck.Shorten(env.Topic), len(env.Topic), maxShortString)
 	}
 	if len(env.Payload) > p.cfg.MaxMessageSize {
 		return m, 0, fmt.Errorf("%w: payload is %d bytes, over MaxMessageSize %d", ErrTooLarge, len(env.Payload), p.cfg.MaxMessageSize)
@@ -95,12 +96,12 @@ func (p *Publisher) publishing(env *postbox.Envelope) (amqp.Publishing, int, err
 		}
 		name := wireName(k)
 		switch {
-		case name == "" || len(name) > maxShortString || !pubkit.Printable(name):
-			return m, 0, fmt.Errorf("%w %q: names are 1 to %d bytes of printable text", ErrInvalidHeader, pubkit.Shorten(k), maxShortString)
+		case name == "" || len(name) > maxShortString || !printable.Line(name):
+			return m, 0, fmt.Errorf("%w %q: names are 1 to %d bytes of printable text", ErrInvalidHeader, configcheck.Shorten(k), maxShortString)
 		case reservedHeaders[strings.ToLower(name)]:
-			return m, 0, fmt.Errorf("%w %q: it steers RabbitMQ and only the broker sets it", ErrInvalidHeader, pubkit.Shorten(k))
+			return m, 0, fmt.Errorf("%w %q: it steers RabbitMQ and only the broker sets it", ErrInvalidHeader, configcheck.Shorten(k))
 		case !utf8.ValidString(v):
-			return m, 0, fmt.Errorf("%w %q: value is not UTF-8", ErrInvalidHeader, pubkit.Shorten(k))
+			return m, 0, fmt.Errorf("%w %q: value is not UTF-8", ErrInvalidHeader, configcheck.Shorten(k))
 		}
 		table[name] = v
 		size += 1 + len(name) + 1 + 4 + len(v)

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/configcheck"
 	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
@@ -325,7 +326,7 @@ func (s *session) unroutable(f *flight) error {
 		}
 		return nil
 	}
-	return postbox.NewMessageError(fmt.Errorf("postboxamqp: publish %s: %w: exchange %q, routing key %q: %s", f.id, ErrUnroutable, s.p.cfg.Exchange, pubkit.Shorten(f.key), f.returned))
+	return postbox.NewMessageError(fmt.Errorf("postboxamqp: publish %s: %w: exchange %q, routing key %q: %s", f.id, ErrUnroutable, s.p.cfg.Exchange, configcheck.Shorten(f.key), f.returned))
 }
 
 // die fails every flight left once the channel closed with cause (nil for

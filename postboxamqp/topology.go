@@ -8,7 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/postbox-go/postbox/internal/pubkit"
+	"github.com/postbox-go/postbox/internal/printable"
 )
 
 // Topology describes what EnsureTopology declares: an exchange, and
@@ -89,7 +89,7 @@ func (t *Topology) validate() error {
 		}
 	}
 	for i, b := range t.Bindings {
-		if len(b) > maxShortString || !pubkit.Printable(b) {
+		if len(b) > maxShortString || !printable.Line(b) {
 			ps.Add(fmt.Sprintf("Bindings[%d]", i), b, "must be printable UTF-8 of at most %d bytes", maxShortString)
 		}
 	}

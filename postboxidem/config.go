@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/configcheck"
 )
 
 // Config configures a Middleware. The zero value of every field means its
@@ -92,21 +93,11 @@ func (c *Config) withDefaults() *Config {
 	if c != nil {
 		out = *c
 	}
-	if out.Prefix == "" {
-		out.Prefix = postbox.DefaultPrefix
-	}
-	if out.TTL == 0 {
-		out.TTL = DefaultTTL
-	}
-	if out.ClaimExpiry == 0 {
-		out.ClaimExpiry = DefaultClaimExpiry
-	}
-	if out.MaxBodyBytes == 0 {
-		out.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if out.MaxResponseBytes == 0 {
-		out.MaxResponseBytes = DefaultMaxResponseBytes
-	}
+	configcheck.Default(&out.Prefix, postbox.DefaultPrefix)
+	configcheck.Default(&out.TTL, DefaultTTL)
+	configcheck.Default(&out.ClaimExpiry, DefaultClaimExpiry)
+	configcheck.Default(&out.MaxBodyBytes, DefaultMaxBodyBytes)
+	configcheck.Default(&out.MaxResponseBytes, DefaultMaxResponseBytes)
 	if out.Methods == nil {
 		out.Methods = []string{http.MethodPost, http.MethodPatch}
 	} else {
@@ -118,24 +109,14 @@ func (c *Config) withDefaults() *Config {
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
-	if out.CleanupBatch == 0 {
-		out.CleanupBatch = DefaultCleanupBatch
-	}
-	if out.CleanupInterval == 0 {
-		out.CleanupInterval = DefaultCleanupInterval
-	}
+	configcheck.Default(&out.CleanupBatch, DefaultCleanupBatch)
+	configcheck.Default(&out.CleanupInterval, DefaultCleanupInterval)
 	return &out
 }
 
 func (c *Config) validate() error {
-	var ps []*postbox.ValidationError
-	bad := func(field string, value any, format string, args ...any) {
-		v := fmt.Sprint(value)
-		if len(v) > 64 {
-			v = v[:61] + "..."
-		}
-		ps = append(ps, &postbox.ValidationError{Field: field, Value: v, Reason: fmt.Sprintf(format, args...)})
-	}
+	var ps configcheck.Problems
+	bad := ps.Add
 	if err := postbox.ValidatePrefix(c.Prefix); err != nil {
 		ps = append(ps, err.(*postbox.ValidationError)) //nolint:errorlint // always this type
 	}
@@ -167,10 +148,7 @@ func (c *Config) validate() error {
 	if c.CleanupInterval < time.Second {
 		bad("CleanupInterval", c.CleanupInterval, "must be at least 1s")
 	}
-	if len(ps) > 0 {
-		return &postbox.ConfigError{Problems: ps}
-	}
-	return nil
+	return ps.Err()
 }
 
 // isToken reports whether s is an RFC 9110 token, the syntax of a method.

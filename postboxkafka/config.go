@@ -7,7 +7,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/postbox-go/postbox/internal/pubkit"
+	"github.com/postbox-go/postbox/internal/configcheck"
+	"github.com/postbox-go/postbox/internal/printable"
 )
 
 // Publisher defaults, as documented on Config.
@@ -81,7 +82,7 @@ func (c *Config) WithDefaults() *Config {
 	if c != nil {
 		out = *c
 	}
-	pubkit.Default(&out.PublishTimeout, DefaultPublishTimeout)
+	configcheck.Default(&out.PublishTimeout, DefaultPublishTimeout)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -150,11 +151,11 @@ func (c *SubscriberConfig) WithDefaults() *SubscriberConfig {
 	if c != nil {
 		out = *c
 	}
-	pubkit.Default(&out.MaxInFlight, DefaultMaxInFlight)
-	pubkit.Default(&out.PartitionBuffer, DefaultPartitionBuffer)
-	pubkit.Default(&out.CommitInterval, DefaultCommitInterval)
-	pubkit.Default(&out.CommitTimeout, DefaultCommitTimeout)
-	pubkit.Default(&out.MaxRetryHold, DefaultMaxRetryHold)
+	configcheck.Default(&out.MaxInFlight, DefaultMaxInFlight)
+	configcheck.Default(&out.PartitionBuffer, DefaultPartitionBuffer)
+	configcheck.Default(&out.CommitInterval, DefaultCommitInterval)
+	configcheck.Default(&out.CommitTimeout, DefaultCommitTimeout)
+	configcheck.Default(&out.MaxRetryHold, DefaultMaxRetryHold)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -184,7 +185,7 @@ func (c *SubscriberConfig) Validate() error {
 }
 
 // problems collects the bad fields of one config.
-type problems = pubkit.Problems
+type problems = configcheck.Problems
 
 // ValidateTopicName reports whether name is a topic name Kafka accepts
 // for postbox messages: 1 to 249 bytes of ASCII letters, digits, '.', '_'
@@ -193,7 +194,7 @@ type problems = pubkit.Problems
 // The error wraps ErrInvalidTopic.
 func ValidateTopicName(name string) error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w %q: %s", ErrInvalidTopic, pubkit.Shorten(name), fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w %q: %s", ErrInvalidTopic, configcheck.Shorten(name), fmt.Sprintf(format, args...))
 	}
 	switch {
 	case name == "":
@@ -226,7 +227,7 @@ func validateGroup(g string) error {
 		return fmt.Errorf("must not be empty")
 	case len(g) > maxGroupBytes:
 		return fmt.Errorf("is %d bytes, over the limit of %d", len(g), maxGroupBytes)
-	case !pubkit.Printable(g):
+	case !printable.Line(g):
 		return fmt.Errorf("must be printable UTF-8 text")
 	}
 	return nil

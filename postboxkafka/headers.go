@@ -10,7 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/pubkit"
+	"github.com/postbox-go/postbox/internal/configcheck"
 )
 
 // CloudEvents attributes travel as Kafka headers named "ce_" plus the
@@ -38,9 +38,9 @@ func (p *Publisher) KafkaTopic(topic string) (string, error) {
 	}
 	if err := ValidateTopicName(t); err != nil {
 		if t == topic {
-			return "", fmt.Errorf("topic %q: %w", pubkit.Shorten(topic), err)
+			return "", fmt.Errorf("topic %q: %w", configcheck.Shorten(topic), err)
 		}
-		return "", fmt.Errorf("topic %q maps to %w", pubkit.Shorten(topic), err)
+		return "", fmt.Errorf("topic %q maps to %w", configcheck.Shorten(topic), err)
 	}
 	return t, nil
 }
@@ -75,7 +75,7 @@ func (p *Publisher) record(env *postbox.Envelope, now time.Time) (*kgo.Record, e
 			return nil, err
 		}
 		if !utf8.ValidString(v) {
-			return nil, fmt.Errorf("%w %q: value is not UTF-8", ErrInvalidHeader, pubkit.Shorten(k))
+			return nil, fmt.Errorf("%w %q: value is not UTF-8", ErrInvalidHeader, configcheck.Shorten(k))
 		}
 		hs = append(hs, kgo.RecordHeader{Key: name, Value: []byte(v)})
 	}
@@ -98,10 +98,10 @@ func wireName(name string) (string, error) {
 		return ceKafkaPrefix + rest, nil
 	}
 	if len(name) >= len(ceKafkaPrefix) && strings.EqualFold(name[:len(ceKafkaPrefix)], ceKafkaPrefix) {
-		return "", fmt.Errorf("%w %q: names starting with %q carry CloudEvents attributes on Kafka", ErrInvalidHeader, pubkit.Shorten(name), ceKafkaPrefix)
+		return "", fmt.Errorf("%w %q: names starting with %q carry CloudEvents attributes on Kafka", ErrInvalidHeader, configcheck.Shorten(name), ceKafkaPrefix)
 	}
 	if name == "" || !utf8.ValidString(name) {
-		return "", fmt.Errorf("%w %q: names are non-empty UTF-8", ErrInvalidHeader, pubkit.Shorten(name))
+		return "", fmt.Errorf("%w %q: names are non-empty UTF-8", ErrInvalidHeader, configcheck.Shorten(name))
 	}
 	return name, nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/postbox-go/postbox/internal/configcheck"
 	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
@@ -138,7 +139,7 @@ func ValidateSubject(subject string) error {
 
 func validateSubject(s string) error {
 	bad := func(reason string) error {
-		return fmt.Errorf("%w %q: %s", ErrInvalidSubject, pubkit.Shorten(s), reason)
+		return fmt.Errorf("%w %q: %s", ErrInvalidSubject, configcheck.Shorten(s), reason)
 	}
 	if s == "" {
 		return bad("it is empty")
@@ -189,18 +190,18 @@ func validateHeader(name, value string) error {
 	}
 	for i := 0; i < len(name); i++ {
 		if c := name[i]; c < 0x21 || c > 0x7e || c == ':' {
-			return fmt.Errorf("%w %q: name has %q; names are printable ASCII without ':'", ErrInvalidHeader, pubkit.Shorten(name), c)
+			return fmt.Errorf("%w %q: name has %q; names are printable ASCII without ':'", ErrInvalidHeader, configcheck.Shorten(name), c)
 		}
 	}
 	if len(name) >= 5 && strings.EqualFold(name[:5], "nats-") {
-		return fmt.Errorf("%w %q: Nats-* headers steer JetStream and are set by the publisher only", ErrInvalidHeader, pubkit.Shorten(name))
+		return fmt.Errorf("%w %q: Nats-* headers steer JetStream and are set by the publisher only", ErrInvalidHeader, configcheck.Shorten(name))
 	}
 	return validateHeaderValue(name, value)
 }
 
 func validateHeaderValue(name, value string) error {
 	if strings.ContainsAny(value, "\r\n\x00") {
-		return fmt.Errorf("%w %q: value holds CR, LF or NUL", ErrInvalidHeader, pubkit.Shorten(name))
+		return fmt.Errorf("%w %q: value holds CR, LF or NUL", ErrInvalidHeader, configcheck.Shorten(name))
 	}
 	return nil
 }

@@ -5,7 +5,8 @@ import (
 	"time"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/pubkit"
+	"github.com/postbox-go/postbox/internal/configcheck"
+	"github.com/postbox-go/postbox/internal/printable"
 )
 
 // Defaults, as documented on Config.
@@ -89,7 +90,7 @@ func (c *Config) WithDefaults() *Config {
 func (c *Config) Validate() error {
 	var ps []*postbox.ValidationError
 	bad := func(field string, value any, format string, args ...any) {
-		ps = append(ps, pubkit.Problem(field, value, format, args...))
+		ps = append(ps, configcheck.Problem(field, value, format, args...))
 	}
 	if p := c.SubjectPrefix; p != "" {
 		switch {
@@ -103,7 +104,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	if s := c.ExpectStream; s != "" {
-		if len(s) > maxStreamName || strings.ContainsAny(s, ">*. /\\\t\r\n") || !pubkit.Printable(s) {
+		if len(s) > maxStreamName || strings.ContainsAny(s, ">*. /\\\t\r\n") || !printable.Line(s) {
 			bad("ExpectStream", s, "is not a valid stream name (printable, at most %d bytes, none of . * > / \\ or whitespace)", maxStreamName)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/configcheck"
 	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
@@ -124,7 +125,7 @@ func (p *Publisher) Subject(topic string) (string, error) {
 		s = p.cfg.SubjectPrefix + topic
 	}
 	if err := validateSubject(s); err != nil {
-		return "", fmt.Errorf("topic %q: %w", pubkit.Shorten(topic), err)
+		return "", fmt.Errorf("topic %q: %w", configcheck.Shorten(topic), err)
 	}
 	return s, nil
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/pubkit"
+	"github.com/postbox-go/postbox/internal/configcheck"
 )
 
 // Subscriber defaults and bounds, as documented on SubscriberConfig.
@@ -97,7 +97,7 @@ func (c *SubscriberConfig) WithDefaults() *SubscriberConfig {
 func (c *SubscriberConfig) Validate() error {
 	var ps []*postbox.ValidationError
 	bad := func(field string, value any, format string, args ...any) {
-		ps = append(ps, pubkit.Problem(field, value, format, args...))
+		ps = append(ps, configcheck.Problem(field, value, format, args...))
 	}
 	if c.MaxInFlight < 1 || c.MaxInFlight > maxMaxInFlight {
 		bad("MaxInFlight", c.MaxInFlight, "must be between 1 and %d", maxMaxInFlight)

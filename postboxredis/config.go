@@ -7,7 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/postbox-go/postbox/internal/pubkit"
+	"github.com/postbox-go/postbox/internal/configcheck"
 )
 
 // Publisher defaults, as documented on Config.
@@ -156,13 +156,13 @@ func (c *Config) WithDefaults() *Config {
 	if out.DedupeWindow == 0 && !out.DisableDedupe {
 		out.DedupeWindow = DefaultDedupeWindow
 	}
-	pubkit.Default(&out.PublishTimeout, DefaultPublishTimeout)
-	pubkit.Default(&out.MaxPending, DefaultMaxPending)
-	pubkit.Default(&out.Pipelines, DefaultPipelines)
-	pubkit.Default(&out.MaxBatch, DefaultMaxBatch)
-	pubkit.Default(&out.MaxEntryBytes, DefaultMaxEntryBytes)
+	configcheck.Default(&out.PublishTimeout, DefaultPublishTimeout)
+	configcheck.Default(&out.MaxPending, DefaultMaxPending)
+	configcheck.Default(&out.Pipelines, DefaultPipelines)
+	configcheck.Default(&out.MaxBatch, DefaultMaxBatch)
+	configcheck.Default(&out.MaxEntryBytes, DefaultMaxEntryBytes)
 	if out.MinReplicas > 0 {
-		pubkit.Default(&out.ReplicaTimeout, DefaultReplicaTimeout)
+		configcheck.Default(&out.ReplicaTimeout, DefaultReplicaTimeout)
 	}
 	return &out
 }
@@ -288,13 +288,13 @@ func (c *SubscriberConfig) WithDefaults() *SubscriberConfig {
 	if c != nil {
 		out = *c
 	}
-	pubkit.Default(&out.MaxInFlight, DefaultMaxInFlight)
-	pubkit.Default(&out.Block, DefaultBlock)
-	pubkit.Default(&out.MinIdle, DefaultMinIdle)
+	configcheck.Default(&out.MaxInFlight, DefaultMaxInFlight)
+	configcheck.Default(&out.Block, DefaultBlock)
+	configcheck.Default(&out.MinIdle, DefaultMinIdle)
 	if out.ClaimInterval == 0 {
 		out.ClaimInterval = min(DefaultClaimInterval, out.MinIdle)
 	}
-	pubkit.Default(&out.IdleConsumerTTL, DefaultIdleConsumerTTL)
+	configcheck.Default(&out.IdleConsumerTTL, DefaultIdleConsumerTTL)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -335,7 +335,7 @@ func (c *SubscriberConfig) Validate() error {
 }
 
 // problems collects the bad fields of one config.
-type problems = pubkit.Problems
+type problems = configcheck.Problems
 
 // ValidateStreamName reports whether name can name a stream here: 1 to
 // MaxStreamNameBytes bytes of UTF-8 without whitespace or control
@@ -345,10 +345,10 @@ type problems = pubkit.Problems
 // ErrInvalidStream.
 func ValidateStreamName(name string) error {
 	if err := validateName(name); err != nil {
-		return fmt.Errorf("%w %q: %w", ErrInvalidStream, pubkit.Shorten(name), err)
+		return fmt.Errorf("%w %q: %w", ErrInvalidStream, configcheck.Shorten(name), err)
 	}
 	if strings.Contains(name, "}") && hashTag(name) == "" {
-		return fmt.Errorf("%w %q: it has a '}' but no hash tag; write {tag} with something inside, or no braces", ErrInvalidStream, pubkit.Shorten(name))
+		return fmt.Errorf("%w %q: it has a '}' but no hash tag; write {tag} with something inside, or no braces", ErrInvalidStream, configcheck.Shorten(name))
 	}
 	return nil
 }

@@ -11,6 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/configcheck"
+	"github.com/postbox-go/postbox/internal/printable"
 	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
@@ -158,7 +160,7 @@ func (p *Publisher) Stream(topic string) (string, error) {
 		s = p.cfg.StreamPrefix + topic
 	}
 	if err := ValidateStreamName(s); err != nil {
-		return "", fmt.Errorf("topic %q: %w", pubkit.Shorten(topic), err)
+		return "", fmt.Errorf("topic %q: %w", configcheck.Shorten(topic), err)
 	}
 	return s, nil
 }
@@ -195,8 +197,8 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 
 // request builds the script call for env.
 func (p *Publisher) request(env *postbox.Envelope) (*request, error) {
-	if env.ID == "" || len(env.ID) > MaxIDBytes || !pubkit.Printable(env.ID) {
-		return nil, fmt.Errorf("%w: %q", ErrNoID, pubkit.Shorten(env.ID))
+	if env.ID == "" || len(env.ID) > MaxIDBytes || !printable.Line(env.ID) {
+		return nil, fmt.Errorf("%w: %q", ErrNoID, configcheck.Shorten(env.ID))
 	}
 	stream, err := p.Stream(env.Topic)
 	if err != nil {
@@ -206,7 +208,7 @@ func (p *Publisher) request(env *postbox.Envelope) (*request, error) {
 	if len(env.Headers) > 0 {
 		for k, v := range env.Headers {
 			if !utf8.ValidString(k) || !utf8.ValidString(v) {
-				return nil, fmt.Errorf("%w %q: name or value is not valid UTF-8", ErrInvalidHeader, pubkit.Shorten(k))
+				return nil, fmt.Errorf("%w %q: name or value is not valid UTF-8", ErrInvalidHeader, configcheck.Shorten(k))
 			}
 		}
 		if headers, err = json.Marshal(env.Headers); err != nil {

@@ -17,8 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/configcheck"
 	"github.com/postbox-go/postbox/internal/keyorder"
-	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
 // Timings of a Run that are not configurable.
@@ -150,7 +150,7 @@ func uniqueConsumer() string {
 			return '_'
 		}
 		return r
-	}, pubkit.Shorten(host))
+	}, configcheck.Shorten(host))
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])

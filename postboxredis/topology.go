@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/postbox-go/postbox/internal/pubkit"
+	"github.com/postbox-go/postbox/internal/configcheck"
 )
 
 // Start ids for EnsureGroup.
@@ -42,10 +42,10 @@ func EnsureGroup(ctx context.Context, client redis.UniversalClient, stream, grou
 		return fmt.Errorf("postboxredis: ensure group: %w", err)
 	}
 	if err := validateName(group); err != nil {
-		return fmt.Errorf("postboxredis: ensure group %q: invalid group name: %w", pubkit.Shorten(group), err)
+		return fmt.Errorf("postboxredis: ensure group %q: invalid group name: %w", configcheck.Shorten(group), err)
 	}
 	if startID != StartAtEnd && !entryIDPattern.MatchString(startID) {
-		return fmt.Errorf("postboxredis: ensure group %q: invalid start id %q: want %q, %q or an entry id", group, pubkit.Shorten(startID), StartAtBeginning, StartAtEnd)
+		return fmt.Errorf("postboxredis: ensure group %q: invalid start id %q: want %q, %q or an entry id", group, configcheck.Shorten(startID), StartAtBeginning, StartAtEnd)
 	}
 	err := client.XGroupCreateMkStream(ctx, stream, group, startID).Err()
 	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {

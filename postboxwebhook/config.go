@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/configcheck"
 	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
@@ -139,7 +140,7 @@ type destination struct {
 func (c *Config) compile() ([]*destination, error) {
 	var ps []*postbox.ValidationError
 	bad := func(field string, value any, format string, args ...any) {
-		ps = append(ps, pubkit.Problem(field, value, format, args...))
+		ps = append(ps, configcheck.Problem(field, value, format, args...))
 	}
 	if len(c.Destinations) == 0 {
 		bad("Destinations", "", "needs at least one destination")
@@ -174,9 +175,9 @@ func (c *Config) compile() ([]*destination, error) {
 		}
 		for _, name := range slices.Sorted(maps.Keys(d.Headers)) {
 			if err := checkHeader(name, d.Headers[name]); err != nil {
-				bad(fmt.Sprintf("%s[%q]", field("Headers"), pubkit.Shorten(name)), "", "%s", err)
+				bad(fmt.Sprintf("%s[%q]", field("Headers"), configcheck.Shorten(name)), "", "%s", err)
 			} else if l := strings.ToLower(name); l == contentTypeHeader || strings.HasPrefix(l, ceHeaderPrefix) {
-				bad(fmt.Sprintf("%s[%q]", field("Headers"), pubkit.Shorten(name)), "", "content-type and ce-* headers come from each message's CloudEvents attributes")
+				bad(fmt.Sprintf("%s[%q]", field("Headers"), configcheck.Shorten(name)), "", "content-type and ce-* headers come from each message's CloudEvents attributes")
 			}
 		}
 		if d.MaxInFlight < 1 || d.MaxInFlight > maxMaxInFlight {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/postbox-go/postbox/internal/pubkit"
+	"github.com/postbox-go/postbox/internal/configcheck"
 )
 
 // ceHeaderPrefix names CloudEvents attributes in HTTP binary mode.
@@ -63,7 +63,7 @@ func validHeaderValue(value string) bool {
 // credentials.
 func checkHeader(name, value string) error {
 	if !validHeaderName(name) {
-		return fmt.Errorf("header name %q is not an HTTP token", pubkit.Shorten(name))
+		return fmt.Errorf("header name %q is not an HTTP token", configcheck.Shorten(name))
 	}
 	if forbiddenRequestHeaders[strings.ToLower(name)] {
 		return fmt.Errorf("header %q is set by the publisher or the HTTP client", name)
@@ -176,7 +176,7 @@ func unhex(c byte) (byte, bool) {
 // is refused when the message is written.
 func (p *Publisher) CheckMessage(topic string, headers map[string]string) error {
 	if p.route(topic) == nil {
-		return fmt.Errorf("%w for topic %q", ErrNoDestination, pubkit.Shorten(topic))
+		return fmt.Errorf("%w for topic %q", ErrNoDestination, configcheck.Shorten(topic))
 	}
 	for name, value := range headers {
 		if err := checkHeader(name, value); err != nil {

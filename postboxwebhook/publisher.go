@@ -14,6 +14,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/configcheck"
+	"github.com/postbox-go/postbox/internal/printable"
 	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
@@ -173,7 +175,7 @@ func (p *Publisher) route(topic string) *destination {
 func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done func(error)) {
 	d := p.route(env.Topic)
 	if d == nil {
-		done(postbox.NewMessageError(fmt.Errorf("%w %q", ErrNoDestination, pubkit.Shorten(env.Topic))))
+		done(postbox.NewMessageError(fmt.Errorf("%w %q", ErrNoDestination, configcheck.Shorten(env.Topic))))
 		return
 	}
 	header, err := requestHeader(d, env)
@@ -215,7 +217,7 @@ func requestHeader(d *destination, env *postbox.Envelope) (http.Header, error) {
 			continue
 		case strings.HasPrefix(lower, ceHeaderPrefix):
 			if !validHeaderName(name) || !utf8.ValidString(value) {
-				return nil, fmt.Errorf("%w %q: a CloudEvents attribute must be a token name with a UTF-8 value", ErrInvalidHeader, pubkit.Shorten(name))
+				return nil, fmt.Errorf("%w %q: a CloudEvents attribute must be a token name with a UTF-8 value", ErrInvalidHeader, configcheck.Shorten(name))
 			}
 			value = ceEncode(value)
 		default:
@@ -225,7 +227,7 @@ func requestHeader(d *destination, env *postbox.Envelope) (http.Header, error) {
 		}
 		key := http.CanonicalHeaderKey(name)
 		if _, dup := h[key]; dup {
-			return nil, fmt.Errorf("%w %q: the message has two headers of this name, differing in case only", ErrInvalidHeader, pubkit.Shorten(name))
+			return nil, fmt.Errorf("%w %q: the message has two headers of this name, differing in case only", ErrInvalidHeader, configcheck.Shorten(name))
 		}
 		h[key] = []string{value}
 	}
@@ -253,11 +255,11 @@ func requestHeader(d *destination, env *postbox.Envelope) (http.Header, error) {
 
 func checkID(id string) error {
 	if id == "" || len(id) > maxIDBytes {
-		return fmt.Errorf("%w %q: must be 1 to %d bytes", ErrInvalidID, pubkit.Shorten(id), maxIDBytes)
+		return fmt.Errorf("%w %q: must be 1 to %d bytes", ErrInvalidID, configcheck.Shorten(id), maxIDBytes)
 	}
 	for i := 0; i < len(id); i++ {
 		if c := id[i]; c <= ' ' || c >= 0x7f || c == '.' {
-			return fmt.Errorf("%w %q: has %q at byte %d", ErrInvalidID, pubkit.Shorten(id), c, i)
+			return fmt.Errorf("%w %q: has %q at byte %d", ErrInvalidID, configcheck.Shorten(id), c, i)
 		}
 	}
 	return nil
@@ -307,7 +309,7 @@ func (p *Publisher) do(ctx context.Context, d *destination, env *postbox.Envelop
 		StatusCode: resp.StatusCode,
 		Status:     resp.Status,
 		RetryAfter: retryAfter(resp.Header.Get("Retry-After"), now),
-		Body:       pubkit.OneLine(detail[:n]),
+		Body:       printable.OneLine(detail[:n]),
 	}
 	if se.Status == "" {
 		se.Status = strconv.Itoa(resp.StatusCode)

@@ -12,7 +12,8 @@ import (
 	"time"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/pubkit"
+	"github.com/postbox-go/postbox/internal/configcheck"
+	"github.com/postbox-go/postbox/internal/printable"
 )
 
 // Receiver defaults and bounds.
@@ -83,13 +84,13 @@ func NewReceiver(v *Verifier, p postbox.Processor, cfg *ReceiverConfig) (*Receiv
 	}
 	var ps []*postbox.ValidationError
 	if v == nil {
-		ps = append(ps, pubkit.Problem("verifier", "", "is nil"))
+		ps = append(ps, configcheck.Problem("verifier", "", "is nil"))
 	}
 	if p == nil {
-		ps = append(ps, pubkit.Problem("processor", "", "is nil"))
+		ps = append(ps, configcheck.Problem("processor", "", "is nil"))
 	}
 	if c.MaxBodyBytes < 1 || c.MaxBodyBytes > maxMaxBodyBytes {
-		ps = append(ps, pubkit.Problem("MaxBodyBytes", c.MaxBodyBytes, "must be between 1 and %d", maxMaxBodyBytes))
+		ps = append(ps, configcheck.Problem("MaxBodyBytes", c.MaxBodyBytes, "must be between 1 and %d", maxMaxBodyBytes))
 	}
 	ignore := make(map[string]bool, len(ignoredHeaders)+len(c.IgnoreHeaders))
 	for name := range ignoredHeaders {
@@ -97,7 +98,7 @@ func NewReceiver(v *Verifier, p postbox.Processor, cfg *ReceiverConfig) (*Receiv
 	}
 	for i, name := range c.IgnoreHeaders {
 		if !validHeaderName(name) {
-			ps = append(ps, pubkit.Problem(fmt.Sprintf("IgnoreHeaders[%d]", i), name, "is not an HTTP header name"))
+			ps = append(ps, configcheck.Problem(fmt.Sprintf("IgnoreHeaders[%d]", i), name, "is not an HTTP header name"))
 		}
 		ignore[strings.ToLower(name)] = true
 	}
@@ -172,7 +173,7 @@ func (rc *Receiver) refuse(w http.ResponseWriter, r *http.Request, status int, e
 // CloudEvents attributes percent-decoded.
 func (rc *Receiver) delivery(h http.Header, body []byte) (*postbox.Delivery, error) {
 	id := h.Get(HeaderWebhookID)
-	if len(id) > postbox.MaxDeliveryIDBytes || !pubkit.VisibleASCII(id) {
+	if len(id) > postbox.MaxDeliveryIDBytes || !printable.VisibleASCII(id) {
 		return nil, fmt.Errorf("webhook-id must be 1 to %d bytes of printable ASCII", postbox.MaxDeliveryIDBytes)
 	}
 	headers := make(map[string]string, len(h))
@@ -185,7 +186,7 @@ func (rc *Receiver) delivery(h http.Header, body []byte) (*postbox.Delivery, err
 		if strings.HasPrefix(lower, ceHeaderPrefix) {
 			decoded, err := ceDecode(value)
 			if err != nil {
-				return nil, fmt.Errorf("header %s: %w", pubkit.Shorten(lower), err)
+				return nil, fmt.Errorf("header %s: %w", configcheck.Shorten(lower), err)
 			}
 			value = decoded
 		}

@@ -1,4 +1,4 @@
-package pubkit
+package configcheck
 
 import (
 	"errors"

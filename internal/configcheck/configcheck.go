@@ -1,4 +1,8 @@
-package pubkit
+// Package configcheck holds what the adapters and tools outside the root
+// package share to fill in and check their configs: defaults, shortened
+// values for error messages, and the list of bad fields that becomes one
+// *postbox.ConfigError.
+package configcheck
 
 import (
 	"fmt"
@@ -17,11 +21,14 @@ func Default[T comparable](p *T, v T) {
 
 // Shorten cuts s to at most 64 bytes for an error message, ending it with
 // "..." when cut, and never cutting a UTF-8 sequence in two.
-func Shorten(s string) string {
-	if len(s) <= 64 {
+func Shorten(s string) string { return ShortenTo(s, 64) }
+
+// ShortenTo cuts s to at most n bytes (n > 3) as Shorten does.
+func ShortenTo(s string, n int) string {
+	if len(s) <= n {
 		return s
 	}
-	cut := 61
+	cut := n - 3
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
