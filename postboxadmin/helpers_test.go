@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/sqlitetest"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxadmin"
 	"github.com/postbox-go/postbox/postboxdriver"
@@ -141,7 +142,7 @@ func postgresFixture(t testing.TB) *fixture {
 
 func sqliteFixture(t testing.TB) *fixture {
 	t.Helper()
-	d := testdb.SQLiteDriver(t)
+	d := sqlitetest.Driver(t)
 	const prefix = "adm_"
 	f := newFixture(t, d, prefix)
 	f.agePublished = func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/postbox-go/postbox/internal/sqlitetest"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
@@ -47,7 +48,7 @@ func TestClaimStateMachine(t *testing.T) {
 		})
 	})
 	t.Run("sqlite", func(t *testing.T) {
-		d := testdb.SQLiteDriver(t)
+		d := sqlitetest.Driver(t)
 		testClaimStateMachine[*sql.Tx](t, d, "pb_", func(ctx context.Context, age time.Duration) error {
 			_, err := d.DB().ExecContext(ctx, `UPDATE pb_idempotency SET claim_expires_at = (SELECT CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER)) - 1000, expires_at = expires_at - ?1`, age.Milliseconds())
 			return err

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/sqlitetest"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxidem"
@@ -163,8 +164,8 @@ func newSQL(t *testing.T) *env[*sql.Tx] {
 }
 
 func newSQLite(t *testing.T) *env[*sql.Tx] {
-	path := testdb.SQLitePath(t)
-	e := setup(t, "sqlite", testdb.SQLiteDriverAt(t, path), "pb_")
+	path := sqlitetest.Path(t)
+	e := setup(t, "sqlite", sqlitetest.DriverAt(t, path), "pb_")
 	e.path = path
 	return e
 }

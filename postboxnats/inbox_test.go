@@ -14,6 +14,7 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/pubtest"
+	"github.com/postbox-go/postbox/internal/sqlitetest"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
@@ -124,7 +125,7 @@ func eachDatabase(t *testing.T, cfg postbox.Config, fn func(t *testing.T, db con
 		fn(t, newInboxDB[pgx.Tx](t, postboxpgx.New(pool), prefix, cfg))
 	})
 	t.Run("sqlite", func(t *testing.T) {
-		fn(t, newInboxDB[*sql.Tx](t, testdb.SQLiteDriver(t), postbox.DefaultPrefix, cfg))
+		fn(t, newInboxDB[*sql.Tx](t, sqlitetest.Driver(t), postbox.DefaultPrefix, cfg))
 	})
 }
 

@@ -8,7 +8,6 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
-	"github.com/postbox-go/postbox/postboxsqlite"
 )
 
 // PostgresURL is the database tests use; POSTBOX_TEST_DATABASE_URL
@@ -112,33 +110,4 @@ func Migrated(t testing.TB) (*pgxpool.Pool, string) {
 		t.Fatalf("testdb: migrate: %v", err)
 	}
 	return pool, prefix
-}
-
-// SQLiteDriver opens a fresh SQLite database in t's temporary directory,
-// closed when t ends. Its tables are not migrated.
-func SQLiteDriver(t testing.TB) *postboxsqlite.Driver {
-	t.Helper()
-	return SQLiteDriverAt(t, SQLitePath(t))
-}
-
-// SQLiteDriverAt opens the SQLite database at path (made if missing),
-// closed when t ends.
-func SQLiteDriverAt(t testing.TB, path string) *postboxsqlite.Driver {
-	t.Helper()
-	db, err := postboxsqlite.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	d, err := postboxsqlite.New(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
-// SQLitePath returns a path for a fresh SQLite database file in t's
-// temporary directory.
-func SQLitePath(t testing.TB) string {
-	return filepath.Join(t.TempDir(), "postbox.db")
 }
