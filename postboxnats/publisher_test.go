@@ -15,6 +15,7 @@ import (
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/natsembed"
 	"github.com/postbox-go/postbox/internal/pubtest"
+	"github.com/postbox-go/postbox/internal/tcpproxy"
 	"github.com/postbox-go/postbox/postboxnats"
 )
 
@@ -422,13 +423,26 @@ func TestServerShutdown(t *testing.T) {
 	}
 }
 
+// TestClose: Close fails what still awaits its ack with ErrClosed, and
+// every Publish after it. The broker is cut off by a proxy that holds all
+// traffic, so the publish stays in flight until Close: a server that shuts
+// down instead would have the client fail in-flight publishes itself
+// (nats.ErrDisconnected, from its own reconnect watcher), at a moment no
+// test can order against Close.
 func TestClose(t *testing.T) {
 	srv, url, err := natsembed.Start(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer natsembed.Shutdown(srv)
-	nc, js := connect(t, url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	// Cleanups run last first: the stream is deleted through the proxy,
+	// which then closes, before the server shuts down.
+	t.Cleanup(func() { natsembed.Shutdown(srv) })
+	proxy, err := tcpproxy.New(strings.TrimPrefix(url, "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	_, js := connect(t, "nats://"+proxy.Addr())
 	_, base := stream(t, js, nil)
 	p, err := postboxnats.New(js, &postboxnats.Config{SubjectPrefix: base + ".", PublishTimeout: time.Minute})
 	if err != nil {
@@ -437,7 +451,8 @@ func TestClose(t *testing.T) {
 	if err := publish(t, p, context.Background(), envelope("x", "ok")); err != nil {
 		t.Fatal(err)
 	}
-	down(t, srv, nc)
+	lift := proxy.Blackhole()
+	defer lift()
 	r := pubtest.NewResult(t)
 	p.Publish(context.Background(), envelope("x", "stuck"), r.Done)
 
