@@ -51,7 +51,7 @@ func Example_quickStart() {
 	if err := client.Start(ctx); err != nil { // the relay, until Stop
 		log.Fatal(err)
 	}
-	defer client.Stop(ctx) //nolint:errcheck // an example
+	defer client.Stop(ctx)
 
 	// In your transaction:
 	orderID, body := "order-42", []byte(`{"order":42}`)

@@ -2,42 +2,61 @@ package postboxtest_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"os"
-	"path/filepath"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxmigrate"
-	"github.com/postbox-go/postbox/postboxsqlite"
+	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxtest"
 )
 
-// openExampleDB opens a migrated SQLite database in a temporary directory;
-// done closes and removes it.
-func openExampleDB() (*postboxsqlite.Driver, func()) {
-	dir, err := os.MkdirTemp("", "postboxtest-example-")
+// openExampleDB opens PostgreSQL with the postbox tables migrated in a
+// schema of the example's own; done drops the schema and closes the pool.
+func openExampleDB() (*postboxpgx.Driver, func()) {
+	ctx := context.Background()
+	schema := fmt.Sprintf("postboxtest_example_%d_%d", os.Getpid(), exampleDBs.Add(1))
+	admin, err := pgx.Connect(ctx, testdb.PostgresURL())
 	if err != nil {
 		panic(err)
 	}
-	db, err := postboxsqlite.Open(filepath.Join(dir, "app.db"))
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		panic(err)
+	}
+	cfg, err := pgxpool.ParseConfig(testdb.PostgresURL())
 	if err != nil {
 		panic(err)
 	}
-	driver, err := postboxsqlite.New(db)
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		panic(err)
 	}
+	driver := postboxpgx.New(pool)
 	m, err := postboxmigrate.New(driver, nil)
 	if err != nil {
 		panic(err)
 	}
-	if _, err := m.Up(context.Background()); err != nil {
+	if _, err := m.Up(ctx); err != nil {
 		panic(err)
 	}
-	return driver, func() { _ = db.Close(); _ = os.RemoveAll(dir) }
+	return driver, func() {
+		pool.Close()
+		if c, err := pgx.Connect(ctx, testdb.PostgresURL()); err == nil {
+			_, _ = c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+			_ = c.Close(ctx)
+		}
+	}
 }
+
+var exampleDBs atomic.Int64
 
 // A test of code that writes messages: the in-memory broker stands in for
 // NATS or RabbitMQ, and Drain runs the relay until nothing is left.
@@ -120,7 +139,7 @@ func ExampleBroker_Subscriber() {
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
-		_ = sub.Run(ctx, inbox.Processor("ledger", func(_ context.Context, _ *sql.Tx, d *postbox.Delivery) error {
+		_ = sub.Run(ctx, inbox.Processor("ledger", func(_ context.Context, _ pgx.Tx, d *postbox.Delivery) error {
 			handled <- d.Key + " " + string(d.Payload)
 			return nil
 		}))

@@ -2,11 +2,12 @@ package postboxtest_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/postboxtest"
@@ -45,7 +46,7 @@ func TestFaultyCrashAfterPublish(t *testing.T) {
 	inbox := inboxClient.Inbox()
 	runs := 0
 	for _, env := range msgs {
-		inbox.Handle(ctx, "ledger", &postbox.Delivery{ID: env.ID, Topic: env.Topic}, func(context.Context, *sql.Tx, *postbox.Delivery) error {
+		inbox.Handle(ctx, "ledger", &postbox.Delivery{ID: env.ID, Topic: env.Topic}, func(context.Context, pgx.Tx, *postbox.Delivery) error {
 			runs++
 			return nil
 		})

@@ -2,7 +2,6 @@ package postboxtest_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,11 +22,13 @@ import (
 // changes nothing with the mark; the rows are sent again under the same
 // ids, and the inbox runs the handler once per message.
 func TestExpireLeasesMidBatch(t *testing.T) {
-	t.Run("sqlite", func(t *testing.T) {
+	// SQLite's ExpireLeases is in the storage conformance suite
+	// (Executor/ExpireLeasesFencesOwner); here, the default prefix.
+	t.Run("default prefix", func(t *testing.T) {
 		driver, done := openExampleDB()
 		defer done()
-		expireMidBatch(t, driver, "", func(ctx context.Context, in *postbox.Inbox[*sql.Tx], d *postbox.Delivery, run func()) {
-			in.Handle(ctx, "ledger", d, func(context.Context, *sql.Tx, *postbox.Delivery) error { run(); return nil })
+		expireMidBatch(t, driver, "", func(ctx context.Context, in *postbox.Inbox[pgx.Tx], d *postbox.Delivery, run func()) {
+			in.Handle(ctx, "ledger", d, func(context.Context, pgx.Tx, *postbox.Delivery) error { run(); return nil })
 		})
 	})
 	t.Run("postgres", func(t *testing.T) {
