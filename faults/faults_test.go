@@ -1,22 +1,5 @@
 //go:build faults
 
-// Package faults is the fault-injection harness: real relay processes
-// against a PostgreSQL cluster and a nats-server or RabbitMQ node that the
-// run starts for itself, writers that commit and roll back keyed
-// messages, a consumer that applies them through the inbox, faults on a
-// schedule drawn from a seed, and a checker that judges the recorded
-// history on its own. See RELIABILITY.md.
-//
-//	go test -tags faults -run TestFaults -v ./faults/
-//
-// Environment: POSTBOX_FAULTS_PROFILE (short, the default, or soak),
-// POSTBOX_FAULTS_BROKER (nats, the default, or rabbitmq),
-// POSTBOX_FAULTS_SEED (a run with the same seed draws the same schedule
-// and the same writer decisions), POSTBOX_FAULTS_DEDUPE (NATS: broker or
-// inbox), POSTBOX_FAULTS_REPORT (the JSON report's path),
-// POSTBOX_FAULTS_DIR (keep the run's files: logs, history, stream), and
-// POSTBOX_FAULTS_NATS_SERVER, POSTBOX_FAULTS_PG_BINDIR and
-// POSTBOX_FAULTS_RABBITMQ_SBIN (where the server binaries are).
 package faults
 
 import (

@@ -18,15 +18,17 @@ import (
 // buildPostbox builds the postbox binary once, into dir.
 func buildPostbox(t *testing.T, dir string) string {
 	t.Helper()
-	root, err := filepath.Abs("..")
+	// The binary is a module of its own (cmd/postbox); building from its
+	// directory works with the repository's go.work and without it.
+	src, err := filepath.Abs("../cmd/postbox")
 	if err != nil {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, "postbox")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/postbox")
-	cmd.Dir = root
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
+	cmd.Dir = src
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/postbox: %v\n%s", err, out)
 	}

@@ -1,0 +1,43 @@
+module github.com/postbox-go/postbox/postboxkafka
+
+go 1.26.0
+
+require (
+	github.com/jackc/pgx/v5 v5.12.0
+	github.com/postbox-go/postbox v0.0.0-00010101000000-000000000000
+	github.com/postbox-go/postbox/postboxpgx v0.0.0-00010101000000-000000000000
+	github.com/twmb/franz-go v1.22.3
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+)
+
+replace (
+	github.com/postbox-go/postbox => ..
+	github.com/postbox-go/postbox/internal/natsembed => ../internal/natsembed
+	github.com/postbox-go/postbox/internal/sqlitetest => ../internal/sqlitetest
+	github.com/postbox-go/postbox/postboxadmin => ../postboxadmin
+	github.com/postbox-go/postbox/postboxamqp => ../postboxamqp
+	github.com/postbox-go/postbox/postboxidem => ../postboxidem
+	github.com/postbox-go/postbox/postboxnats => ../postboxnats
+	github.com/postbox-go/postbox/postboxotel => ../postboxotel
+	github.com/postbox-go/postbox/postboxpgx => ../postboxpgx
+	github.com/postbox-go/postbox/postboxprom => ../postboxprom
+	github.com/postbox-go/postbox/postboxredis => ../postboxredis
+	github.com/postbox-go/postbox/postboxschema => ../postboxschema
+	github.com/postbox-go/postbox/postboxsql => ../postboxsql
+	github.com/postbox-go/postbox/postboxsqlite => ../postboxsqlite
+	github.com/postbox-go/postbox/postboxwebhook => ../postboxwebhook
+)
