@@ -38,7 +38,7 @@ const (
 	Ack Action = iota
 	// Retry: redeliver after Verdict.Delay.
 	Retry
-	// DeadLettered: the budget is spent and a dead letter was written;
+	// DeadLettered: the budget is spent and a dead message was written;
 	// acknowledge the delivery so the broker stops redelivering it.
 	DeadLettered
 )
@@ -66,7 +66,7 @@ type Verdict struct {
 
 // Processor is the seam between broker subscribers and the inbox: a
 // subscriber hands each delivery to Process and settles it with the broker
-// as the Verdict says (ack, redeliver after a delay, ack a dead letter).
+// as the Verdict says (ack, redeliver after a delay, ack a dead message).
 // Inbox.Processor makes one.
 type Processor interface {
 	Process(ctx context.Context, d *Delivery) Verdict
@@ -151,7 +151,7 @@ func (in *Inbox[TTx]) run(ctx context.Context, consumer string, d *Delivery, h H
 // Handle processes one delivery for consumer: begin, inbox, handler,
 // commit. On a handler error it counts the attempt outside the rolled-back
 // transaction and asks for a redelivery with backoff, or, once the budget
-// is spent, writes a dead letter and asks for an ack. A store failure
+// is spent, writes a dead message and asks for an ack. A store failure
 // counts nothing and asks for a redelivery.
 func (in *Inbox[TTx]) Handle(ctx context.Context, consumer string, d *Delivery, h Handler[TTx]) Verdict {
 	var end func(Verdict)
@@ -222,7 +222,7 @@ func (in *Inbox[TTx]) bury(ctx context.Context, consumer string, d *Delivery, he
 		dm.Error = truncate(fmt.Sprintf("%s (delivered with id %q)", dm.Error, truncate(d.ID, 64)), maxErrorBytes)
 	}
 	if err := in.store.BuryConsumerDead(ctx, dm); err != nil {
-		in.log.Warn("postbox inbox: could not write a dead letter; redelivering", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", err))
+		in.log.Warn("postbox inbox: could not write a dead message; redelivering", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", err))
 		return Verdict{Action: Retry, Delay: inboxInfraRetryDelay, Attempts: a.Attempts, Err: herr}
 	}
 	in.log.Warn("postbox inbox: message dead-lettered after its budget", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Int("attempts", a.Attempts), slog.Any("error", herr))

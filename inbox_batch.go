@@ -27,7 +27,7 @@ type BatchConfig struct {
 	MaxWait time.Duration
 	// Concurrency bounds the batches in flight at once, each holding one
 	// database connection for its transaction. Default 2. Keep it below
-	// the pool's size: counting a failed attempt and writing a dead letter
+	// the pool's size: counting a failed attempt and writing a dead message
 	// take a connection of their own while the batch's is held.
 	Concurrency int
 }

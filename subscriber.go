@@ -6,7 +6,7 @@ import "context"
 // in-memory one in postboxtest, and each broker adapter's): it receives
 // deliveries and hands each to a Processor, usually Inbox.Processor, then
 // settles it with the broker as the Verdict says — ack, redeliver after the
-// delay, or ack a message that went to the dead letters. It acknowledges
+// delay, or ack a message that became a dead message. It acknowledges
 // only after the Processor returns, that is after the handler's
 // transaction committed.
 //

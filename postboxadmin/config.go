@@ -21,7 +21,7 @@ type Scope string
 
 // The scopes. Admin implies Read.
 const (
-	// ScopeRead reads: status, dead messages, dead letters, the replay
+	// ScopeRead reads: status, dead messages of the outbox and of consumers, the replay
 	// audit, the dashboard.
 	ScopeRead Scope = "read"
 	// ScopeAdmin also changes things: requeue, delete, replay, prune.
@@ -48,7 +48,7 @@ type Token struct {
 	Scope Scope
 }
 
-// ConsumerDead is the consumer side's dead letters. *postbox.Inbox[TTx]
+// ConsumerDead is the consumers' dead messages. *postbox.Inbox[TTx]
 // implements it, for any TTx.
 type ConsumerDead interface {
 	ListDead(ctx context.Context, f postbox.DeadFilter) ([]postbox.DeadMessage, error)
@@ -76,7 +76,7 @@ type Config struct {
 	// Admin serves the outbox side. Required.
 	Admin *postbox.Admin
 
-	// ConsumerDead serves the consumer dead letters under
+	// ConsumerDead serves the consumers' dead messages under
 	// /v1/consumers/...; nil answers those endpoints with 501.
 	ConsumerDead ConsumerDead
 

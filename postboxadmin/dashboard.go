@@ -60,7 +60,7 @@ var dashboardPage = template.Must(template.New("dashboard").Funcs(template.FuncM
 {{range .Dead}}<tr><td><code>{{.ID}}</code></td><td>{{.Topic}}</td><td>{{.Key}}</td><td class="n">{{.Attempts}}</td><td>{{when .DeadAt}}</td><td>{{cut .Error}}</td></tr>
 {{end}}</table>{{else}}<p class="muted">None.</p>{{end}}
 
-{{if .HasConsumers}}<h2>Latest consumer dead letters</h2>
+{{if .HasConsumers}}<h2>Latest consumers' dead messages</h2>
 {{if .Letters}}<table>
 <tr><th>consumer</th><th>message id</th><th>topic</th><th>attempts</th><th>dead at</th><th>error</th></tr>
 {{range .Letters}}<tr><td>{{.Consumer}}</td><td><code>{{.ID}}</code></td><td>{{.Topic}}</td><td class="n">{{.Attempts}}</td><td>{{when .DeadAt}}</td><td>{{cut .Error}}</td></tr>

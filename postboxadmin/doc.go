@@ -55,7 +55,7 @@
 //	GET     /v1/replays                         read    200 {"replays": [...]}, newest first
 //	POST    /v1/prune                           admin   200 {"deleted": n}
 //	GET     /v1/consumers/dead                  read    200 {"dead_letters": [...]}, newest first
-//	GET     /v1/consumers/{consumer}/dead/{id}  read    200 one dead letter
+//	GET     /v1/consumers/{consumer}/dead/{id}  read    200 one dead message
 //	DELETE  /v1/consumers/{consumer}/dead/{id}  admin   200 {"count": 1}
 //	GET     /                                   read    200 the dashboard (HTML)
 //	GET     /healthz                            none    200 {"status": "ok"}
@@ -85,7 +85,7 @@
 //
 // A dead message: {"seq", "id", "topic", "key", "payload", "payload_text",
 // "headers", "attempts", "last_error", "created_at", "dead_at"}. A
-// consumer dead letter: {"consumer", "message_id", "topic", "key",
+// consumer's dead message: {"consumer", "message_id", "topic", "key",
 // "payload", "payload_text", "headers", "error", "attempts",
 // "first_failure_at", "last_failure_at", "dead_at"}. "payload" is always
 // there, as base64 (lossless for any bytes); "payload_text" is there too
@@ -118,7 +118,7 @@
 //	401     no token, a malformed Authorization header, an unknown token (with WWW-Authenticate)
 //	403     a read token on an admin endpoint; with no tokens, a non-loopback client or Host; a
 //	        cross-origin browser request that changes something
-//	404     no such dead message or dead letter; no such endpoint; /metrics without Config.Metrics
+//	404     no such dead message; no such endpoint; /metrics without Config.Metrics
 //	405     a method the path does not serve (with Allow)
 //	413     a body over Config.MaxBodyBytes (1 MiB)
 //	422     a replay whose since is before the retention horizon (field "since"): the request is
@@ -132,7 +132,7 @@
 // # Dashboard
 //
 // GET / is a small read-only HTML page: the status per topic and the
-// latest dead messages and dead letters. It has no scripts and loads
+// latest dead messages, the outbox's and the consumers'. It has no scripts and loads
 // nothing else (a strict Content-Security-Policy). It needs the read scope
 // like the API, and a token travels only in the Authorization header, so
 // a browser shows it when the server runs without tokens on loopback

@@ -344,7 +344,7 @@ func deadLetterOf(d *postbox.DeadMessage) deadLetterJSON {
 }
 
 var errNoConsumerDead = &apiError{status: http.StatusNotImplemented,
-	msg: "consumer dead letters are not served here: the server has no inbox configured (Config.ConsumerDead)"}
+	msg: "consumers' dead messages are not served here: the server has no inbox configured (Config.ConsumerDead)"}
 
 func (s *Server) listConsumerDead(w http.ResponseWriter, r *http.Request, _ principal) error {
 	if s.cfg.ConsumerDead == nil {
@@ -381,7 +381,7 @@ func (s *Server) listConsumerDead(w http.ResponseWriter, r *http.Request, _ prin
 	return nil
 }
 
-// consumerPath checks the consumer and message id of a dead letter's path.
+// consumerPath checks the consumer and message id of a consumer dead message's path.
 func (s *Server) consumerPath(r *http.Request) (consumer, id string, err error) {
 	if s.cfg.ConsumerDead == nil {
 		return "", "", errNoConsumerDead
@@ -424,7 +424,7 @@ func (s *Server) deleteConsumerDead(w http.ResponseWriter, r *http.Request, who 
 	if !ok {
 		return &apiError{status: http.StatusNotFound, msg: "not found"}
 	}
-	s.log.Info("postboxadmin: consumer dead letter deleted", slog.String("actor", who.name), slog.String("consumer", consumer), slog.String("id", id))
+	s.log.Info("postboxadmin: consumer's dead message deleted", slog.String("actor", who.name), slog.String("consumer", consumer), slog.String("id", id))
 	writeJSON(w, http.StatusOK, map[string]int{"count": 1})
 	return nil
 }

@@ -141,7 +141,7 @@
 // slots, but expires only at its head, so a long delay would hold back
 // the short ones behind it.
 //
-// A DeadLettered verdict comes after the inbox wrote its own dead letter
+// A DeadLettered verdict comes after the inbox wrote its own dead message
 // (the one to inspect and requeue through postbox); the Subscriber then
 // rejects the delivery without requeue, so the broker moves it to the
 // queue's dead-letter exchange (a second, operator-side record) or drops

@@ -175,7 +175,7 @@
 // records one at a time, in offset order, at most MaxInFlight at once
 // across partitions. A record is settled when its Verdict is Ack or
 // DeadLettered, that is after the handler's transaction committed (or the
-// inbox wrote its dead letter); a partition's offset is committed only up
+// inbox wrote its dead message); a partition's offset is committed only up
 // to its last settled record, by a committer that gathers what settled
 // each CommitInterval into one commit. A member that dies between its
 // handler's commit and the offset commit leaves those records to be

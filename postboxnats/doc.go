@@ -119,7 +119,7 @@
 //	verdict        what the Subscriber does
 //	Ack            DoubleAck: ack and wait for the server's confirmation
 //	Retry          NakWithDelay(Delay): the server redelivers after the delay
-//	DeadLettered   DoubleAck: the dead letter is in the inbox's table
+//	DeadLettered   DoubleAck: the dead message is in the inbox's table
 //	(no id)        Term: never redelivered; logged with its stream sequence
 //
 // The ack is sent only after Process returned, so after the handler's

@@ -412,8 +412,8 @@ func (r *run) settle(msg jetstream.Msg, d *postbox.Delivery, v postbox.Verdict) 
 // ack acknowledges msg and waits for the server's confirmation. DoubleAck
 // rather than a plain Ack: a lost plain ack is only noticed when the
 // message comes back after AckWait. That is harmless for an Ack (the
-// inbox absorbs the copy) but not for a dead letter, whose copy would run
-// the handler again and rewrite the dead letter; and an unconfirmed ack
+// inbox absorbs the copy) but not for a dead message, whose copy would run
+// the handler again and rewrite the dead message; and an unconfirmed ack
 // must not release the next message of a key as if the server had
 // settled this one. The confirmation costs one round trip, paid
 // concurrently by up to MaxInFlight deliveries.

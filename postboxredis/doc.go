@@ -132,7 +132,7 @@
 // SubscriberConfig.MaxInFlight and blocks for SubscriberConfig.Block.
 //
 // Ack and DeadLettered verdicts acknowledge the entry (XACK, tried again
-// while Redis does not answer). The inbox wrote its dead letter first;
+// while Redis does not answer). The inbox wrote its dead message first;
 // the stream keeps the entry until it is trimmed.
 //
 // Retry: Redis has no delayed redelivery (an unacknowledged entry stays

@@ -25,7 +25,7 @@ import (
 const (
 	// An ack is tried this many times, each waiting this long: a lost
 	// XACK leaves the entry pending, and it comes back to some subscriber
-	// after MinIdle, which for a dead letter means running the handler
+	// after MinIdle, which for a dead message means running the handler
 	// again.
 	ackAttempts = 3
 	ackTimeout  = 2 * time.Second

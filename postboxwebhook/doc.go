@@ -169,7 +169,7 @@
 //
 //	status  when
 //	204     the Processor's verdict is Ack (a first run committed, or a copy) or
-//	        DeadLettered (the consumer's budget is spent and its dead letter kept)
+//	        DeadLettered (the consumer's budget is spent and its dead message kept)
 //	503     the verdict is Retry, with Retry-After: the verdict's delay in
 //	        seconds, rounded up, at least 1
 //	500     the Processor returned an unknown action

@@ -25,7 +25,7 @@ const (
 )
 
 // ignoredHeaders describe the HTTP exchange rather than the message, or
-// carry credentials that must not end up in a dead letter; the Receiver
+// carry credentials that must not end up in a dead message; the Receiver
 // leaves them out of Delivery.Headers.
 var ignoredHeaders = map[string]bool{
 	HeaderWebhookID: true, HeaderWebhookTimestamp: true, HeaderWebhookSignature: true,

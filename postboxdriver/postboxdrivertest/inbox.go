@@ -207,10 +207,10 @@ func (s *suite[TTx]) inboxPoison(t *testing.T) {
 	if dl.Attempts != 3 || dl.Error != "cannot apply" || dl.Topic != poison.Topic || dl.Key != poison.Key ||
 		string(dl.Payload) != string(poison.Payload) || headerOf(t, dl.Headers, "h") != "v" ||
 		dl.FirstFailureAt.IsZero() || dl.LastFailureAt.Before(dl.FirstFailureAt) {
-		t.Fatalf("dead letter = %+v", dl)
+		t.Fatalf("dead message = %+v", dl)
 	}
 	// Deliveries the inbox cannot record (no id, an id too long) are
-	// buried at once, each in a dead letter of its own.
+	// buried at once, each in a dead message of its own.
 	for _, id := range []string{"", "", strings.Repeat("x", 300), strings.Repeat("x", 300) + "y"} {
 		d := delivery(id)
 		if v := ie.inbox.Handle(ctx, "billing", d, ie.effect); v.Action != postbox.DeadLettered {
@@ -228,7 +228,7 @@ func (s *suite[TTx]) inboxPoison(t *testing.T) {
 		}
 	}
 	if invalid != 4 {
-		t.Fatalf("%d dead letters for 4 deliveries without a usable id", invalid)
+		t.Fatalf("%d dead messages for 4 deliveries without a usable id", invalid)
 	}
 	// A panicking handler counts as a failure, not a crash.
 	v := ie.inbox.Handle(ctx, "billing", delivery(postbox.NewID()), func(context.Context, TTx, *postbox.Delivery) error { panic("oops") })
@@ -278,12 +278,12 @@ func (s *suite[TTx]) inboxDeadOps(t *testing.T) {
 	if n := list(postboxdriver.DeadFilter{Since: time.Now().Add(-time.Hour), Limit: 2}); n != 2 {
 		t.Fatalf("limit 2 = %d", n)
 	}
-	// Requeue with a handler that still fails: the dead letter stays.
+	// Requeue with a handler that still fails: the dead message stays.
 	if err := ie.inbox.RequeueDead(ctx, "billing", ids[0], failing); err == nil {
 		t.Fatal("requeue with a failing handler succeeded")
 	}
 	if _, err := ie.inbox.GetDead(ctx, "billing", ids[0]); err != nil {
-		t.Fatalf("dead letter gone after a failed requeue: %v", err)
+		t.Fatalf("dead message gone after a failed requeue: %v", err)
 	}
 	// Requeue with a working handler: the effect happens, the letter goes.
 	var got *postbox.Delivery
@@ -351,7 +351,7 @@ func (s *suite[TTx]) inboxRetention(t *testing.T) {
 	s.h.Backdate(t, ie.d, ie.prefix, "consumer_dead", "dead_at", 31*24*time.Hour)
 	res, err := ie.inbox.Prune(ctx)
 	if err != nil || res.Inbox != 20 || res.Dead != 3 {
-		t.Fatalf("prune = %+v, %v; want 20 inbox records and 3 dead letters, in batches of 7", res, err)
+		t.Fatalf("prune = %+v, %v; want 20 inbox records and 3 dead messages, in batches of 7", res, err)
 	}
 	if n := ie.effects(t); n != 20 {
 		t.Fatalf("retention touched the outbox: %d pending, want 20", n)

@@ -390,7 +390,7 @@ func (s *suite[TTx]) batchPoison(t *testing.T) {
 		t.Fatal(err)
 	}
 	if dl.Attempts != 3 || dl.Error != "cannot apply" || string(dl.Payload) != string(poison.Payload) {
-		t.Fatalf("dead letter = %+v", dl)
+		t.Fatalf("dead message = %+v", dl)
 	}
 	// A delivery the inbox cannot record is buried at once, as with the
 	// single-message processor.
