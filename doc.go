@@ -56,4 +56,7 @@
 // At least once: a message acknowledged by the broker but not yet recorded
 // as published when a relay dies is published again, with the same id.
 // Consumers absorb such copies by id (the broker's dedupe, and the inbox).
+//
+// The guarantees G1 to G9 that comments across the project cite are
+// defined in docs/design.md §1, with the tests that try to break each.
 package postbox

@@ -3,7 +3,8 @@
 // run starts for itself, writers that commit and roll back keyed
 // messages, a consumer that applies them through the inbox, faults on a
 // schedule drawn from a seed, and a checker that judges the recorded
-// history on its own. See RELIABILITY.md.
+// history on its own. See RELIABILITY.md. The checker names each
+// violation after the guarantee it breaks (G1 to G9, docs/design.md §1).
 //
 //	go test -tags faults -run TestFaults -v ./faults/
 //

@@ -86,7 +86,7 @@ func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, di
 	p := h.prefix
 	for _, q := range []string{
 		// The domain: one row per key, locked by each writer, so that write
-		// order per key is defined (DESIGN §1, "write order").
+		// order per key is defined (docs/design.md §1, "write order").
 		`CREATE TABLE ` + p + `entities (key text PRIMARY KEY, seq integer NOT NULL DEFAULT 0)`,
 		// A domain row per message, in the writer's transaction: it settles
 		// a commit whose outcome the writer could not see.

@@ -74,7 +74,7 @@ type Config struct {
 
 	// DisableMandatory publishes without the mandatory flag. Leave it off:
 	// without it, RabbitMQ confirms a message that no queue received and
-	// the message is lost while marked published (DESIGN §8). To accept
+	// the message is lost while marked published (docs/design.md §8). To accept
 	// unroutable messages for some topics, use AcceptUnroutable instead,
 	// which still sees and counts them.
 	DisableMandatory bool

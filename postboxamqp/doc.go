@@ -4,7 +4,7 @@
 // A Publisher is the relay's postbox.Publisher: each envelope becomes one
 // persistent message on an exchange, published on a channel in confirm
 // mode with the mandatory flag, and counts as published only once the
-// broker confirmed it without returning it (guarantee G3). A Subscriber
+// broker confirmed it without returning it (guarantee G3 of docs/design.md). A Subscriber
 // is a postbox.Subscriber: it consumes a queue with manual
 // acknowledgements and settles each delivery as the inbox's Verdict says.
 //
@@ -163,7 +163,7 @@
 //
 // # What a confirm is worth
 //
-// A confirm is only as durable as the queues behind it (DESIGN §8). For
+// A confirm is only as durable as the queues behind it (docs/design.md §8). For
 // a persistent message routed to a quorum queue, RabbitMQ confirms once a
 // majority of the queue's replicas have written it to disk (fsynced). A
 // classic queue confirms a persistent message once it is on its one

@@ -33,7 +33,7 @@ type Topology struct {
 	Bindings []string
 	// Classic declares classic queues instead of quorum queues. Leave it
 	// off: a quorum queue replicates a persistent message before the
-	// broker confirms it (DESIGN §8), and counts redeliveries
+	// broker confirms it (docs/design.md §8), and counts redeliveries
 	// (x-delivery-count).
 	Classic bool
 	// DeliveryLimit sets x-delivery-limit on a quorum Queue: after that

@@ -5,7 +5,7 @@ import (
 )
 
 // checkProducer lists the options of cl that would make an acknowledged
-// produce worth less than postbox promises (DESIGN §8), or that would
+// produce worth less than postbox promises (docs/design.md §8), or that would
 // create topology or reroute records behind the Publisher's back.
 func checkProducer(cl *kgo.Client) problems {
 	var ps problems

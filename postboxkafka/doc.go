@@ -4,7 +4,7 @@
 // A Publisher is the relay's postbox.Publisher: each envelope becomes one
 // Kafka record, produced by an idempotent producer with acks=all, and
 // counts as published only once the partition leader acknowledged it
-// after every in-sync replica stored it (guarantee G3). A Subscriber is a
+// after every in-sync replica stored it (guarantee G3 of docs/design.md). A Subscriber is a
 // postbox.Subscriber: a consumer-group member that hands each record to a
 // Processor, usually Inbox.Processor, and commits a partition's offset
 // only once the record and every earlier one of the partition are
@@ -131,7 +131,7 @@
 //
 // # Settings for a real cluster
 //
-// An acknowledgement is only as durable as the topic behind it (DESIGN
+// An acknowledgement is only as durable as the topic behind it (docs/design.md
 // §8). With acks=all the leader acknowledges once every replica in the
 // in-sync set has the record, and min.insync.replicas is the smallest
 // in-sync set it accepts a write with. For a message that survives the

@@ -200,7 +200,7 @@ type TopicReport struct {
 }
 
 // CheckTopic reads topic's partitions, replicas and configs and reports
-// the settings that weaken what an acknowledgement is worth (DESIGN §8):
+// the settings that weaken what an acknowledgement is worth (docs/design.md §8):
 // a replication factor under 3, min.insync.replicas under 2 or not under
 // the replication factor, unclean leader election, compaction (which
 // keeps only a key's latest message), a message.timestamp.type other

@@ -3,7 +3,7 @@
 //
 // A Publisher is the relay's postbox.Publisher for JetStream: each
 // envelope becomes one JetStream message, published asynchronously, and
-// counts as published only once JetStream's PubAck arrives (guarantee G3).
+// counts as published only once JetStream's PubAck arrives (guarantee G3 of docs/design.md).
 //
 //	nc, _ := nats.Connect(url)
 //	js, _ := jetstream.New(nc)
@@ -75,7 +75,7 @@
 //
 // # What an ack is worth
 //
-// A PubAck is only as durable as the stream behind it (DESIGN §8). A
+// A PubAck is only as durable as the stream behind it (docs/design.md §8). A
 // single server acknowledges once the message is written to the
 // operating system and fsyncs every sync_interval (two minutes by
 // default): a machine crash or power loss can drop messages that were

@@ -5,7 +5,7 @@
 // A Publisher is the relay's postbox.Publisher: each envelope becomes one
 // stream entry, added by a script that also guards against adding the
 // same message twice, and counts as published once Redis replied that
-// the entry is stored (guarantee G3; see "What a reply is worth" for
+// the entry is stored (guarantee G3 of docs/design.md; see "What a reply is worth" for
 // what that survives). A Subscriber is a postbox.Subscriber: it reads a
 // consumer group with XREADGROUP, hands each entry to a Processor
 // (usually Inbox.Processor) and acknowledges it with XACK after the
@@ -186,7 +186,7 @@
 //
 // # What a reply is worth
 //
-// Redis replies once the entry is in memory (DESIGN §8). Whether it
+// Redis replies once the entry is in memory (docs/design.md §8). Whether it
 // outlives a crash depends on the server's persistence, which
 // CheckDurability reads where CONFIG is allowed:
 //

@@ -4,8 +4,8 @@
 // The sending side is a Publisher, the relay's postbox.Publisher for HTTP:
 // each envelope becomes one POST to the destination its topic routes to,
 // and counts as published only once the receiver answers 2xx (guarantee
-// G3). The receiving side is a Verifier, which checks a request's
-// signature, and a Receiver, an http.Handler that verifies each request
+// G3 of docs/design.md). The receiving side is a Verifier, which checks a
+// request's signature, and a Receiver, an http.Handler that verifies each request
 // and hands the message to a postbox.Processor, usually an Inbox's, so
 // that a webhook takes effect exactly once however often it is sent.
 //

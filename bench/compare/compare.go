@@ -7,7 +7,7 @@
 // server and with the same payloads:
 //
 //  1. raw: messages published straight to a JetStream stream, asynchronously
-//     with a window (the baseline of DESIGN §6), then a smaller sample
+//     with a window (the baseline of docs/design.md §6), then a smaller sample
 //     published synchronously, one ack at a time (what Watermill's JetStream
 //     publisher does);
 //  2. postbox: a backlog written to the outbox with Client.Write, then drained

@@ -30,7 +30,7 @@ func (r *run) raw(ctx context.Context, res *Result) error {
 		ids[i] = postbox.NewID()
 	}
 
-	// Asynchronous, with the relay's window: DESIGN §6's baseline.
+	// Asynchronous, with the relay's window: docs/design.md §6's baseline.
 	fmt.Fprintf(r.out, "raw JetStream: %d async publishes of %d bytes, window %d\n", n, r.opts.PayloadBytes, r.opts.Window)
 	ajs, err := jetstream.New(r.nc, jetstream.WithPublishAsyncMaxPending(r.opts.Window))
 	if err != nil {

@@ -23,7 +23,7 @@ process with its defaults, configured through POSTBOX_* variables and routing ev
 topic to a JetStream stream made for the run. It samples /proc/<pid>/status VmRSS
 while the daemon idles, while it drains a backlog written in chunks, and while it
 idles afterwards, then reads VmHWM (the kernel's peak) before stopping it with
-SIGTERM, and checks that the stream holds exactly the backlog. Target (DESIGN §6):
+SIGTERM, and checks that the stream holds exactly the backlog. Target (docs/design.md §6):
 64 MiB.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -6,7 +6,7 @@
 //	go run ./cmd/plot --latency latency.json --drain drain.json --out ../docs/bench
 //
 // latency.png shows the commit-to-ack latency by percentile, postbox next
-// to the same run's direct-publish floor, with the DESIGN targets;
+// to the same run's direct-publish floor, with the targets of docs/design.md §6;
 // drain.png shows the backlog and the drain rate over time for each run,
 // with that run's raw JetStream rate.
 package main
