@@ -263,31 +263,7 @@ func (p *batchProcessor[TTx]) run(batch []*batchItem) {
 		}
 	}
 
-	err := p.in.store.InTx(ctx, func(tx TTx) error {
-		ex := p.in.store.UnwrapExecutor(tx)
-		fresh, err := ex.InboxInsertMany(ctx, p.consumer, ids)
-		if err != nil {
-			return err
-		}
-		var failed []string
-		for i, it := range members {
-			it.fresh, it.herr = fresh[i], nil
-			if !it.fresh {
-				continue
-			}
-			if err := ex.Savepoint(ctx, batchSavepoint); err != nil {
-				return err
-			}
-			if herr := callHandler(it.hctx, p.h, tx, it.d); herr != nil {
-				it.herr = herr
-				if err := ex.RollbackToSavepoint(ctx, batchSavepoint); err != nil {
-					return err
-				}
-				failed = append(failed, it.d.ID)
-			}
-		}
-		return ex.InboxDelete(ctx, p.consumer, failed)
-	})
+	err := p.in.store.InTx(ctx, func(tx TTx) error { return p.apply(ctx, tx, members, ids) })
 
 	for _, it := range members {
 		switch {
@@ -319,6 +295,36 @@ func (p *batchProcessor[TTx]) run(batch []*batchItem) {
 		it.v = p.in.Handle(it.ctx, p.consumer, it.d, p.h)
 		close(it.done)
 	}
+}
+
+// apply records a batch's members in the inbox in tx and runs each first
+// copy's handler in a savepoint of its own; a failing handler is rolled
+// back to its savepoint and its inbox record deleted, so that its next
+// delivery runs again. Each member's fresh and herr tell what happened.
+func (p *batchProcessor[TTx]) apply(ctx context.Context, tx TTx, members []*batchItem, ids []string) error {
+	ex := p.in.store.UnwrapExecutor(tx)
+	fresh, err := ex.InboxInsertMany(ctx, p.consumer, ids)
+	if err != nil {
+		return err
+	}
+	var failed []string
+	for i, it := range members {
+		it.fresh, it.herr = fresh[i], nil
+		if !it.fresh {
+			continue
+		}
+		if err := ex.Savepoint(ctx, batchSavepoint); err != nil {
+			return err
+		}
+		if herr := callHandler(it.hctx, p.h, tx, it.d); herr != nil {
+			it.herr = herr
+			if err := ex.RollbackToSavepoint(ctx, batchSavepoint); err != nil {
+				return err
+			}
+			failed = append(failed, it.d.ID)
+		}
+	}
+	return ex.InboxDelete(ctx, p.consumer, failed)
 }
 
 // batchContext returns the context a batch runs in: the values of its

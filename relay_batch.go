@@ -86,24 +86,7 @@ func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxd
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 
-	next := make([]int, len(recs))
-	last := make(map[string]int)
-	ready := make([]int, 0, len(recs))
-	for i := range recs {
-		next[i] = -1
-		k := recs[i].Key
-		if k == "" {
-			ready = append(ready, i)
-			continue
-		}
-		if j, ok := last[k]; ok {
-			next[j] = i
-		} else {
-			ready = append(ready, i)
-		}
-		last[k] = i
-	}
-
+	ready, next := chains(recs)
 	var res batchResult
 	// Buffered for every record, so a publisher that calls done after the
 	// batch is abandoned never blocks.
@@ -186,6 +169,32 @@ func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxd
 			return res
 		}
 	}
+}
+
+// chains orders a batch for publishing: ready holds what may be sent at
+// once (every keyless row, and the first row of each key), and next[i] the
+// row of the same key that may be sent once row i is acknowledged (-1 for
+// none). ready has room for every row: acknowledged rows append their
+// successors to it.
+func chains(recs []postboxdriver.Record) (ready, next []int) {
+	next = make([]int, len(recs))
+	last := make(map[string]int)
+	ready = make([]int, 0, len(recs))
+	for i := range recs {
+		next[i] = -1
+		k := recs[i].Key
+		if k == "" {
+			ready = append(ready, i)
+			continue
+		}
+		if j, ok := last[k]; ok {
+			next[j] = i
+		} else {
+			ready = append(ready, i)
+		}
+		last[k] = i
+	}
+	return ready, next
 }
 
 func (r *relay) envelope(rec *postboxdriver.Record) (*Envelope, error) {
