@@ -79,24 +79,14 @@ func (s *store) InboxInsert(ctx context.Context, consumer, messageID string) (bo
 
 // InboxInsertMany implements postboxdriver.Executor.
 func (s *store) InboxInsertMany(ctx context.Context, consumer string, ids []string) ([]bool, error) {
-	out := make([]bool, len(ids))
 	if len(ids) == 0 {
-		return out, nil
+		return []bool{}, nil
 	}
-	fresh, err := queryAll(ctx, s.conn(), s.iq.insertMany, []any{consumer, jsonList(ids)}, scanString)
+	inserted, err := queryAll(ctx, s.conn(), s.iq.insertMany, []any{consumer, jsonList(ids)}, scanString)
 	if err != nil {
 		return nil, s.wrap(err)
 	}
-	at := make(map[string]int, len(ids))
-	for i, id := range ids {
-		at[id] = i
-	}
-	for _, id := range fresh {
-		if i, ok := at[id]; ok {
-			out[i] = true
-		}
-	}
-	return out, nil
+	return postboxdriver.Fresh(ids, inserted), nil
 }
 
 // InboxDelete implements postboxdriver.Executor.

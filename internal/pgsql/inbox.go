@@ -83,24 +83,14 @@ func (c *Core) InboxInsert(ctx context.Context, consumer, messageID string) (boo
 
 // InboxInsertMany implements postboxdriver.Executor.
 func (c *Core) InboxInsertMany(ctx context.Context, consumer string, ids []string) ([]bool, error) {
-	out := make([]bool, len(ids))
 	if len(ids) == 0 {
-		return out, nil
+		return []bool{}, nil
 	}
-	fresh, err := queryAll(ctx, c, c.iq.insertMany, []any{consumer, ids}, scanString)
+	inserted, err := queryAll(ctx, c, c.iq.insertMany, []any{consumer, ids}, scanString)
 	if err != nil {
 		return nil, err
 	}
-	at := make(map[string]int, len(ids))
-	for i, id := range ids {
-		at[id] = i
-	}
-	for _, id := range fresh {
-		if i, ok := at[id]; ok {
-			out[i] = true
-		}
-	}
-	return out, nil
+	return postboxdriver.Fresh(ids, inserted), nil
 }
 
 // InboxDelete implements postboxdriver.Executor.
