@@ -74,11 +74,15 @@ type Config struct {
 	// connection while it reads or marks. Default 4.
 	Lanes int
 	// LeaseDuration is how long a relay holds its partitions without
-	// renewing them; a crashed relay's partitions move to another replica
-	// after it. Default 30s.
+	// renewing them; it renews every eighth of it. A crashed relay's
+	// partitions move to another replica within a lease and an eighth; a
+	// relay paused (or cut off from the database) for less than about
+	// seven eighths of a lease keeps them. Default 4s.
 	LeaseDuration time.Duration
 	// BatchDeadline bounds one batch's publishing, and must be shorter than
-	// LeaseDuration. Default 10s, or a third of LeaseDuration if shorter.
+	// LeaseDuration. Default a third of LeaseDuration (1.33s at the
+	// default lease), at most 10s. Raise both for a broker that takes
+	// seconds to acknowledge.
 	BatchDeadline time.Duration
 	// PollInterval is the longest the relay waits between looks at an idle
 	// outbox. Writes through this Client wake it at once. Default 100ms.
@@ -139,7 +143,7 @@ const (
 	DefaultBatchSize       = 500
 	DefaultPublishWindow   = 256
 	DefaultLanes           = 4
-	DefaultLeaseDuration   = 30 * time.Second
+	DefaultLeaseDuration   = 4 * time.Second
 	DefaultBatchDeadline   = 10 * time.Second
 	DefaultPollInterval    = 100 * time.Millisecond
 	DefaultMaxAttempts     = 25

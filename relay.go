@@ -14,10 +14,11 @@ import (
 // whole story is in docs/design.md §4 and ARCHITECTURE.md):
 //
 //   - Rows carry partition = hash(key) mod P. Live relays register with a
-//     heartbeat and split the partitions between them deterministically;
-//     each holds a lease on its share, on the database clock, and the
-//     lease's generation changes whenever a partition changes hands
-//     (relay_leases.go).
+//     heartbeat and split the partitions between them, sticky and
+//     balanced (relay_assign.go); each holds a lease on its share, on the
+//     database clock, renewed every eighth of a lease in one round trip,
+//     and the lease's generation changes whenever a partition changes
+//     hands (relay_leases.go).
 //   - The owner of a partition reads its pending rows in seq order, without
 //     writing anything, publishes them outside any transaction, and then
 //     moves the acknowledged ones to the published history with one
@@ -63,7 +64,11 @@ type relay struct {
 	maint maintenance // coordinator only
 
 	mu         sync.Mutex
-	held       map[int]int64 // partition -> generation
+	target     []int         // this relay's share, as last worked out
+	held       map[int]int64 // partitions the lanes read: partition -> generation
+	leaving    map[int]int64 // partitions out of the share, held until no batch is in flight on them
+	busy       map[int]int   // batches in flight per partition
+	stale      bool          // marks were fenced out: read nothing until the next renewal
 	validUntil time.Time     // local clock; the held leases end no sooner
 	lastBeat   time.Time
 }
@@ -88,7 +93,7 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs ro
 	r := &relay{
 		ex: ex, cfg: cfg, id: id, wake: wake, nparts: n, pub: rs, topics: rs.patterns(),
 		log:  cfg.Logger.With(slog.String("relay", id)),
-		held: map[int]int64{}, renew: make(chan struct{}, 1),
+		held: map[int]int64{}, leaving: map[int]int64{}, busy: map[int]int{}, renew: make(chan struct{}, 1),
 	}
 	r.window = make(chan struct{}, cfg.PublishWindow)
 	for i := range min(cfg.Lanes, n) {
@@ -137,9 +142,17 @@ func (r *relay) run(soft, hard context.Context) {
 	}
 	defer wg.Wait()
 	retry := time.Duration(0)
+	pending := true
 	for soft.Err() == nil {
 		r.mu.Lock()
-		due := r.lastBeat.Add(r.cfg.LeaseDuration / 3)
+		due := r.lastBeat.Add(r.renewEvery())
+		if pending {
+			// A share not yet all held, or partitions waiting for
+			// their batches to end before they are let go: look
+			// again soon, so that a partition changing hands waits
+			// no longer than that.
+			due = r.lastBeat.Add(min(r.cfg.PollInterval, r.renewEvery()))
+		}
 		r.mu.Unlock()
 		if retry > 0 {
 			due = time.Now().Add(retry)
@@ -165,7 +178,8 @@ func (r *relay) run(soft, hard context.Context) {
 		// lease the renewal is too late to help; the failure is logged,
 		// the connection dropped by the driver, and the renewal retried.
 		rctx, cancel := context.WithTimeout(soft, r.cfg.LeaseDuration/2)
-		err := r.rebalance(rctx)
+		var err error
+		pending, err = r.coordinate(rctx)
 		cancel()
 		if err != nil {
 			if soft.Err() != nil {
@@ -180,6 +194,11 @@ func (r *relay) run(soft, hard context.Context) {
 		r.maintain(soft)
 	}
 }
+
+// renewEvery is the interval between renewals in steady state: an eighth
+// of the lease, so a relay paused for most of a lease keeps its partitions,
+// and a crashed relay's are taken within a lease and an eighth.
+func (r *relay) renewEvery() time.Duration { return max(r.cfg.LeaseDuration/8, minPoll) }
 
 func (r *relay) notifyLanes() {
 	for _, l := range r.lanes {

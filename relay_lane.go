@@ -40,7 +40,9 @@ func (l *lane) run(soft, hard context.Context) {
 			l.idle(soft, r.cfg.PollInterval)
 			continue
 		}
+		r.enter(fence)
 		res, err := r.step(soft, hard, fence, until)
+		r.leave(fence)
 		switch {
 		case err != nil:
 			if soft.Err() == nil {
@@ -60,7 +62,7 @@ func (l *lane) run(soft, hard context.Context) {
 			// The lease of some partition passed on: stop reading under
 			// the old generations, which would send the same rows again
 			// and again, until the coordinator has renewed.
-			r.forget()
+			r.fencedOut()
 			select {
 			case r.renew <- struct{}{}:
 			default:

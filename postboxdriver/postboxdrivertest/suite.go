@@ -383,6 +383,17 @@ func (s *suite[TTx]) partitionMatchesGo(t *testing.T) {
 	}
 }
 
+// owned counts the partitions m shows owner holding.
+func owned(m postboxdriver.Membership, owner string) int {
+	n := 0
+	for _, l := range m.Leases {
+		if l.Owner == owner && !l.Expired {
+			n++
+		}
+	}
+	return n
+}
+
 func allPartitions() []int {
 	out := make([]int, 64)
 	for i := range out {
@@ -440,18 +451,18 @@ func (s *suite[TTx]) leasesExclusive(t *testing.T) {
 	if err != nil || len(b2) != 1 || b2[0].Generation <= a[0].Generation {
 		t.Fatalf("b after release = %v, %v; want a newer generation than %d", b2, err, a[0].Generation)
 	}
-	if _, err := e.store.Heartbeat(ctx, "relay-b", time.Minute); err != nil {
+	if _, err := e.store.Coordinate(ctx, "relay-b", time.Minute, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	live, err := e.store.Heartbeat(ctx, "relay-a", time.Minute)
-	if err != nil || fmt.Sprint(live) != "[relay-a relay-b]" {
-		t.Fatalf("live = %v, %v", live, err)
+	m, err := e.store.Coordinate(ctx, "relay-a", time.Minute, nil, nil)
+	if err != nil || fmt.Sprint(m.Live) != "[relay-a relay-b]" {
+		t.Fatalf("live = %v, %v", m.Live, err)
 	}
 	if err := e.store.Unregister(ctx, "relay-b"); err != nil {
 		t.Fatal(err)
 	}
-	if live, _ = e.store.Heartbeat(ctx, "relay-a", time.Minute); fmt.Sprint(live) != "[relay-a]" {
-		t.Fatalf("live after unregister = %v", live)
+	if m, _ = e.store.Coordinate(ctx, "relay-a", time.Minute, nil, nil); fmt.Sprint(m.Live) != "[relay-a]" {
+		t.Fatalf("live after unregister = %v", m.Live)
 	}
 }
 
@@ -886,11 +897,11 @@ func (s *suite[TTx]) stopReleases(t *testing.T) {
 func (s *suite[TTx]) crashedRelayRecovered(t *testing.T) {
 	e := s.setup(t)
 	ctx := context.Background()
-	if _, err := e.store.Heartbeat(ctx, "crashed", 500*time.Millisecond); err != nil {
+	if _, err := e.store.Coordinate(ctx, "crashed", 500*time.Millisecond, allPartitions(), nil); err != nil {
 		t.Fatal(err)
 	}
-	if ls, err := e.store.AcquireLeases(ctx, "crashed", allPartitions(), 500*time.Millisecond); err != nil || len(ls) != 64 {
-		t.Fatalf("crashed relay leases: %d, %v", len(ls), err)
+	if m, err := e.store.Coordinate(ctx, "crashed", 500*time.Millisecond, allPartitions(), nil); err != nil || owned(m, "crashed") != 64 {
+		t.Fatalf("crashed relay leases: %d, %v", owned(m, "crashed"), err)
 	}
 	rec := &recorder{}
 	c := e.client(t, rec, postbox.Config{LeaseDuration: 600 * time.Millisecond})
