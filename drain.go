@@ -63,6 +63,10 @@ func (c *Client[TTx]) Drain(ctx context.Context) (DrainResult, error) {
 		}
 		step, err := r.step(ctx, ctx, fence, until)
 		if err != nil {
+			if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+				// The read ran into the leases' end, not the caller's.
+				return res, fmt.Errorf("postbox: drain: the leases ran out during a read; raise LeaseDuration: %w", err)
+			}
 			return res, err
 		}
 		if step.read == 0 {

@@ -4,7 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/postbox-go/postbox/internal/printable"
 )
 
 // Sentinel errors for states.
@@ -21,12 +22,8 @@ var (
 // maxErrorBytes bounds an error message stored with a message.
 const maxErrorBytes = 2000
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
-}
+// truncate cuts s to at most n bytes on a character boundary.
+func truncate(s string, n int) string { return printable.Cut(s, n) }
 
 // ValidationError reports one bad input: a message field, a config field,
 // a topic. Nothing is written when one is returned.
@@ -44,15 +41,7 @@ func (e *ValidationError) Error() string {
 }
 
 func invalid(field string, value any, format string, args ...any) *ValidationError {
-	v := fmt.Sprint(value)
-	if len(v) > 64 {
-		cut := 61
-		for cut > 0 && !utf8.RuneStart(v[cut]) {
-			cut--
-		}
-		v = v[:cut] + "..."
-	}
-	return &ValidationError{Field: field, Value: v, Reason: fmt.Sprintf(format, args...)}
+	return &ValidationError{Field: field, Value: printable.Shorten(fmt.Sprint(value), 64), Reason: fmt.Sprintf(format, args...)}
 }
 
 // ConfigError lists every invalid field of a Config at once.

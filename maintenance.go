@@ -44,8 +44,10 @@ func (r *relay) maintain(soft context.Context) {
 		return r.ex.PrunePublished(ctx, r.cfg.Retention, r.cfg.PruneBatch)
 	})
 	switch {
-	case err != nil && soft.Err() == nil:
-		r.log.Warn("postbox relay: retention pass failed; the next pass takes up the rest", slog.Int("deleted", total), slog.Any("error", err))
+	case err != nil:
+		if soft.Err() == nil {
+			r.log.Warn("postbox relay: retention pass failed; the next pass takes up the rest", slog.Int("deleted", total), slog.Any("error", err))
+		}
 	case total > 0:
 		r.log.Info("postbox relay: retention pass", slog.Int("deleted", total), slog.Duration("retention", r.cfg.Retention))
 	}

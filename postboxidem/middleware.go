@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/postbox-go/postbox/internal/printable"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
@@ -378,9 +379,4 @@ func inProgress(w http.ResponseWriter, leftMS int64) {
 
 func shortHash(h []byte) string { return hex.EncodeToString(h[:min(8, len(h))]) }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
-}
+func truncate(s string, n int) string { return printable.Cut(s, n) }

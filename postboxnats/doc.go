@@ -111,7 +111,8 @@
 //		MaxDeliver:    -1,          // the inbox decides when a message is dead
 //	})
 //	sub, err := postboxnats.NewSubscriber(cons, &postboxnats.SubscriberConfig{SubjectPrefix: "events."})
-//	inbox, err := postbox.NewInbox(postboxpgx.New(pool), nil)
+//	client, err := postbox.NewClient(postboxpgx.New(pool), nil)
+//	inbox := client.Inbox()
 //	err = sub.Run(ctx, inbox.Processor("billing", handle))
 //
 // Each delivery's Verdict settles it:

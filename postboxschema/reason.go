@@ -15,6 +15,8 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
+
+	"github.com/postbox-go/postbox/internal/printable"
 )
 
 // Limits on the numbers of a payload checked against a schema. The
@@ -241,7 +243,7 @@ func leaf(e *jsonschema.ValidationError) violation {
 	case *kind.Format:
 		v.msg = "is not a valid " + k.Want
 		if k.Err != nil {
-			v.msg += ": " + clip(printable(k.Err.Error()), 80)
+			v.msg += ": " + clip(visible(k.Err.Error()), 80)
 		}
 	case *kind.Required:
 		v.msg = plural(len(k.Missing), "missing property ", "missing properties ") + quoteAll(k.Missing)
@@ -341,7 +343,7 @@ func displayLoc(p string) string {
 	if p == "" {
 		return "(root)"
 	}
-	return clip(printable(p), 100)
+	return clip(visible(p), 100)
 }
 
 func quote(s string) string { return strconv.Quote(clip(s, 40)) }
@@ -363,7 +365,7 @@ func display(v any) string {
 	if err != nil {
 		return fmt.Sprint(v)
 	}
-	return clip(printable(string(b)), 40)
+	return clip(visible(string(b)), 40)
 }
 
 func list(vs []any, n int) string {
@@ -389,8 +391,8 @@ func number(r *big.Rat) string {
 	return strconv.FormatFloat(f, 'g', -1, 64)
 }
 
-// printable escapes what would break a one-line reason.
-func printable(s string) string {
+// visible escapes what would break a one-line reason.
+func visible(s string) string {
 	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0 {
 		return s
 	}
@@ -406,13 +408,4 @@ func printable(s string) string {
 }
 
 // clip shortens s to at most n bytes, on a rune boundary, marking the cut.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n - 3
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "..."
-}
+func clip(s string, n int) string { return printable.Shorten(s, n) }

@@ -469,9 +469,14 @@ func (s *store) ApplyMigration(ctx context.Context, m postboxdriver.Migration) e
 // the transaction waits for it under the busy timeout, instead of reading
 // first and then failing to upgrade to a writer because another one
 // committed in between.
+//
+// In the caller's transaction, fn runs under a savepoint: an operation of
+// several statements (a mark copies rows and deletes them) either happens
+// whole or leaves the transaction as it was, as the single statements of
+// PostgreSQL do.
 func (s *store) write(ctx context.Context, fn func(c conn) error) (err error) {
 	if s.tx != nil {
-		return s.wrap(fn(s.tx))
+		return s.inSavepoint(ctx, "postbox_write", func() error { return s.wrap(fn(s.tx)) })
 	}
 	c, err := s.db.Conn(ctx)
 	if err != nil {

@@ -209,14 +209,14 @@ func (s *store) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 	if s.tx == nil {
 		return s.write(ctx, func(c conn) error { return s.insertChunks(ctx, c, args, len(rows)) })
 	}
-	return s.inSavepoint(ctx, "postbox_insert", func() error { return s.insertChunks(ctx, s.tx, args, len(rows)) })
+	return s.inSavepoint(ctx, "postbox_insert", func() error { return s.wrap(s.insertChunks(ctx, s.tx, args, len(rows))) })
 }
 
 func (s *store) insertChunks(ctx context.Context, c conn, args []any, n int) error {
 	for start := 0; start < n; start += maxInsertRows {
 		k := min(maxInsertRows, n-start)
 		if _, err := c.ExecContext(ctx, s.insertSQL(k), args[6*start:6*(start+k)]...); err != nil {
-			return s.wrap(err)
+			return err
 		}
 	}
 	return nil

@@ -24,7 +24,8 @@
 // and on the receiving service:
 //
 //	v, err := postboxwebhook.NewVerifier(os.Getenv("BILLING_WEBHOOK_SECRET"))
-//	inbox, err := postbox.NewInbox(postboxpgx.New(pool), nil)
+//	client, err := postbox.NewClient(postboxpgx.New(pool), nil)
+//	inbox := client.Inbox()
 //	rc, err := postboxwebhook.NewReceiver(v, inbox.Processor("billing", handle), nil)
 //	http.Handle("POST /webhooks/orders", rc)
 //

@@ -6,9 +6,9 @@ package configcheck
 
 import (
 	"fmt"
-	"unicode/utf8"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/printable"
 )
 
 // Default sets *p to v if *p is the zero value.
@@ -21,19 +21,10 @@ func Default[T comparable](p *T, v T) {
 
 // Shorten cuts s to at most 64 bytes for an error message, ending it with
 // "..." when cut, and never cutting a UTF-8 sequence in two.
-func Shorten(s string) string { return ShortenTo(s, 64) }
+func Shorten(s string) string { return printable.Shorten(s, 64) }
 
 // ShortenTo cuts s to at most n bytes (n > 3) as Shorten does.
-func ShortenTo(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n - 3
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "..."
-}
+func ShortenTo(s string, n int) string { return printable.Shorten(s, n) }
 
 // Problem is the ValidationError of one bad field: value is shown
 // shortened, the reason is format applied to args.

@@ -88,13 +88,16 @@ func (c *Core) Migrations() []postboxdriver.Migration {
 	return postboxdriver.LoadMigrations(migrationFS, "migrations", c.prefix)
 }
 
-// AppliedMigrations implements postboxdriver.Executor.
+// AppliedMigrations implements postboxdriver.Executor. It looks for the
+// migrations table first rather than reading it and failing: a failed
+// statement would abort a caller's transaction.
 func (c *Core) AppliedMigrations(ctx context.Context) ([]int, error) {
+	var exists bool
+	if err := c.queryRow(ctx, c.db, `SELECT to_regclass($1) IS NOT NULL`, []any{c.prefix + "migrations"}, &exists); err != nil || !exists {
+		return nil, err
+	}
 	rows, err := c.db.Query(ctx, `SELECT version FROM `+c.prefix+`migrations ORDER BY version`)
 	if err != nil {
-		if isUndefinedTable(err) {
-			return nil, nil
-		}
 		return nil, err
 	}
 	var vs []int

@@ -59,3 +59,26 @@ func OneLine(b []byte) string {
 	}, s)
 	return strings.TrimSpace(strings.Join(strings.Fields(s), " "))
 }
+
+// Cut returns s cut to at most n bytes, never in the middle of a UTF-8
+// sequence: a cut sequence would make text a database refuses (PostgreSQL
+// rejects invalid UTF-8 in a text column) out of text it took.
+func Cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := max(n, 0)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+// Shorten cuts s to at most n bytes (n > 3) for an error message, ending
+// it with "..." when cut, as Cut does.
+func Shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return Cut(s, n-3) + "..."
+}

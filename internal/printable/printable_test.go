@@ -40,3 +40,18 @@ func TestOneLine(t *testing.T) {
 		}
 	}
 }
+
+func TestCutAndShorten(t *testing.T) {
+	s := "abc" + "é" + "def" // é is 2 bytes, at 3 and 4
+	for n, want := range map[int]string{0: "", 3: "abc", 4: "abc", 5: "abcé", 100: s} {
+		if got := Cut(s, n); got != want {
+			t.Errorf("Cut(%q, %d) = %q, want %q", s, n, got, want)
+		}
+	}
+	if got := Shorten(s, 7); got != "abc..." {
+		t.Errorf("Shorten(%q, 7) = %q, want abc...", s, got)
+	}
+	if got := Shorten(s, 8); got != s {
+		t.Errorf("Shorten(%q, 8) = %q, want it whole", s, got)
+	}
+}

@@ -20,6 +20,7 @@ func (s *suite[TTx]) runExecutor(t *testing.T) {
 	t.Run("InsertInCallersTransaction", s.execInsertTx)
 	t.Run("ExpireLeasesFencesOwner", s.execExpireLeases)
 	t.Run("ConsumerDeadMessages", s.execConsumerDead)
+	t.Run("FailedOperationLeavesTransactionAsItWas", s.execFailedOpInTx)
 	t.Run("Idempotency", s.execIdempotency)
 	t.Run("SnapshotAndDurability", s.execSnapshotAndDurability)
 	t.Run("NotMigrated", s.execNotMigrated)
@@ -204,6 +205,36 @@ func (s *suite[TTx]) execConsumerDead(t *testing.T) {
 	}
 	if got := list(postboxdriver.DeadFilter{}); !sameSet(splitFields(got), []string{"billing/m1"}) {
 		t.Fatalf("left: %q, want billing/m1", got)
+	}
+}
+
+// An operation of several statements that fails in the caller's
+// transaction leaves nothing of itself behind: burying a dead message
+// forgets its attempts and writes it; when the write fails (headers that
+// are not JSON), the attempts are still counted if the caller commits. (PostgreSQL aborts the transaction instead, and the commit
+// fails: nothing of it stays either.)
+func (s *suite[TTx]) execFailedOpInTx(t *testing.T) {
+	e := s.setup(t)
+	ctx := context.Background()
+	tx, commit, _ := s.h.Begin(t, ctx, e.d)
+	ex := e.store.UnwrapExecutor(tx)
+	if _, err := ex.RecordFailure(ctx, "billing", "m1", "first"); err != nil {
+		t.Fatal(err)
+	}
+	bad := postboxdriver.DeadMessage{Consumer: "billing", ID: "m1", Topic: "t", Headers: []byte(`{not json`), Error: "x", Attempts: 1}
+	if err := ex.BuryConsumerDead(ctx, bad); err == nil {
+		t.Fatal("a dead message with headers that are not JSON was written")
+	}
+	committed := commit() == nil
+	a, err := e.store.RecordFailure(ctx, "billing", "m1", "second")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if committed && a.Attempts != 2 {
+		t.Fatalf("attempts after the failed bury = %d, want 2: the bury's forgetting of them stayed behind", a.Attempts)
+	}
+	if _, err := e.store.GetConsumerDead(ctx, "billing", "m1"); !errors.Is(err, postboxdriver.ErrNotFound) {
+		t.Fatalf("dead message after the failed bury: %v, want ErrNotFound", err)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/postboxdriver"
@@ -18,6 +19,7 @@ func (s *suite[TTx]) runInbox(t *testing.T) {
 	t.Run("KilledBetweenCommitAndAck", s.inboxKilledBeforeAck)
 	t.Run("ConcurrentCopies", s.inboxConcurrentCopies)
 	t.Run("PoisonDeadLettered", s.inboxPoison)
+	t.Run("LongErrorsStored", s.inboxLongErrors)
 	t.Run("DeadLetterOperations", s.inboxDeadOps)
 	t.Run("Retention", s.inboxRetention)
 	t.Run("ConfigRetentionHorizon", s.inboxConfig)
@@ -386,4 +388,32 @@ func headerOf(t *testing.T, raw []byte, name string) string {
 		t.Fatal(err)
 	}
 	return h[name]
+}
+
+// longError is an error message over the 2,000 bytes postbox keeps of
+// one, with a two-byte character across byte 2,000 (an odd start puts
+// every character on odd offsets), so that a cut there would store
+// invalid UTF-8, which PostgreSQL refuses.
+func longError() error {
+	return errors.New("x" + strings.Repeat("é", 1100))
+}
+
+// A handler error longer than what postbox stores is cut on a character
+// boundary: the attempt is counted and the dead message written, instead
+// of failing to store either and redelivering for ever.
+func (s *suite[TTx]) inboxLongErrors(t *testing.T) {
+	ie := s.inboxSetup(t, postbox.Config{MaxAttempts: 2})
+	ctx := context.Background()
+	d := delivery(postbox.NewID())
+	fail := func(context.Context, TTx, *postbox.Delivery) error { return longError() }
+	if v := ie.inbox.Handle(ctx, "billing", d, fail); v.Action != postbox.Retry || v.Attempts != 1 {
+		t.Fatalf("first failure: %+v, want a retry with one attempt counted", v)
+	}
+	if v := ie.inbox.Handle(ctx, "billing", d, fail); v.Action != postbox.DeadLettered || v.Attempts != 2 {
+		t.Fatalf("second failure: %+v, want a dead message", v)
+	}
+	dm, err := ie.inbox.GetDead(ctx, "billing", d.ID)
+	if err != nil || !utf8.ValidString(dm.Error) || len(dm.Error) > 2000 || len(dm.Error) < 1990 {
+		t.Fatalf("dead message error: %d bytes, valid UTF-8 %t, %v", len(dm.Error), utf8.ValidString(dm.Error), err)
+	}
 }

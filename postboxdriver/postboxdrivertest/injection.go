@@ -109,8 +109,10 @@ func (s *suite[TTx]) sqlInjection(t *testing.T) {
 		if n, err := admin.Replay(ctx, postbox.ReplayRequest{Since: now.Add(-time.Hour), Until: now.Add(time.Minute), Key: v + "-none", Actor: v, DryRun: true}); err != nil || n != 0 {
 			t.Errorf("replay by key %q: %d, %v", v, n, err)
 		}
-		if ls, err := inbox.ListDead(ctx, postbox.DeadFilter{Consumer: v}); err == nil && len(ls) != 0 {
-			t.Errorf("consumers' dead messages for consumer %q: %d rows", v, len(ls))
+		for _, f := range []postbox.DeadFilter{{Consumer: v}, {IDs: []string{v}}, {Key: v}} {
+			if ls, err := inbox.ListDead(ctx, f); err == nil && len(ls) != 0 {
+				t.Errorf("consumers' dead messages for %+v: %d rows", f, len(ls))
+			}
 		}
 	}
 	audits, err := admin.Replays(ctx, 100)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/postboxdriver"
@@ -33,6 +34,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("ReplicasKeepKeyOrder", s.replicasKeepKeyOrder)
 	t.Run("OutOfOrderCommitNotSkipped", s.outOfOrderCommit)
 	t.Run("BackoffThenDead", s.backoffThenDead)
+	t.Run("LongPublishErrorStored", s.longPublishError)
 	t.Run("BlockOnDead", s.blockOnDead)
 	t.Run("InfrastructureErrorSpendsNoAttempt", s.infraSpendsNoAttempt)
 	t.Run("StopReleasesLeases", s.stopReleases)
@@ -749,6 +751,26 @@ func (s *suite[TTx]) outOfOrderCommit(t *testing.T) {
 
 // A message the broker keeps rejecting backs off, spends its budget and
 // goes dead; the rest of its key and everything else go on.
+// A publish error longer than what postbox stores is cut on a character
+// boundary, so the failure is recorded (here: the message dies) instead of
+// the record failing and the row being published again for ever.
+func (s *suite[TTx]) longPublishError(t *testing.T) {
+	e := s.setup(t)
+	ctx := context.Background()
+	rec := &recorder{fail: func(*postbox.Envelope) error { return postbox.NewMessageError(longError()) }}
+	c := e.client(t, rec, postbox.Config{MaxAttempts: 1})
+	if err := c.Write(ctx, postbox.Message{Topic: "t.long", Key: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := c.Drain(ctx); err != nil || res.Dead != 1 {
+		t.Fatalf("drain = %+v, %v; want the message dead", res, err)
+	}
+	ds, err := c.Admin().ListDead(ctx, postbox.DeadFilter{})
+	if err != nil || len(ds) != 1 || !utf8.ValidString(ds[0].Error) || len(ds[0].Error) > 2000 {
+		t.Fatalf("dead messages = %d (%v); the error must be valid UTF-8 of at most 2000 bytes", len(ds), err)
+	}
+}
+
 func (s *suite[TTx]) backoffThenDead(t *testing.T) {
 	e := s.setup(t)
 	ctx := context.Background()
