@@ -148,7 +148,7 @@ const (
 	DefaultPublishWindow   = 256
 	DefaultLanes           = 4
 	DefaultLeaseDuration   = 4 * time.Second
-	DefaultBatchDeadline   = 10 * time.Second
+	DefaultBatchDeadline   = 10 * time.Second // the most; a third of the lease when that is shorter
 	DefaultPollInterval    = 100 * time.Millisecond
 	DefaultMaxAttempts     = 25
 	DefaultBackoffBase     = time.Second

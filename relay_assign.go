@@ -12,17 +12,19 @@ import (
 // partition. Every relay runs it on the membership Coordinate returned and
 // takes its own share; relays whose views agree agree on the shares.
 //
-// The shares are sticky and balanced. Each live relay keeps the partitions
-// it holds, up to its cap of ceil(P/n); only what is above a cap, and what
-// no live relay holds (free, or a departed relay's), moves: to the relay
-// under its cap that scores highest for the partition (a hash of the
-// partition and the relay's id, so the choice spreads evenly and does not
-// depend on the order relays joined). A relay joining therefore takes
-// about one share from the others, and a relay leaving hands its share to
-// the others, instead of every partition moving; a partition that does not
-// move keeps its lease, and its batches in flight are never fenced out.
+// The shares are sticky and balanced. Each relay's quota is P/n or one
+// more (the extra partitions go to the relays that hold the most, so that
+// as few as possible move). Each live relay keeps the partitions it holds,
+// up to its quota; only what is above a quota, and what no live relay
+// holds (free, or a departed relay's), moves: to the relay under its quota
+// that scores highest for the partition (a hash of the partition and the
+// relay's id, so the choice spreads evenly and does not depend on the
+// order relays joined). A relay joining therefore takes one share from the
+// others, and a relay leaving hands its share to the others, instead of
+// every partition moving; a partition that does not move keeps its lease,
+// and its batches in flight are never fenced out.
 //
-// Which partitions a relay keeps when above its cap is decided by the
+// Which partitions a relay keeps when above its quota is decided by the
 // same score, so the relays that see the same membership shed the same
 // ones.
 func assign(live []string, leases []postboxdriver.Lease) map[string][]int {
@@ -30,8 +32,6 @@ func assign(live []string, leases []postboxdriver.Lease) map[string][]int {
 	if len(live) == 0 {
 		return out
 	}
-	nparts := len(leases)
-	limit := (nparts + len(live) - 1) / len(live)
 	isLive := make(map[string]bool, len(live))
 	for _, r := range live {
 		isLive[r] = true
@@ -46,11 +46,28 @@ func assign(live []string, leases []postboxdriver.Lease) map[string][]int {
 			pool = append(pool, l.Partition)
 		}
 	}
+	// Quotas: base for everyone, one more for the `extra` relays that
+	// hold the most (ties by id).
+	base, extra := len(leases)/len(live), len(leases)%len(live)
+	ranked := append([]string(nil), live...)
+	sort.SliceStable(ranked, func(i, j int) bool {
+		if a, b := len(held[ranked[i]]), len(held[ranked[j]]); a != b {
+			return a > b
+		}
+		return ranked[i] < ranked[j]
+	})
+	quota := make(map[string]int, len(live))
+	for i, r := range ranked {
+		quota[r] = base
+		if i < extra {
+			quota[r]++
+		}
+	}
 	for r, ps := range held {
 		sort.Slice(ps, func(i, j int) bool { return score(ps[i], r) > score(ps[j], r) })
-		if len(ps) > limit {
-			pool = append(pool, ps[limit:]...)
-			ps = ps[:limit]
+		if len(ps) > quota[r] {
+			pool = append(pool, ps[quota[r]:]...)
+			ps = ps[:quota[r]]
 		}
 		out[r] = ps
 	}
@@ -58,7 +75,7 @@ func assign(live []string, leases []postboxdriver.Lease) map[string][]int {
 	for _, p := range pool {
 		best, bestScore := "", uint64(0)
 		for _, r := range live {
-			if len(out[r]) >= limit {
+			if len(out[r]) >= quota[r] {
 				continue
 			}
 			if s := score(p, r); best == "" || s > bestScore {

@@ -34,15 +34,14 @@ func (l *lane) run(soft, hard context.Context) {
 	r := l.r
 	poll := minPoll
 	for soft.Err() == nil {
-		fence, until := r.fence(time.Now(), l.n)
+		fence, until := r.claim(time.Now(), l.n)
 		if len(fence.Generations) == 0 {
 			// Nothing to read.
 			l.idle(soft, r.cfg.PollInterval)
 			continue
 		}
-		r.enter(fence)
 		res, err := r.step(soft, hard, fence, until)
-		r.leave(fence)
+		r.done(fence)
 		switch {
 		case err != nil:
 			if soft.Err() == nil {

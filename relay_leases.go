@@ -171,18 +171,33 @@ func (r *relay) fence(now time.Time, n int) (postboxdriver.Fence, time.Time) {
 	return f, r.validUntil
 }
 
-// enter and leave count a lane's batch in flight on the partitions of its
-// fence: a partition leaving the relay's share is released only once no
-// batch is in flight on it.
-func (r *relay) enter(f postboxdriver.Fence) {
+// claim is fence for a lane that is about to read and publish. It counts a
+// batch in flight on each partition of the fence, so that the coordinator,
+// which releases a partition leaving the share only once no batch is in
+// flight on it, cannot release one under a batch. It leaves out the
+// partitions another lane has a batch in flight on: a lane's share is by
+// position among the held partitions, which shifts when the held set
+// changes, and two lanes reading one partition at once would send its rows
+// twice and out of order. The lane calls done with the fence when its
+// batch is marked.
+func (r *relay) claim(now time.Time, n int) (postboxdriver.Fence, time.Time) {
+	f, until := r.fence(now, n)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for p := range f.Generations {
+	for p, g := range f.Generations {
+		// The held set may have changed between fence's lock and this
+		// one: only what is still held at the same generation counts.
+		if r.held[p] != g || r.busy[p] > 0 {
+			delete(f.Generations, p)
+			continue
+		}
 		r.busy[p]++
 	}
+	return f, until
 }
 
-func (r *relay) leave(f postboxdriver.Fence) {
+// done ends the batch claim counted.
+func (r *relay) done(f postboxdriver.Fence) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for p := range f.Generations {

@@ -25,7 +25,8 @@ SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[
 		// see the tables as they were before the statement, so the lease
 		// rows returned are the updated ones where the statement changed
 		// them and the old ones elsewhere; want and drop are disjoint, so
-		// no row is changed twice.
+		// no row is changed twice. A lease never taken expires at
+		// -infinity, which no time.Time holds: it is reported as the epoch.
 		coordinate: r.Replace(`WITH beat AS (
   INSERT INTO {p}relays (id, expires_at) VALUES ($1, now() + $2 * interval '1 millisecond')
   ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
@@ -50,7 +51,7 @@ UNION ALL
 SELECT l.partition,
   coalesce(t.owner, CASE WHEN r.partition IS NULL THEN l.owner END, ''),
   coalesce(t.generation, l.generation),
-  coalesce(t.expires_at, CASE WHEN r.partition IS NULL THEN l.expires_at END, now()),
+  greatest(coalesce(t.expires_at, CASE WHEN r.partition IS NULL THEN l.expires_at END, now()), 'epoch'),
   t.partition IS NULL AND (r.partition IS NOT NULL OR l.expires_at <= now())
 FROM {p}leases l LEFT JOIN taken t USING (partition) LEFT JOIN released r USING (partition)`),
 		unregister: r.Replace(`DELETE FROM {p}relays WHERE id = $1 OR expires_at < now() - interval '1 hour'`),
@@ -59,7 +60,7 @@ FROM {p}leases l LEFT JOIN taken t USING (partition) LEFT JOIN released r USING 
   owner = $1,
   expires_at = now() + $3 * interval '1 millisecond'
 WHERE partition = ANY($2::int[]) AND (owner IS NULL OR owner = $1 OR expires_at <= now())
-RETURNING partition, generation, expires_at`),
+RETURNING partition, owner, generation, expires_at`),
 		release:           r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = now() WHERE owner = $1 AND partition = ANY($2::int[])`),
 		fetch:             r.Replace(fetchSQL(false, false)),
 		fetchStrict:       r.Replace(fetchSQL(true, false)),

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -32,6 +33,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("FetchRoutedTopics", s.fetchRoutedTopics)
 	t.Run("PerKeyOrder", s.perKeyOrder)
 	t.Run("ReplicasKeepKeyOrder", s.replicasKeepKeyOrder)
+	t.Run("RollingRestartSendsNothingTwice", s.rollingRestart)
 	t.Run("OutOfOrderCommitNotSkipped", s.outOfOrderCommit)
 	t.Run("BackoffThenDead", s.backoffThenDead)
 	t.Run("LongPublishErrorStored", s.longPublishError)
@@ -718,6 +720,81 @@ func (s *suite[TTx]) replicasKeepKeyOrder(t *testing.T) {
 	want := writeKeyed(t, cs[0], keys(20), 40)
 	e.drained(t)
 	checkOrder(t, rec.snapshot(), want)
+}
+
+// Relays joining and leaving one at a time under steady writes, as in a
+// rolling deploy, move partitions without sending anything twice: a
+// partition leaves a relay only after its batches in flight are marked,
+// and a stop releases what it holds once its last batch is marked. The
+// lease is long, so no partition passes on by expiry here.
+func (s *suite[TTx]) rollingRestart(t *testing.T) {
+	e := s.setup(t)
+	rec := &recorder{maxDelay: time.Millisecond}
+	cfg := postbox.Config{LeaseDuration: 20 * time.Second, PublishWindow: 32, BatchSize: 50}
+	writer := e.client(t, nil, postbox.Config{})
+	// The writes are never cut short by a cancelled context: one that
+	// committed but reported the cancellation would be missing from want.
+	var stop atomic.Bool
+	want := map[string]int{}
+	written := make(chan error, 1)
+	go func() {
+		ks := keys(30)
+		for i := 0; !stop.Load(); i++ {
+			var batch []postbox.Message
+			for _, k := range ks {
+				batch = append(batch, postbox.Message{Topic: "test.keyed", Key: k, Payload: fmt.Appendf(nil, "%d", i)})
+			}
+			if err := writer.Write(context.Background(), batch...); err != nil {
+				written <- err
+				return
+			}
+			for _, k := range ks {
+				want[k]++
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		written <- nil
+	}()
+	stopped := func(c *postbox.Client[TTx]) {
+		t.Helper()
+		sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer scancel()
+		if err := c.Stop(sctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	running := []*postbox.Client[TTx]{}
+	for range 2 {
+		c := e.client(t, rec, cfg)
+		start(t, c)
+		running = append(running, c)
+	}
+	// Each step: a new relay starts, takes its share, and the oldest
+	// stops, as a deploy replaces relays one by one.
+	for range 4 {
+		c := e.client(t, rec, cfg)
+		start(t, c)
+		eventually(t, 20*time.Second, "the new relay to publish", func() bool { return len(rec.snapshot()) > 0 })
+		time.Sleep(300 * time.Millisecond) // a share's worth of batches under the new membership
+		stopped(running[0])
+		running = append(running[1:], c)
+	}
+	stop.Store(true)
+	if err := <-written; err != nil {
+		t.Fatal(err)
+	}
+	e.drained(t)
+	acked := rec.snapshot()
+	seen := map[string]int{}
+	for _, env := range acked {
+		seen[env.ID]++
+	}
+	for id, n := range seen {
+		if n > 1 {
+			t.Errorf("message %s published %d times during the rolling restart, want once", id, n)
+		}
+	}
+	checkOrder(t, acked, want)
 }
 
 // Transaction A takes a lower seq but commits after B. The relay publishes
