@@ -2,9 +2,9 @@ package postboxdrivertest
 
 import (
 	"context"
-	"fmt"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
