@@ -90,8 +90,10 @@ type Config struct {
 	// BlockOnDead keeps later messages of a key waiting while an earlier one
 	// is dead, until it is requeued or deleted. By default they go on.
 	BlockOnDead bool
-	// RelayID names this relay in leases and logs. Default a new UUID per
-	// Start.
+	// RelayID names this relay in leases, logs and metrics: each Start
+	// owns its leases as RelayID followed by a random suffix, so that two
+	// processes given the same RelayID never pass for one another.
+	// Default a new UUID per Start.
 	RelayID string
 
 	// Retries, of a publish (the relay) and of a handler run (the inbox).

@@ -71,6 +71,11 @@ type relay struct {
 	stale      bool          // marks were fenced out: read nothing until the next renewal
 	validUntil time.Time     // local clock; the held leases end no sooner
 	lastBeat   time.Time
+	// nextExpiry is when, by the local clock, the first lease another
+	// relay holds runs out unless renewed: the coordinator looks again
+	// then, so that a crashed relay's partitions wait no longer than its
+	// lease.
+	nextExpiry time.Time
 }
 
 type relayRun struct {
@@ -86,9 +91,12 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs ro
 	if n < 1 {
 		return nil, fmt.Errorf("postbox: start relay: %w: no partitions in the leases table", postboxdriver.ErrNotMigrated)
 	}
-	id := cfg.RelayID
-	if id == "" {
-		id = NewID()
+	// Every start is a new owner: two processes never share a name in the
+	// leases table, even when they were given the same RelayID, since
+	// the fence tells owners apart by name.
+	id := NewID()
+	if cfg.RelayID != "" {
+		id = cfg.RelayID + "-" + id[len(id)-12:]
 	}
 	r := &relay{
 		ex: ex, cfg: cfg, id: id, wake: wake, nparts: n, pub: rs, topics: rs.patterns(),
@@ -152,6 +160,9 @@ func (r *relay) run(soft, hard context.Context) {
 			// again soon, so that a partition changing hands waits
 			// no longer than that.
 			due = r.lastBeat.Add(min(r.cfg.PollInterval, r.renewEvery()))
+		}
+		if r.nextExpiry.After(r.lastBeat) && r.nextExpiry.Before(due) {
+			due = r.nextExpiry
 		}
 		r.mu.Unlock()
 		if retry > 0 {
@@ -224,7 +235,7 @@ func (r *relay) warnDurability(ctx context.Context) {
 func (r *relay) shutdown(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
 	defer cancel()
-	r.releaseAll(ctx)
+	r.leave(ctx)
 	if err := r.ex.Unregister(ctx, r.id); err != nil {
 		r.log.Warn("postbox relay could not unregister", slog.Any("error", err))
 	}

@@ -77,6 +77,22 @@ func (r *relay) coordinate(ctx context.Context) (pending bool, err error) {
 	// drift.
 	r.validUntil = start.Add(r.cfg.LeaseDuration - r.cfg.LeaseDuration/10)
 	r.lastBeat = start
+	r.nextExpiry = time.Time{}
+	for _, l := range m.Leases {
+		if l.Owner == "" || l.Owner == r.id || l.Expired {
+			continue
+		}
+		// A little after the database's expiry, by the time left on
+		// its clock: the lease is surely free by then.
+		at := start.Add(l.ExpiresAt.Sub(m.Now) + 10*time.Millisecond)
+		if r.nextExpiry.IsZero() || at.Before(r.nextExpiry) {
+			r.nextExpiry = at
+		}
+	}
+	if r.log.Enabled(ctx, slog.LevelDebug) {
+		r.log.Debug("postbox relay leases", slog.Any("held", sortedKeys(r.held)), slog.Any("leaving", sortedKeys(r.leaving)),
+			slog.Any("share", target), slog.Int("relays", len(m.Live)))
+	}
 	if len(r.held) != before {
 		r.log.Info("postbox relay partitions", slog.Int("held", len(r.held)), slog.Int("share", len(target)),
 			slog.Int("leaving", len(r.leaving)), slog.Int("relays", len(m.Live)))
@@ -113,7 +129,29 @@ func (r *relay) takeAll(ctx context.Context) error {
 // releaseAll lets every partition the relay holds go, so another relay
 // takes them at once. The lanes have stopped: nothing is in flight.
 func (r *relay) releaseAll(ctx context.Context) {
+	if parts := r.letGo(); len(parts) > 0 {
+		if err := r.ex.ReleaseLeases(ctx, r.id, parts); err != nil {
+			r.log.Warn("postbox relay could not release its partitions; they pass on when the lease expires", slog.Any("error", err))
+		}
+	}
+}
+
+// leave ends the relay's membership and lets every partition it holds go
+// in one round trip (a heartbeat of no duration), so that the others see
+// both at once: had they seen the partitions free while the relay still
+// counted as live, its share would still be its own, and they would wait
+// a renewal more to take them. The lanes have stopped.
+func (r *relay) leave(ctx context.Context) {
+	if _, err := r.ex.Coordinate(ctx, r.id, 0, nil, r.letGo()); err != nil {
+		r.log.Warn("postbox relay could not release its partitions; they pass on when the lease expires", slog.Any("error", err))
+	}
+}
+
+// letGo empties the relay's view of its leases and returns the partitions
+// it held.
+func (r *relay) letGo() []int {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	parts := make([]int, 0, len(r.held)+len(r.leaving))
 	for p := range r.held {
 		parts = append(parts, p)
@@ -122,13 +160,7 @@ func (r *relay) releaseAll(ctx context.Context) {
 		parts = append(parts, p)
 	}
 	r.held, r.leaving, r.target = map[int]int64{}, map[int]int64{}, nil
-	r.mu.Unlock()
-	if len(parts) == 0 {
-		return
-	}
-	if err := r.ex.ReleaseLeases(ctx, r.id, parts); err != nil {
-		r.log.Warn("postbox relay could not release its partitions; they pass on when the lease expires", slog.Any("error", err))
-	}
+	return parts
 }
 
 // fencedOut is a lane's report that some of its marks changed nothing:
@@ -213,4 +245,13 @@ func (r *relay) holds(p int) bool {
 	defer r.mu.Unlock()
 	_, ok := r.held[p]
 	return ok
+}
+
+func sortedKeys(m map[int]int64) []int {
+	out := make([]int, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Ints(out)
+	return out
 }

@@ -109,6 +109,9 @@ type Lease struct {
 type Membership struct {
 	Live   []string // the live relays' ids, sorted; the caller among them
 	Leases []Lease  // every partition's lease, in partition order
+	// Now is the database's clock when it answered: a lease has
+	// Leases[i].ExpiresAt - Now left, whatever the caller's clock says.
+	Now time.Time
 }
 
 // Fence identifies the leases a write-back must still hold to apply.

@@ -34,7 +34,9 @@ type Executor interface {
 	// the leases on want (those not in drop) until now()+ttl, when free,
 	// expired or already relayID's; and returns the membership after all
 	// of it: the live relays and every partition's lease. The generation
-	// of a partition increases each time its owner changes.
+	// of a partition increases each time its owner changes. A ttl of 0
+	// takes relayID out of the live set in the same statement as its
+	// releases: a relay leaving does so at once.
 	Coordinate(ctx context.Context, relayID string, ttl time.Duration, want, drop []int) (Membership, error)
 	// Unregister removes relayID from the live set.
 	Unregister(ctx context.Context, relayID string) error

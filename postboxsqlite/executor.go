@@ -63,7 +63,7 @@ ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at`),
 		// The caller is live even with a ttl that has already run out, as
 		// in PostgreSQL, where it is returned from the upsert itself.
 		live:       r.Replace(`SELECT id FROM {p}relays WHERE expires_at > {now} OR id = ?1 ORDER BY id`),
-		leases:     r.Replace(`SELECT partition, coalesce(owner, ''), generation, expires_at, owner IS NULL OR expires_at <= {now} FROM {p}leases ORDER BY partition`),
+		leases:     r.Replace(`SELECT partition, coalesce(owner, ''), generation, expires_at, owner IS NULL OR expires_at <= {now}, {now} FROM {p}leases ORDER BY partition`),
 		unregister: r.Replace(`DELETE FROM {p}relays WHERE id = ?1 OR expires_at < {now} - 3600000`),
 		// SET reads the row as it was before the update, so the CASE sees
 		// the previous owner. IS is SQLite's IS NOT DISTINCT FROM.
@@ -204,9 +204,9 @@ func (s *store) Coordinate(ctx context.Context, relayID string, ttl time.Duratio
 		}
 		m.Leases, err = queryAll(ctx, c, s.q.leases, nil, func(r *sql.Rows) (postboxdriver.Lease, error) {
 			var l postboxdriver.Lease
-			var exp int64
-			err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &exp, &l.Expired)
-			l.ExpiresAt = time.UnixMilli(exp)
+			var exp, now int64
+			err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &exp, &l.Expired, &now)
+			l.ExpiresAt, m.Now = time.UnixMilli(exp), time.UnixMilli(now)
 			return l, err
 		})
 		return err

@@ -220,7 +220,7 @@ func (c *Core) Coordinate(ctx context.Context, relayID string, ttl time.Duration
 	}
 	for _, l := range rows {
 		if l.Partition < 0 {
-			m.Live = append(m.Live, l.Owner)
+			m.Live, m.Now = append(m.Live, l.Owner), l.ExpiresAt
 			continue
 		}
 		m.Leases = append(m.Leases, l)

@@ -87,6 +87,10 @@ func (s *suite[TTx]) execCoordinate(t *testing.T) {
 	if owned(m, "a") != 4 || leaseOf(m, 4).Owner != "" || !leaseOf(m, 4).Expired {
 		t.Fatalf("a holds %d, partition 4 = %+v; want 4 held and the rest free", owned(m, "a"), leaseOf(m, 4))
 	}
+	// The time a lease has left is read on the database's clock.
+	if left := leaseOf(m, 0).ExpiresAt.Sub(m.Now); left <= 50*time.Second || left > time.Minute {
+		t.Fatalf("partition 0 has %s left by the membership's clock (ExpiresAt %s, Now %s); want about a minute", left, leaseOf(m, 0).ExpiresAt, m.Now)
+	}
 	gen := leaseOf(m, 2).Generation
 	// B joins and wants 2-5: it gets the free 4 and 5, not A's 2 and 3.
 	m, err = e.store.Coordinate(ctx, "b", time.Minute, []int{2, 3, 4, 5}, nil)
@@ -113,6 +117,18 @@ func (s *suite[TTx]) execCoordinate(t *testing.T) {
 	// Dropping a lease another relay holds changes nothing.
 	if m, err = e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 3}, []int{4}); err != nil || leaseOf(m, 4).Owner != "b" {
 		t.Fatalf("a dropping b's partition 4: %+v, %v", leaseOf(m, 4), err)
+	}
+	// A relay leaving: no ttl takes it out of the live set as it lets
+	// everything go.
+	if _, err := e.store.Coordinate(ctx, "d", time.Minute, []int{20, 21}, nil); err != nil {
+		t.Fatal(err)
+	}
+	m, err = e.store.Coordinate(ctx, "d", 0, nil, []int{20, 21})
+	if err != nil || fmt.Sprint(m.Live) != "[a b]" && fmt.Sprint(m.Live) != "[a b d]" || owned(m, "d") != 0 || !leaseOf(m, 20).Expired {
+		t.Fatalf("d leaving = live %v, d holds %d, %v", m.Live, owned(m, "d"), err)
+	}
+	if m, err = e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 3}, nil); err != nil || fmt.Sprint(m.Live) != "[a b]" {
+		t.Fatalf("after d left, a sees live %v, %v; want [a b]", m.Live, err)
 	}
 	// A relay whose heartbeat and leases ran out is no longer live, and its
 	// leases are takeable.
