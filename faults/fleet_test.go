@@ -228,7 +228,7 @@ type fleetFault struct {
 	Victims []string `json:"victims,omitempty"` // relay ids the fault hit
 	// VictimPartitions counts the partitions the victims held when it
 	// began.
-	VictimPartitions int `json:"victim_partitions"`
+	VictimPartitions int   `json:"victim_partitions"`
 	WindowMs         int64 `json:"window_ms"`
 	// LongestOrphanMs is the longest any partition went without a running
 	// owner (no owner, an expired lease, or an owner whose process had
