@@ -61,7 +61,9 @@ type relay struct {
 	// were fenced out, so a partition passed to another owner.
 	renew chan struct{}
 
-	maint maintenance // coordinator only
+	// maintTick wakes the maintenance goroutine after a renewal.
+	maintTick chan struct{}
+	maint     maintenance // the maintenance goroutine's only
 
 	mu         sync.Mutex
 	target     []int         // this relay's share, as last worked out
@@ -101,7 +103,7 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs ro
 	r := &relay{
 		ex: ex, cfg: cfg, id: id, wake: wake, nparts: n, pub: rs, topics: rs.patterns(),
 		log:  cfg.Logger.With(slog.String("relay", id)),
-		held: map[int]int64{}, leaving: map[int]int64{}, busy: map[int]int{}, renew: make(chan struct{}, 1),
+		held: map[int]int64{}, leaving: map[int]int64{}, busy: map[int]int{}, renew: make(chan struct{}, 1), maintTick: make(chan struct{}, 1),
 	}
 	r.window = make(chan struct{}, cfg.PublishWindow)
 	for i := range min(cfg.Lanes, n) {
@@ -148,6 +150,19 @@ func (r *relay) run(soft, hard context.Context) {
 	if len(r.lanes) > 1 {
 		wg.Go(func() { r.probe(soft) })
 	}
+	// Maintenance runs beside the coordinator, after each renewal: a
+	// retention pass must not hold up the renewal that hands partitions
+	// on.
+	wg.Go(func() {
+		for {
+			select {
+			case <-soft.Done():
+				return
+			case <-r.maintTick:
+				r.maintain(soft)
+			}
+		}
+	})
 	defer wg.Wait()
 	retry := time.Duration(0)
 	pending := true
@@ -202,7 +217,10 @@ func (r *relay) run(soft, hard context.Context) {
 		}
 		retry = 0
 		r.notifyLanes()
-		r.maintain(soft)
+		select {
+		case r.maintTick <- struct{}{}:
+		default:
+		}
 	}
 }
 
