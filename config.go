@@ -71,13 +71,16 @@ type Config struct {
 	// Lanes is how many batches the relay works on at once, each lane over
 	// its own share of the relay's partitions, so that one lane's database
 	// round trips overlap another's publishing. Each lane uses a database
-	// connection while it reads or marks. Default 4.
+	// connection while it reads or marks; with the renewals, the idle
+	// probe and the maintenance pass, a relay uses up to Lanes+3 at once,
+	// and a pool smaller than that delays renewals. Default 4.
 	Lanes int
 	// LeaseDuration is how long a relay holds its partitions without
 	// renewing them; it renews every eighth of it. A crashed relay's
-	// partitions move to another replica within a lease and an eighth; a
-	// relay paused (or cut off from the database) for less than about
-	// seven eighths of a lease keeps them. Default 4s.
+	// partitions move to another replica between seven eighths of a lease
+	// and a lease after the crash; a relay paused (or cut off from the
+	// database) for less than seven eighths of a lease keeps them.
+	// Default 4s.
 	LeaseDuration time.Duration
 	// BatchDeadline bounds one batch's publishing, and must be shorter than
 	// LeaseDuration. Default a third of LeaseDuration (1.33s at the

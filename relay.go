@@ -78,6 +78,9 @@ type relay struct {
 	// then, so that a crashed relay's partitions wait no longer than its
 	// lease.
 	nextExpiry time.Time
+	// takeNow: the share has partitions free for the taking; the next
+	// renewal is due at once.
+	takeNow bool
 }
 
 type relayRun struct {
@@ -178,6 +181,9 @@ func (r *relay) run(soft, hard context.Context) {
 		}
 		if r.nextExpiry.After(r.lastBeat) && r.nextExpiry.Before(due) {
 			due = r.nextExpiry
+		}
+		if r.takeNow {
+			due = r.lastBeat
 		}
 		r.mu.Unlock()
 		if retry > 0 {

@@ -70,6 +70,16 @@ func (r *relay) coordinate(ctx context.Context) (pending bool, err error) {
 			r.leaving[l.Partition] = l.Generation
 		}
 	}
+	// A partition of the new share that is free already is taken by a
+	// renewal right away, not a PollInterval later: a crashed relay's
+	// partitions, found expired, wait no longer than they must.
+	r.takeNow = false
+	for _, l := range m.Leases {
+		if inTarget[l.Partition] && l.Expired {
+			r.takeNow = true
+			break
+		}
+	}
 	r.target = target
 	r.stale = false
 	// The database set the expiries from its clock after start; ending
