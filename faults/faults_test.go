@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/postbox-go/postbox"
 )
 
 // profile sizes a run.
@@ -40,6 +42,14 @@ type profile struct {
 	Relays int `json:"relays"`
 	// Dedupe, when set, replaces the draw: broker, inbox or none.
 	Dedupe string `json:"dedupe,omitempty"`
+}
+
+// lease is the relays' lease: the profile's, or the default.
+func (p profile) lease() time.Duration {
+	if p.Lease > 0 {
+		return p.Lease
+	}
+	return postbox.DefaultLeaseDuration
 }
 
 func (p profile) relays() int {

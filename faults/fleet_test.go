@@ -33,6 +33,14 @@ var fleetProfiles = map[string]profile{
 		Writers: 6, Keys: 200, Pace: 20 * time.Millisecond, Rollback: 0.1, Poison: 0.002,
 		DrainLimit: 60 * time.Second,
 	},
+	// The lease's trade: crashes, pauses and stalls only, at the lease
+	// POSTBOX_FLEET_LEASE sets.
+	"fleet-trade": {
+		Name: "fleet-trade", WriteFor: 100 * time.Second, Relays: 16, Dedupe: "none",
+		Mix:     map[string]int{faultKill: 8, faultPause: 3, faultPGStall: 3},
+		Writers: 6, Keys: 200, Pace: 20 * time.Millisecond, Rollback: 0.1, Poison: 0.002,
+		DrainLimit: 60 * time.Second,
+	},
 	"fleet-long": {
 		Name: "fleet-long", WriteFor: 300 * time.Second, Relays: 16, Dedupe: "none",
 		Mix:     map[string]int{faultRolling: 1, faultKillMany: 1, faultKill: 20, faultPause: 3, faultPGStall: 3},
@@ -48,7 +56,14 @@ func TestFleet(t *testing.T) {
 	}
 	prof, ok := fleetProfiles[name]
 	if !ok {
-		t.Fatalf("POSTBOX_FLEET_PROFILE=%q: want fleet or fleet-long", name)
+		t.Fatalf("POSTBOX_FLEET_PROFILE=%q: want fleet, fleet-trade or fleet-long", name)
+	}
+	if v := os.Getenv("POSTBOX_FLEET_LEASE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 100*time.Millisecond {
+			t.Fatalf("POSTBOX_FLEET_LEASE=%q: want a duration of at least 100ms", v)
+		}
+		prof.Lease, prof.BatchDeadline = d, d/3
 	}
 	runProfile(t, prof, fleetSchedule, &fleetWatch{})
 }
@@ -61,7 +76,7 @@ func TestFleet(t *testing.T) {
 // rest back, and the writers go on until the last fault is over.
 func fleetSchedule(rng *rand.Rand, p profile) []*fault {
 	n := p.relays()
-	lease := postbox.DefaultLeaseDuration
+	lease := p.lease()
 	at := 5 * time.Second
 	var out []*fault
 	add := func(f *fault, took time.Duration) {
@@ -333,7 +348,7 @@ func (w *fleetWatch) judge(h *harness, rep *report) *fleetReport {
 		if f.Start.IsZero() {
 			continue
 		}
-		end := f.Lifted.Add(postbox.DefaultLeaseDuration + 2*time.Second)
+		end := f.Lifted.Add(h.prof.lease() + 2*time.Second)
 		if i+1 < len(sched) && !sched[i+1].Start.IsZero() && sched[i+1].Start.Before(end) {
 			end = sched[i+1].Start
 		}
