@@ -40,6 +40,9 @@ type profile struct {
 	BatchDeadline time.Duration `json:"batch_deadline"`
 	// Relays counts the relay processes; default 3.
 	Relays int `json:"relays"`
+	// MinGap is the least time between one fault's lift and the next
+	// fault's start, however late the first ran.
+	MinGap time.Duration `json:"min_gap,omitempty"`
 	// Dedupe, when set, replaces the draw: broker, inbox or none.
 	Dedupe string `json:"dedupe,omitempty"`
 }

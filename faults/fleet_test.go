@@ -31,7 +31,7 @@ var fleetProfiles = map[string]profile{
 		Name: "fleet", WriteFor: 110 * time.Second, Relays: 16, Dedupe: "none",
 		Mix:     map[string]int{faultRolling: 1, faultKillMany: 1, faultKill: 6, faultPause: 1, faultPGStall: 1},
 		Writers: 6, Keys: 200, Pace: 20 * time.Millisecond, Rollback: 0.1, Poison: 0.002,
-		DrainLimit: 60 * time.Second,
+		DrainLimit: 60 * time.Second, MinGap: 6 * time.Second,
 	},
 	// The lease's trade: crashes, pauses and stalls only, at the lease
 	// POSTBOX_FLEET_LEASE sets.
@@ -39,13 +39,13 @@ var fleetProfiles = map[string]profile{
 		Name: "fleet-trade", WriteFor: 100 * time.Second, Relays: 16, Dedupe: "none",
 		Mix:     map[string]int{faultKill: 8, faultPause: 3, faultPGStall: 3},
 		Writers: 6, Keys: 200, Pace: 20 * time.Millisecond, Rollback: 0.1, Poison: 0.002,
-		DrainLimit: 60 * time.Second,
+		DrainLimit: 60 * time.Second, MinGap: 6 * time.Second,
 	},
 	"fleet-long": {
 		Name: "fleet-long", WriteFor: 300 * time.Second, Relays: 16, Dedupe: "none",
 		Mix:     map[string]int{faultRolling: 1, faultKillMany: 1, faultKill: 20, faultPause: 3, faultPGStall: 3},
 		Writers: 6, Keys: 200, Pace: 20 * time.Millisecond, Rollback: 0.1, Poison: 0.002,
-		DrainLimit: 90 * time.Second,
+		DrainLimit: 90 * time.Second, MinGap: 6 * time.Second,
 	},
 }
 
@@ -64,6 +64,7 @@ func TestFleet(t *testing.T) {
 			t.Fatalf("POSTBOX_FLEET_LEASE=%q: want a duration of at least 100ms", v)
 		}
 		prof.Lease, prof.BatchDeadline = d, d/3
+		prof.MinGap = d + 2*time.Second
 	}
 	runProfile(t, prof, fleetSchedule, &fleetWatch{})
 }

@@ -316,8 +316,12 @@ func (h *harness) catchUp(ctx context.Context) {
 
 // inject runs the schedule. Every fault is lifted, also when ctx ends.
 func (h *harness) inject(ctx context.Context, sched []*fault) {
+	var lifted time.Time
 	for _, f := range sched {
 		sleep(ctx, time.Until(h.started.Add(f.At)))
+		// A fault that ran past its slot pushes the next one back, so
+		// that each is measured apart.
+		sleep(ctx, time.Until(lifted.Add(h.prof.MinGap)))
 		if ctx.Err() != nil {
 			return
 		}
@@ -377,6 +381,7 @@ func (h *harness) inject(ctx context.Context, sched []*fault) {
 			}
 		}
 		f.Lifted = time.Now()
+		lifted = f.Lifted
 		h.t.Logf("faults: %s done %s", f, f.Note)
 	}
 }
