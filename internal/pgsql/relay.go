@@ -295,9 +295,11 @@ func (c *Core) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postbo
 
 // OldestSnapshot implements postboxdriver.Executor: the oldest
 // transaction of another backend that holds a snapshot. Without
-// pg_read_all_stats, only the same role's backends are seen.
+// pg_read_all_stats, only the same role's backends are seen. The age is
+// taken on clock_timestamp(): now() is this statement's transaction start,
+// which another transaction may have started after.
 func (c *Core) OldestSnapshot(ctx context.Context) (postboxdriver.Snapshot, bool, error) {
-	out, err := queryAll(ctx, c, `SELECT extract(epoch FROM now() - xact_start)::float8, pid, coalesce(state, '')
+	out, err := queryAll(ctx, c, `SELECT extract(epoch FROM clock_timestamp() - xact_start)::float8, pid, coalesce(state, '')
 FROM pg_stat_activity
 WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
 ORDER BY xact_start LIMIT 1`, nil, func(r Rows) (postboxdriver.Snapshot, error) {
