@@ -71,14 +71,21 @@ type Config struct {
 	// Lanes is how many batches the relay works on at once, each lane over
 	// its own share of the relay's partitions, so that one lane's database
 	// round trips overlap another's publishing. Each lane uses a database
-	// connection while it reads or marks. Default 4.
+	// connection while it reads or marks; with the renewals, the idle
+	// probe and the maintenance pass, a relay uses up to Lanes+3 at once,
+	// and a pool smaller than that delays renewals. Default 4.
 	Lanes int
 	// LeaseDuration is how long a relay holds its partitions without
-	// renewing them; a crashed relay's partitions move to another replica
-	// after it. Default 30s.
+	// renewing them; it renews every eighth of it. A crashed relay's
+	// partitions move to another replica between seven eighths of a lease
+	// and a lease after the crash; a relay paused (or cut off from the
+	// database) for less than seven eighths of a lease keeps them.
+	// Default 4s.
 	LeaseDuration time.Duration
 	// BatchDeadline bounds one batch's publishing, and must be shorter than
-	// LeaseDuration. Default 10s, or a third of LeaseDuration if shorter.
+	// LeaseDuration. Default a third of LeaseDuration (1.33s at the
+	// default lease), at most 10s. Raise both for a broker that takes
+	// seconds to acknowledge.
 	BatchDeadline time.Duration
 	// PollInterval is the longest the relay waits between looks at an idle
 	// outbox. Writes through this Client wake it at once. Default 100ms.
@@ -86,8 +93,10 @@ type Config struct {
 	// BlockOnDead keeps later messages of a key waiting while an earlier one
 	// is dead, until it is requeued or deleted. By default they go on.
 	BlockOnDead bool
-	// RelayID names this relay in leases and logs. Default a new UUID per
-	// Start.
+	// RelayID names this relay in leases, logs and metrics: each Start
+	// owns its leases as RelayID followed by a random suffix, so that two
+	// processes given the same RelayID never pass for one another.
+	// Default a new UUID per Start.
 	RelayID string
 
 	// Retries, of a publish (the relay) and of a handler run (the inbox).
@@ -143,8 +152,8 @@ const (
 	DefaultBatchSize       = 500
 	DefaultPublishWindow   = 256
 	DefaultLanes           = 4
-	DefaultLeaseDuration   = 30 * time.Second
-	DefaultBatchDeadline   = 10 * time.Second
+	DefaultLeaseDuration   = 4 * time.Second
+	DefaultBatchDeadline   = 10 * time.Second // the most; a third of the lease when that is shorter
 	DefaultPollInterval    = 100 * time.Millisecond
 	DefaultMaxAttempts     = 25
 	DefaultBackoffBase     = time.Second

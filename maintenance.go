@@ -16,8 +16,9 @@ type maintenance struct {
 	nextSnapshotCheck time.Time
 }
 
-// maxPruneBatches bounds one retention pass, so the coordinator gets back
-// to renewing leases; what is left waits for the next pass.
+// maxPruneBatches bounds one retention pass, so that a relay that stops
+// soon after holding partition 0 has no long pass to wait for; what is
+// left waits for the next pass.
 const maxPruneBatches = 20
 
 // snapshotWarnAge is the age past which a transaction holding a snapshot
@@ -30,9 +31,8 @@ func (r *relay) maintain(soft context.Context) {
 	if !r.holds(0) {
 		return
 	}
-	// Bounded by the next renewal: a pass stuck on a stalled connection
-	// must not keep the coordinator from renewing the leases, and a
-	// prune cut short is only rolled back.
+	// Bounded: a pass stuck on a stalled connection ends, and a prune
+	// cut short is only rolled back.
 	ctx, cancel := context.WithTimeout(soft, r.cfg.LeaseDuration/3)
 	defer cancel()
 	r.checkSnapshots(ctx)

@@ -14,10 +14,11 @@ import (
 // whole story is in docs/design.md §4 and ARCHITECTURE.md):
 //
 //   - Rows carry partition = hash(key) mod P. Live relays register with a
-//     heartbeat and split the partitions between them deterministically;
-//     each holds a lease on its share, on the database clock, and the
-//     lease's generation changes whenever a partition changes hands
-//     (relay_leases.go).
+//     heartbeat and split the partitions between them, sticky and
+//     balanced (relay_assign.go); each holds a lease on its share, on the
+//     database clock, renewed every eighth of a lease in one round trip,
+//     and the lease's generation changes whenever a partition changes
+//     hands (relay_leases.go).
 //   - The owner of a partition reads its pending rows in seq order, without
 //     writing anything, publishes them outside any transaction, and then
 //     moves the acknowledged ones to the published history with one
@@ -60,12 +61,26 @@ type relay struct {
 	// were fenced out, so a partition passed to another owner.
 	renew chan struct{}
 
-	maint maintenance // coordinator only
+	// maintTick wakes the maintenance goroutine after a renewal.
+	maintTick chan struct{}
+	maint     maintenance // the maintenance goroutine's only
 
 	mu         sync.Mutex
-	held       map[int]int64 // partition -> generation
+	target     []int         // this relay's share, as last worked out
+	held       map[int]int64 // partitions the lanes read: partition -> generation
+	leaving    map[int]int64 // partitions out of the share, held until no batch is in flight on them
+	busy       map[int]int   // batches in flight per partition
+	stale      bool          // marks were fenced out: read nothing until the next renewal
 	validUntil time.Time     // local clock; the held leases end no sooner
 	lastBeat   time.Time
+	// nextExpiry is when, by the local clock, the first lease another
+	// relay holds runs out unless renewed: the coordinator looks again
+	// then, so that a crashed relay's partitions wait no longer than its
+	// lease.
+	nextExpiry time.Time
+	// takeNow: the share has partitions free for the taking; the next
+	// renewal is due at once.
+	takeNow bool
 }
 
 type relayRun struct {
@@ -81,14 +96,17 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs ro
 	if n < 1 {
 		return nil, fmt.Errorf("postbox: start relay: %w: no partitions in the leases table", postboxdriver.ErrNotMigrated)
 	}
-	id := cfg.RelayID
-	if id == "" {
-		id = NewID()
+	// Every start is a new owner: two processes never share a name in the
+	// leases table, even when they were given the same RelayID, since
+	// the fence tells owners apart by name.
+	id := NewID()
+	if cfg.RelayID != "" {
+		id = cfg.RelayID + "-" + id[len(id)-12:]
 	}
 	r := &relay{
 		ex: ex, cfg: cfg, id: id, wake: wake, nparts: n, pub: rs, topics: rs.patterns(),
 		log:  cfg.Logger.With(slog.String("relay", id)),
-		held: map[int]int64{}, renew: make(chan struct{}, 1),
+		held: map[int]int64{}, leaving: map[int]int64{}, busy: map[int]int{}, renew: make(chan struct{}, 1), maintTick: make(chan struct{}, 1),
 	}
 	r.window = make(chan struct{}, cfg.PublishWindow)
 	for i := range min(cfg.Lanes, n) {
@@ -135,11 +153,38 @@ func (r *relay) run(soft, hard context.Context) {
 	if len(r.lanes) > 1 {
 		wg.Go(func() { r.probe(soft) })
 	}
+	// Maintenance runs beside the coordinator, after each renewal: a
+	// retention pass must not hold up the renewal that hands partitions
+	// on.
+	wg.Go(func() {
+		for {
+			select {
+			case <-soft.Done():
+				return
+			case <-r.maintTick:
+				r.maintain(soft)
+			}
+		}
+	})
 	defer wg.Wait()
 	retry := time.Duration(0)
+	pending := true
 	for soft.Err() == nil {
 		r.mu.Lock()
-		due := r.lastBeat.Add(r.cfg.LeaseDuration / 3)
+		due := r.lastBeat.Add(r.renewEvery())
+		if pending {
+			// A share not yet all held, or partitions waiting for
+			// their batches to end before they are let go: look
+			// again soon, so that a partition changing hands waits
+			// no longer than that.
+			due = r.lastBeat.Add(min(r.cfg.PollInterval, r.renewEvery()))
+		}
+		if r.nextExpiry.After(r.lastBeat) && r.nextExpiry.Before(due) {
+			due = r.nextExpiry
+		}
+		if r.takeNow {
+			due = r.lastBeat
+		}
 		r.mu.Unlock()
 		if retry > 0 {
 			due = time.Now().Add(retry)
@@ -165,7 +210,8 @@ func (r *relay) run(soft, hard context.Context) {
 		// lease the renewal is too late to help; the failure is logged,
 		// the connection dropped by the driver, and the renewal retried.
 		rctx, cancel := context.WithTimeout(soft, r.cfg.LeaseDuration/2)
-		err := r.rebalance(rctx)
+		var err error
+		pending, err = r.coordinate(rctx)
 		cancel()
 		if err != nil {
 			if soft.Err() != nil {
@@ -177,9 +223,17 @@ func (r *relay) run(soft, hard context.Context) {
 		}
 		retry = 0
 		r.notifyLanes()
-		r.maintain(soft)
+		select {
+		case r.maintTick <- struct{}{}:
+		default:
+		}
 	}
 }
+
+// renewEvery is the interval between renewals in steady state: an eighth
+// of the lease, so a relay paused for most of a lease keeps its partitions,
+// and a crashed relay's are taken within a lease and an eighth.
+func (r *relay) renewEvery() time.Duration { return max(r.cfg.LeaseDuration/8, minPoll) }
 
 func (r *relay) notifyLanes() {
 	for _, l := range r.lanes {
@@ -205,7 +259,7 @@ func (r *relay) warnDurability(ctx context.Context) {
 func (r *relay) shutdown(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
 	defer cancel()
-	r.releaseAll(ctx)
+	r.leave(ctx)
 	if err := r.ex.Unregister(ctx, r.id); err != nil {
 		r.log.Warn("postbox relay could not unregister", slog.Any("error", err))
 	}

@@ -34,13 +34,14 @@ func (l *lane) run(soft, hard context.Context) {
 	r := l.r
 	poll := minPoll
 	for soft.Err() == nil {
-		fence, until := r.fence(time.Now(), l.n)
+		fence, until := r.claim(time.Now(), l.n)
 		if len(fence.Generations) == 0 {
 			// Nothing to read.
 			l.idle(soft, r.cfg.PollInterval)
 			continue
 		}
 		res, err := r.step(soft, hard, fence, until)
+		r.done(fence)
 		switch {
 		case err != nil:
 			if soft.Err() == nil {
@@ -60,7 +61,7 @@ func (l *lane) run(soft, hard context.Context) {
 			// The lease of some partition passed on: stop reading under
 			// the old generations, which would send the same rows again
 			// and again, until the coordinator has renewed.
-			r.forget()
+			r.fencedOut()
 			select {
 			case r.renew <- struct{}{}:
 			default:

@@ -10,78 +10,104 @@ import (
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
-// rebalance heartbeats, works out this relay's share of the partitions
-// from the live set, lets go of partitions outside it and takes or renews
-// those inside it. Relays agree on shares once their views of the live set
-// agree; until then a partition may sit unowned for a heartbeat, but never
-// has two owners, because a lease is only taken when free or expired.
+// coordinate is the relay's one round trip per renewal (Coordinate): it
+// heartbeats, renews what it holds and takes what its share still lacks,
+// lets go of what it has finished with, and works out its next share from
+// the membership that comes back (assign).
 //
-// A partition let go while a lane still publishes from it can be taken by
-// another relay at once, and both may send the same rows: each sends a
-// key's rows in order, so the first copy of every row still arrives in
-// order, and only one of them can mark the rows (the fence).
-func (r *relay) rebalance(ctx context.Context) error {
-	lease := r.cfg.LeaseDuration
-	live, err := r.ex.Heartbeat(ctx, r.id, lease)
-	if err != nil {
-		return err
-	}
-	idx := sort.SearchStrings(live, r.id)
-	if idx == len(live) || live[idx] != r.id {
-		return fmt.Errorf("relay %s missing from the live set after its heartbeat", r.id)
-	}
-	target := make([]int, 0, r.nparts/len(live)+1)
-	inTarget := make(map[int]bool, cap(target))
-	for p := idx; p < r.nparts; p += len(live) {
-		target = append(target, p)
-		inTarget[p] = true
-	}
+// A partition that leaves the relay's share is not let go at once: it
+// stops being read (it moves from held to leaving), and its lease is
+// renewed until no lane has a batch in flight on it, then released. The
+// batch's marks therefore still hold, and the relay that takes the
+// partition over starts after them: a rebalance moves partitions without
+// sending anything twice.
+//
+// Relays agree on shares once their views of the membership agree; until
+// then a partition may sit unowned for a renewal or two, but never has two
+// owners, because a lease is only taken when free or expired. It reports
+// whether the relay still waits for part of its share (held by another
+// relay that has not let go of it yet), so that the caller renews again
+// soon instead of a whole interval later.
+func (r *relay) coordinate(ctx context.Context) (pending bool, err error) {
 	r.mu.Lock()
+	want := make([]int, 0, len(r.target)+len(r.leaving))
 	var drop []int
-	for p := range r.held {
-		if !inTarget[p] {
+	want = append(want, r.target...)
+	for p := range r.leaving {
+		if r.busy[p] > 0 {
+			want = append(want, p)
+		} else {
 			drop = append(drop, p)
-			delete(r.held, p)
 		}
 	}
 	r.mu.Unlock()
-	if len(drop) > 0 {
-		if err := r.ex.ReleaseLeases(ctx, r.id, drop); err != nil {
-			r.log.Warn("postbox relay could not release partitions; they pass on when the lease expires", slog.Any("error", err))
-		}
-	}
-	held, err := r.acquire(ctx, target)
-	if err != nil {
-		return err
-	}
-	if held != len(target) || len(drop) > 0 {
-		r.log.Debug("postbox relay partitions", slog.Int("held", held), slog.Int("target", len(target)), slog.Int("relays", len(live)))
-	}
-	return nil
-}
 
-// acquire takes or renews the leases of parts and makes what it got the
-// held set, valid until a tenth before the lease's end: the database set
-// the expiry from its clock after the call began, and ending our use of
-// the lease early leaves room for clock rate drift. It returns how many it
-// holds.
-func (r *relay) acquire(ctx context.Context, parts []int) (int, error) {
-	lease := r.cfg.LeaseDuration
 	start := time.Now()
-	leases, err := r.ex.AcquireLeases(ctx, r.id, parts, lease)
+	m, err := r.ex.Coordinate(ctx, r.id, r.cfg.LeaseDuration, want, drop)
 	if err != nil {
-		return 0, err
+		return false, err
 	}
-	held := make(map[int]int64, len(leases))
-	for _, l := range leases {
-		held[l.Partition] = l.Generation
+	if i := sort.SearchStrings(m.Live, r.id); i == len(m.Live) || m.Live[i] != r.id {
+		return false, fmt.Errorf("relay %s missing from the live set after its heartbeat", r.id)
 	}
+	target := assign(m.Live, m.Leases)[r.id]
+	inTarget := make(map[int]bool, len(target))
+	for _, p := range target {
+		inTarget[p] = true
+	}
+
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.held = held
-	r.validUntil = start.Add(lease - lease/10)
+	before := len(r.held)
+	r.held, r.leaving = map[int]int64{}, map[int]int64{}
+	for _, l := range m.Leases {
+		if l.Owner != r.id || l.Expired {
+			continue
+		}
+		if inTarget[l.Partition] {
+			r.held[l.Partition] = l.Generation
+		} else {
+			r.leaving[l.Partition] = l.Generation
+		}
+	}
+	// A partition of the new share that is free already is taken by a
+	// renewal right away, not a PollInterval later: a crashed relay's
+	// partitions, found expired, wait no longer than they must.
+	r.takeNow = false
+	for _, l := range m.Leases {
+		if inTarget[l.Partition] && l.Expired {
+			r.takeNow = true
+			break
+		}
+	}
+	r.target = target
+	r.stale = false
+	// The database set the expiries from its clock after start; ending
+	// our use of the leases a tenth early leaves room for clock rate
+	// drift.
+	r.validUntil = start.Add(r.cfg.LeaseDuration - r.cfg.LeaseDuration/10)
 	r.lastBeat = start
-	return len(held), nil
+	r.nextExpiry = time.Time{}
+	for _, l := range m.Leases {
+		if l.Owner == "" || l.Owner == r.id || l.Expired {
+			continue
+		}
+		// A little after the database's expiry, by the time left on
+		// its clock: the lease is surely free by then.
+		at := start.Add(l.ExpiresAt.Sub(m.Now) + 10*time.Millisecond)
+		if r.nextExpiry.IsZero() || at.Before(r.nextExpiry) {
+			r.nextExpiry = at
+		}
+	}
+	if r.log.Enabled(ctx, slog.LevelDebug) {
+		r.log.Debug("postbox relay leases", slog.Any("held", sortedKeys(r.held)), slog.Any("leaving", sortedKeys(r.leaving)),
+			slog.Any("share", target), slog.Int("relays", len(m.Live)))
+	}
+	if len(r.held) != before {
+		r.log.Info("postbox relay partitions", slog.Int("held", len(r.held)), slog.Int("share", len(target)),
+			slog.Int("leaving", len(r.leaving)), slog.Int("relays", len(m.Live)))
+	}
+	return len(r.held) < len(target) || len(r.leaving) > 0, nil
 }
 
 // takeAll leases every partition, for Drain: it fails with
@@ -91,56 +117,85 @@ func (r *relay) takeAll(ctx context.Context) error {
 	for i := range all {
 		all[i] = i
 	}
-	n, err := r.acquire(ctx, all)
+	start := time.Now()
+	leases, err := r.ex.AcquireLeases(ctx, r.id, all, r.cfg.LeaseDuration)
 	if err != nil {
 		return err
 	}
-	if n != len(all) {
+	r.mu.Lock()
+	r.held = make(map[int]int64, len(leases))
+	for _, l := range leases {
+		r.held[l.Partition] = l.Generation
+	}
+	r.validUntil = start.Add(r.cfg.LeaseDuration - r.cfg.LeaseDuration/10)
+	r.mu.Unlock()
+	if len(leases) != len(all) {
 		r.releaseAll(ctx)
-		return fmt.Errorf("%w (%d of %d)", ErrPartitionsHeld, len(all)-n, len(all))
+		return fmt.Errorf("%w (%d of %d)", ErrPartitionsHeld, len(all)-len(leases), len(all))
 	}
 	return nil
 }
 
-// releaseAll lets every held partition go, so another relay takes them at
-// once.
+// releaseAll lets every partition the relay holds go, so another relay
+// takes them at once. The lanes have stopped: nothing is in flight.
 func (r *relay) releaseAll(ctx context.Context) {
-	r.mu.Lock()
-	parts := make([]int, 0, len(r.held))
-	for p := range r.held {
-		parts = append(parts, p)
+	if parts := r.letGo(); len(parts) > 0 {
+		if err := r.ex.ReleaseLeases(ctx, r.id, parts); err != nil {
+			r.log.Warn("postbox relay could not release its partitions; they pass on when the lease expires", slog.Any("error", err))
+		}
 	}
-	r.held = map[int]int64{}
-	r.mu.Unlock()
-	if len(parts) == 0 {
-		return
-	}
-	if err := r.ex.ReleaseLeases(ctx, r.id, parts); err != nil {
+}
+
+// leave ends the relay's membership and lets every partition it holds go
+// in one round trip (a heartbeat of no duration), so that the others see
+// both at once: had they seen the partitions free while the relay still
+// counted as live, its share would still be its own, and they would wait
+// a renewal more to take them. The lanes have stopped.
+func (r *relay) leave(ctx context.Context) {
+	if _, err := r.ex.Coordinate(ctx, r.id, 0, nil, r.letGo()); err != nil {
 		r.log.Warn("postbox relay could not release its partitions; they pass on when the lease expires", slog.Any("error", err))
 	}
 }
 
-// forget empties the held set: which other partitions moved on with the
-// fenced one is unknown, and lanes reading stale generations send rows
-// that another owner sends too. Every lane idles until the renewal the
-// caller asks for, which takes back what is free or expired, at new
-// generations, and wakes them.
-func (r *relay) forget() {
+// letGo empties the relay's view of its leases and returns the partitions
+// it held.
+func (r *relay) letGo() []int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.held = map[int]int64{}
+	parts := make([]int, 0, len(r.held)+len(r.leaving))
+	for p := range r.held {
+		parts = append(parts, p)
+	}
+	for p := range r.leaving {
+		parts = append(parts, p)
+	}
+	r.held, r.leaving, r.target = map[int]int64{}, map[int]int64{}, nil
+	return parts
+}
+
+// fencedOut is a lane's report that some of its marks changed nothing:
+// the lease of a partition passed on, so the relay's view of what it holds
+// is out of date. Until the next renewal, which the caller asks for and
+// which rebuilds the view from the database, no lane reads: lanes reading
+// stale generations would send rows that another owner sends too. What
+// the relay still holds stays held, so that the renewal keeps it and a
+// stop releases it.
+func (r *relay) fencedOut() {
+	r.mu.Lock()
+	r.stale = true
+	r.mu.Unlock()
 }
 
 // fence returns lane n's share of the held partitions: every len(lanes)-th
 // of them in partition order, so the shares stay even whichever partitions
 // the relay holds; n < 0 returns all of them. The second result is when
 // the leases stop being usable; an empty fence is returned once that is
-// too close to start a read.
+// too close to start a read, and while the relay's view is stale.
 func (r *relay) fence(now time.Time, n int) (postboxdriver.Fence, time.Time) {
 	f := postboxdriver.Fence{Owner: r.id, Generations: map[int]int64{}}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.validUntil.Sub(now) < minPoll*5 {
+	if r.stale || r.validUntil.Sub(now) < minPoll*5 {
 		return f, r.validUntil
 	}
 	parts := make([]int, 0, len(r.held))
@@ -158,10 +213,55 @@ func (r *relay) fence(now time.Time, n int) (postboxdriver.Fence, time.Time) {
 	return f, r.validUntil
 }
 
+// claim is fence for a lane that is about to read and publish. It counts a
+// batch in flight on each partition of the fence, so that the coordinator,
+// which releases a partition leaving the share only once no batch is in
+// flight on it, cannot release one under a batch. It leaves out the
+// partitions another lane has a batch in flight on: a lane's share is by
+// position among the held partitions, which shifts when the held set
+// changes, and two lanes reading one partition at once would send its rows
+// twice and out of order. The lane calls done with the fence when its
+// batch is marked.
+func (r *relay) claim(now time.Time, n int) (postboxdriver.Fence, time.Time) {
+	f, until := r.fence(now, n)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for p, g := range f.Generations {
+		// The held set may have changed between fence's lock and this
+		// one: only what is still held at the same generation counts.
+		if r.held[p] != g || r.busy[p] > 0 {
+			delete(f.Generations, p)
+			continue
+		}
+		r.busy[p]++
+	}
+	return f, until
+}
+
+// done ends the batch claim counted.
+func (r *relay) done(f postboxdriver.Fence) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for p := range f.Generations {
+		if r.busy[p]--; r.busy[p] == 0 {
+			delete(r.busy, p)
+		}
+	}
+}
+
 // holds reports whether the relay holds partition p.
 func (r *relay) holds(p int) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	_, ok := r.held[p]
 	return ok
+}
+
+func sortedKeys(m map[int]int64) []int {
+	out := make([]int, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Ints(out)
+	return out
 }

@@ -561,7 +561,7 @@ func configCases() []configCase {
 		{name: "BatchDeadline 10ms", edit: func(c *postbox.Config) { c.BatchDeadline = 10 * time.Millisecond }},
 		{name: "BatchDeadline 9ms", edit: func(c *postbox.Config) { c.BatchDeadline = 9 * time.Millisecond }, field: "BatchDeadline", reason: "must be at least 10ms"},
 		{name: "BatchDeadline equal to LeaseDuration", edit: func(c *postbox.Config) { c.BatchDeadline = c.LeaseDuration }, field: "BatchDeadline",
-			reason: "must be shorter than LeaseDuration (30s), so a batch ends before its lease can pass to another relay"},
+			reason: "must be shorter than LeaseDuration (4s), so a batch ends before its lease can pass to another relay"},
 		{name: "BatchDeadline just under LeaseDuration", edit: func(c *postbox.Config) { c.BatchDeadline = c.LeaseDuration - time.Nanosecond }},
 
 		{name: "BackoffBase 1ms", edit: func(c *postbox.Config) { c.BackoffBase = time.Millisecond }},
@@ -669,7 +669,7 @@ func TestConfigDefaults(t *testing.T) {
 	if c.Prefix != postbox.DefaultPrefix || c.Source != postbox.DefaultSource || c.Logger == nil ||
 		c.MaxPayloadBytes != postbox.DefaultMaxPayloadBytes || c.BatchSize != postbox.DefaultBatchSize ||
 		c.PublishWindow != postbox.DefaultPublishWindow || c.LeaseDuration != postbox.DefaultLeaseDuration ||
-		c.BatchDeadline != postbox.DefaultBatchDeadline || c.BackoffBase != postbox.DefaultBackoffBase ||
+		c.BatchDeadline != min(postbox.DefaultBatchDeadline, postbox.DefaultLeaseDuration/3) || c.BackoffBase != postbox.DefaultBackoffBase ||
 		c.BackoffMax != postbox.DefaultBackoffMax || c.MaxAttempts != postbox.DefaultMaxAttempts ||
 		c.PollInterval != postbox.DefaultPollInterval {
 		t.Errorf("defaults: %s", c)

@@ -107,6 +107,7 @@ type report struct {
 	ViolationCount int            `json:"violation_count"`
 	Violations     []violation    `json:"violations"` // at most 20 per rule
 	Notes          []string       `json:"notes,omitempty"`
+	Fleet          *fleetReport   `json:"fleet,omitempty"`
 }
 
 func (r *report) Summary() string {
@@ -172,7 +173,7 @@ func (h *harness) check(ctx context.Context) *report {
 		t.Fatalf("checker: %v", err)
 	}
 	o.stream = h.watch.snapshot()
-	if err := writeStream(filepath.Join(h.dir, "stream.jsonl"), o.stream); err != nil {
+	if err := writeJSONLines(filepath.Join(h.dir, "stream.jsonl"), o.stream); err != nil {
 		t.Logf("checker: %v", err)
 	}
 	if !h.broker.perKeyDelivery() {
@@ -245,17 +246,18 @@ func (h *harness) check(ctx context.Context) *report {
 
 func (h *harness) faults() []*fault { return h.sched }
 
-// writeStream keeps what the watcher read, in the broker's order, beside
-// the history, so that a violation can be traced copy by copy.
-func writeStream(path string, stream []seen) error {
-	f, err := os.Create(path)
+// writeJSONLines writes one JSON value per line: the stream as the
+// watcher read it, the lease polls, beside the history, so that a
+// violation can be traced copy by copy.
+func writeJSONLines[T any](path string, vs []T) error {
+	f, err := os.Create(path) //nolint:gosec // the run's own directory
 	if err != nil {
 		return err
 	}
 	w := bufio.NewWriter(f)
 	enc := json.NewEncoder(w)
-	for _, s := range stream {
-		if err := enc.Encode(s); err != nil {
+	for _, v := range vs {
+		if err := enc.Encode(v); err != nil {
 			_ = f.Close()
 			return err
 		}

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/postbox-go/postbox"
 )
 
 // profile sizes a run.
@@ -33,8 +35,31 @@ type profile struct {
 	Poison     float64       `json:"poison"`
 	DrainLimit time.Duration `json:"drain_limit"`
 	// Relay settings (relay: section of the daemon's YAML).
+	// No lease: the relays run at the defaults.
 	Lease         time.Duration `json:"lease"`
 	BatchDeadline time.Duration `json:"batch_deadline"`
+	// Relays counts the relay processes; default 3.
+	Relays int `json:"relays"`
+	// MinGap is the least time between one fault's lift and the next
+	// fault's start, however late the first ran.
+	MinGap time.Duration `json:"min_gap,omitempty"`
+	// Dedupe, when set, replaces the draw: broker, inbox or none.
+	Dedupe string `json:"dedupe,omitempty"`
+}
+
+// lease is the relays' lease: the profile's, or the default.
+func (p profile) lease() time.Duration {
+	if p.Lease > 0 {
+		return p.Lease
+	}
+	return postbox.DefaultLeaseDuration
+}
+
+func (p profile) relays() int {
+	if p.Relays > 0 {
+		return p.Relays
+	}
+	return 3
 }
 
 var profiles = map[string]profile{
@@ -67,6 +92,14 @@ func TestFaults(t *testing.T) {
 	if !ok {
 		t.Fatalf("POSTBOX_FAULTS_PROFILE=%q: want short or soak", name)
 	}
+	runProfile(t, prof, schedule, nil)
+}
+
+// runProfile runs one profile: the schedule drawn by plan, the writers,
+// the relays and the consumer, then the checker, and writes the report.
+// fleet, when set, watches the leases during the run and adds its
+// figures to the report.
+func runProfile(t *testing.T, prof profile, plan func(*rand.Rand, profile) []*fault, fleet *fleetWatch) {
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("POSTBOX_FAULTS_SEED"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
@@ -99,7 +132,7 @@ func TestFaults(t *testing.T) {
 	defer cancelSetup()
 
 	rng := seeded(seed)
-	sched := schedule(rng, prof)
+	sched := plan(rng, prof)
 	for _, f := range sched {
 		t.Logf("faults: scheduled %s", f)
 	}
@@ -110,6 +143,9 @@ func TestFaults(t *testing.T) {
 	// them, as with a broker that has no dedupe. Drawn from the seed
 	// unless POSTBOX_FAULTS_DEDUPE says.
 	dedupe := []string{"broker", "inbox"}[rng.IntN(2)]
+	if prof.Dedupe != "" {
+		dedupe = prof.Dedupe
+	}
 	if v := os.Getenv("POSTBOX_FAULTS_DEDUPE"); v != "" {
 		dedupe = v
 	}
@@ -120,14 +156,19 @@ func TestFaults(t *testing.T) {
 	if kind == "rabbitmq" {
 		dedupe = "inbox" // RabbitMQ drops no copy: every re-send reaches the consumer
 	}
-	window := map[string]time.Duration{"broker": 10 * time.Minute, "inbox": time.Second}[dedupe]
+	// "none" (100ms) keeps nearly every copy a relay sends, so that the
+	// fleet's figures count them.
+	window := map[string]time.Duration{"broker": 10 * time.Minute, "inbox": time.Second, "none": 100 * time.Millisecond}[dedupe]
 	if window == 0 {
-		t.Fatalf("POSTBOX_FAULTS_DEDUPE=%q: want broker or inbox", dedupe)
+		t.Fatalf("POSTBOX_FAULTS_DEDUPE=%q: want broker, inbox or none", dedupe)
 	}
 	t.Logf("faults: dedupe by the %s (stream duplicate window %s)", dedupe, window)
 
 	h := newHarness(t, setup, prof, seed, dir, kind, window)
 	cancelSetup()
+	if fleet != nil {
+		fleet.attach(h)
+	}
 	budget := prof.WriteFor + prof.DrainLimit + 2*time.Minute
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
@@ -136,6 +177,9 @@ func TestFaults(t *testing.T) {
 	rep := h.check(ctx)
 	rep.Elapsed = time.Since(start).Round(time.Millisecond).String()
 	rep.Dedupe = dedupe
+	if fleet != nil {
+		rep.Fleet = fleet.judge(h, rep)
+	}
 
 	b, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {

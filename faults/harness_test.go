@@ -28,7 +28,6 @@ import (
 const (
 	topic        = "fx.changed"
 	consumerName = "fx"
-	relays       = 3
 )
 
 // harness owns everything a run starts; every piece is stopped by run or
@@ -56,8 +55,11 @@ type harness struct {
 	hist   *history
 	watch  *watcher
 	sched  []*fault
+	// monitor, when set, runs beside the watcher for the whole run.
+	monitor func(ctx context.Context)
 
 	writeErrs   atomic.Int64
+	injecting   atomic.Bool
 	started     time.Time
 	writersDone time.Time
 	settledAt   time.Time
@@ -121,17 +123,20 @@ func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, di
 
 	bin := buildPostbox(t, dir)
 	cfg := filepath.Join(dir, "relay.yaml")
-	yaml := h.broker.relayConfig() + fmt.Sprintf(`relay:
-  lease: %s
-  batch_deadline: %s
-  backoff_base: 100ms
+	// A profile without a lease runs the relays at the defaults.
+	var tuning string
+	if prof.Lease > 0 {
+		tuning = fmt.Sprintf("  lease: %s\n  batch_deadline: %s\n", prof.Lease, prof.BatchDeadline)
+	}
+	yaml := h.broker.relayConfig() + `relay:
+` + tuning + `  backoff_base: 100ms
   backoff_max: 2s
   poll_interval: 50ms
   batch_size: 200
   lanes: 2
 log:
   level: info
-`, prof.Lease, prof.BatchDeadline)
+`
 	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +147,7 @@ log:
 		}
 	}
 	pgAddr := fmt.Sprintf("127.0.0.1:%d", h.pg.port)
-	for i := range relays {
+	for i := range prof.relays() {
 		dp, err := tcpproxy.New(pgAddr)
 		if err != nil {
 			t.Fatal(err)
@@ -204,6 +209,13 @@ func (h *harness) run(ctx context.Context, sched []*fault) {
 	defer stopBG()
 	var bgWG sync.WaitGroup
 	bgWG.Add(2)
+	if h.monitor != nil {
+		bgWG.Add(1)
+		go func() {
+			defer bgWG.Done()
+			h.monitor(bg)
+		}()
+	}
 	go func() {
 		defer bgWG.Done()
 		h.watcherErr = h.broker.watch(bg, h.watch)
@@ -230,10 +242,15 @@ func (h *harness) run(ctx context.Context, sched []*fault) {
 			h.writer(ctx, n, until)
 		}()
 	}
+	// The writers go on while faults remain (a fault may run past its
+	// slot), and a few seconds more.
+	h.injecting.Store(true)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		h.inject(ctx, sched)
+		sleep(ctx, 5*time.Second)
+		h.injecting.Store(false)
 	}()
 	wg.Wait()
 	h.writersDone = time.Now()
@@ -299,8 +316,12 @@ func (h *harness) catchUp(ctx context.Context) {
 
 // inject runs the schedule. Every fault is lifted, also when ctx ends.
 func (h *harness) inject(ctx context.Context, sched []*fault) {
+	var lifted time.Time
 	for _, f := range sched {
 		sleep(ctx, time.Until(h.started.Add(f.At)))
+		// A fault that ran past its slot pushes the next one back, so
+		// that each is measured apart.
+		sleep(ctx, time.Until(lifted.Add(h.prof.MinGap)))
 		if ctx.Err() != nil {
 			return
 		}
@@ -315,7 +336,7 @@ func (h *harness) inject(ctx context.Context, sched []*fault) {
 			if err := r.start(); err != nil {
 				f.Note += " restart: " + err.Error()
 			}
-		case faultStop:
+		case faultStop, faultPause:
 			r := h.relays[f.Relay]
 			if _, err := r.signal(syscall.SIGSTOP); err != nil {
 				f.Note = "stop: " + err.Error()
@@ -332,12 +353,16 @@ func (h *harness) inject(ctx context.Context, sched []*fault) {
 			lift()
 		case faultReset:
 			f.Note = fmt.Sprintf("reset %d connections", h.proxy.Reset())
-		case faultPGBlackhole:
+		case faultPGBlackhole, faultPGStall:
 			lift := h.dbProx[f.Relay].Blackhole()
 			sleep(ctx, f.Hold)
 			lift()
 		case faultPGReset:
 			f.Note = fmt.Sprintf("reset %d connections", h.dbProx[f.Relay].Reset())
+		case faultRolling:
+			f.Note = h.rollingDeploy(ctx, f.Hold)
+		case faultKillMany:
+			f.Note = h.killMany(ctx, f.Relays, f.Hold)
 		case faultXmin:
 			if err := h.holdXmin(ctx, f.Hold); err != nil {
 				f.Note = "xmin: " + err.Error()
@@ -356,6 +381,7 @@ func (h *harness) inject(ctx context.Context, sched []*fault) {
 			}
 		}
 		f.Lifted = time.Now()
+		lifted = f.Lifted
 		h.t.Logf("faults: %s done %s", f, f.Note)
 	}
 }

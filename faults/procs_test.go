@@ -51,6 +51,15 @@ type relayProc struct {
 	stopped bool // SIGSTOPped
 	starts  int
 	exits   []string // unexpected exits
+	lives   []*life  // one per start, in order
+}
+
+// life is one process of a relay: its relay id (the owner of its leases
+// up to the suffix each start adds) and when it started and ended.
+type life struct {
+	ID      string
+	Started time.Time
+	Ended   time.Time // zero while it runs
 }
 
 func (r *relayProc) start() error {
@@ -65,8 +74,9 @@ func (r *relayProc) start() error {
 	}
 	defer f.Close()
 	fmt.Fprintf(f, "=== harness: start %d at %s\n", r.starts+1, time.Now().Format(time.RFC3339Nano))
+	id := fmt.Sprintf("fxr%02ds%d", r.n, r.starts+1)
 	cmd := exec.Command(r.bin, "relay")
-	cmd.Env = r.env
+	cmd.Env = append(append([]string(nil), r.env...), "POSTBOX_RELAY_ID="+id)
 	cmd.Stdout, cmd.Stderr = f, f
 	// The relay dies with the harness, whatever ends it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -75,16 +85,21 @@ func (r *relayProc) start() error {
 	}
 	r.starts++
 	r.cmd, r.expect, r.stopped = cmd, false, false
+	l := &life{ID: id, Started: time.Now()}
+	r.lives = append(r.lives, l)
 	done := make(chan struct{})
 	r.done = done
-	go r.wait(cmd, done)
+	go r.wait(cmd, done, l)
 	return nil
 }
 
 // wait reaps the process; an exit nobody asked for is recorded and the
 // relay started again after a second, as a service manager would.
-func (r *relayProc) wait(cmd *exec.Cmd, done chan struct{}) {
+func (r *relayProc) wait(cmd *exec.Cmd, done chan struct{}, l *life) {
 	err := cmd.Wait()
+	r.mu.Lock()
+	l.Ended = time.Now()
+	r.mu.Unlock()
 	close(done)
 	r.mu.Lock()
 	unexpected := !r.expect && !r.closing
@@ -132,6 +147,14 @@ func (r *relayProc) kill() error {
 func (r *relayProc) close(grace time.Duration) (clean bool) {
 	r.mu.Lock()
 	r.closing = true
+	r.mu.Unlock()
+	return r.term(grace)
+}
+
+// term stops the current process as a deploy does: SIGTERM, SIGKILL
+// after grace. It reports whether the clean stop finished in time.
+func (r *relayProc) term(grace time.Duration) (clean bool) {
+	r.mu.Lock()
 	stopped := r.stopped
 	r.mu.Unlock()
 	if stopped {
@@ -151,6 +174,24 @@ func (r *relayProc) close(grace time.Duration) (clean bool) {
 		<-done
 		return false
 	}
+}
+
+// current is the running process's relay id.
+func (r *relayProc) current() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lives[len(r.lives)-1].ID
+}
+
+// history copies the relay's lives.
+func (r *relayProc) history() []life {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]life, len(r.lives))
+	for i, l := range r.lives {
+		out[i] = *l
+	}
+	return out
 }
 
 func (r *relayProc) stats() (starts int, exits []string) {

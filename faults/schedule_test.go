@@ -21,6 +21,12 @@ const (
 	faultPGRestart     = "pg_restart"       // stop PostgreSQL (Mode fast or immediate, a crash), start it again after Hold
 	faultPGBlackhole   = "pg_blackhole"     // the proxy between one relay and PostgreSQL forwards nothing for Hold (past its lease)
 	faultPGReset       = "pg_reset"         // the proxy resets every connection between one relay and PostgreSQL (RST)
+
+	// The fleet's (TestFleet).
+	faultRolling  = "rolling_deploy" // SIGTERM each relay in turn and start its replacement, waiting until it holds a lease
+	faultKillMany = "kill_many"      // SIGKILL several relays at once, restart them after Hold
+	faultPause    = "sigstop_short"  // SIGSTOP a relay for Hold, shorter than its lease, then SIGCONT
+	faultPGStall  = "pg_stall"       // the proxy between one relay and PostgreSQL forwards nothing for Hold, shorter than its lease
 )
 
 // guarantees lists what each fault puts to the test, for the report.
@@ -35,12 +41,18 @@ var guarantees = map[string]string{
 	faultPGRestart:     "G1 G2 G5 G6: the database stops or crashes and recovers from its WAL; every committed row survives, no rolled-back one appears, relays and the consumer reconnect",
 	faultPGBlackhole:   "G4 G2 G3: one relay is cut off from the database past its lease while its broker link works; its stalled fetch, mark and renewal arrive after the partitions moved on and must change nothing",
 	faultPGReset:       "G2 G3 G6: one relay's database connections reset mid-statement (a mark whose outcome it never hears); it reconnects, loses nothing, and what it re-sends is absorbed",
+	faultRolling:       "G2 G3 G4: every relay replaced in turn; each hands its partitions on when its batches are marked, so nothing waits for a lease and little is sent twice",
+	faultKillMany:      "G2 G3 G4: several relays crash at once; their partitions are taken within about a lease, and only what they had in flight is sent again",
+	faultPause:         "G4: a relay paused for less than its lease keeps its partitions; nobody takes them early",
+	faultPGStall:       "G4 G2: a relay's database link stalls for less than its lease; it keeps its partitions, and its stalled statements change nothing twice",
 }
 
 // fault is one scheduled fault and, once run, what happened.
 type fault struct {
 	Kind  string `json:"kind"`
 	Relay int    `json:"relay"` // -1 when the fault targets no single relay
+	// Relays lists the relays a kill_many ends.
+	Relays []int `json:"relays,omitempty"`
 	// Consumer: pg_terminate also kills the consumer's connections.
 	Consumer bool          `json:"consumer,omitempty"`
 	At       time.Duration `json:"at"` // from the start of the writers
@@ -61,6 +73,9 @@ func (f *fault) String() string {
 	}
 	if f.Relay >= 0 {
 		target = fmt.Sprintf("relay %d", f.Relay)
+	}
+	if len(f.Relays) > 0 {
+		target = fmt.Sprintf("relays %v", f.Relays)
 	}
 	kind := f.Kind
 	if f.Mode != "" {
@@ -91,7 +106,7 @@ func schedule(rng *rand.Rand, p profile) []*fault {
 		}
 		rng.Shuffle(len(bag), func(i, j int) { bag[i], bag[j] = bag[j], bag[i] })
 		for _, k := range bag {
-			f := &fault{Kind: k, Relay: rng.IntN(3), Tests: guarantees[k]}
+			f := &fault{Kind: k, Relay: rng.IntN(p.relays()), Tests: guarantees[k]}
 			switch k {
 			case faultKill:
 				f.Hold = jitter(rng, 500*time.Millisecond, 2500*time.Millisecond)

@@ -160,7 +160,7 @@ func readHistory(path string) (map[string]histRec, error) {
 // come from a generator seeded from the run's seed.
 func (h *harness) writer(ctx context.Context, n int, until time.Time) {
 	rng := rand.New(rand.NewPCG(h.seed, uint64(n)+1))
-	for time.Now().Before(until) && ctx.Err() == nil {
+	for (time.Now().Before(until) || h.injecting.Load()) && ctx.Err() == nil {
 		key := fmt.Sprintf("k%04d", rng.IntN(h.prof.Keys))
 		count := 1
 		if rng.IntN(4) == 0 {

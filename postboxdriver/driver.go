@@ -96,8 +96,22 @@ type Record struct {
 // Lease is a relay's hold on one partition.
 type Lease struct {
 	Partition  int
+	Owner      string // "" when free; Coordinate reports every partition's
 	Generation int64
 	ExpiresAt  time.Time // database clock, informational
+	// Expired is true when any relay may take the lease: it is free, or
+	// it ran out. Only Coordinate reports such leases.
+	Expired bool
+}
+
+// Membership is what Coordinate returns: the relays' shared view, from
+// which each relay works out its share of the partitions.
+type Membership struct {
+	Live   []string // the live relays' ids, sorted; the caller among them
+	Leases []Lease  // every partition's lease, in partition order
+	// Now is the database's clock when it answered: a lease has
+	// Leases[i].ExpiresAt - Now left, whatever the caller's clock says.
+	Now time.Time
 }
 
 // Fence identifies the leases a write-back must still hold to apply.

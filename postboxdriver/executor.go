@@ -28,9 +28,16 @@ type Executor interface {
 	// Partitions reports the number of partitions the outbox table was
 	// migrated with. Rows carry partition = PartitionOf(key, id, n).
 	Partitions(ctx context.Context) (int, error)
-	// Heartbeat registers relayID as live until now()+ttl and returns the
-	// ids of every live relay, sorted.
-	Heartbeat(ctx context.Context, relayID string, ttl time.Duration) ([]string, error)
+	// Coordinate is a relay's one round trip to keep its place: it
+	// registers relayID as live until now()+ttl; frees drop's leases that
+	// relayID holds, so another relay takes them at once; takes or renews
+	// the leases on want (those not in drop) until now()+ttl, when free,
+	// expired or already relayID's; and returns the membership after all
+	// of it: the live relays and every partition's lease. The generation
+	// of a partition increases each time its owner changes. A ttl of 0
+	// takes relayID out of the live set in the same statement as its
+	// releases: a relay leaving does so at once.
+	Coordinate(ctx context.Context, relayID string, ttl time.Duration, want, drop []int) (Membership, error)
 	// Unregister removes relayID from the live set.
 	Unregister(ctx context.Context, relayID string) error
 	// AcquireLeases takes or renews the leases on partitions for owner until

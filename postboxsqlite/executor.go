@@ -41,7 +41,7 @@ const nowExpr = `CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGE
 func (s *store) Dialect() string { return "sqlite" }
 
 type queries struct {
-	lock, partitions, heartbeat, live, unregister, acquire, release, expire, fetch, fetchStrict, fetchRouted, fetchRoutedStrict, publish, unpend, bury, unbury, retry, stats,
+	lock, partitions, heartbeat, live, leases, unregister, acquire, release, expire, fetch, fetchStrict, fetchRouted, fetchRoutedStrict, publish, unpend, bury, unbury, retry, stats,
 	applied, createMigrations, migrationDone, recordMigration string
 }
 
@@ -63,6 +63,7 @@ ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at`),
 		// The caller is live even with a ttl that has already run out, as
 		// in PostgreSQL, where it is returned from the upsert itself.
 		live:       r.Replace(`SELECT id FROM {p}relays WHERE expires_at > {now} OR id = ?1 ORDER BY id`),
+		leases:     r.Replace(`SELECT partition, coalesce(owner, ''), generation, expires_at, owner IS NULL OR expires_at <= {now}, {now} FROM {p}leases ORDER BY partition`),
 		unregister: r.Replace(`DELETE FROM {p}relays WHERE id = ?1 OR expires_at < {now} - 3600000`),
 		// SET reads the row as it was before the update, so the CASE sees
 		// the previous owner. IS is SQLite's IS NOT DISTINCT FROM.
@@ -71,7 +72,7 @@ ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at`),
   owner = ?1,
   expires_at = {now} + ?3
 WHERE partition IN (SELECT value FROM json_each(?2)) AND (owner IS NULL OR owner = ?1 OR expires_at <= {now})
-RETURNING partition, generation, expires_at`),
+RETURNING partition, owner, generation, expires_at`),
 		release: r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = {now}
 WHERE owner = ?1 AND partition IN (SELECT value FROM json_each(?2))`),
 		// expires_at holds Unix milliseconds; 0 is long past.
@@ -168,24 +169,52 @@ func (s *store) Partitions(ctx context.Context) (int, error) {
 	return n, s.wrap(err)
 }
 
-// Heartbeat implements postboxdriver.Executor.
-func (s *store) Heartbeat(ctx context.Context, relayID string, ttl time.Duration) ([]string, error) {
-	var ids []string
+// Coordinate implements postboxdriver.Executor, in one IMMEDIATE
+// transaction: the heartbeat, the releases, the takes and renewals, and the
+// membership after them.
+func (s *store) Coordinate(ctx context.Context, relayID string, ttl time.Duration, want, drop []int) (postboxdriver.Membership, error) {
+	var m postboxdriver.Membership
+	dropped := make(map[int]bool, len(drop))
+	for _, p := range drop {
+		dropped[p] = true
+	}
+	take := make([]int, 0, len(want))
+	for _, p := range want {
+		if !dropped[p] {
+			take = append(take, p)
+		}
+	}
 	err := s.write(ctx, func(c conn) error {
 		if _, err := c.ExecContext(ctx, s.q.heartbeat, relayID, ttl.Milliseconds()); err != nil {
 			return err
 		}
+		if len(drop) > 0 {
+			if _, err := c.ExecContext(ctx, s.q.release, relayID, intsJSON(drop)); err != nil {
+				return err
+			}
+		}
+		if len(take) > 0 {
+			if _, err := c.ExecContext(ctx, s.q.acquire, relayID, intsJSON(take), ttl.Milliseconds()); err != nil {
+				return err
+			}
+		}
 		var err error
-		ids, err = queryAll(ctx, c, s.q.live, []any{relayID}, scanString)
+		if m.Live, err = queryAll(ctx, c, s.q.live, []any{relayID}, scanString); err != nil {
+			return err
+		}
+		m.Leases, err = queryAll(ctx, c, s.q.leases, nil, func(r *sql.Rows) (postboxdriver.Lease, error) {
+			var l postboxdriver.Lease
+			var exp, now int64
+			err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &exp, &l.Expired, &now)
+			l.ExpiresAt, m.Now = time.UnixMilli(exp), time.UnixMilli(now)
+			return l, err
+		})
 		return err
 	})
-	if err != nil {
-		return nil, err
-	}
 	// SQLite's ORDER BY compares bytes, as Go does; sorting again keeps the
 	// promise whatever collation a column might carry.
-	sort.Strings(ids)
-	return ids, nil
+	sort.Strings(m.Live)
+	return m, err
 }
 
 // Unregister implements postboxdriver.Executor.
@@ -201,7 +230,7 @@ func (s *store) AcquireLeases(ctx context.Context, owner string, parts []int, tt
 	out, err := queryAll(ctx, s.conn(), s.q.acquire, []any{owner, intsJSON(parts), ttl.Milliseconds()}, func(r *sql.Rows) (postboxdriver.Lease, error) {
 		var l postboxdriver.Lease
 		var exp int64
-		err := r.Scan(&l.Partition, &l.Generation, &exp)
+		err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &exp)
 		l.ExpiresAt = time.UnixMilli(exp)
 		return l, err
 	})

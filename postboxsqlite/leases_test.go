@@ -114,23 +114,23 @@ func TestReleaseLeases(t *testing.T) {
 	}
 }
 
-func TestHeartbeat(t *testing.T) {
+func TestCoordinateHeartbeat(t *testing.T) {
 	f := migrated(t)
 	ctx := context.Background()
-	live, err := f.store.Heartbeat(ctx, "r2", time.Minute)
+	live, err := heartbeat(ctx, f, "r2", time.Minute)
 	if err != nil || fmt.Sprint(live) != "[r2]" {
 		t.Fatalf("live = %v, %v", live, err)
 	}
-	if _, err := f.store.Heartbeat(ctx, "r1", time.Minute); err != nil {
+	if _, err := heartbeat(ctx, f, "r1", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.store.Heartbeat(ctx, "gone", time.Millisecond); err != nil {
+	if _, err := heartbeat(ctx, f, "gone", time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	waitDB(t, f, 2)
 	// Sorted, without the expired relay; a caller whose own ttl has run
 	// out is still in the list it gets back.
-	live, err = f.store.Heartbeat(ctx, "r3", 0)
+	live, err = heartbeat(ctx, f, "r3", 0)
 	if err != nil || fmt.Sprint(live) != "[r1 r2 r3]" {
 		t.Fatalf("live = %v, %v; want [r1 r2 r3]", live, err)
 	}
@@ -139,7 +139,7 @@ func TestHeartbeat(t *testing.T) {
 	if err := f.db.QueryRow(`SELECT started_at, expires_at FROM `+prefix+`relays WHERE id = 'r1'`).Scan(&started, &expires); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.store.Heartbeat(ctx, "r1", time.Hour); err != nil {
+	if _, err := heartbeat(ctx, f, "r1", time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	var started2, expires2 int64
@@ -158,7 +158,7 @@ func TestUnregister(t *testing.T) {
 	f := migrated(t)
 	ctx := context.Background()
 	for _, id := range []string{"a", "b"} {
-		if _, err := f.store.Heartbeat(ctx, id, time.Minute); err != nil {
+		if _, err := heartbeat(ctx, f, id, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -189,7 +189,7 @@ func TestUnregister(t *testing.T) {
 	if fmt.Sprint(ids) != "[b recent]" {
 		t.Fatalf("relays after unregister = %v, want [b recent]: the caller and relays expired over an hour ago go", ids)
 	}
-	live, err := f.store.Heartbeat(ctx, "b", time.Minute)
+	live, err := heartbeat(ctx, f, "b", time.Minute)
 	if err != nil || fmt.Sprint(live) != "[b]" {
 		t.Fatalf("live = %v, %v", live, err)
 	}
@@ -229,4 +229,11 @@ func waitDB(t *testing.T, f *fixture, ms int64) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// heartbeat registers id through Coordinate, asking for no lease, and
+// returns the live set.
+func heartbeat(ctx context.Context, f *fixture, id string, ttl time.Duration) ([]string, error) {
+	m, err := f.store.Coordinate(ctx, id, ttl, nil, nil)
+	return m.Live, err
 }

@@ -309,8 +309,8 @@ func TestRelayWriteGivesUpCleanly(t *testing.T) {
 	if _, err := f.store.MarkPublished(ctx, fence, seqs); err == nil {
 		t.Fatal("MarkPublished succeeded while another connection held the write lock")
 	}
-	if _, err := f.store.Heartbeat(ctx, "o", time.Minute); err == nil {
-		t.Fatal("Heartbeat succeeded after its context ended")
+	if _, err := f.store.Coordinate(ctx, "o", time.Minute, nil, nil); err == nil {
+		t.Fatal("Coordinate succeeded after its context ended")
 	}
 	release()
 	// Every pooled connection is free of transactions: the write lock can

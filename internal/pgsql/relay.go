@@ -10,7 +10,7 @@ import (
 )
 
 type queries struct {
-	insert, partitions, heartbeat, unregister, acquire, release, fetch, fetchStrict, fetchRouted, fetchRoutedStrict,
+	insert, partitions, coordinate, unregister, acquire, release, fetch, fetchStrict, fetchRouted, fetchRoutedStrict,
 	markPublished, markFailed, expire, stats string
 }
 
@@ -20,21 +20,47 @@ func makeQueries(p string) queries {
 		insert: r.Replace(`INSERT INTO {p}outbox (id, topic, key, payload, headers)
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[])`),
 		partitions: r.Replace(`SELECT count(*) FROM {p}leases`),
-		heartbeat: r.Replace(`WITH up AS (
+		// One round trip: the heartbeat, the releases, the takes and
+		// renewals, and the membership after them. The data-modifying CTEs
+		// see the tables as they were before the statement, so the lease
+		// rows returned are the updated ones where the statement changed
+		// them and the old ones elsewhere; want and drop are disjoint, so
+		// no row is changed twice. A lease never taken expires at
+		// -infinity, which no time.Time holds: it is reported as the epoch.
+		coordinate: r.Replace(`WITH beat AS (
   INSERT INTO {p}relays (id, expires_at) VALUES ($1, now() + $2 * interval '1 millisecond')
   ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
   RETURNING id
+), released AS (
+  UPDATE {p}leases SET owner = NULL, expires_at = now()
+  WHERE owner = $1 AND partition = ANY($4::int[])
+  RETURNING partition
+), taken AS (
+  UPDATE {p}leases SET
+    generation = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN generation ELSE generation + 1 END,
+    owner = $1,
+    expires_at = now() + $2 * interval '1 millisecond'
+  WHERE partition = ANY($3::int[]) AND NOT (partition = ANY($4::int[]))
+    AND (owner IS NULL OR owner = $1 OR expires_at <= now())
+  RETURNING partition, owner, generation, expires_at
 )
-SELECT id FROM up
-UNION
-SELECT id FROM {p}relays WHERE expires_at > now() AND id <> $1`),
+SELECT -1, id, 0::bigint, now(), false FROM beat
+UNION ALL
+SELECT -1, id, 0, now(), false FROM {p}relays WHERE expires_at > now() AND id <> $1
+UNION ALL
+SELECT l.partition,
+  coalesce(t.owner, CASE WHEN r.partition IS NULL THEN l.owner END, ''),
+  coalesce(t.generation, l.generation),
+  greatest(coalesce(t.expires_at, CASE WHEN r.partition IS NULL THEN l.expires_at END, now()), 'epoch'),
+  t.partition IS NULL AND (r.partition IS NOT NULL OR l.expires_at <= now())
+FROM {p}leases l LEFT JOIN taken t USING (partition) LEFT JOIN released r USING (partition)`),
 		unregister: r.Replace(`DELETE FROM {p}relays WHERE id = $1 OR expires_at < now() - interval '1 hour'`),
 		acquire: r.Replace(`UPDATE {p}leases SET
   generation = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN generation ELSE generation + 1 END,
   owner = $1,
   expires_at = now() + $3 * interval '1 millisecond'
 WHERE partition = ANY($2::int[]) AND (owner IS NULL OR owner = $1 OR expires_at <= now())
-RETURNING partition, generation, expires_at`),
+RETURNING partition, owner, generation, expires_at`),
 		release:           r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = now() WHERE owner = $1 AND partition = ANY($2::int[])`),
 		fetch:             r.Replace(fetchSQL(false, false)),
 		fetchStrict:       r.Replace(fetchSQL(true, false)),
@@ -181,11 +207,27 @@ func (c *Core) Partitions(ctx context.Context) (int, error) {
 	return c.count(ctx, c.q.partitions)
 }
 
-// Heartbeat implements postboxdriver.Executor.
-func (c *Core) Heartbeat(ctx context.Context, relayID string, ttl time.Duration) ([]string, error) {
-	ids, err := queryAll(ctx, c, c.q.heartbeat, []any{relayID, ttl.Milliseconds()}, scanString)
-	sort.Strings(ids)
-	return ids, err
+// Coordinate implements postboxdriver.Executor.
+func (c *Core) Coordinate(ctx context.Context, relayID string, ttl time.Duration, want, drop []int) (postboxdriver.Membership, error) {
+	var m postboxdriver.Membership
+	rows, err := queryAll(ctx, c, c.q.coordinate, []any{relayID, ttl.Milliseconds(), int32s(want), int32s(drop)}, func(r Rows) (postboxdriver.Lease, error) {
+		var l postboxdriver.Lease
+		err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &l.ExpiresAt, &l.Expired)
+		return l, err
+	})
+	if err != nil {
+		return m, err
+	}
+	for _, l := range rows {
+		if l.Partition < 0 {
+			m.Live, m.Now = append(m.Live, l.Owner), l.ExpiresAt
+			continue
+		}
+		m.Leases = append(m.Leases, l)
+	}
+	sort.Strings(m.Live)
+	sort.Slice(m.Leases, func(i, j int) bool { return m.Leases[i].Partition < m.Leases[j].Partition })
+	return m, nil
 }
 
 // Unregister implements postboxdriver.Executor.
@@ -198,7 +240,7 @@ func (c *Core) Unregister(ctx context.Context, relayID string) error {
 func (c *Core) AcquireLeases(ctx context.Context, owner string, partitions []int, ttl time.Duration) ([]postboxdriver.Lease, error) {
 	out, err := queryAll(ctx, c, c.q.acquire, []any{owner, int32s(partitions), ttl.Milliseconds()}, func(r Rows) (postboxdriver.Lease, error) {
 		var l postboxdriver.Lease
-		err := r.Scan(&l.Partition, &l.Generation, &l.ExpiresAt)
+		err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &l.ExpiresAt)
 		return l, err
 	})
 	sort.Slice(out, func(i, j int) bool { return out[i].Partition < out[j].Partition })
@@ -253,9 +295,11 @@ func (c *Core) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postbo
 
 // OldestSnapshot implements postboxdriver.Executor: the oldest
 // transaction of another backend that holds a snapshot. Without
-// pg_read_all_stats, only the same role's backends are seen.
+// pg_read_all_stats, only the same role's backends are seen. The age is
+// taken on clock_timestamp(): now() is this statement's transaction start,
+// which another transaction may have started after.
 func (c *Core) OldestSnapshot(ctx context.Context) (postboxdriver.Snapshot, bool, error) {
-	out, err := queryAll(ctx, c, `SELECT extract(epoch FROM now() - xact_start)::float8, pid, coalesce(state, '')
+	out, err := queryAll(ctx, c, `SELECT extract(epoch FROM clock_timestamp() - xact_start)::float8, pid, coalesce(state, '')
 FROM pg_stat_activity
 WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
 ORDER BY xact_start LIMIT 1`, nil, func(r Rows) (postboxdriver.Snapshot, error) {

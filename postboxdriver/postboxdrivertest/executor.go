@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 // Admin or the Idempotency-Key middleware.
 func (s *suite[TTx]) runExecutor(t *testing.T) {
 	t.Run("InsertInCallersTransaction", s.execInsertTx)
+	t.Run("Coordinate", s.execCoordinate)
 	t.Run("ExpireLeasesFencesOwner", s.execExpireLeases)
 	t.Run("ConsumerDeadMessages", s.execConsumerDead)
 	t.Run("FailedOperationLeavesTransactionAsItWas", s.execFailedOpInTx)
@@ -59,6 +61,84 @@ func (s *suite[TTx]) execInsertTx(t *testing.T) {
 	if st := e.stats(t); st.Pending != 3 {
 		t.Fatalf("%d rows after two commits, want 3", st.Pending)
 	}
+}
+
+// Coordinate heartbeats, releases, takes and renews in one call, and
+// reports the membership after it: who is live, and every lease with its
+// owner, generation and whether anyone may take it.
+func (s *suite[TTx]) execCoordinate(t *testing.T) {
+	e := s.setup(t)
+	ctx := context.Background()
+	leaseOf := func(m postboxdriver.Membership, p int) postboxdriver.Lease {
+		t.Helper()
+		for _, l := range m.Leases {
+			if l.Partition == p {
+				return l
+			}
+		}
+		t.Fatalf("no lease for partition %d in %d leases", p, len(m.Leases))
+		return postboxdriver.Lease{}
+	}
+	// A takes 0-3; every partition is reported, the free ones takeable.
+	m, err := e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 2, 3}, nil)
+	if err != nil || fmt.Sprint(m.Live) != "[a]" || len(m.Leases) != 64 {
+		t.Fatalf("first = live %v, %d leases, %v", m.Live, len(m.Leases), err)
+	}
+	if owned(m, "a") != 4 || leaseOf(m, 4).Owner != "" || !leaseOf(m, 4).Expired {
+		t.Fatalf("a holds %d, partition 4 = %+v; want 4 held and the rest free", owned(m, "a"), leaseOf(m, 4))
+	}
+	// The time a lease has left is read on the database's clock.
+	if left := leaseOf(m, 0).ExpiresAt.Sub(m.Now); left <= 50*time.Second || left > time.Minute {
+		t.Fatalf("partition 0 has %s left by the membership's clock (ExpiresAt %s, Now %s); want about a minute", left, leaseOf(m, 0).ExpiresAt, m.Now)
+	}
+	gen := leaseOf(m, 2).Generation
+	// B joins and wants 2-5: it gets the free 4 and 5, not A's 2 and 3.
+	m, err = e.store.Coordinate(ctx, "b", time.Minute, []int{2, 3, 4, 5}, nil)
+	if err != nil || fmt.Sprint(m.Live) != "[a b]" {
+		t.Fatalf("b = live %v, %v", m.Live, err)
+	}
+	if l := leaseOf(m, 2); l.Owner != "a" || l.Expired || l.Generation != gen {
+		t.Fatalf("partition 2 after b wanted it = %+v; want a's still", l)
+	}
+	if owned(m, "b") != 2 || leaseOf(m, 4).Owner != "b" {
+		t.Fatalf("b holds %d; want 4 and 5", owned(m, "b"))
+	}
+	// A renews 0, 1 and 3 and lets 2 go: its generation stays on 0, 1, 3;
+	// 2 is free at once, and B takes it at a new generation. A partition
+	// both wanted and dropped is dropped.
+	m, err = e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 2, 3}, []int{2})
+	if err != nil || leaseOf(m, 2).Owner != "" || !leaseOf(m, 2).Expired || leaseOf(m, 3).Generation != leaseOf(m, 0).Generation {
+		t.Fatalf("after a dropped 2: partition 2 = %+v, %v", leaseOf(m, 2), err)
+	}
+	m, err = e.store.Coordinate(ctx, "b", time.Minute, []int{2, 4, 5}, nil)
+	if l := leaseOf(m, 2); err != nil || l.Owner != "b" || l.Generation <= gen {
+		t.Fatalf("partition 2 taken by b = %+v, %v; want a generation above %d", l, err, gen)
+	}
+	// Dropping a lease another relay holds changes nothing.
+	if m, err = e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 3}, []int{4}); err != nil || leaseOf(m, 4).Owner != "b" {
+		t.Fatalf("a dropping b's partition 4: %+v, %v", leaseOf(m, 4), err)
+	}
+	// A relay leaving: no ttl takes it out of the live set as it lets
+	// everything go.
+	if _, err := e.store.Coordinate(ctx, "d", time.Minute, []int{20, 21}, nil); err != nil {
+		t.Fatal(err)
+	}
+	m, err = e.store.Coordinate(ctx, "d", 0, nil, []int{20, 21})
+	if err != nil || fmt.Sprint(m.Live) != "[a b]" && fmt.Sprint(m.Live) != "[a b d]" || owned(m, "d") != 0 || !leaseOf(m, 20).Expired {
+		t.Fatalf("d leaving = live %v, d holds %d, %v", m.Live, owned(m, "d"), err)
+	}
+	if m, err = e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 3}, nil); err != nil || fmt.Sprint(m.Live) != "[a b]" {
+		t.Fatalf("after d left, a sees live %v, %v; want [a b]", m.Live, err)
+	}
+	// A relay whose heartbeat and leases ran out is no longer live, and its
+	// leases are takeable.
+	if _, err := e.store.Coordinate(ctx, "c", 100*time.Millisecond, []int{10}, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "c's heartbeat and lease to run out", func() bool {
+		m, err := e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 3}, nil)
+		return err == nil && fmt.Sprint(m.Live) == "[a b]" && leaseOf(m, 10).Owner == "c" && leaseOf(m, 10).Expired
+	})
 }
 
 // ExpireLeases passes every lease to another owner at a new generation,

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -32,6 +33,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("FetchRoutedTopics", s.fetchRoutedTopics)
 	t.Run("PerKeyOrder", s.perKeyOrder)
 	t.Run("ReplicasKeepKeyOrder", s.replicasKeepKeyOrder)
+	t.Run("RollingRestartSendsNothingTwice", s.rollingRestart)
 	t.Run("OutOfOrderCommitNotSkipped", s.outOfOrderCommit)
 	t.Run("BackoffThenDead", s.backoffThenDead)
 	t.Run("LongPublishErrorStored", s.longPublishError)
@@ -385,6 +387,17 @@ func (s *suite[TTx]) partitionMatchesGo(t *testing.T) {
 	}
 }
 
+// owned counts the partitions m shows owner holding.
+func owned(m postboxdriver.Membership, owner string) int {
+	n := 0
+	for _, l := range m.Leases {
+		if l.Owner == owner && !l.Expired {
+			n++
+		}
+	}
+	return n
+}
+
 func allPartitions() []int {
 	out := make([]int, 64)
 	for i := range out {
@@ -442,18 +455,18 @@ func (s *suite[TTx]) leasesExclusive(t *testing.T) {
 	if err != nil || len(b2) != 1 || b2[0].Generation <= a[0].Generation {
 		t.Fatalf("b after release = %v, %v; want a newer generation than %d", b2, err, a[0].Generation)
 	}
-	if _, err := e.store.Heartbeat(ctx, "relay-b", time.Minute); err != nil {
+	if _, err := e.store.Coordinate(ctx, "relay-b", time.Minute, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	live, err := e.store.Heartbeat(ctx, "relay-a", time.Minute)
-	if err != nil || fmt.Sprint(live) != "[relay-a relay-b]" {
-		t.Fatalf("live = %v, %v", live, err)
+	m, err := e.store.Coordinate(ctx, "relay-a", time.Minute, nil, nil)
+	if err != nil || fmt.Sprint(m.Live) != "[relay-a relay-b]" {
+		t.Fatalf("live = %v, %v", m.Live, err)
 	}
 	if err := e.store.Unregister(ctx, "relay-b"); err != nil {
 		t.Fatal(err)
 	}
-	if live, _ = e.store.Heartbeat(ctx, "relay-a", time.Minute); fmt.Sprint(live) != "[relay-a]" {
-		t.Fatalf("live after unregister = %v", live)
+	if m, _ = e.store.Coordinate(ctx, "relay-a", time.Minute, nil, nil); fmt.Sprint(m.Live) != "[relay-a]" {
+		t.Fatalf("live after unregister = %v", m.Live)
 	}
 }
 
@@ -709,6 +722,81 @@ func (s *suite[TTx]) replicasKeepKeyOrder(t *testing.T) {
 	checkOrder(t, rec.snapshot(), want)
 }
 
+// Relays joining and leaving one at a time under steady writes, as in a
+// rolling deploy, move partitions without sending anything twice: a
+// partition leaves a relay only after its batches in flight are marked,
+// and a stop releases what it holds once its last batch is marked. The
+// lease is long, so no partition passes on by expiry here.
+func (s *suite[TTx]) rollingRestart(t *testing.T) {
+	e := s.setup(t)
+	rec := &recorder{maxDelay: time.Millisecond}
+	cfg := postbox.Config{LeaseDuration: 20 * time.Second, PublishWindow: 32, BatchSize: 50}
+	writer := e.client(t, nil, postbox.Config{})
+	// The writes are never cut short by a cancelled context: one that
+	// committed but reported the cancellation would be missing from want.
+	var stop atomic.Bool
+	want := map[string]int{}
+	written := make(chan error, 1)
+	go func() {
+		ks := keys(30)
+		for i := 0; !stop.Load(); i++ {
+			var batch []postbox.Message
+			for _, k := range ks {
+				batch = append(batch, postbox.Message{Topic: "test.keyed", Key: k, Payload: fmt.Appendf(nil, "%d", i)})
+			}
+			if err := writer.Write(context.Background(), batch...); err != nil {
+				written <- err
+				return
+			}
+			for _, k := range ks {
+				want[k]++
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		written <- nil
+	}()
+	stopped := func(c *postbox.Client[TTx]) {
+		t.Helper()
+		sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer scancel()
+		if err := c.Stop(sctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	running := []*postbox.Client[TTx]{}
+	for range 2 {
+		c := e.client(t, rec, cfg)
+		start(t, c)
+		running = append(running, c)
+	}
+	// Each step: a new relay starts, takes its share, and the oldest
+	// stops, as a deploy replaces relays one by one.
+	for range 4 {
+		c := e.client(t, rec, cfg)
+		start(t, c)
+		eventually(t, 20*time.Second, "the new relay to publish", func() bool { return len(rec.snapshot()) > 0 })
+		time.Sleep(300 * time.Millisecond) // a share's worth of batches under the new membership
+		stopped(running[0])
+		running = append(running[1:], c)
+	}
+	stop.Store(true)
+	if err := <-written; err != nil {
+		t.Fatal(err)
+	}
+	e.drained(t)
+	acked := rec.snapshot()
+	seen := map[string]int{}
+	for _, env := range acked {
+		seen[env.ID]++
+	}
+	for id, n := range seen {
+		if n > 1 {
+			t.Errorf("message %s published %d times during the rolling restart, want once", id, n)
+		}
+	}
+	checkOrder(t, acked, want)
+}
+
 // Transaction A takes a lower seq but commits after B. The relay publishes
 // B first; A must still be published when it commits.
 func (s *suite[TTx]) outOfOrderCommit(t *testing.T) {
@@ -908,11 +996,11 @@ func (s *suite[TTx]) stopReleases(t *testing.T) {
 func (s *suite[TTx]) crashedRelayRecovered(t *testing.T) {
 	e := s.setup(t)
 	ctx := context.Background()
-	if _, err := e.store.Heartbeat(ctx, "crashed", 500*time.Millisecond); err != nil {
+	if _, err := e.store.Coordinate(ctx, "crashed", 500*time.Millisecond, allPartitions(), nil); err != nil {
 		t.Fatal(err)
 	}
-	if ls, err := e.store.AcquireLeases(ctx, "crashed", allPartitions(), 500*time.Millisecond); err != nil || len(ls) != 64 {
-		t.Fatalf("crashed relay leases: %d, %v", len(ls), err)
+	if m, err := e.store.Coordinate(ctx, "crashed", 500*time.Millisecond, allPartitions(), nil); err != nil || owned(m, "crashed") != 64 {
+		t.Fatalf("crashed relay leases: %d, %v", owned(m, "crashed"), err)
 	}
 	rec := &recorder{}
 	c := e.client(t, rec, postbox.Config{LeaseDuration: 600 * time.Millisecond})

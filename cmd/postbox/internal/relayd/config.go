@@ -108,6 +108,9 @@ type Stream struct {
 
 // Relay holds the relay's tuning; zero values take the library defaults.
 type Relay struct {
+	// ID names this process in leases, logs and metrics (the pod's name,
+	// say), followed by a random suffix per start; default a new UUID.
+	ID            string   `yaml:"id"`
 	BatchSize     int      `yaml:"batch_size"`
 	PublishWindow int      `yaml:"publish_window"`
 	Lanes         int      `yaml:"lanes"`
@@ -244,6 +247,9 @@ func (c *Config) applyEnv(getenv func(string) string) {
 			c.Databases[i].Prefix = v
 		}
 	}
+	if v := getenv("POSTBOX_RELAY_ID"); v != "" {
+		c.Relay.ID = v
+	}
 	if v := getenv("POSTBOX_NATS_URL"); v != "" {
 		c.NATS.URL = v
 	}
@@ -302,7 +308,7 @@ func (c *Config) withDefaults() {
 func (c *Config) clientConfig(db Database) *postbox.Config {
 	r := c.Relay
 	return (&postbox.Config{
-		Prefix: db.Prefix, Source: r.Source,
+		Prefix: db.Prefix, Source: r.Source, RelayID: r.ID,
 		BatchSize: r.BatchSize, PublishWindow: r.PublishWindow, Lanes: r.Lanes,
 		LeaseDuration: time.Duration(r.Lease), BatchDeadline: time.Duration(r.BatchDeadline),
 		BackoffBase: time.Duration(r.BackoffBase), BackoffMax: time.Duration(r.BackoffMax),

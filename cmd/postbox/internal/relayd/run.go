@@ -220,7 +220,19 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 		_ = sdb.Close()
 		return nil, err
 	}
-	pool, err := pgxpool.New(ctx, db.URL)
+	pcfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		return nil, err
+	}
+	// A connection for each lane, the coordinator, the idle probe, the
+	// maintenance pass and the admin API's reads, unless the URL says
+	// otherwise (pool_max_conns): with pgxpool's default of 4, the lanes
+	// alone would keep the coordinator waiting for a connection to renew
+	// the leases.
+	if !strings.Contains(db.URL, "pool_max_conns") {
+		pcfg.MaxConns = max(pcfg.MaxConns, int32(ccfg.Lanes)+4) //nolint:gosec // Lanes is at most 64
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, err
 	}
