@@ -105,6 +105,10 @@ func validateConsumer(consumer, messageID string) error {
 // ProcessTx records (consumer, messageID) in the caller's transaction tx
 // and runs fn with tx only if this is the first copy. It reports whether fn
 // ran. An error from fn is returned as is; the caller rolls tx back.
+//
+// A message that has a dead message for consumer counts as a copy: a late
+// copy of it runs nothing, and the dead message keeps its attempts and
+// failures until RequeueDead runs it again or DeleteDead removes it.
 func (in *Inbox[TTx]) ProcessTx(ctx context.Context, tx TTx, consumer, messageID string, fn func(ctx context.Context, tx TTx) error) (bool, error) {
 	if err := validateConsumer(consumer, messageID); err != nil {
 		return false, err
@@ -151,8 +155,10 @@ func (in *Inbox[TTx]) run(ctx context.Context, consumer string, d *Delivery, h H
 // Handle processes one delivery for consumer: begin, inbox, handler,
 // commit. On a handler error it counts the attempt outside the rolled-back
 // transaction and asks for a redelivery with backoff, or, once the budget
-// is spent, writes a dead message and asks for an ack. A store failure
-// counts nothing and asks for a redelivery.
+// is spent, writes a dead message and asks for an ack. A handler error
+// wrapped with Permanent writes the dead message at once; one wrapped with
+// RetryAfter asks for a redelivery after its delay, counted or not as it
+// says. A store failure counts nothing and asks for a redelivery.
 func (in *Inbox[TTx]) Handle(ctx context.Context, consumer string, d *Delivery, h Handler[TTx]) Verdict {
 	var end func(Verdict)
 	if in.cfg.Tracer != nil {
@@ -192,16 +198,25 @@ func (in *Inbox[TTx]) failed(ctx context.Context, consumer string, d *Delivery, 
 		// will never succeed: bury it at once.
 		return in.bury(ctx, consumer, d, he.err, postboxdriver.Attempts{Attempts: 1, FirstFailureAt: time.Now(), LastFailureAt: time.Now()})
 	}
-	msg := truncate(he.err.Error(), maxErrorBytes)
-	a, rerr := in.store.RecordFailure(ctx, consumer, d.ID, msg)
+	ra, retry := retryAfter(he.err)
+	if retry && !ra.Counted {
+		// The handler asks for a later delivery without spending an
+		// attempt: nothing is recorded.
+		return Verdict{Action: Retry, Delay: ra.Delay, Err: he.err}
+	}
+	a, rerr := in.store.RecordFailure(ctx, consumer, d.ID, errorText(he.err))
 	if rerr != nil {
 		in.log.Warn("postbox inbox: could not count a failed attempt; redelivering", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", rerr))
 		return Verdict{Action: Retry, Delay: inboxInfraRetryDelay, Err: he.err}
 	}
-	if a.Attempts >= in.cfg.MaxAttempts {
+	if a.Attempts >= in.cfg.MaxAttempts || IsPermanent(he.err) {
 		return in.bury(ctx, consumer, d, he.err, a)
 	}
-	return Verdict{Action: Retry, Delay: backoff(a.Attempts-1, in.cfg.BackoffBase, in.cfg.BackoffMax), Attempts: a.Attempts, Err: he.err}
+	delay := backoff(a.Attempts-1, in.cfg.BackoffBase, in.cfg.BackoffMax)
+	if retry {
+		delay = ra.Delay
+	}
+	return Verdict{Action: Retry, Delay: delay, Attempts: a.Attempts, Err: he.err}
 }
 
 func (in *Inbox[TTx]) bury(ctx context.Context, consumer string, d *Delivery, herr error, a postboxdriver.Attempts) Verdict {
@@ -212,20 +227,20 @@ func (in *Inbox[TTx]) bury(ctx context.Context, consumer string, d *Delivery, he
 	dm := DeadMessage{
 		Consumer: truncate(consumer, MaxConsumerNameBytes), ID: d.ID,
 		Topic: d.Topic, Key: d.Key, Payload: d.Payload, Headers: headers,
-		Error: truncate(herr.Error(), maxErrorBytes), Attempts: a.Attempts, FirstFailureAt: a.FirstFailureAt, LastFailureAt: a.LastFailureAt,
+		Error: errorText(herr), Attempts: a.Attempts, FirstFailureAt: a.FirstFailureAt, LastFailureAt: a.LastFailureAt,
 	}
 	if validateConsumer("-", d.ID) != nil {
 		// An id the inbox cannot record (empty, too long, not text) gets a
 		// name of its own, so that two such dead messages never overwrite
 		// each other; the error keeps what the id was.
 		dm.ID = "invalid-id:" + NewID()
-		dm.Error = truncate(fmt.Sprintf("%s (delivered with id %q)", dm.Error, truncate(d.ID, 64)), maxErrorBytes)
+		dm.Error = errorText(fmt.Errorf("%s (delivered with id %q)", dm.Error, truncate(d.ID, 64)))
 	}
 	if err := in.store.BuryConsumerDead(ctx, dm); err != nil {
 		in.log.Warn("postbox inbox: could not write a dead message; redelivering", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", err))
 		return Verdict{Action: Retry, Delay: inboxInfraRetryDelay, Attempts: a.Attempts, Err: herr}
 	}
-	in.log.Warn("postbox inbox: message dead-lettered after its budget", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Int("attempts", a.Attempts), slog.Any("error", herr))
+	in.log.Warn("postbox inbox: message dead-lettered: its budget is spent or its failure is permanent", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Int("attempts", a.Attempts), slog.Any("error", herr))
 	return Verdict{Action: DeadLettered, Attempts: a.Attempts, Err: herr}
 }
 

@@ -37,6 +37,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("InfrastructureErrorSpendsNoAttempt", s.infraSpendsNoAttempt)
 	t.Run("StopReleasesLeases", s.stopReleases)
 	t.Run("CrashedRelayRecovered", s.crashedRelayRecovered)
+	t.Run("Failures", s.runFailures)
 	t.Run("Executor", s.runExecutor)
 	t.Run("Admin", s.runAdmin)
 	t.Run("Inbox", s.runInbox)
