@@ -113,6 +113,9 @@ func (in *Inbox[TTx]) ProcessTx(ctx context.Context, tx TTx, consumer, messageID
 	if err := validateConsumer(consumer, messageID); err != nil {
 		return false, err
 	}
+	if isNil(tx) {
+		return false, invalid("tx", "", "is nil: ProcessTx runs in the caller's open transaction")
+	}
 	first, err := in.store.UnwrapExecutor(tx).InboxInsert(ctx, consumer, messageID)
 	if err != nil {
 		return false, fmt.Errorf("postbox: inbox: %w", err)
