@@ -116,6 +116,9 @@ func (c *Client[TTx]) rows(ctx context.Context, msgs []Message) ([]postboxdriver
 		if err := m.validate(i, c.cfg.MaxPayloadBytes); err != nil {
 			return nil, err
 		}
+		if err := m.checkTrace(i, trace); err != nil {
+			return nil, err
+		}
 		if m.ID != "" {
 			if ids == nil {
 				ids = make(map[string]int)

@@ -157,6 +157,38 @@ func (m *Message) validate(i, maxPayload int) error {
 	return nil
 }
 
+// checkTrace checks the headers m stores once the writer's trace context
+// is added to its own, against the rules its own headers meet: the
+// database holds every row to them (the table contract), so a tracer that
+// broke them would fail the caller's transaction.
+func (m *Message) checkTrace(i int, trace map[string]string) error {
+	if len(trace) == 0 {
+		return nil
+	}
+	field := fmt.Sprintf("messages[%d].headers", i)
+	n, total := len(m.Headers), 0
+	for name, value := range m.Headers {
+		total += len(name) + len(value)
+	}
+	for _, name := range slices.Sorted(maps.Keys(trace)) {
+		if _, own := m.Headers[name]; own {
+			continue // the message's own value wins
+		}
+		n++
+		total += len(name) + len(trace[name])
+		if err := validateHeader(name, trace[name]); err != nil {
+			return invalid(field, name, "the tracer's trace context: %s", err)
+		}
+	}
+	if n > MaxHeaders {
+		return invalid(field, "", "has %d entries with the tracer's trace context, over the limit of %d", n, MaxHeaders)
+	}
+	if total > MaxHeadersBytes {
+		return invalid(field, "", "total %d bytes with the tracer's trace context, over the limit of %d", total, MaxHeadersBytes)
+	}
+	return nil
+}
+
 func validateHeader(name, value string) error {
 	if name == "" || len(name) > MaxHeaderNameBytes {
 		return fmt.Errorf("header name must be 1 to %d bytes", MaxHeaderNameBytes)

@@ -21,6 +21,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("MigrateIdempotent", s.migrateIdempotent)
 	t.Run("RollbackWritesNothing", s.rollbackWritesNothing)
 	t.Run("BadInputWritesNothing", s.badInputWritesNothing)
+	t.Run("TableContractRules", s.tableContractRules)
 	t.Run("SQLInjection", s.sqlInjection)
 	t.Run("PartitionMatchesGo", s.partitionMatchesGo)
 	t.Run("LeasesExclusive", s.leasesExclusive)
