@@ -327,26 +327,95 @@ func (in *Inbox[TTx]) RequeueDead(ctx context.Context, consumer, messageID strin
 type PruneResult struct {
 	Inbox int // inbox records
 	Dead  int // consumers' dead messages
+	// Busy reports that another process was pruning the same tables: this
+	// pass deleted nothing and left the work to it.
+	Busy bool
 }
+
+// The inbox retention runs under a claim in the database, so that one
+// process at a time prunes however many consumers share the tables.
+const (
+	pruneTask = "inbox-prune"
+	// pruneClaim is how long a claim lasts; it is renewed before every
+	// batch, and each batch must end within it.
+	pruneClaim = 30 * time.Second
+	// releaseBudget bounds the release of the claim once a pass ends.
+	releaseBudget = 5 * time.Second
+)
+
+// errClaimLost stops a pass whose claim another process took over after it
+// expired.
+var errClaimLost = errors.New("the claim on the inbox retention passed to another process")
 
 // Prune deletes inbox records older than InboxRetention and consumers'
 // dead messages older than DeadRetention, in batches of PruneBatch, until
 // none are left or ctx ends. A negative retention deletes nothing.
+//
+// One process at a time prunes: a pass claims the task in the database
+// first (renewed before each batch, each batch bounded by the claim), and
+// a pass that finds another process's claim deletes nothing and reports
+// Busy.
 func (in *Inbox[TTx]) Prune(ctx context.Context) (PruneResult, error) {
 	var res PruneResult
+	if in.cfg.InboxRetention < 0 && in.cfg.DeadRetention < 0 {
+		return res, nil
+	}
+	// One claim per pass: an owner of its own, so that two passes of one
+	// process exclude each other too.
+	owner := "inbox-" + NewID()
+	var until time.Time
+	claim := func(ctx context.Context) error {
+		start := time.Now()
+		ok, err := in.store.ClaimMaintenance(ctx, pruneTask, owner, pruneClaim)
+		switch {
+		case err != nil:
+			return fmt.Errorf("postbox: prune: claim: %w", err)
+		case !ok:
+			return errClaimLost
+		}
+		// Ends before the claim does on the database clock: the claim
+		// started no earlier than start.
+		until = start.Add(pruneClaim * 9 / 10)
+		return nil
+	}
+	if err := claim(ctx); err != nil {
+		if errors.Is(err, errClaimLost) {
+			res.Busy = true
+			return res, nil
+		}
+		return res, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBudget)
+		defer cancel()
+		if err := in.store.ReleaseMaintenance(rctx, pruneTask, owner); err != nil {
+			in.log.Warn("postbox inbox: could not release the retention claim; it expires on its own", slog.Any("error", err))
+		}
+	}()
+	// Each batch renews the claim first and ends within it.
+	batch := func(del func(ctx context.Context) (int, error)) func(ctx context.Context) (int, error) {
+		return func(ctx context.Context) (int, error) {
+			if err := claim(ctx); err != nil {
+				return 0, err
+			}
+			bctx, cancel := context.WithDeadline(ctx, until)
+			defer cancel()
+			return del(bctx)
+		}
+	}
 	var err error
 	if in.cfg.InboxRetention >= 0 {
-		res.Inbox, err = prune(ctx, 0, in.cfg.PruneBatch, func(ctx context.Context) (int, error) {
+		res.Inbox, err = prune(ctx, 0, in.cfg.PruneBatch, batch(func(ctx context.Context) (int, error) {
 			return in.store.PruneInbox(ctx, in.cfg.InboxRetention, in.cfg.PruneBatch)
-		})
+		}))
 		if err != nil {
 			return res, fmt.Errorf("postbox: prune inbox: %w", err)
 		}
 	}
 	if in.cfg.DeadRetention >= 0 {
-		res.Dead, err = prune(ctx, 0, in.cfg.PruneBatch, func(ctx context.Context) (int, error) {
+		res.Dead, err = prune(ctx, 0, in.cfg.PruneBatch, batch(func(ctx context.Context) (int, error) {
 			return in.store.PruneConsumerDead(ctx, in.cfg.DeadRetention, in.cfg.PruneBatch)
-		})
+		}))
 		if err != nil {
 			return res, fmt.Errorf("postbox: prune consumer dead messages: %w", err)
 		}

@@ -80,6 +80,15 @@ type Executor interface {
 	// that holds a snapshot, if any. Databases without such a horizon
 	// (SQLite) report none.
 	OldestSnapshot(ctx context.Context) (Snapshot, bool, error)
+	// ClaimMaintenance takes or renews the claim on a maintenance task
+	// (such as "inbox-prune") for owner until now()+ttl on the database
+	// clock, and reports whether owner holds it: a task is taken when it is
+	// free, expired or already owner's. Of any number of processes
+	// claiming a task at once, at most one holds it while its claim lasts.
+	ClaimMaintenance(ctx context.Context, task, owner string, ttl time.Duration) (bool, error)
+	// ReleaseMaintenance frees owner's claim on task, so another process
+	// may take it at once. A claim owner does not hold is left alone.
+	ReleaseMaintenance(ctx context.Context, task, owner string) error
 	// DurabilityWarnings says when the database may lose a committed
 	// transaction (PostgreSQL with synchronous_commit = off, SQLite below
 	// synchronous=FULL): a row the relay published could then vanish in a
@@ -137,7 +146,8 @@ type Executor interface {
 	// transaction, so the count survives its rollback.
 	RecordFailure(ctx context.Context, consumer, messageID, errText string) (Attempts, error)
 	// PruneInbox deletes at most limit inbox records (and attempt counts)
-	// older than age, and returns how many.
+	// older than age, and returns how many. The inbox runs it under the
+	// "inbox-prune" claim (ClaimMaintenance), one process at a time.
 	PruneInbox(ctx context.Context, age time.Duration, limit int) (int, error)
 
 	// Dead messages of consumers.

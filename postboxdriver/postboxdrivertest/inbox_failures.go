@@ -3,6 +3,7 @@ package postboxdrivertest
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ func (s *suite[TTx]) runInboxFailures(t *testing.T) {
 	t.Run("PermanentDeadAtOnce", s.inboxPermanent)
 	t.Run("RetryAfter", s.inboxRetryAfter)
 	t.Run("LateCopyOfDeadMessage", s.inboxLateCopyOfDead)
+	t.Run("PruneOneAtATime", s.inboxPruneOneAtATime)
 }
 
 func (s *suite[TTx]) inboxPermanent(t *testing.T) {
@@ -144,5 +146,86 @@ func (s *suite[TTx]) inboxLateCopyOfDead(t *testing.T) {
 	}
 	if runs.Load() != 2 || ie.effects(t) != 2 {
 		t.Fatalf("runs = %d, effects = %d; want 2 (shipping, and billing's requeue)", runs.Load(), ie.effects(t))
+	}
+}
+
+// inboxPruneOneAtATime: three consumer processes prune the same tables at
+// once. One at a time holds the claim: while another process holds it, a
+// pass deletes nothing and says so; together they delete every old record
+// exactly once.
+func (s *suite[TTx]) inboxPruneOneAtATime(t *testing.T) {
+	ie := s.inboxSetup(t, postbox.Config{PruneBatch: 7, MaxAttempts: 1})
+	ctx := context.Background()
+	inboxes := []*postbox.Inbox[TTx]{ie.inbox}
+	for range 2 {
+		c := ie.env.client(t, nil, postbox.Config{PruneBatch: 7, MaxAttempts: 1})
+		inboxes = append(inboxes, c.Inbox())
+	}
+	for i := range 30 {
+		in := inboxes[i%3]
+		if v := in.Handle(ctx, []string{"billing", "shipping", "audit"}[i%3], delivery(postbox.NewID()), ie.effect); v.Action != postbox.Ack {
+			t.Fatal(v)
+		}
+	}
+	for range 4 {
+		if v := ie.inbox.Handle(ctx, "billing", delivery(postbox.NewID()), func(context.Context, TTx, *postbox.Delivery) error { return errors.New("x") }); v.Action != postbox.DeadLettered {
+			t.Fatal(v)
+		}
+	}
+	s.h.Backdate(t, ie.d, ie.prefix, "inbox", "received_at", 9*24*time.Hour)
+	s.h.Backdate(t, ie.d, ie.prefix, "consumer_dead", "dead_at", 31*24*time.Hour)
+
+	// Another process holds the claim: every pass stands aside.
+	if ok, err := ie.store.ClaimMaintenance(ctx, "inbox-prune", "elsewhere", time.Minute); err != nil || !ok {
+		t.Fatalf("claim = %v, %v", ok, err)
+	}
+	for i, in := range inboxes {
+		res, err := in.Prune(ctx)
+		if err != nil || !res.Busy || res.Inbox+res.Dead != 0 {
+			t.Fatalf("inbox %d while another holds the claim: %+v, %v; want busy, nothing deleted", i, res, err)
+		}
+	}
+	if err := ie.store.ReleaseMaintenance(ctx, "inbox-prune", "elsewhere"); err != nil {
+		t.Fatal(err)
+	}
+
+	// All three at once: together they delete everything once.
+	results := make([]postbox.PruneResult, 3)
+	errs := make([]error, 3)
+	var ready, wg sync.WaitGroup
+	ready.Add(3)
+	startLine := make(chan struct{})
+	for i, in := range inboxes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ready.Done()
+			<-startLine
+			results[i], errs[i] = in.Prune(ctx)
+		}()
+	}
+	ready.Wait()
+	close(startLine)
+	wg.Wait()
+	var inbox, dead int
+	for i := range results {
+		if errs[i] != nil {
+			t.Fatalf("inbox %d: %v", i, errs[i])
+		}
+		if results[i].Busy && results[i].Inbox+results[i].Dead != 0 {
+			t.Fatalf("inbox %d: busy but deleted %+v", i, results[i])
+		}
+		inbox += results[i].Inbox
+		dead += results[i].Dead
+	}
+	if inbox != 30 || dead != 4 {
+		t.Fatalf("three passes at once deleted %d inbox records and %d dead messages (%+v); want 30 and 4, each once", inbox, dead, results)
+	}
+	// A claim left by a process that died expires: the next pass takes it.
+	if ok, err := ie.store.ClaimMaintenance(ctx, "inbox-prune", "crashed", 0); err != nil || !ok {
+		t.Fatalf("claim = %v, %v", ok, err)
+	}
+	if res, err := ie.inbox.Prune(ctx); err != nil || res.Busy {
+		t.Fatalf("prune after an expired claim = %+v, %v", res, err)
 	}
 }
