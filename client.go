@@ -2,8 +2,10 @@ package postbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"sync"
 	"time"
@@ -128,13 +130,19 @@ func (c *Client[TTx]) rows(ctx context.Context, msgs []Message) ([]postboxdriver
 			}
 			ids[m.ID] = i
 		}
+		id := m.ID
+		if id == "" {
+			id = NewID()
+		}
+		h := storedHeaders(m, c.cfg.Source, now, trace)
 		if len(c.routes) > 0 {
 			pub := c.routes.route(m.Topic)
 			if pub == nil {
 				return nil, invalid(fmt.Sprintf("messages[%d].topic", i), m.Topic, "matches no route: no relay of this client would publish it")
 			}
 			if mc, ok := pub.(MessageChecker); ok {
-				if err := mc.CheckMessage(m.Topic, m.Headers); err != nil {
+				env := newEnvelope(id, m.Topic, m.Key, m.Payload, maps.Clone(h), c.cfg.Source, now, 1)
+				if err := mc.CheckMessage(env); err != nil {
 					return nil, &ValidationError{Field: fmt.Sprintf("messages[%d]", i), Value: truncate(m.Topic, 64), Reason: "its publisher refuses it: " + err.Error()}
 				}
 			}
@@ -151,15 +159,11 @@ func (c *Client[TTx]) rows(ctx context.Context, msgs []Message) ([]postboxdriver
 				return nil, &ValidationError{Field: fmt.Sprintf("messages[%d].payload", i), Reason: err.Error()}
 			}
 		}
-		id := m.ID
-		if id == "" {
-			id = NewID()
-		}
-		h, err := encodeHeaders(m, c.cfg.Source, now, trace)
+		stored, err := json.Marshal(h)
 		if err != nil {
 			return nil, err
 		}
-		rows[i] = postboxdriver.Row{ID: id, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Headers: h}
+		rows[i] = postboxdriver.Row{ID: id, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Headers: stored}
 	}
 	return rows, nil
 }

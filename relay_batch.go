@@ -204,22 +204,7 @@ func (r *relay) envelope(rec *postboxdriver.Record) (*Envelope, error) {
 		// strings.
 		return nil, Permanent(err)
 	}
-	h[HeaderSpecVersion] = "1.0"
-	h[HeaderID] = rec.ID
-	h[HeaderType] = rec.Topic
-	if h[HeaderSource] == "" {
-		h[HeaderSource] = r.cfg.Source
-	}
-	if h[HeaderTime] == "" {
-		h[HeaderTime] = rec.CreatedAt.UTC().Format(time.RFC3339Nano)
-	}
-	if rec.Key != "" {
-		h[HeaderPartitionKey] = rec.Key
-	}
-	return &Envelope{
-		ID: rec.ID, Topic: rec.Topic, Key: rec.Key, Payload: rec.Payload, Headers: h,
-		CreatedAt: rec.CreatedAt, Attempt: rec.Attempts + 1,
-	}, nil
+	return newEnvelope(rec.ID, rec.Topic, rec.Key, rec.Payload, h, r.cfg.Source, rec.CreatedAt, rec.Attempts+1), nil
 }
 
 // failure is the record of a message failure: dead at once when it is
