@@ -303,7 +303,7 @@ func TestMessageFailuresBeforeSending(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if c.want == postboxwebhook.ErrNoDestination {
+			if errors.Is(c.want, postboxwebhook.ErrNoDestination) {
 				// Destinations are configuration: a message failure,
 				// retried, so that a fixed configuration delivers it.
 				mustMessage(t, publish(t, p, context.Background(), c.env), c.want)
