@@ -45,6 +45,9 @@ func jsonObject(t *testing.T, h map[string]string) string {
 // rules: every one fails in the writer's statement with an error naming
 // the rule, and writes nothing. The largest message Go accepts passes.
 func (s *suite[TTx]) tableContractRules(t *testing.T) {
+	if s.h.Exec == nil {
+		t.Fatal("Harness.Exec is not set: the suite inserts rows with the dialect's own SQL")
+	}
 	e := s.setup(t)
 	ctx := context.Background()
 	many := func(n, valueLen int) map[string]string {
