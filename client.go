@@ -2,8 +2,11 @@ package postbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"reflect"
 	"sync"
 	"time"
 
@@ -66,7 +69,14 @@ func (c *Client[TTx]) Admin() *Admin { return c.admin }
 // is the insert order: two transactions writing one key at the same time
 // have none, so serialize writers of a key (lock the entity's row in the
 // same transaction) when its order matters.
+//
+// A nil tx, and two messages with one id, are refused with a
+// *ValidationError before any statement runs, so the caller's transaction
+// stays usable.
 func (c *Client[TTx]) WriteTx(ctx context.Context, tx TTx, msgs ...Message) error {
+	if isNil(tx) {
+		return invalid("tx", "", "is nil: WriteTx writes in the caller's open transaction")
+	}
 	rows, err := c.rows(ctx, msgs)
 	if err != nil || len(rows) == 0 {
 		return err
@@ -102,18 +112,37 @@ func (c *Client[TTx]) rows(ctx context.Context, msgs []Message) ([]postboxdriver
 		c.cfg.Tracer.Inject(ctx, trace)
 	}
 	rows := make([]postboxdriver.Row, len(msgs))
+	var ids map[string]int // the ids the writer set, to refuse one given twice
 	for i := range msgs {
 		m := &msgs[i]
 		if err := m.validate(i, c.cfg.MaxPayloadBytes); err != nil {
 			return nil, err
 		}
+		if err := m.checkTrace(i, trace); err != nil {
+			return nil, err
+		}
+		if m.ID != "" {
+			if ids == nil {
+				ids = make(map[string]int)
+			}
+			if j, ok := ids[m.ID]; ok {
+				return nil, invalid(fmt.Sprintf("messages[%d].id", i), m.ID, "is the id of messages[%d]: one write holds an id once", j)
+			}
+			ids[m.ID] = i
+		}
+		id := m.ID
+		if id == "" {
+			id = NewID()
+		}
+		h := storedHeaders(m, c.cfg.Source, now, trace)
 		if len(c.routes) > 0 {
 			pub := c.routes.route(m.Topic)
 			if pub == nil {
 				return nil, invalid(fmt.Sprintf("messages[%d].topic", i), m.Topic, "matches no route: no relay of this client would publish it")
 			}
 			if mc, ok := pub.(MessageChecker); ok {
-				if err := mc.CheckMessage(m.Topic, m.Headers); err != nil {
+				env := newEnvelope(id, m.Topic, m.Key, m.Payload, maps.Clone(h), c.cfg.Source, now, 1)
+				if err := mc.CheckMessage(env); err != nil {
 					return nil, &ValidationError{Field: fmt.Sprintf("messages[%d]", i), Value: truncate(m.Topic, 64), Reason: "its publisher refuses it: " + err.Error()}
 				}
 			}
@@ -130,17 +159,26 @@ func (c *Client[TTx]) rows(ctx context.Context, msgs []Message) ([]postboxdriver
 				return nil, &ValidationError{Field: fmt.Sprintf("messages[%d].payload", i), Reason: err.Error()}
 			}
 		}
-		id := m.ID
-		if id == "" {
-			id = NewID()
-		}
-		h, err := encodeHeaders(m, c.cfg.Source, now, trace)
+		stored, err := json.Marshal(h)
 		if err != nil {
 			return nil, err
 		}
-		rows[i] = postboxdriver.Row{ID: id, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Headers: h}
+		rows[i] = postboxdriver.Row{ID: id, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Headers: stored}
 	}
 	return rows, nil
+}
+
+// isNil reports whether v, a transaction of the driver's type, is nil: a
+// nil interface (pgx.Tx) or a nil pointer (*sql.Tx).
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
 }
 
 func (c *Client[TTx]) notify() {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/postbox-go/postbox/internal/printable"
 )
@@ -24,6 +25,16 @@ const maxErrorBytes = 2000
 
 // truncate cuts s to at most n bytes on a character boundary.
 func truncate(s string, n int) string { return printable.Cut(s, n) }
+
+// errorText is err's message as it is stored with a failed or dead
+// message: valid UTF-8 without NUL (which PostgreSQL's text refuses, and
+// with it the whole statement recording a batch's failures), at most
+// maxErrorBytes, never cut inside a character.
+func errorText(err error) string {
+	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	return printable.Cut(s, maxErrorBytes)
+}
 
 // ValidationError reports one bad input: a message field, a config field,
 // a topic. Nothing is written when one is returned.
@@ -85,8 +96,91 @@ func NewMessageError(err error) error { return &MessageError{Err: err} }
 func (e *MessageError) Error() string { return e.Err.Error() }
 func (e *MessageError) Unwrap() error { return e.Err }
 
-// IsMessageError reports whether err is (or wraps) a message failure.
+// IsMessageError reports whether err is (or wraps) a message failure: a
+// MessageError, a permanent failure (Permanent) or a counted retry-after
+// (RetryAfter with counted set).
 func IsMessageError(err error) bool {
 	var me *MessageError
-	return errors.As(err, &me)
+	if errors.As(err, &me) || IsPermanent(err) {
+		return true
+	}
+	var ra *RetryAfterError
+	return errors.As(err, &ra) && ra.Counted
+}
+
+// PermanentError marks a failure that no retry can cure: a payload above
+// the broker's maximum, a header the broker refuses, a message the handler
+// can never apply. Permanent makes one.
+type PermanentError struct {
+	Err error
+}
+
+// Permanent wraps err as a permanent failure, or returns nil for nil.
+//
+// A publisher returning it (to the relay's done) sends the message to the
+// dead messages at once, spending one attempt instead of the whole budget
+// and holding back its key for no backoff. A handler returning it (to
+// Inbox.Handle, Processor, BatchProcessor) makes a consumer dead message at
+// once, with no redelivery. Either way the message waits there for an
+// operator to requeue or delete it (docs/design.md §4).
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+func (e *PermanentError) Error() string { return e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// IsPermanent reports whether err is (or wraps) a permanent failure.
+func IsPermanent(err error) bool {
+	var pe *PermanentError
+	return errors.As(err, &pe)
+}
+
+// RetryAfterError is a failure that names when to try again. RetryAfter
+// makes one.
+type RetryAfterError struct {
+	Err error
+	// Delay is how long to wait before the next attempt; never negative.
+	Delay time.Duration
+	// Counted says whether the failure spends one of the message's
+	// attempts (MaxAttempts).
+	Counted bool
+}
+
+// RetryAfter wraps err as a failure to try again after delay (a negative
+// delay counts as 0), or returns nil for nil. counted says whether it
+// spends one of the message's attempts.
+//
+// From a handler (Inbox): the delivery is redelivered after delay, instead
+// of after the backoff. Counted, the attempt is recorded and the failure
+// that spends the budget makes a dead message as any other; uncounted,
+// nothing is recorded and the handler's budget stays as it was, so a
+// handler that always asks for an uncounted retry is retried for ever.
+//
+// From a publisher (the relay): counted, it is a message failure whose
+// backoff is delay, and the message's key waits behind it; uncounted, it
+// is an infrastructure failure, spending no attempt: the relay pauses the
+// lane by its own infrastructure backoff (50 ms doubling up to 10 s), not
+// by delay, and the message stays first in line.
+func RetryAfter(err error, delay time.Duration, counted bool) error {
+	if err == nil {
+		return nil
+	}
+	return &RetryAfterError{Err: err, Delay: max(delay, 0), Counted: counted}
+}
+
+func (e *RetryAfterError) Error() string { return e.Err.Error() }
+func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+// retryAfter returns the retry-after err carries, if any, unless err is
+// also permanent (a permanent failure is never retried).
+func retryAfter(err error) (*RetryAfterError, bool) {
+	var ra *RetryAfterError
+	if IsPermanent(err) || !errors.As(err, &ra) {
+		return nil, false
+	}
+	return ra, true
 }

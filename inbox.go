@@ -105,9 +105,16 @@ func validateConsumer(consumer, messageID string) error {
 // ProcessTx records (consumer, messageID) in the caller's transaction tx
 // and runs fn with tx only if this is the first copy. It reports whether fn
 // ran. An error from fn is returned as is; the caller rolls tx back.
+//
+// A message that has a dead message for consumer counts as a copy: a late
+// copy of it runs nothing, and the dead message keeps its attempts and
+// failures until RequeueDead runs it again or DeleteDead removes it.
 func (in *Inbox[TTx]) ProcessTx(ctx context.Context, tx TTx, consumer, messageID string, fn func(ctx context.Context, tx TTx) error) (bool, error) {
 	if err := validateConsumer(consumer, messageID); err != nil {
 		return false, err
+	}
+	if isNil(tx) {
+		return false, invalid("tx", "", "is nil: ProcessTx runs in the caller's open transaction")
 	}
 	first, err := in.store.UnwrapExecutor(tx).InboxInsert(ctx, consumer, messageID)
 	if err != nil {
@@ -151,8 +158,10 @@ func (in *Inbox[TTx]) run(ctx context.Context, consumer string, d *Delivery, h H
 // Handle processes one delivery for consumer: begin, inbox, handler,
 // commit. On a handler error it counts the attempt outside the rolled-back
 // transaction and asks for a redelivery with backoff, or, once the budget
-// is spent, writes a dead message and asks for an ack. A store failure
-// counts nothing and asks for a redelivery.
+// is spent, writes a dead message and asks for an ack. A handler error
+// wrapped with Permanent writes the dead message at once; one wrapped with
+// RetryAfter asks for a redelivery after its delay, counted or not as it
+// says. A store failure counts nothing and asks for a redelivery.
 func (in *Inbox[TTx]) Handle(ctx context.Context, consumer string, d *Delivery, h Handler[TTx]) Verdict {
 	var end func(Verdict)
 	if in.cfg.Tracer != nil {
@@ -192,16 +201,25 @@ func (in *Inbox[TTx]) failed(ctx context.Context, consumer string, d *Delivery, 
 		// will never succeed: bury it at once.
 		return in.bury(ctx, consumer, d, he.err, postboxdriver.Attempts{Attempts: 1, FirstFailureAt: time.Now(), LastFailureAt: time.Now()})
 	}
-	msg := truncate(he.err.Error(), maxErrorBytes)
-	a, rerr := in.store.RecordFailure(ctx, consumer, d.ID, msg)
+	ra, retry := retryAfter(he.err)
+	if retry && !ra.Counted {
+		// The handler asks for a later delivery without spending an
+		// attempt: nothing is recorded.
+		return Verdict{Action: Retry, Delay: ra.Delay, Err: he.err}
+	}
+	a, rerr := in.store.RecordFailure(ctx, consumer, d.ID, errorText(he.err))
 	if rerr != nil {
 		in.log.Warn("postbox inbox: could not count a failed attempt; redelivering", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", rerr))
 		return Verdict{Action: Retry, Delay: inboxInfraRetryDelay, Err: he.err}
 	}
-	if a.Attempts >= in.cfg.MaxAttempts {
+	if a.Attempts >= in.cfg.MaxAttempts || IsPermanent(he.err) {
 		return in.bury(ctx, consumer, d, he.err, a)
 	}
-	return Verdict{Action: Retry, Delay: backoff(a.Attempts-1, in.cfg.BackoffBase, in.cfg.BackoffMax), Attempts: a.Attempts, Err: he.err}
+	delay := backoff(a.Attempts-1, in.cfg.BackoffBase, in.cfg.BackoffMax)
+	if retry {
+		delay = ra.Delay
+	}
+	return Verdict{Action: Retry, Delay: delay, Attempts: a.Attempts, Err: he.err}
 }
 
 func (in *Inbox[TTx]) bury(ctx context.Context, consumer string, d *Delivery, herr error, a postboxdriver.Attempts) Verdict {
@@ -212,20 +230,20 @@ func (in *Inbox[TTx]) bury(ctx context.Context, consumer string, d *Delivery, he
 	dm := DeadMessage{
 		Consumer: truncate(consumer, MaxConsumerNameBytes), ID: d.ID,
 		Topic: d.Topic, Key: d.Key, Payload: d.Payload, Headers: headers,
-		Error: truncate(herr.Error(), maxErrorBytes), Attempts: a.Attempts, FirstFailureAt: a.FirstFailureAt, LastFailureAt: a.LastFailureAt,
+		Error: errorText(herr), Attempts: a.Attempts, FirstFailureAt: a.FirstFailureAt, LastFailureAt: a.LastFailureAt,
 	}
 	if validateConsumer("-", d.ID) != nil {
 		// An id the inbox cannot record (empty, too long, not text) gets a
 		// name of its own, so that two such dead messages never overwrite
 		// each other; the error keeps what the id was.
 		dm.ID = "invalid-id:" + NewID()
-		dm.Error = truncate(fmt.Sprintf("%s (delivered with id %q)", dm.Error, truncate(d.ID, 64)), maxErrorBytes)
+		dm.Error = errorText(fmt.Errorf("%s (delivered with id %q)", dm.Error, truncate(d.ID, 64)))
 	}
 	if err := in.store.BuryConsumerDead(ctx, dm); err != nil {
 		in.log.Warn("postbox inbox: could not write a dead message; redelivering", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", err))
 		return Verdict{Action: Retry, Delay: inboxInfraRetryDelay, Attempts: a.Attempts, Err: herr}
 	}
-	in.log.Warn("postbox inbox: message dead-lettered after its budget", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Int("attempts", a.Attempts), slog.Any("error", herr))
+	in.log.Warn("postbox inbox: message dead-lettered: its budget is spent or its failure is permanent", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Int("attempts", a.Attempts), slog.Any("error", herr))
 	return Verdict{Action: DeadLettered, Attempts: a.Attempts, Err: herr}
 }
 
@@ -309,26 +327,95 @@ func (in *Inbox[TTx]) RequeueDead(ctx context.Context, consumer, messageID strin
 type PruneResult struct {
 	Inbox int // inbox records
 	Dead  int // consumers' dead messages
+	// Busy reports that another process was pruning the same tables: this
+	// pass deleted nothing and left the work to it.
+	Busy bool
 }
+
+// The inbox retention runs under a claim in the database, so that one
+// process at a time prunes however many consumers share the tables.
+const (
+	pruneTask = "inbox-prune"
+	// pruneClaim is how long a claim lasts; it is renewed before every
+	// batch, and each batch must end within it.
+	pruneClaim = 30 * time.Second
+	// releaseBudget bounds the release of the claim once a pass ends.
+	releaseBudget = 5 * time.Second
+)
+
+// errClaimLost stops a pass whose claim another process took over after it
+// expired.
+var errClaimLost = errors.New("the claim on the inbox retention passed to another process")
 
 // Prune deletes inbox records older than InboxRetention and consumers'
 // dead messages older than DeadRetention, in batches of PruneBatch, until
 // none are left or ctx ends. A negative retention deletes nothing.
+//
+// One process at a time prunes: a pass claims the task in the database
+// first (renewed before each batch, each batch bounded by the claim), and
+// a pass that finds another process's claim deletes nothing and reports
+// Busy.
 func (in *Inbox[TTx]) Prune(ctx context.Context) (PruneResult, error) {
 	var res PruneResult
+	if in.cfg.InboxRetention < 0 && in.cfg.DeadRetention < 0 {
+		return res, nil
+	}
+	// One claim per pass: an owner of its own, so that two passes of one
+	// process exclude each other too.
+	owner := "inbox-" + NewID()
+	var until time.Time
+	claim := func(ctx context.Context) error {
+		start := time.Now()
+		ok, err := in.store.ClaimMaintenance(ctx, pruneTask, owner, pruneClaim)
+		switch {
+		case err != nil:
+			return fmt.Errorf("postbox: prune: claim: %w", err)
+		case !ok:
+			return errClaimLost
+		}
+		// Ends before the claim does on the database clock: the claim
+		// started no earlier than start.
+		until = start.Add(pruneClaim * 9 / 10)
+		return nil
+	}
+	if err := claim(ctx); err != nil {
+		if errors.Is(err, errClaimLost) {
+			res.Busy = true
+			return res, nil
+		}
+		return res, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBudget)
+		defer cancel()
+		if err := in.store.ReleaseMaintenance(rctx, pruneTask, owner); err != nil {
+			in.log.Warn("postbox inbox: could not release the retention claim; it expires on its own", slog.Any("error", err))
+		}
+	}()
+	// Each batch renews the claim first and ends within it.
+	batch := func(del func(ctx context.Context) (int, error)) func(ctx context.Context) (int, error) {
+		return func(ctx context.Context) (int, error) {
+			if err := claim(ctx); err != nil {
+				return 0, err
+			}
+			bctx, cancel := context.WithDeadline(ctx, until)
+			defer cancel()
+			return del(bctx)
+		}
+	}
 	var err error
 	if in.cfg.InboxRetention >= 0 {
-		res.Inbox, err = prune(ctx, 0, in.cfg.PruneBatch, func(ctx context.Context) (int, error) {
+		res.Inbox, err = prune(ctx, 0, in.cfg.PruneBatch, batch(func(ctx context.Context) (int, error) {
 			return in.store.PruneInbox(ctx, in.cfg.InboxRetention, in.cfg.PruneBatch)
-		})
+		}))
 		if err != nil {
 			return res, fmt.Errorf("postbox: prune inbox: %w", err)
 		}
 	}
 	if in.cfg.DeadRetention >= 0 {
-		res.Dead, err = prune(ctx, 0, in.cfg.PruneBatch, func(ctx context.Context) (int, error) {
+		res.Dead, err = prune(ctx, 0, in.cfg.PruneBatch, batch(func(ctx context.Context) (int, error) {
 			return in.store.PruneConsumerDead(ctx, in.cfg.DeadRetention, in.cfg.PruneBatch)
-		})
+		}))
 		if err != nil {
 			return res, fmt.Errorf("postbox: prune consumer dead messages: %w", err)
 		}

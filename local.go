@@ -88,6 +88,12 @@ func runLocal(ctx context.Context, fn LocalFunc, env *Envelope) (err error) {
 			// The batch's deadline or a stop ended it: not the message's fault.
 			return ctx.Err()
 		}
+		if IsPermanent(err) || IsMessageError(err) {
+			return err // named by the function: permanent, a counted retry-after
+		}
+		if _, ok := retryAfter(err); ok {
+			return err // an uncounted retry-after spends no attempt
+		}
 		return NewMessageError(err)
 	}
 	return nil

@@ -88,3 +88,46 @@ func TestLocalHandlers(t *testing.T) {
 		t.Fatalf("flaky message: %v", got["k9"])
 	}
 }
+
+// A local function names its failure as any publisher does: a permanent
+// one is dead at once, an uncounted retry-after spends no attempt.
+func TestLocalHandlersNamedFailures(t *testing.T) {
+	d, prefix := newDriver(t)
+	ctx := context.Background()
+	local := postbox.NewLocalHandlers()
+	slow := true
+	if err := local.Register("orders.paid", func(_ context.Context, env *postbox.Envelope) error {
+		switch string(env.Payload) {
+		case "never":
+			return postbox.Permanent(errors.New("unknown schema"))
+		case "later":
+			if slow {
+				return postbox.RetryAfter(errors.New("downstream busy"), time.Minute, false)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: local, MaxAttempts: 25})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(ctx, postbox.Message{Topic: "orders.paid", Payload: []byte("never")}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := c.Drain(ctx); err != nil || res.Dead != 1 || res.Failed != 1 {
+		t.Fatalf("Drain = %+v, %v; want dead on the first attempt", res, err)
+	}
+	if err := c.Write(ctx, postbox.Message{Topic: "orders.paid", Payload: []byte("later")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Drain(ctx); err == nil || postbox.IsMessageError(err) {
+		t.Fatalf("Drain = %v, want the infrastructure failure of an uncounted retry-after", err)
+	}
+	slow = false
+	res, err := c.Drain(ctx)
+	if err != nil || res.Published != 1 || res.Failed != 0 {
+		t.Fatalf("Drain = %+v, %v", res, err)
+	}
+}

@@ -157,6 +157,38 @@ func (m *Message) validate(i, maxPayload int) error {
 	return nil
 }
 
+// checkTrace checks the headers m stores once the writer's trace context
+// is added to its own, against the rules its own headers meet: the
+// database holds every row to them (the table contract), so a tracer that
+// broke them would fail the caller's transaction.
+func (m *Message) checkTrace(i int, trace map[string]string) error {
+	if len(trace) == 0 {
+		return nil
+	}
+	field := fmt.Sprintf("messages[%d].headers", i)
+	n, total := len(m.Headers), 0
+	for name, value := range m.Headers {
+		total += len(name) + len(value)
+	}
+	for _, name := range slices.Sorted(maps.Keys(trace)) {
+		if _, own := m.Headers[name]; own {
+			continue // the message's own value wins
+		}
+		n++
+		total += len(name) + len(trace[name])
+		if err := validateHeader(name, trace[name]); err != nil {
+			return invalid(field, name, "the tracer's trace context: %s", err)
+		}
+	}
+	if n > MaxHeaders {
+		return invalid(field, "", "has %d entries with the tracer's trace context, over the limit of %d", n, MaxHeaders)
+	}
+	if total > MaxHeadersBytes {
+		return invalid(field, "", "total %d bytes with the tracer's trace context, over the limit of %d", total, MaxHeadersBytes)
+	}
+	return nil
+}
+
 func validateHeader(name, value string) error {
 	if name == "" || len(name) > MaxHeaderNameBytes {
 		return fmt.Errorf("header name must be 1 to %d bytes", MaxHeaderNameBytes)
@@ -184,6 +216,11 @@ func validateHeader(name, value string) error {
 // so a row written by another language through the table contract gets
 // them too.
 func encodeHeaders(m *Message, source string, now time.Time, trace map[string]string) ([]byte, error) {
+	return json.Marshal(storedHeaders(m, source, now, trace))
+}
+
+// storedHeaders is the map encodeHeaders renders.
+func storedHeaders(m *Message, source string, now time.Time, trace map[string]string) map[string]string {
 	h := make(map[string]string, len(m.Headers)+len(trace)+4)
 	// The writer's trace context first, so that headers the message sets
 	// itself (a trace context carried from elsewhere) win.
@@ -208,7 +245,28 @@ func encodeHeaders(m *Message, source string, now time.Time, trace map[string]st
 	if m.ContentType != "" {
 		h[HeaderContentType] = m.ContentType
 	}
-	return json.Marshal(h)
+	return h
+}
+
+// newEnvelope is the envelope the relay hands a publisher for a row: its
+// stored headers h (taken over) with the CloudEvents attributes derived
+// from the row itself. The relay and the write-time check
+// (MessageChecker) both build it here, so the check sees what the
+// publisher will.
+func newEnvelope(id, topic, key string, payload []byte, h map[string]string, source string, created time.Time, attempt int) *Envelope {
+	h[HeaderSpecVersion] = "1.0"
+	h[HeaderID] = id
+	h[HeaderType] = topic
+	if h[HeaderSource] == "" {
+		h[HeaderSource] = source
+	}
+	if h[HeaderTime] == "" {
+		h[HeaderTime] = created.UTC().Format(time.RFC3339Nano)
+	}
+	if key != "" {
+		h[HeaderPartitionKey] = key
+	}
+	return &Envelope{ID: id, Topic: topic, Key: key, Payload: payload, Headers: h, CreatedAt: created, Attempt: attempt}
 }
 
 // DecodeHeaders parses a stored headers column: a JSON object whose values

@@ -51,10 +51,13 @@ func (f PublisherFunc) Publish(ctx context.Context, env *Envelope, done func(err
 
 // MessageChecker is implemented by publishers that can tell, before a
 // message is written, that they could never deliver it: a topic their
-// broker cannot name, a header their protocol reserves. A Client calls it
-// for each message with the publisher of the message's route and refuses
-// the write with a *ValidationError, instead of letting the message spend
-// its attempts and end in the dead table (G9).
+// broker cannot name, a header or key their protocol cannot carry, a
+// payload above their maximum. A Client calls it for each message with the
+// publisher of the message's route, handing it the envelope the relay
+// would hand Publish (the id the row gets, the headers with their
+// CloudEvents attributes, Attempt 1), and refuses the write with a
+// *ValidationError, instead of letting the message fail at publish (G9).
+// CheckMessage must not keep env or change it.
 type MessageChecker interface {
-	CheckMessage(topic string, headers map[string]string) error
+	CheckMessage(env *Envelope) error
 }

@@ -200,28 +200,24 @@ func chains(recs []postboxdriver.Record) (ready, next []int) {
 func (r *relay) envelope(rec *postboxdriver.Record) (*Envelope, error) {
 	h, err := DecodeHeaders(rec.Headers)
 	if err != nil {
-		return nil, NewMessageError(err)
+		// No attempt can cure a row whose headers are not an object of
+		// strings.
+		return nil, Permanent(err)
 	}
-	h[HeaderSpecVersion] = "1.0"
-	h[HeaderID] = rec.ID
-	h[HeaderType] = rec.Topic
-	if h[HeaderSource] == "" {
-		h[HeaderSource] = r.cfg.Source
-	}
-	if h[HeaderTime] == "" {
-		h[HeaderTime] = rec.CreatedAt.UTC().Format(time.RFC3339Nano)
-	}
-	if rec.Key != "" {
-		h[HeaderPartitionKey] = rec.Key
-	}
-	return &Envelope{
-		ID: rec.ID, Topic: rec.Topic, Key: rec.Key, Payload: rec.Payload, Headers: h,
-		CreatedAt: rec.CreatedAt, Attempt: rec.Attempts + 1,
-	}, nil
+	return newEnvelope(rec.ID, rec.Topic, rec.Key, rec.Payload, h, r.cfg.Source, rec.CreatedAt, rec.Attempts+1), nil
 }
 
+// failure is the record of a message failure: dead at once when it is
+// permanent, after the delay it names when it is a counted retry-after,
+// else after the backoff.
 func (r *relay) failure(rec *postboxdriver.Record, err error) postboxdriver.Failure {
-	return postboxdriver.Failure{Seq: rec.Seq, Error: truncate(err.Error(), maxErrorBytes), Backoff: backoff(rec.Attempts, r.cfg.BackoffBase, r.cfg.BackoffMax)}
+	f := postboxdriver.Failure{Seq: rec.Seq, Error: errorText(err), Backoff: backoff(rec.Attempts, r.cfg.BackoffBase, r.cfg.BackoffMax)}
+	if IsPermanent(err) {
+		f.Dead = true
+	} else if ra, ok := retryAfter(err); ok {
+		f.Backoff = ra.Delay
+	}
+	return f
 }
 
 // record writes the batch's outcome back, fenced. It runs on the hard
@@ -288,7 +284,7 @@ func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, recs []po
 				if rep != nil {
 					rep.Dead[bySeq[fr.Seq].Topic]++
 				}
-				r.log.Warn("postbox message dead after its attempt budget", slog.Int64("seq", fr.Seq), slog.Int("attempts", fr.Attempts))
+				r.log.Warn("postbox message dead: its attempt budget is spent or its failure is permanent", slog.Int64("seq", fr.Seq), slog.Int("attempts", fr.Attempts))
 			}
 		}
 	}

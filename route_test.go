@@ -114,9 +114,15 @@ func TestRouting(t *testing.T) {
 
 type pickyPublisher struct{ capture }
 
-func (*pickyPublisher) CheckMessage(_ string, headers map[string]string) error {
-	if headers["bad"] != "" {
+func (*pickyPublisher) CheckMessage(env *postbox.Envelope) error {
+	if env.Headers["bad"] != "" {
 		return errors.New("header bad is not allowed here")
+	}
+	if len(env.Payload) > 3 {
+		return errors.New("payload over 3 bytes")
+	}
+	if env.Headers[postbox.HeaderPartitionKey] != env.Key || env.Headers[postbox.HeaderID] != env.ID || env.ID == "" {
+		return errors.New("the envelope is not the one the relay would build")
 	}
 	return nil
 }
@@ -137,6 +143,12 @@ func TestRoutePublisherChecksMessages(t *testing.T) {
 	}
 	if st, _ := c.Stats(ctx); st.Pending != 0 {
 		t.Fatalf("%d rows written", st.Pending)
+	}
+	if err := c.Write(ctx, postbox.Message{Topic: "ok", Key: "k", Payload: []byte("toolong")}); !errors.As(err, &ve) || ve.Field != "messages[0]" {
+		t.Fatalf("payload: err = %v", err)
+	}
+	if err := c.Write(ctx, postbox.Message{Topic: "ok", Key: "k", Payload: []byte("ok")}); err != nil {
+		t.Fatal(err)
 	}
 	for _, name := range []string{"ce_id", "cloudEvents:type", "CloudEvents_source", "CE-ID"} {
 		if err := c.Write(ctx, postbox.Message{Topic: "ok", Headers: map[string]string{name: "x"}}); !errors.As(err, &ve) {

@@ -487,7 +487,9 @@ func TestLongestPrefixFitsPostgres(t *testing.T) {
 	for _, name := range slices.Sorted(maps.Keys(names)) {
 		var found bool
 		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class WHERE relname = $1)
-			OR EXISTS (SELECT 1 FROM pg_constraint WHERE conname = $1)`, name).Scan(&found)
+			OR EXISTS (SELECT 1 FROM pg_constraint WHERE conname = $1)
+			OR EXISTS (SELECT 1 FROM pg_proc WHERE proname = $1)
+			OR EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = $1)`, name).Scan(&found)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -687,5 +689,56 @@ func TestConfigDefaults(t *testing.T) {
 	_ = in.WithDefaults()
 	if in.Prefix != "" || in.BatchSize != 7 {
 		t.Error("WithDefaults changed its receiver")
+	}
+}
+
+// traceTracer injects fixed headers as a writer's trace context.
+type traceTracer map[string]string
+
+func (tr traceTracer) Inject(_ context.Context, h map[string]string) {
+	for k, v := range tr {
+		h[k] = v
+	}
+}
+func (traceTracer) StartPublish(context.Context, *postbox.Envelope) func(error) {
+	return func(error) {}
+}
+func (traceTracer) StartHandle(ctx context.Context, _ string, _ *postbox.Delivery) (context.Context, func(postbox.Verdict)) {
+	return ctx, func(postbox.Verdict) {}
+}
+
+// The headers a message stores with the writer's trace context meet the
+// rules the database holds every row to: a write the trace context would
+// push over them is refused in Go, before any statement.
+func TestTraceContextMeetsHeaderRules(t *testing.T) {
+	full := headers(postbox.MaxHeaders, 8, 8)
+	cases := []struct {
+		name   string
+		trace  traceTracer
+		msg    map[string]string
+		reason string
+	}{
+		{"one too many", traceTracer{"traceparent": "00-1-2-01"}, full, "with the tracer's trace context, over the limit of 64"},
+		{"reserved name", traceTracer{"nats-msg-id": "x"}, nil, "the tracer's trace context: header name is reserved"},
+		{"control character", traceTracer{"baggage": "a\nb"}, nil, "the tracer's trace context: header value must be UTF-8 text"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, s := vtClient(t, &postbox.Config{Tracer: tc.trace})
+			m := postbox.Message{Topic: "t", Headers: tc.msg}
+			err := c.WriteTx(context.Background(), struct{}{}, m)
+			var ve *postbox.ValidationError
+			if !errors.As(err, &ve) || ve.Field != "messages[0].headers" || !strings.Contains(ve.Reason, tc.reason) {
+				t.Fatalf("err = %v, want a *ValidationError on messages[0].headers saying %q", err, tc.reason)
+			}
+			if s.inserts.Load() != 0 {
+				t.Fatal("a refused write reached the store")
+			}
+		})
+	}
+	// The message's own header of the same name wins, and counts once.
+	c, _ := vtClient(t, &postbox.Config{Tracer: traceTracer{"h0000000": "x"}})
+	if err := c.WriteTx(context.Background(), struct{}{}, postbox.Message{Topic: "t", Headers: full}); err != nil {
+		t.Fatalf("a trace header the message sets itself: %v", err)
 	}
 }

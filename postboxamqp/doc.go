@@ -73,20 +73,22 @@
 // # Failures
 //
 // done gets nil on a confirm, and otherwise an error the relay sorts by
-// postbox.IsMessageError; the Publisher wraps every message failure with
-// postbox.NewMessageError:
+// postbox.IsPermanent and postbox.IsMessageError (docs/design.md §4); the
+// Publisher wraps what the broker can never accept from the message with
+// postbox.Permanent (the relay buries it at once), and every other message
+// failure with postbox.NewMessageError:
 //
 //	failure                                              class           error
 //	basic.ack, not returned                              success         nil
 //	basic.ack after basic.return, topic accepted         success         nil (counted by Unroutable)
 //	basic.return (312 NO_ROUTE) with mandatory           message         ErrUnroutable
-//	payload over MaxMessageSize                          message         ErrTooLarge
-//	properties and headers over the frame_max            message         ErrTooLarge
-//	routing key over 255 bytes or not UTF-8              message         ErrInvalidRoutingKey
-//	header unfit for AMQP, or one that steers RabbitMQ   message         ErrInvalidHeader
-//	no message id                                        message         ErrNoID
+//	payload over MaxMessageSize                          permanent       ErrTooLarge
+//	properties and headers over the frame_max            permanent       ErrTooLarge
+//	routing key over 255 bytes or not UTF-8              permanent       ErrInvalidRoutingKey
+//	header unfit for AMQP, or one that steers RabbitMQ   permanent       ErrInvalidHeader
+//	no message id                                        permanent       ErrNoID
 //	channel exception over content (406, 501, 502, 505)
-//	  this message a suspect sent alone                  message         ErrRejected + *amqp.Error
+//	  this message a suspect sent alone                  permanent       ErrRejected + *amqp.Error
 //	  otherwise (it becomes a suspect)                   infrastructure  ErrConnectionLost + *amqp.Error
 //	basic.nack                                           infrastructure  ErrNacked
 //	exchange missing (404 on publish)                    infrastructure  ErrNoExchange
@@ -97,6 +99,12 @@
 //	the publish's context ended                          infrastructure  ctx.Err()
 //	Publisher closed                                     infrastructure  ErrClosed
 //	anything else                                        infrastructure
+//
+// The Publisher is a postbox.MessageChecker: a Client whose route leads to
+// it refuses at write time, with a *postbox.ValidationError, a payload over
+// MaxMessageSize, a header AMQP cannot carry or RabbitMQ reserves, and a
+// routing key AMQP cannot carry. The frame_max is known only once
+// connected: a message over it is dead at the first publish.
 //
 // A basic.nack means a queue process failed or a queue with
 // x-overflow=reject-publish is full: the broker's state, which passes,

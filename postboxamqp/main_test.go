@@ -158,6 +158,11 @@ func envelope(topic, payload string) *postbox.Envelope {
 	}
 }
 
+func mustPermanent(t testing.TB, err error, target error) {
+	t.Helper()
+	pubtest.MustPermanent(t, err, target)
+}
+
 func mustMessage(t testing.TB, err error, target error) {
 	t.Helper()
 	pubtest.MustMessage(t, err, target)

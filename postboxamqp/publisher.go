@@ -122,7 +122,22 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 			return
 		}
 	}
-	done(postbox.NewMessageError(fmt.Errorf("postboxamqp: publish %s: %w", env.ID, err)))
+	done(postbox.Permanent(fmt.Errorf("postboxamqp: publish %s: %w", env.ID, err)))
+}
+
+// CheckMessage implements postbox.MessageChecker: what Publish could
+// never send is refused when the message is written. It builds the AMQP
+// message as Publish does, so a payload over MaxMessageSize, a header
+// AMQP cannot carry or RabbitMQ reserves, a topic over 255 bytes, and a
+// routing key AMQP cannot carry are refused. The connection's frame_max
+// is known only once connected; a message whose properties exceed it is
+// dead at its first publish.
+func (p *Publisher) CheckMessage(env *postbox.Envelope) error {
+	if _, _, err := p.publishing(env); err != nil {
+		return err
+	}
+	_, err := p.routingKey(env.Topic)
+	return err
 }
 
 // suspect reports whether id was in flight when the broker closed a

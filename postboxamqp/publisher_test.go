@@ -217,19 +217,19 @@ func TestInvalidMessagesAreMessageFailures(t *testing.T) {
 	ctx := context.Background()
 	noID := envelope("t", "x")
 	noID.ID = ""
-	mustMessage(t, publish(t, p, ctx, noID), postboxamqp.ErrNoID)
-	mustMessage(t, publish(t, p, ctx, envelope("long", "x")), postboxamqp.ErrInvalidRoutingKey)
+	mustPermanent(t, publish(t, p, ctx, noID), postboxamqp.ErrNoID)
+	mustPermanent(t, publish(t, p, ctx, envelope("long", "x")), postboxamqp.ErrInvalidRoutingKey)
 	big := envelope("t", strings.Repeat("x", 1<<10+1))
-	mustMessage(t, publish(t, p, ctx, big), postboxamqp.ErrTooLarge)
+	mustPermanent(t, publish(t, p, ctx, big), postboxamqp.ErrTooLarge)
 	for _, h := range []string{"CC", "bcc", "x-delay", "x-death"} {
 		env := envelope("t", "x")
 		env.Headers[h] = "q"
-		mustMessage(t, publish(t, p, ctx, env), postboxamqp.ErrInvalidHeader)
+		mustPermanent(t, publish(t, p, ctx, env), postboxamqp.ErrInvalidHeader)
 	}
 	// Headers over the connection's frame_max (128 KiB by default).
 	wide := envelope("t", "x")
 	wide.Headers["blob"] = strings.Repeat("h", 200<<10)
-	mustMessage(t, publish(t, p, ctx, wide), postboxamqp.ErrTooLarge)
+	mustPermanent(t, publish(t, p, ctx, wide), postboxamqp.ErrTooLarge)
 	// None of it broke the connection.
 	if err := publish(t, p, ctx, envelope("t", "fine")); err != nil {
 		t.Fatal(err)
@@ -255,7 +255,7 @@ func TestBrokerRefusedFrameIsMessageFailure(t *testing.T) {
 	wide := envelope("t", "x")
 	wide.Headers["blob"] = strings.Repeat("h", 200<<10)
 	err := againAfterInfrastructure(t, func() error { return publish(t, p, ctx, wide) })
-	mustMessage(t, err, postboxamqp.ErrRejected)
+	mustPermanent(t, err, postboxamqp.ErrRejected)
 	var ae *amqp.Error
 	if !errors.As(err, &ae) || !ae.Server {
 		t.Fatalf("%v does not carry the broker's exception", err)
@@ -285,7 +285,7 @@ func TestBrokerRefusedSizeIsMessageFailure(t *testing.T) {
 	env := envelope("t", "")
 	env.Payload = make([]byte, 128<<20+1)
 	err = againAfterInfrastructure(t, func() error { return publish(t, p, context.Background(), env) })
-	mustMessage(t, err, postboxamqp.ErrRejected)
+	mustPermanent(t, err, postboxamqp.ErrRejected)
 	var ae *amqp.Error
 	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed {
 		t.Fatalf("%v: want the broker's 406", err)
@@ -367,7 +367,7 @@ func TestSuspectIsBlamedAlone(t *testing.T) {
 			if attempt == 1 {
 				t.Fatalf("blamed on first sight: %v", badErr)
 			}
-			mustMessage(t, badErr, postboxamqp.ErrRejected)
+			mustPermanent(t, badErr, postboxamqp.ErrRejected)
 			withBad = false
 		}
 	}
@@ -551,4 +551,46 @@ func againAfterInfrastructure(t *testing.T, publish func() error) error {
 		t.Fatalf("first attempt: %v; want an infrastructure failure (a message is never blamed on first sight)", err)
 	}
 	return publish()
+}
+
+// What the publisher could never send is refused when it is written, with
+// a *ValidationError, and nothing is written.
+func TestWriteRefusesWhatAMQPCannotCarry(t *testing.T) {
+	url := brokerURL(t)
+	conn := admin(t, url)
+	x := uniqueName()
+	ensure(t, conn, postboxamqp.Topology{Exchange: x, Queue: x + ".q", Bindings: []string{"#"}})
+	p := publisher(t, postboxamqp.URL(url), &postboxamqp.Config{
+		Exchange:       x,
+		MaxMessageSize: 1 << 10,
+		RoutingKey: func(topic string) string {
+			if topic == "long" {
+				return strings.Repeat("k", 256)
+			}
+			return topic
+		},
+	})
+	_, prefix, d := pubtest.Tables(t)
+	c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i, m := range []postbox.Message{
+		{Topic: "t", Payload: make([]byte, 1<<10+1)},
+		{Topic: "long"},
+		{Topic: "t", Headers: map[string]string{"x-delay": "5000"}},
+		{Topic: "t", Headers: map[string]string{"CC": "other.queue"}},
+	} {
+		var ve *postbox.ValidationError
+		if err := c.Write(ctx, postbox.Message{Topic: "fine"}, m); !errors.As(err, &ve) || ve.Field != "messages[1]" {
+			t.Errorf("case %d: err = %v, want a *ValidationError on messages[1]", i, err)
+		}
+	}
+	if st, err := c.Stats(ctx); err != nil || st.Pending != 0 {
+		t.Fatalf("stats = %+v, %v: a refused write must write nothing", st, err)
+	}
+	if err := c.Write(ctx, postbox.Message{Topic: "t", Payload: []byte("fits")}); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -120,7 +120,7 @@ func (p *Publisher) send(ctx context.Context, env *postbox.Envelope, key string,
 	}
 	if s.frameMax > 0 && size > s.frameMax && !p.noFrameCheck {
 		w.Release(weight)
-		done(postbox.NewMessageError(fmt.Errorf("postboxamqp: publish %s: %w: properties and headers take %d bytes, over the connection's frame_max %d", env.ID, ErrTooLarge, size, s.frameMax)))
+		done(postbox.Permanent(fmt.Errorf("postboxamqp: publish %s: %w: properties and headers take %d bytes, over the connection's frame_max %d", env.ID, ErrTooLarge, size, s.frameMax)))
 		return
 	}
 	f := &flight{id: env.ID, topic: env.Topic, key: key, weight: weight}
@@ -362,7 +362,10 @@ func (s *session) die(cause *amqp.Error) {
 		case f.returned != "":
 			err = s.unroutable(f)
 		case fault && len(left) == 1 && s.p.suspect(f.id):
-			err = postbox.NewMessageError(fmt.Errorf("postboxamqp: publish %s: %w: %w", f.id, ErrRejected, cause))
+			// Alone in flight when the broker closed the channel over a
+			// message's content (over max_message_size, a property it
+			// refuses): the same message would be refused again.
+			err = postbox.Permanent(fmt.Errorf("postboxamqp: publish %s: %w: %w", f.id, ErrRejected, cause))
 		case closing && cause == nil:
 			err = fmt.Errorf("postboxamqp: publish %s: %w", f.id, ErrClosed)
 		default:

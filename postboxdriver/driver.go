@@ -140,6 +140,9 @@ type Failure struct {
 	Seq     int64
 	Error   string
 	Backoff time.Duration
+	// Dead moves the row to the dead messages now, whatever its attempts:
+	// the failure is permanent.
+	Dead bool
 }
 
 // FailResult is the outcome of MarkFailed for one row.

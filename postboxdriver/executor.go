@@ -65,9 +65,11 @@ type Executor interface {
 	MarkPublished(ctx context.Context, f Fence, seqs []int64) (int, error)
 	// MarkFailed records a failed attempt for each row: attempts+1, the
 	// error, available_at = now()+Backoff, and moves it to the dead
-	// messages when attempts reaches maxAttempts. Fenced like
-	// MarkPublished. It returns the rows changed, with whether each is now
-	// dead.
+	// messages when attempts reaches maxAttempts or the failure is marked
+	// Dead. A dead message of the same id (an id written again after its
+	// message died) is replaced by the new one: no row's record may fail
+	// the others'. Fenced like MarkPublished. It returns the rows changed,
+	// with whether each is now dead.
 	MarkFailed(ctx context.Context, f Fence, failures []Failure, maxAttempts int) ([]FailResult, error)
 
 	// State and maintenance.
@@ -85,6 +87,15 @@ type Executor interface {
 	// that holds a snapshot, if any. Databases without such a horizon
 	// (SQLite) report none.
 	OldestSnapshot(ctx context.Context) (Snapshot, bool, error)
+	// ClaimMaintenance takes or renews the claim on a maintenance task
+	// (such as "inbox-prune") for owner until now()+ttl on the database
+	// clock, and reports whether owner holds it: a task is taken when it is
+	// free, expired or already owner's. Of any number of processes
+	// claiming a task at once, at most one holds it while its claim lasts.
+	ClaimMaintenance(ctx context.Context, task, owner string, ttl time.Duration) (bool, error)
+	// ReleaseMaintenance frees owner's claim on task, so another process
+	// may take it at once. A claim owner does not hold is left alone.
+	ReleaseMaintenance(ctx context.Context, task, owner string) error
 	// DurabilityWarnings says when the database may lose a committed
 	// transaction (PostgreSQL with synchronous_commit = off, SQLite below
 	// synchronous=FULL): a row the relay published could then vanish in a
@@ -101,7 +112,9 @@ type Executor interface {
 	GetDeadMessage(ctx context.Context, id string) (DeadMessage, error)
 	// RequeueDeadMessages moves the dead messages matching f back to the
 	// outbox with their attempts reset and their original seq, so they are
-	// published next, in their place among their key's messages.
+	// published next, in their place among their key's messages. A dead
+	// message whose id is pending again (written anew) stays dead and is
+	// not counted.
 	RequeueDeadMessages(ctx context.Context, f DeadFilter) (int, error)
 	// DeleteDeadMessages deletes the dead messages matching f.
 	DeleteDeadMessages(ctx context.Context, f DeadFilter) (int, error)
@@ -116,13 +129,17 @@ type Executor interface {
 	// The inbox.
 
 	// InboxInsert records (consumer, messageID), in a transaction. It
-	// reports false, writing nothing, when the record exists: the message
-	// is a copy. A copy arriving while the first is still uncommitted
-	// waits for it, so at most one handler run per id ever commits.
+	// reports false, writing nothing, when the record exists (the message
+	// is a copy) or when the consumer has a dead message of that id (a
+	// late copy of a dead message: the dead message stands until it is
+	// requeued or deleted). A copy arriving while the first is still
+	// uncommitted waits for it, so at most one handler run per id ever
+	// commits.
 	InboxInsert(ctx context.Context, consumer, messageID string) (bool, error)
 	// InboxInsertMany records (consumer, id) for every id, in a
 	// transaction, in one statement where the dialect allows it, and
-	// reports for each id, in the order given, whether it was new. The
+	// reports for each id, in the order given, whether it was new (as
+	// InboxInsert: neither recorded nor dead for the consumer). The
 	// records are inserted in id order, so that two transactions recording
 	// overlapping sets take the row locks in the same order. ids must hold
 	// no duplicates.
@@ -136,7 +153,8 @@ type Executor interface {
 	// transaction, so the count survives its rollback.
 	RecordFailure(ctx context.Context, consumer, messageID, errText string) (Attempts, error)
 	// PruneInbox deletes at most limit inbox records (and attempt counts)
-	// older than age, and returns how many.
+	// older than age, and returns how many. The inbox runs it under the
+	// "inbox-prune" claim (ClaimMaintenance), one process at a time.
 	PruneInbox(ctx context.Context, age time.Duration, limit int) (int, error)
 
 	// Dead messages of consumers.

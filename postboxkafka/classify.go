@@ -5,6 +5,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
+	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/pubkit"
 )
 
@@ -44,11 +45,6 @@ var (
 // help, so it spends an attempt rather than stall the relay for every
 // topic.
 var messageErrors = []error{
-	// Over the topic's max.message.bytes, or alone over the client's
-	// ProducerBatchMaxBytes (the client refuses it before sending).
-	kerr.MessageTooLarge,
-	// A batch over the broker's segment size.
-	kerr.RecordListTooLarge,
 	// Refused by the broker's record validation: a keyless message to a
 	// compacted topic, a malformed header.
 	kerr.InvalidRecord,
@@ -61,17 +57,30 @@ var messageErrors = []error{
 	kerr.PolicyViolation,
 }
 
+// permanentCauses are the failures no retry can cure: this package's
+// sentinels for a record it cannot build, and a record too large for the
+// client or the topic. The relay buries such a message at once.
+var permanentCauses = []error{
+	ErrInvalidTopic, ErrInvalidHeader, ErrNoID,
+	// Over the topic's max.message.bytes, or alone over the client's
+	// ProducerBatchMaxBytes (the client refuses it before sending).
+	kerr.MessageTooLarge,
+	// A batch over the broker's segment size.
+	kerr.RecordListTooLarge,
+}
+
 // messageCauses are this package's message-failure sentinels and the
 // broker's answers caused by the message.
-var messageCauses = append([]error{ErrNoTopic, ErrInvalidTopic, ErrInvalidHeader, ErrNoID}, messageErrors...)
+var messageCauses = append([]error{ErrNoTopic}, messageErrors...)
 
 // classify tells how err, reported for a produce, counts for the relay.
 // err must not be nil.
 //
+//   - pubkit.Permanent: a permanent failure already; ErrInvalidTopic,
+//     ErrInvalidHeader, ErrNoID, kerr.MessageTooLarge,
+//     kerr.RecordListTooLarge.
 //   - pubkit.Message: what pubkit.MessageFault knows as the message's
-//     (postbox.MessageError); ErrNoTopic, ErrInvalidTopic,
-//     ErrInvalidHeader, ErrNoID; kerr.MessageTooLarge,
-//     kerr.RecordListTooLarge, kerr.InvalidRecord,
+//     (postbox.MessageError); ErrNoTopic, kerr.InvalidRecord,
 //     kerr.InvalidTopicException, kerr.TopicAuthorizationFailed,
 //     kerr.PolicyViolation.
 //   - pubkit.Unconfirmed (a metadata lookup settles it):
@@ -84,6 +93,14 @@ var messageCauses = append([]error{ErrNoTopic, ErrInvalidTopic, ErrInvalidHeader
 //     kgo.ErrRecordRetries, kgo.ErrClientClosed, network errors, and
 //     unknown errors.
 func classify(err error) pubkit.Fault {
+	if postbox.IsPermanent(err) {
+		return pubkit.Permanent
+	}
+	for _, c := range permanentCauses {
+		if errors.Is(err, c) {
+			return pubkit.Permanent
+		}
+	}
 	if message, known := pubkit.MessageFault(err, messageCauses...); known {
 		if message {
 			return pubkit.Message

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/postboxkafka"
 )
 
@@ -98,15 +100,36 @@ func TestTooLarge(t *testing.T) {
 	big := make([]byte, 5000)
 	_, _ = rand.Read(big)
 	err := publish(t, context.Background(), pub, envelope(small, "k", string(big)))
-	if !postbox.IsMessageError(err) || !errors.Is(err, kerr.MessageTooLarge) {
-		t.Fatalf("over max.message.bytes: %v", err)
+	if !postbox.IsPermanent(err) || !errors.Is(err, kerr.MessageTooLarge) {
+		t.Fatalf("over max.message.bytes: %v, want a permanent failure", err)
 	}
 	err = publish(t, context.Background(), pub, envelope(small, "k", strings.Repeat("x", 100<<10)))
-	if !postbox.IsMessageError(err) || !errors.Is(err, kerr.MessageTooLarge) {
-		t.Fatalf("over ProducerBatchMaxBytes: %v", err)
+	if !postbox.IsPermanent(err) || !errors.Is(err, kerr.MessageTooLarge) {
+		t.Fatalf("over ProducerBatchMaxBytes: %v, want a permanent failure", err)
 	}
 	if err := publish(t, context.Background(), pub, envelope(small, "k", "fits")); err != nil {
 		t.Fatalf("a small message after the refused ones: %v", err)
+	}
+
+	// Over ProducerBatchMaxBytes is refused when written; over the topic's
+	// max.message.bytes, which the writer cannot know, is dead on its
+	// first publish.
+	_, prefix, d := pubtest.Tables(t)
+	client, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: pub, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ve *postbox.ValidationError
+	ctx := context.Background()
+	if err := client.Write(ctx, postbox.Message{Topic: small, Payload: make([]byte, 100<<10)}); !errors.As(err, &ve) {
+		t.Fatalf("write over ProducerBatchMaxBytes: %v, want a *ValidationError", err)
+	}
+	if err := client.Write(ctx, postbox.Message{Topic: small, Key: "k", Payload: big}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := client.Drain(ctx)
+	if err != nil || res.Dead != 1 || res.Failed != 1 {
+		t.Fatalf("Drain = %+v, %v; want the message dead on its first attempt", res, err)
 	}
 }
 

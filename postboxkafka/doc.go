@@ -82,23 +82,25 @@
 // # Failures
 //
 // done gets nil on the acknowledgement, and otherwise an error the relay
-// sorts by postbox.IsMessageError; the Publisher wraps every message
-// failure with postbox.NewMessageError:
+// sorts by postbox.IsPermanent and postbox.IsMessageError (docs/design.md
+// §4); the Publisher wraps what Kafka can never accept from the message
+// with postbox.Permanent (the relay buries it at once), and every other
+// message failure with postbox.NewMessageError:
 //
 //	failure                                             class           error
 //	acknowledged by the leader after all in-sync        success         nil
 //	  replicas stored it (acks=all)
-//	over the topic's max.message.bytes                  message         kerr.MessageTooLarge
-//	alone over the client's ProducerBatchMaxBytes       message         kerr.MessageTooLarge (before sending)
-//	batch over the broker's segment size                message         kerr.RecordListTooLarge
+//	over the topic's max.message.bytes                  permanent       kerr.MessageTooLarge
+//	alone over the client's ProducerBatchMaxBytes       permanent       kerr.MessageTooLarge (before sending)
+//	batch over the broker's segment size                permanent       kerr.RecordListTooLarge
 //	refused by record validation (keyless message to    message         kerr.InvalidRecord
 //	  a compacted topic, ...)
 //	topic not writable (internal, invalid)              message         kerr.InvalidTopicException
 //	no ACL to write the topic                           message         kerr.TopicAuthorizationFailed
 //	refused by a topic policy                           message         kerr.PolicyViolation
-//	topic name Kafka forbids, after mapping             message         ErrInvalidTopic
-//	"ce_" header that is no attribute, non-UTF-8 value  message         ErrInvalidHeader
-//	no message id                                       message         ErrNoID
+//	topic name Kafka forbids, after mapping             permanent       ErrInvalidTopic
+//	"ce_" header that is no attribute, non-UTF-8 value  permanent       ErrInvalidHeader
+//	no message id                                       permanent       ErrNoID
 //	unknown topic, and the cluster says it is missing   message         ErrNoTopic
 //	unknown topic, though the lookup finds it           infrastructure  kerr.UnknownTopicOrPartition
 //	unknown topic, and the lookup fails                 infrastructure  kerr.UnknownTopicOrPartition + lookup error

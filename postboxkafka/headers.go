@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/postbox-go/postbox"
@@ -136,9 +137,25 @@ func delivery(r *kgo.Record, attempt int) *postbox.Delivery {
 	return d
 }
 
-// CheckMessage implements postbox.MessageChecker: a topic this Publisher
-// cannot map to a Kafka topic is refused when the message is written.
-func (p *Publisher) CheckMessage(topic string, _ map[string]string) error {
-	_, err := p.KafkaTopic(topic)
-	return err
+// CheckMessage implements postbox.MessageChecker: what Publish could
+// never send is refused when the message is written. It builds the record
+// as Publish does, so a topic this Publisher cannot map to a Kafka topic
+// and a header Kafka cannot carry are refused; so is a record whose key,
+// value and headers alone are over the client's ProducerBatchMaxBytes
+// (kerr.MessageTooLarge). A record just under it, which its encoding takes
+// over, or one over the topic's max.message.bytes, is dead at its first
+// publish.
+func (p *Publisher) CheckMessage(env *postbox.Envelope) error {
+	rec, err := p.record(env, env.CreatedAt)
+	if err != nil {
+		return err
+	}
+	size := len(rec.Key) + len(rec.Value)
+	for _, h := range rec.Headers {
+		size += len(h.Key) + len(h.Value)
+	}
+	if most, ok := p.cl.OptValue(kgo.ProducerBatchMaxBytes).(int32); ok && most > 0 && size > int(most) {
+		return fmt.Errorf("%w: key, value and headers take %d bytes, over the client's ProducerBatchMaxBytes of %d", kerr.MessageTooLarge, size, most)
+	}
+	return nil
 }

@@ -123,7 +123,7 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 	}
 	rec, err := p.record(env, time.Now())
 	if err != nil {
-		done(postbox.NewMessageError(fmt.Errorf("postboxkafka: publish %s: %w", env.ID, err)))
+		done(postbox.Permanent(fmt.Errorf("postboxkafka: publish %s: %w", env.ID, err)))
 		return
 	}
 	f := &flight{id: env.ID, topic: rec.Topic}
@@ -170,6 +170,8 @@ func (p *Publisher) resolve(f *flight, err error) {
 		// The context ended first and the relay has its answer.
 	default:
 		switch classify(err) {
+		case pubkit.Permanent:
+			f.Finish(postbox.Permanent(fmt.Errorf("postboxkafka: publish %s to %s: %w", f.id, f.topic, err)))
 		case pubkit.Message:
 			f.Finish(postbox.NewMessageError(fmt.Errorf("postboxkafka: publish %s to %s: %w", f.id, f.topic, err)))
 		case pubkit.Unconfirmed:

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/configcheck"
 	"github.com/postbox-go/postbox/internal/pubkit"
 )
@@ -45,8 +46,6 @@ var ErrClosed = errors.New("postboxnats: publisher closed")
 // DiscardNew, a duplicate still in process) is a state of the server that
 // passes, and counts as infrastructure.
 var messageAPIErrors = map[jetstream.ErrorCode]bool{
-	10054: true, // message size exceeds maximum allowed (stream max_msg_size)
-	10097: true, // header size exceeds maximum allowed of 64k
 	10060: true, // expected stream does not match (Nats-Expected-Stream)
 	10109: true, // invalid operation on sealed stream
 	10070: true, // wrong last msg ID
@@ -71,6 +70,15 @@ var messageAPIErrors = map[jetstream.ErrorCode]bool{
 	10227: true, // stream source header not allowed
 }
 
+// permanentAPIErrors are the message's faults among them that no retry
+// and no later state of the stream short of a new configuration can cure:
+// the message is too large for it. The relay buries such a message at
+// once (postbox.Permanent).
+var permanentAPIErrors = map[jetstream.ErrorCode]bool{
+	10054: true, // message size exceeds maximum allowed (stream max_msg_size)
+	10097: true, // header size exceeds maximum allowed of 64k
+}
+
 // storeFailed is JSStreamStoreFailedF: "message too large" (over the
 // file store's record limit) is the message's fault, the rest of this
 // code's causes (maximum messages or bytes with DiscardNew) are the
@@ -80,13 +88,17 @@ const storeFailed jetstream.ErrorCode = 10077
 // classify tells how err, returned by a JetStream publish, counts for
 // the relay. err must not be nil.
 //
+//   - pubkit.Permanent: what the server can never accept from this
+//     message: ErrInvalidSubject, ErrInvalidHeader, ErrNoID,
+//     nats.ErrMaxPayload (payload and headers over the server's
+//     max_payload), nats.ErrBadSubject, nats.ErrBadHeaderMsg,
+//     jetstream.ErrInvalidSubject; and the JetStream API errors in a PubAck
+//     that say it is too large (over the stream's max_msg_size, headers
+//     over 64 KiB, over the file store's record limit).
 //   - pubkit.Message: what pubkit.MessageFault knows as the message's
-//     (postbox.MessageError); ErrNoStream, ErrInvalidSubject,
-//     ErrInvalidHeader, ErrNoID; nats.ErrMaxPayload (payload and headers
-//     over the server's max_payload), nats.ErrBadSubject,
-//     nats.ErrBadHeaderMsg, jetstream.ErrInvalidSubject; and the
-//     JetStream API errors in a PubAck that the message causes (over the
-//     stream's max_msg_size, expected stream mismatch, sealed stream, ...).
+//     (postbox.MessageError); ErrNoStream; and the other JetStream API
+//     errors in a PubAck that the message causes (expected stream
+//     mismatch, sealed stream, ...).
 //   - pubkit.Unconfirmed (a stream lookup settles it): jetstream.ErrNoStreamResponse and
 //     nats.ErrNoResponders.
 //   - pubkit.Infra: everything else: context errors, timeouts
@@ -94,8 +106,16 @@ const storeFailed jetstream.ErrorCode = 10077
 //     nats.ErrConnectionClosed, jetstream.ErrJetStreamNotEnabled, ErrClosed,
 //     and unknown errors.
 func classify(err error) pubkit.Fault {
-	if message, known := pubkit.MessageFault(err, ErrNoStream, ErrInvalidSubject, ErrInvalidHeader, ErrNoID,
-		nats.ErrMaxPayload, nats.ErrBadSubject, nats.ErrBadHeaderMsg, jetstream.ErrInvalidSubject); known {
+	if postbox.IsPermanent(err) {
+		return pubkit.Permanent
+	}
+	for _, c := range [...]error{ErrInvalidSubject, ErrInvalidHeader, ErrNoID, nats.ErrMaxPayload, nats.ErrBadSubject,
+		nats.ErrBadHeaderMsg, jetstream.ErrInvalidSubject} {
+		if errors.Is(err, c) {
+			return pubkit.Permanent
+		}
+	}
+	if message, known := pubkit.MessageFault(err, ErrNoStream); known {
 		if message {
 			return pubkit.Message
 		}
@@ -106,11 +126,14 @@ func classify(err error) pubkit.Fault {
 	}
 	var api *jetstream.APIError
 	if errors.As(err, &api) {
+		if permanentAPIErrors[api.ErrorCode] {
+			return pubkit.Permanent
+		}
 		if messageAPIErrors[api.ErrorCode] {
 			return pubkit.Message
 		}
 		if api.ErrorCode == storeFailed && strings.Contains(api.Description, "message too large") {
-			return pubkit.Message
+			return pubkit.Permanent
 		}
 	}
 	return pubkit.Infra

@@ -44,16 +44,20 @@
 // # Failures
 //
 // done gets nil on a PubAck, and otherwise an error the relay sorts by
-// postbox.IsMessageError; the Publisher wraps every message failure with
-// postbox.NewMessageError:
+// postbox.IsPermanent and postbox.IsMessageError (docs/design.md §4); the
+// Publisher wraps what the server can never accept from the message with
+// postbox.Permanent (the relay buries it at once), and every other message
+// failure with postbox.NewMessageError:
 //
 //	failure                                           class           error
 //	PubAck (Duplicate or not)                         success         nil
-//	payload + headers over the server's max_payload   message         nats.ErrMaxPayload
-//	over the stream's max_msg_size, headers > 64 KiB  message         *jetstream.APIError 10054, 10097
+//	payload + headers over the server's max_payload   permanent       nats.ErrMaxPayload
+//	over the stream's max_msg_size, headers > 64 KiB  permanent       *jetstream.APIError 10054, 10097
+//	over the file store's record limit                permanent       *jetstream.APIError 10077
+//	invalid subject (topic mapping, Subject func)     permanent       ErrInvalidSubject
+//	invalid or Nats-* header, a key with CR or LF     permanent       ErrInvalidHeader
+//	  (it travels in ce-partitionkey), empty id                       ErrNoID
 //	expected stream mismatch, sealed stream           message         *jetstream.APIError 10060, 10109
-//	invalid subject (topic mapping, Subject func)     message         ErrInvalidSubject
-//	invalid or Nats-* header, empty id                message         ErrInvalidHeader, ErrNoID
 //	no answer, and the server says no stream matches  message         ErrNoStream
 //	no answer, and the stream lookup fails            infrastructure  jetstream.ErrNoStreamResponse + lookup error
 //	no answer, though a stream captures the subject   infrastructure  jetstream.ErrNoStreamResponse
@@ -64,6 +68,14 @@
 //	the publish's context ended                       infrastructure  ctx.Err()
 //	Publisher closed                                  infrastructure  ErrClosed
 //	anything else                                     infrastructure
+//
+// The Publisher is a postbox.MessageChecker: a Client whose route leads to
+// it refuses at write time, with a *postbox.ValidationError, what it could
+// tell from the message alone: an invalid subject (a topic with an empty
+// token, such as "a..b", ".a" or "a."), a header or key NATS cannot carry,
+// and, once connected, a payload that with its headers is over the
+// server's max_payload. What only the stream knows (max_msg_size) is
+// dead at the first publish.
 //
 // "No answer" (no responders) is ambiguous: no stream captures the
 // subject, or the stream exists but has no leader yet, or JetStream is

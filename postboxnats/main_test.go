@@ -203,6 +203,11 @@ func mustMessage(t testing.TB, err error, target error) {
 	pubtest.MustMessage(t, err, target)
 }
 
+func mustPermanent(t testing.TB, err error, target error) {
+	t.Helper()
+	pubtest.MustPermanent(t, err, target)
+}
+
 func mustInfra(t testing.TB, err error) {
 	t.Helper()
 	pubtest.MustInfra(t, err, nil)

@@ -178,6 +178,28 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 // flight builds the NATS message for env. The id travels as Nats-Msg-Id,
 // exactly what jetstream.WithMsgID sets; setting the header directly
 // spares the options' allocations on every publish.
+// CheckMessage implements postbox.MessageChecker: what Publish could
+// never send is refused when the message is written. It encodes env as
+// Publish does, so a topic whose subject is invalid (an empty token, as in
+// "a..b", ".a" or "a."; a wildcard; a server namespace), a header NATS
+// cannot carry or that steers JetStream, and a key with CR, LF or NUL
+// (it travels in the ce-partitionkey header) are refused; and, once the
+// connection knows the server's max_payload, a payload that with its
+// headers is over it (nats.ErrMaxPayload).
+func (p *Publisher) CheckMessage(env *postbox.Envelope) error {
+	f, err := p.flight(env)
+	if err != nil {
+		return err
+	}
+	if most := p.js.Conn().MaxPayload(); most > 0 {
+		// What the client counts against max_payload: headers and data.
+		if size := int64(f.msg.Size() - len(f.msg.Subject) - len(f.msg.Reply)); size > most {
+			return fmt.Errorf("%w: payload and headers take %d bytes, over the server's max_payload of %d", nats.ErrMaxPayload, size, most)
+		}
+	}
+	return nil
+}
+
 func (p *Publisher) flight(env *postbox.Envelope) (*flight, error) {
 	if env.ID == "" {
 		return nil, ErrNoID
@@ -262,6 +284,8 @@ func (p *Publisher) failed(_ jetstream.JetStream, m *nats.Msg, err error) {
 func (p *Publisher) resolve(f *flight, err error) {
 	f.Stop()
 	switch classify(err) {
+	case pubkit.Permanent:
+		f.Finish(postbox.Permanent(fmt.Errorf("postboxnats: publish %s on %q: %w", f.id, f.subject, err)))
 	case pubkit.Message:
 		f.Finish(postbox.NewMessageError(fmt.Errorf("postboxnats: publish %s on %q: %w", f.id, f.subject, err)))
 	case pubkit.Unconfirmed:

@@ -3,6 +3,7 @@ package postboxnats_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -121,11 +122,11 @@ func TestSubjectMapping(t *testing.T) {
 				t.Errorf("Subject() for %q: %v, want ErrInvalidSubject", bad, err)
 			}
 			err := publish(t, p, ctx, envelope("t", "x"))
-			mustMessage(t, err, postboxnats.ErrInvalidSubject)
+			mustPermanent(t, err, postboxnats.ErrInvalidSubject)
 		}
 		// A valid topic can still make an invalid subject.
 		p := publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."})
-		mustMessage(t, publish(t, p, ctx, envelope("a..b", "x")), postboxnats.ErrInvalidSubject)
+		mustPermanent(t, publish(t, p, ctx, envelope("a..b", "x")), postboxnats.ErrInvalidSubject)
 
 		info, err := s.Info(ctx)
 		if err != nil {
@@ -181,12 +182,12 @@ func TestOversizePayload(t *testing.T) {
 
 		// Over the server's max_payload: refused by the client.
 		huge := envelope("big", strings.Repeat("x", int(nc.MaxPayload())+1))
-		mustMessage(t, publish(t, p, ctx, huge), nats.ErrMaxPayload)
+		mustPermanent(t, publish(t, p, ctx, huge), nats.ErrMaxPayload)
 
 		// Under max_payload, over the stream's max_msg_size: refused by
 		// JetStream in the PubAck.
 		err := publish(t, p, ctx, envelope("big", strings.Repeat("x", 2048)))
-		mustMessage(t, err, jetstream.ErrStreamMessageExceedsMaximum)
+		mustPermanent(t, err, jetstream.ErrStreamMessageExceedsMaximum)
 
 		if err := publish(t, p, ctx, envelope("small", "fits")); err != nil {
 			t.Fatalf("a message that fits: %v", err)
@@ -220,11 +221,11 @@ func TestInvalidHeadersAndID(t *testing.T) {
 		} {
 			env := envelope("h", "x")
 			env.Headers[name] = value
-			mustMessage(t, publish(t, p, ctx, env), postboxnats.ErrInvalidHeader)
+			mustPermanent(t, publish(t, p, ctx, env), postboxnats.ErrInvalidHeader)
 		}
 		env := envelope("h", "x")
 		env.ID = ""
-		mustMessage(t, publish(t, p, ctx, env), postboxnats.ErrNoID)
+		mustPermanent(t, publish(t, p, ctx, env), postboxnats.ErrNoID)
 		info, err := s.Info(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -615,4 +616,56 @@ func TestDonePublishesAgain(t *testing.T) {
 			t.Fatalf("got %v, want an ack timeout", err)
 		}
 	}
+}
+
+// What the publisher could never send is refused when it is written, with
+// a *ValidationError, and nothing is written: topics whose subject has an
+// empty token, keys that cannot travel in a header, a payload over the
+// server's max_payload. What only the server can tell (a stream's
+// max_msg_size) is dead on its first publish instead of spending the
+// budget.
+func TestWriteRefusesWhatNATSCannotCarry(t *testing.T) {
+	eachTarget(t, func(t *testing.T, url string) {
+		ctx := context.Background()
+		nc, js := connect(t, url)
+		s, base := stream(t, js, func(c *jetstream.StreamConfig) { c.MaxMsgSize = 4096 })
+		pub := publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."})
+		_, prefix, d := pubtest.Tables(t)
+		c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: pub, MaxAttempts: 25,
+			Logger: slog.New(slog.DiscardHandler), MaxPayloadBytes: 64 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		huge := make([]byte, nc.MaxPayload()) // with its headers, over max_payload
+		for i, m := range []postbox.Message{
+			{Topic: "a..b"}, {Topic: ".a"}, {Topic: "a."},
+			{Topic: "ok", Key: "line\nbreak"}, {Topic: "ok", Key: "carriage\rreturn"},
+			{Topic: "ok", Payload: huge},
+		} {
+			err := c.Write(ctx, postbox.Message{Topic: "fine"}, m)
+			var ve *postbox.ValidationError
+			if !errors.As(err, &ve) || ve.Field != "messages[1]" {
+				t.Errorf("case %d (topic %q, key %q, %d bytes): err = %v, want a *ValidationError on messages[1]", i, m.Topic, m.Key, len(m.Payload), err)
+			}
+		}
+		if st, err := c.Stats(ctx); err != nil || st.Pending != 0 {
+			t.Fatalf("stats = %+v, %v: a refused write must write nothing", st, err)
+		}
+		// Over the stream's max_msg_size, which the writer cannot know:
+		// dead on the first attempt.
+		if err := c.Write(ctx, postbox.Message{Topic: "big", Payload: make([]byte, 8192)}, postbox.Message{Topic: "small"}); err != nil {
+			t.Fatal(err)
+		}
+		res, err := c.Drain(ctx)
+		if err != nil || res.Dead != 1 || res.Failed != 1 || res.Published != 1 {
+			t.Fatalf("Drain = %+v, %v; want the large one dead on its first attempt", res, err)
+		}
+		dead, err := c.Admin().ListDead(ctx, postbox.DeadFilter{Topic: "big"})
+		if err != nil || len(dead) != 1 || dead[0].Attempts != 1 {
+			t.Fatalf("dead = %+v, %v", dead, err)
+		}
+		if info, err := s.Info(ctx); err != nil || info.State.Msgs != 1 {
+			t.Fatalf("stream = %+v, %v", info, err)
+		}
+	})
 }

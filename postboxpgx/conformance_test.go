@@ -39,6 +39,10 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
+		Exec: func(_ *testing.T, d postboxdriver.Driver[pgx.Tx], query string, args ...any) error {
+			_, err := d.(*postboxpgx.Driver).Pool().Exec(context.Background(), query, args...)
+			return err
+		},
 		Features: postboxdrivertest.Features{ConcurrentWriters: true},
 	})
 }

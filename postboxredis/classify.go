@@ -103,10 +103,47 @@ func isMessageFault(err error) bool {
 	return false
 }
 
-// classified wraps err for done: message failures with
-// postbox.NewMessageError, the rest as they are.
+// permanentReplyPrefixes are the error replies among them that no retry
+// can cure: the entry is too large for the server.
+var permanentReplyPrefixes = []string{
+	"ERR Protocol error: invalid bulk length",
+	"ERR string exceeds maximum allowed size",
+}
+
+// isPermanent tells whether err, a message fault, can never be cured:
+// ErrInvalidStream, ErrTooLarge, ErrInvalidHeader, ErrNoID (an entry this
+// package cannot build), and an argument over the server's
+// proto-max-bulk-len.
+func isPermanent(err error) bool {
+	if postbox.IsPermanent(err) {
+		return true
+	}
+	for _, c := range [...]error{ErrInvalidStream, ErrTooLarge, ErrInvalidHeader, ErrNoID} {
+		if errors.Is(err, c) {
+			return true
+		}
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		for _, p := range permanentReplyPrefixes {
+			if strings.HasPrefix(re.Error(), p) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// classified wraps err for done: permanent failures with
+// postbox.Permanent, other message failures with postbox.NewMessageError,
+// the rest as they are.
 func classified(err error) error {
-	if isMessageFault(err) && !postbox.IsMessageError(err) {
+	switch {
+	case postbox.IsPermanent(err):
+		return err
+	case isMessageFault(err) && isPermanent(err):
+		return postbox.Permanent(err)
+	case isMessageFault(err) && !postbox.IsMessageError(err):
 		return postbox.NewMessageError(err)
 	}
 	return err

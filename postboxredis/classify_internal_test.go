@@ -64,6 +64,14 @@ func TestClassify(t *testing.T) {
 			t.Errorf("classified(%v) = %v, want a message failure wrapping it", err, got)
 		}
 	}
+	// Of those, what no retry can cure is permanent.
+	permanent := map[error]bool{ErrInvalidStream: true, ErrTooLarge: true, ErrInvalidHeader: true, ErrNoID: true,
+		message[10]: true, message[11]: true}
+	for _, err := range message {
+		if got := classified(err); postbox.IsPermanent(got) != permanent[err] {
+			t.Errorf("classified(%v) = %v: permanent %v, want %v", err, got, postbox.IsPermanent(got), permanent[err])
+		}
+	}
 	for _, err := range infra {
 		if isMessageFault(err) {
 			t.Errorf("isMessageFault(%v) = true, want false", err)

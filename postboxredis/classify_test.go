@@ -16,6 +16,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/postboxredis"
 )
 
@@ -47,14 +49,33 @@ func TestPublishClassifiedOnRedis(t *testing.T) {
 	t.Run("InvalidStreamName", func(t *testing.T) {
 		p := publisher(t, c, &postboxredis.Config{StreamPrefix: "pbxt:"})
 		for _, topic := range []string{"has space", "has}brace", strings.Repeat("x", postboxredis.MaxStreamNameBytes)} {
-			mustMessage(t, publish(t, p, ctx, envelope(topic, "", "x")), postboxredis.ErrInvalidStream)
+			mustPermanent(t, publish(t, p, ctx, envelope(topic, "", "x")), postboxredis.ErrInvalidStream)
 		}
 	})
 	t.Run("TooLarge", func(t *testing.T) {
 		p := publisher(t, c, &postboxredis.Config{Stream: name, MaxEntryBytes: 4 << 10})
-		mustMessage(t, publish(t, p, ctx, envelope("t", "", strings.Repeat("x", 5<<10))), postboxredis.ErrTooLarge)
+		mustPermanent(t, publish(t, p, ctx, envelope("t", "", strings.Repeat("x", 5<<10))), postboxredis.ErrTooLarge)
 		if err := publish(t, p, ctx, envelope("t", "", strings.Repeat("x", 3<<10))); err != nil {
 			t.Fatalf("an entry under the cap: %v", err)
+		}
+	})
+	t.Run("RefusedAtWrite", func(t *testing.T) {
+		// What Publish could never send is refused when written, with a
+		// *ValidationError, and nothing is written.
+		p := publisher(t, c, &postboxredis.Config{StreamPrefix: "pbxt:", MaxEntryBytes: 4 << 10})
+		_, prefix, d := pubtest.Tables(t)
+		client, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, m := range []postbox.Message{{Topic: "t", Payload: make([]byte, 5<<10)}, {Topic: "t", Key: "k", Payload: make([]byte, 4<<10)}} {
+			var ve *postbox.ValidationError
+			if err := client.Write(ctx, postbox.Message{Topic: "fine"}, m); !errors.As(err, &ve) || ve.Field != "messages[1]" {
+				t.Errorf("case %d: err = %v, want a *ValidationError on messages[1]", i, err)
+			}
+		}
+		if st, err := client.Stats(ctx); err != nil || st.Pending != 0 {
+			t.Fatalf("stats = %+v, %v", st, err)
 		}
 	})
 	t.Run("NoID", func(t *testing.T) {
@@ -62,14 +83,14 @@ func TestPublishClassifiedOnRedis(t *testing.T) {
 		for _, id := range []string{"", "a\nb", strings.Repeat("x", postboxredis.MaxIDBytes+1)} {
 			env := envelope("t", "", "x")
 			env.ID = id
-			mustMessage(t, publish(t, p, ctx, env), postboxredis.ErrNoID)
+			mustPermanent(t, publish(t, p, ctx, env), postboxredis.ErrNoID)
 		}
 	})
 	t.Run("InvalidHeader", func(t *testing.T) {
 		p := publisher(t, c, &postboxredis.Config{Stream: name})
 		env := envelope("t", "", "x")
 		env.Headers["bad"] = "\xff\xfe"
-		mustMessage(t, publish(t, p, ctx, env), postboxredis.ErrInvalidHeader)
+		mustPermanent(t, publish(t, p, ctx, env), postboxredis.ErrInvalidHeader)
 	})
 	t.Run("CanceledContext", func(t *testing.T) {
 		p := publisher(t, c, &postboxredis.Config{Stream: name})

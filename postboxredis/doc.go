@@ -92,17 +92,19 @@
 //
 // done gets nil once Redis replied that the entry is stored (or that the
 // guard found it stored before), and otherwise an error the relay sorts
-// by postbox.IsMessageError; the Publisher wraps every message failure
-// with postbox.NewMessageError:
+// by postbox.IsPermanent and postbox.IsMessageError (docs/design.md §4);
+// the Publisher wraps what Redis can never accept from the message with
+// postbox.Permanent (the relay buries it at once), and every other message
+// failure with postbox.NewMessageError:
 //
 //	failure                                             class           error
 //	entry added, or found by the dedupe guard           success         nil
 //	the stream does not exist                           message         ErrNoStream
 //	the stream's key holds another type (WRONGTYPE)     message         ErrWrongType
-//	invalid stream name (topic mapping)                 message         ErrInvalidStream
-//	entry over Config.MaxEntryBytes                     message         ErrTooLarge
-//	argument over the server's proto-max-bulk-len       message         error reply
-//	header not valid UTF-8; empty or bad message id     message         ErrInvalidHeader, ErrNoID
+//	invalid stream name (topic mapping)                 permanent       ErrInvalidStream
+//	entry over Config.MaxEntryBytes                     permanent       ErrTooLarge
+//	argument over the server's proto-max-bulk-len       permanent       error reply
+//	header not valid UTF-8; empty or bad message id     permanent       ErrInvalidHeader, ErrNoID
 //	CROSSSLOT                                           message         error reply
 //	connection refused, reset, EOF, network timeout     infrastructure  net / io errors
 //	no reply within Config.PublishTimeout               infrastructure  ErrPublishTimeout
@@ -115,6 +117,10 @@
 //	the publish's context ended                         infrastructure  ctx.Err()
 //	Publisher closed                                    infrastructure  ErrClosed
 //	anything else                                       infrastructure
+//
+// The Publisher is a postbox.MessageChecker: a Client whose route leads to
+// it refuses at write time, with a *postbox.ValidationError, an entry over
+// MaxEntryBytes, a stream name it refuses and a header that is not UTF-8.
 //
 // A message failure is one that the same message would meet again; a
 // server state that passes (loading a dataset, a replica not yet

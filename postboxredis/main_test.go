@@ -175,6 +175,11 @@ func envelope(topic, key, payload string) *postbox.Envelope {
 	return &postbox.Envelope{ID: id, Topic: topic, Key: key, Payload: []byte(payload), Headers: h, CreatedAt: time.Now(), Attempt: 1}
 }
 
+func mustPermanent(t testing.TB, err error, target error) {
+	t.Helper()
+	pubtest.MustPermanent(t, err, target)
+}
+
 func mustMessage(t testing.TB, err error, target error) {
 	t.Helper()
 	pubtest.MustMessage(t, err, target)

@@ -196,6 +196,18 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 }
 
 // request builds the script call for env.
+// CheckMessage implements postbox.MessageChecker: what Publish could
+// never send is refused when the message is written. It builds the entry
+// as Publish does, so a topic whose stream name this package refuses, a
+// header that is not UTF-8, and an entry over MaxEntryBytes are refused.
+// The server's own proto-max-bulk-len is not known before a publish; an
+// entry over it (with MaxEntryBytes raised above it) is dead at its first
+// publish.
+func (p *Publisher) CheckMessage(env *postbox.Envelope) error {
+	_, err := p.request(env)
+	return err
+}
+
 func (p *Publisher) request(env *postbox.Envelope) (*request, error) {
 	if env.ID == "" || len(env.ID) > MaxIDBytes || !printable.Line(env.ID) {
 		return nil, fmt.Errorf("%w: %q", ErrNoID, configcheck.Shorten(env.ID))

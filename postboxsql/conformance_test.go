@@ -45,6 +45,10 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
+		Exec: func(_ *testing.T, d postboxdriver.Driver[*sql.Tx], query string, args ...any) error {
+			_, err := d.(*postboxsql.Driver).DB().ExecContext(context.Background(), query, args...)
+			return err
+		},
 		Features: postboxdrivertest.Features{ConcurrentWriters: true},
 	})
 }

@@ -48,10 +48,15 @@ ORDER BY d.dead_at DESC, d.seq DESC LIMIT ?6`),
 		getDead: r.Replace(`SELECT ` + deadMessageColumns + ` FROM {p}dead d WHERE d.id = ?`),
 		// Back under the original seq: first in line, and in order among
 		// its key's messages still pending.
+		// A dead message whose id is pending again (written anew after it
+		// died) stays dead: the outbox holds an id once.
 		requeueInsert: r.Replace(`INSERT INTO {p}outbox (seq, id, topic, key, payload, headers, partition, created_at)
-SELECT d.seq, d.id, d.topic, d.key, d.payload, d.headers, d.partition, d.created_at FROM {p}dead d WHERE ` + deadWhere),
-		requeueDelete: r.Replace(`DELETE FROM {p}dead AS d WHERE ` + deadWhere),
-		deleteDead:    r.Replace(`DELETE FROM {p}dead AS d WHERE ` + deadWhere),
+SELECT d.seq, d.id, d.topic, d.key, d.payload, d.headers, d.partition, d.created_at FROM {p}dead d WHERE ` + deadWhere + `
+  AND NOT EXISTS (SELECT 1 FROM {p}outbox o WHERE o.id = d.id)`),
+		// After the insert, exactly the moved rows have their seq pending.
+		requeueDelete: r.Replace(`DELETE FROM {p}dead AS d WHERE ` + deadWhere + `
+  AND EXISTS (SELECT 1 FROM {p}outbox o WHERE o.seq = d.seq)`),
+		deleteDead: r.Replace(`DELETE FROM {p}dead AS d WHERE ` + deadWhere),
 		prunePublished: r.Replace(`DELETE FROM {p}published WHERE rowid IN (
   SELECT rowid FROM {p}published WHERE published_at < {now} - ?1 LIMIT ?2)`),
 		horizon:     r.Replace(`SELECT ?1 < {now} - ?2`),

@@ -92,22 +92,28 @@ ORDER BY o.seq`),
 		unpend: r.Replace(`DELETE FROM {p}outbox AS o
 WHERE o.seq IN (SELECT value FROM json_each(?1))
   AND EXISTS (SELECT 1 FROM {p}leases l WHERE ` + fenced + `)`),
-		// MarkFailed: rows that reach the budget move to the dead table,
-		// then the others wait for their backoff. The failures arrive as
-		// a JSON array of {"s": seq, "e": error, "b": backoff ms}, one per
-		// seq.
-		bury: r.Replace(`WITH f AS (SELECT value ->> 's' AS seq, value ->> 'e' AS err FROM json_each(?1))
+		// MarkFailed: rows that reach the budget, or whose failure is
+		// marked dead (permanent), move to the dead table, then the others
+		// wait for their backoff. The failures arrive as a JSON array of
+		// {"s": seq, "e": error, "b": backoff ms, "d": dead}, one per seq.
+		// A dead message of the same id, an id written again after its
+		// first message died, is replaced: a conflict would fail the
+		// record of every failure of the batch.
+		bury: r.Replace(`WITH f AS (SELECT value ->> 's' AS seq, value ->> 'e' AS err, value ->> 'd' AS dead FROM json_each(?1))
 INSERT INTO {p}dead (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error, dead_at)
 SELECT o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts + 1, f.err, {now}
 FROM f JOIN {p}outbox o ON o.seq = f.seq JOIN {p}leases l ON ` + fenced + `
-WHERE o.attempts + 1 >= ?4
+WHERE o.attempts + 1 >= ?4 OR f.dead
 ORDER BY o.seq
+ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, topic = excluded.topic, key = excluded.key,
+  payload = excluded.payload, headers = excluded.headers, partition = excluded.partition,
+  created_at = excluded.created_at, attempts = excluded.attempts, last_error = excluded.last_error, dead_at = excluded.dead_at
 RETURNING seq, attempts`),
 		unbury: r.Replace(`DELETE FROM {p}outbox WHERE seq IN (SELECT value FROM json_each(?1))`),
-		retry: r.Replace(`WITH f AS (SELECT value ->> 's' AS seq, value ->> 'e' AS err, value ->> 'b' AS backoff FROM json_each(?1))
+		retry: r.Replace(`WITH f AS (SELECT value ->> 's' AS seq, value ->> 'e' AS err, value ->> 'b' AS backoff, value ->> 'd' AS dead FROM json_each(?1))
 UPDATE {p}outbox AS o SET attempts = o.attempts + 1, last_error = f.err, available_at = {now} + f.backoff
 FROM f, {p}leases l
-WHERE o.seq = f.seq AND ` + fenced + ` AND o.attempts + 1 < ?4
+WHERE o.seq = f.seq AND ` + fenced + ` AND o.attempts + 1 < ?4 AND NOT f.dead
 RETURNING seq, attempts`),
 		applied: r.Replace(`SELECT version FROM {p}migrations ORDER BY version`),
 		createMigrations: r.Replace(`CREATE TABLE IF NOT EXISTS {p}migrations (
@@ -338,6 +344,7 @@ type failure struct {
 	Seq     int64  `json:"s"`
 	Error   string `json:"e"`
 	Backoff int64  `json:"b"`
+	Dead    bool   `json:"d"`
 }
 
 // MarkFailed implements postboxdriver.Executor. It returns the rows that
@@ -352,7 +359,7 @@ func (s *store) MarkFailed(ctx context.Context, f postboxdriver.Fence, failures 
 	idx := make(map[int64]int, len(failures))
 	list := make([]failure, 0, len(failures))
 	for _, fl := range failures {
-		x := failure{Seq: fl.Seq, Error: fl.Error, Backoff: fl.Backoff.Milliseconds()}
+		x := failure{Seq: fl.Seq, Error: fl.Error, Backoff: fl.Backoff.Milliseconds(), Dead: fl.Dead}
 		if i, ok := idx[fl.Seq]; ok {
 			list[i] = x
 			continue

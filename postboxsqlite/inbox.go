@@ -21,11 +21,18 @@ type inboxQueries struct {
 func makeInboxQueries(p string) inboxQueries {
 	r := strings.NewReplacer("{p}", p, "{now}", nowExpr, "{dead}", consumerDeadColumns)
 	return inboxQueries{
-		insert: r.Replace(`INSERT INTO {p}inbox (consumer, message_id) VALUES (?, ?) ON CONFLICT DO NOTHING`),
-		// The ids travel as one JSON array; the WHERE clause keeps SQLite
-		// from reading the upsert clause as part of the SELECT.
+		// A message with a dead message for the consumer is not recorded:
+		// a late copy of it runs nothing, and the dead message stands
+		// until it is requeued or deleted.
+		insert: r.Replace(`INSERT INTO {p}inbox (consumer, message_id)
+SELECT ?1, ?2 WHERE NOT EXISTS (SELECT 1 FROM {p}consumer_dead d WHERE d.consumer = ?1 AND d.message_id = ?2)
+ON CONFLICT DO NOTHING`),
+		// The ids travel as one JSON array; the WHERE clause also keeps
+		// SQLite from reading the upsert clause as part of the SELECT.
 		insertMany: r.Replace(`INSERT INTO {p}inbox (consumer, message_id)
-SELECT ?1, value FROM json_each(?2) WHERE true ORDER BY value
+SELECT ?1, value FROM json_each(?2)
+WHERE NOT EXISTS (SELECT 1 FROM {p}consumer_dead d WHERE d.consumer = ?1 AND d.message_id = value)
+ORDER BY value
 ON CONFLICT DO NOTHING
 RETURNING message_id`),
 		deleteMany: r.Replace(`DELETE FROM {p}inbox WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2))`),

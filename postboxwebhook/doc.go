@@ -57,7 +57,9 @@
 // the HTTP client sets (webhook-*, Idempotency-Key, Host, Content-Length,
 // Connection, Transfer-Encoding, ...), fails as a message failure wrapping
 // ErrInvalidHeader; an id that is empty, over 255 bytes, or holds a space,
-// a control or non-ASCII byte or a "." fails with ErrInvalidID. HTTP
+// a control or non-ASCII byte or a "." fails with ErrInvalidID. Both are
+// permanent, and the Publisher, a postbox.MessageChecker, refuses them at
+// write time already. HTTP
 // header names are case-insensitive: receivers see them in whatever case
 // their server gives, and the Receiver lower-cases them.
 //
@@ -107,13 +109,17 @@
 // # Failures
 //
 // done gets nil on a 2xx and otherwise an error the relay sorts by
-// postbox.IsMessageError (see ClassifyStatus); the Publisher wraps every
-// message failure with postbox.NewMessageError:
+// postbox.IsPermanent and postbox.IsMessageError (see ClassifyStatus, and
+// docs/design.md §4); the Publisher wraps the answers that say no retry
+// can succeed with postbox.Permanent (the relay buries the message at
+// once), and every other message failure with postbox.NewMessageError:
 //
 //	outcome                                    class           error
 //	200-299                                    success         nil
 //	300-399 (redirects are never followed)     message         *StatusError, ErrRedirect
-//	400-499 except 408 and 429                 message         *StatusError, ErrRejected
+//	410 Gone, 413 Content Too Large,           permanent       *StatusError, ErrRejected
+//	  431 Request Header Fields Too Large
+//	400-499 except 408, 429 and the above      message         *StatusError, ErrRejected
 //	408, 429                                   infrastructure  *StatusError, ErrUnavailable
 //	500-599, and any other status              infrastructure  *StatusError, ErrUnavailable
 //	no answer within Destination.Timeout       infrastructure  context.DeadlineExceeded
@@ -121,7 +127,7 @@
 //	the publish's context ended                infrastructure  ctx.Err()
 //	Publisher closed                           infrastructure  ErrClosed
 //	no destination matches the topic           message         ErrNoDestination
-//	a header or id that cannot be sent         message         ErrInvalidHeader, ErrInvalidID
+//	a header or id that cannot be sent         permanent       ErrInvalidHeader, ErrInvalidID
 //
 // A message failure spends one of the message's attempts and backs it off;
 // after postbox.Config.MaxAttempts it moves to the dead table, where it
@@ -129,10 +135,13 @@
 // nothing: the message stays pending and the relay pauses, then sends it
 // again under the same webhook-id.
 //
-// A 4xx says this request will not be accepted as it is. A 410 Gone, or
-// a 404 or 401 from a misconfigured destination, fails every message sent
-// there until the configuration is fixed; they end in the dead table and
-// can be requeued then. A 3xx is a message failure for the same reason:
+// A 4xx says this request will not be accepted as it is. A 404 or 401
+// from a misconfigured destination fails every message sent there until
+// the configuration is fixed; they end in the dead table and can be
+// requeued then. A 410 Gone says the receiver retired the endpoint, and a
+// 413 or 431 that this message is too large for it: no retry can help, so
+// the message is dead on that first answer, to be requeued once the
+// destination is changed. A 3xx is a message failure for the same reason:
 // Standard Webhooks asks senders not to follow redirects, a moved receiver
 // is fixed by updating the URL, and following one would send the signed
 // body to a host nobody configured. The Publisher hands its client a copy

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/configcheck"
 )
 
@@ -173,15 +174,13 @@ func unhex(c byte) (byte, bool) {
 
 // CheckMessage implements postbox.MessageChecker: a topic with no
 // destination, or a header HTTP cannot carry or the publisher sets itself,
-// is refused when the message is written.
-func (p *Publisher) CheckMessage(topic string, headers map[string]string) error {
-	if p.route(topic) == nil {
-		return fmt.Errorf("%w for topic %q", ErrNoDestination, configcheck.Shorten(topic))
+// is refused when the message is written. It builds the request's headers
+// as Publish does.
+func (p *Publisher) CheckMessage(env *postbox.Envelope) error {
+	d := p.route(env.Topic)
+	if d == nil {
+		return fmt.Errorf("%w for topic %q", ErrNoDestination, configcheck.Shorten(env.Topic))
 	}
-	for name, value := range headers {
-		if err := checkHeader(name, value); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err := requestHeader(d, env)
+	return err
 }

@@ -180,7 +180,8 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 	}
 	header, err := requestHeader(d, env)
 	if err != nil {
-		done(postbox.NewMessageError(err))
+		// The same envelope would make the same headers again.
+		done(postbox.Permanent(err))
 		return
 	}
 	if err := ctx.Err(); err != nil {
@@ -319,10 +320,24 @@ func (p *Publisher) do(ctx context.Context, d *destination, env *postbox.Envelop
 			se.Location = redactURL(loc)
 		}
 	}
-	if errors.Is(cause, ErrUnavailable) {
+	switch {
+	case errors.Is(cause, ErrUnavailable):
 		return se
+	case permanentStatus(resp.StatusCode):
+		return postbox.Permanent(se)
 	}
 	return postbox.NewMessageError(se)
+}
+
+// permanentStatus reports the 4xx answers that say no retry of this
+// message can succeed: 410 Gone (the receiver retired the endpoint for
+// good), 413 Content Too Large and 431 Request Header Fields Too Large
+// (this message will always be too large for it). The relay buries such a
+// message at once; the other 4xx answers (400, 401, 403, 404, 422, ...)
+// may be a receiver's passing state or configuration, and spend the
+// budget as message failures.
+func permanentStatus(code int) bool {
+	return code == http.StatusGone || code == http.StatusRequestEntityTooLarge || code == http.StatusRequestHeaderFieldsTooLarge
 }
 
 // transportError reports a request that got no answer. Every such failure

@@ -92,7 +92,7 @@ func TestClassification(t *testing.T) {
 		message bool  // a message failure, else infrastructure
 	}{
 		{[]int{200, 201, 202, 204, 299}, nil, false},
-		{[]int{400, 401, 403, 404, 405, 409, 410, 413, 415, 422, 451, 499}, postboxwebhook.ErrRejected, true},
+		{[]int{400, 401, 403, 404, 405, 409, 410, 413, 415, 422, 431, 451, 499}, postboxwebhook.ErrRejected, true},
 		{[]int{300, 301, 302, 303, 304, 307, 308}, postboxwebhook.ErrRedirect, true},
 		{[]int{408, 429, 500, 501, 502, 503, 504, 599, 600}, postboxwebhook.ErrUnavailable, false},
 	}
@@ -125,9 +125,14 @@ func TestClassification(t *testing.T) {
 					}
 					return
 				}
-				if c.message {
+				switch {
+				case code == 410 || code == 413 || code == 431:
+					// Gone, Content Too Large, Request Header Fields Too
+					// Large: no retry can succeed.
+					mustPermanent(t, err, c.want)
+				case c.message:
 					mustMessage(t, err, c.want)
-				} else {
+				default:
 					mustInfra(t, err)
 				}
 				var se *postboxwebhook.StatusError
@@ -298,7 +303,16 @@ func TestMessageFailuresBeforeSending(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			mustMessage(t, publish(t, p, context.Background(), c.env), c.want)
+			if errors.Is(c.want, postboxwebhook.ErrNoDestination) {
+				// Destinations are configuration: a message failure,
+				// retried, so that a fixed configuration delivers it.
+				mustMessage(t, publish(t, p, context.Background(), c.env), c.want)
+				return
+			}
+			mustPermanent(t, publish(t, p, context.Background(), c.env), c.want)
+			if err := p.CheckMessage(c.env); !errors.Is(err, c.want) {
+				t.Errorf("CheckMessage = %v, want it to refuse with %v", err, c.want)
+			}
 		})
 	}
 	if hits.Load() != 0 {

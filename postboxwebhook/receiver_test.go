@@ -166,7 +166,7 @@ func TestReceiverStatus(t *testing.T) {
 		t.Fatalf("unknown action: %v, want 500", err)
 	}
 	err = publish(t, p, context.Background(), envelope("t", "", strings.Repeat("x", 1025)))
-	mustMessage(t, err, postboxwebhook.ErrRejected)
+	mustPermanent(t, err, postboxwebhook.ErrRejected)
 	if status(err) != http.StatusRequestEntityTooLarge {
 		t.Fatalf("body over the cap: %v, want 413", err)
 	}

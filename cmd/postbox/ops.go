@@ -17,6 +17,7 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
+	"github.com/postbox-go/postbox/postboxadmin"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
@@ -417,12 +418,15 @@ func newPrune(f *dbFlags) *cobra.Command {
 }
 
 // exitCode maps an error to the process's exit status: 2 for bad input
-// (a flag, an argument, a validation failure), 1 for the rest.
+// (a flag, an argument, a validation failure, an admin listener refused
+// without tokens), 3 for a missing message, 1 for the rest.
 func exitCode(err error) int {
 	var u *errUsage
 	var ve *postbox.ValidationError
 	var ce *postbox.ConfigError
-	if errors.As(err, &u) || errors.As(err, &ve) || errors.As(err, &ce) || errors.Is(err, postbox.ErrEmptySelection) || errors.Is(err, postboxdriver.ErrBeyondHorizon) {
+	var le *postboxadmin.ListenError
+	if errors.As(err, &u) || errors.As(err, &ve) || errors.As(err, &ce) || errors.As(err, &le) ||
+		errors.Is(err, postbox.ErrEmptySelection) || errors.Is(err, postboxdriver.ErrBeyondHorizon) {
 		return 2
 	}
 	if errors.Is(err, postboxdriver.ErrNotFound) {

@@ -186,3 +186,15 @@ func clientFor(t *testing.T, db []string) interface {
 }
 
 func pgxDriver(t *testing.T) *postboxpgx.Driver { return postboxpgx.New(testdb.Pool(t)) }
+
+// An admin listener on an open address without tokens is bad input: exit
+// 2, before any database or broker is touched.
+func TestRelayRefusedListenerExits2(t *testing.T) {
+	db := "sqlite:" + filepath.Join(t.TempDir(), "never-opened.db")
+	for _, addr := range []string{"0.0.0.0:0", ":0"} {
+		out, code := run(t, "relay", "--database", db, "--admin-listen", addr)
+		if code != 2 || !strings.Contains(out, "no token") {
+			t.Errorf("relay --admin-listen %s: exit %d, want 2\n%s", addr, code, out)
+		}
+	}
+}

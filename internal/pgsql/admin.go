@@ -44,8 +44,11 @@ ORDER BY d.dead_at DESC, d.seq DESC LIMIT $6`),
 		getDead: r.Replace(`SELECT ` + deadMessageColumns + ` FROM {p}dead d WHERE d.id = $1::uuid`),
 		// The original seq puts a requeued message back in its place: first
 		// in line, and in order among its key's messages still pending.
+		// A dead message whose id is pending again (written anew after it
+		// died) stays dead: the outbox holds an id once.
 		requeueDead: r.Replace(`WITH moved AS (
   DELETE FROM {p}dead d WHERE ` + deadWhere + `
+    AND NOT EXISTS (SELECT 1 FROM {p}outbox o WHERE o.id = d.id)
   RETURNING d.seq, d.id, d.topic, d.key, d.payload, d.headers, d.created_at
 ), back AS (
   INSERT INTO {p}outbox (seq, id, topic, key, payload, headers, created_at) OVERRIDING SYSTEM VALUE

@@ -20,11 +20,19 @@ const consumerDeadColumns = `consumer, message_id, topic, coalesce(key, ''), pay
 func makeInboxQueries(prefix string) inboxQueries {
 	r := strings.NewReplacer("{p}", prefix)
 	return inboxQueries{
+		// A message with a dead message for the consumer is not recorded:
+		// a late copy of it runs nothing, and the dead message stands
+		// until it is requeued or deleted.
 		insert: r.Replace(`WITH ins AS (
-  INSERT INTO {p}inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1
+  INSERT INTO {p}inbox (consumer, message_id)
+  SELECT $1::text, $2::text
+  WHERE NOT EXISTS (SELECT 1 FROM {p}consumer_dead d WHERE d.consumer = $1::text AND d.message_id = $2::text)
+  ON CONFLICT DO NOTHING RETURNING 1
 ) SELECT count(*) FROM ins`),
 		insertMany: r.Replace(`INSERT INTO {p}inbox (consumer, message_id)
-SELECT $1, id FROM unnest($2::text[]) AS u(id) ORDER BY id COLLATE "C"
+SELECT $1, id FROM unnest($2::text[]) AS u(id)
+WHERE NOT EXISTS (SELECT 1 FROM {p}consumer_dead d WHERE d.consumer = $1 AND d.message_id = u.id)
+ORDER BY id COLLATE "C"
 ON CONFLICT DO NOTHING
 RETURNING message_id`),
 		delete: r.Replace(`DELETE FROM {p}inbox WHERE consumer = $1 AND message_id = ANY($2::text[])`),

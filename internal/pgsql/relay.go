@@ -90,10 +90,15 @@ RETURNING partition, owner, generation, expires_at`),
 SELECT count(*) FROM ins, (SELECT set_config('synchronous_commit', 'off', true)) AS async`),
 		// Rows that reach the budget move to the dead table; the others wait
 		// for their backoff. The two CTEs touch disjoint rows.
+		//
+		// A failure marked dead (permanent) dies whatever its attempts. A
+		// dead message of the same id, an id written again after its first
+		// message died, is replaced: a conflict would fail the whole
+		// statement, and with it the record of every failure of the batch.
 		markFailed: r.Replace(`WITH f AS (
-  SELECT * FROM unnest($2::bigint[], $3::text[], $4::bigint[]) AS f(seq, err, backoff_ms)
+  SELECT * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $7::boolean[]) AS f(seq, err, backoff_ms, dead)
 ), owned AS (
-  SELECT o.seq, o.attempts + 1 >= $5 AS dies FROM {p}outbox o JOIN f ON f.seq = o.seq JOIN {p}leases l
+  SELECT o.seq, (o.attempts + 1 >= $5 OR f.dead) AS dies FROM {p}outbox o JOIN f ON f.seq = o.seq JOIN {p}leases l
     ON l.partition = o.partition AND l.owner = $1 AND l.generation = ($6::bigint[])[o.partition + 1]
 ), died AS (
   DELETE FROM {p}outbox o USING owned, f
@@ -102,6 +107,9 @@ SELECT count(*) FROM ins, (SELECT set_config('synchronous_commit', 'off', true))
 ), buried AS (
   INSERT INTO {p}dead (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error)
   SELECT * FROM died
+  ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, topic = EXCLUDED.topic, key = EXCLUDED.key,
+    payload = EXCLUDED.payload, headers = EXCLUDED.headers, partition = EXCLUDED.partition,
+    created_at = EXCLUDED.created_at, attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error, dead_at = now()
   RETURNING seq, attempts
 ), retried AS (
   UPDATE {p}outbox o SET attempts = o.attempts + 1, last_error = f.err,
@@ -328,11 +336,22 @@ func (c *Core) MarkFailed(ctx context.Context, f postboxdriver.Fence, failures [
 	if len(failures) == 0 {
 		return nil, nil
 	}
-	seqs, errs, backoffs := make([]int64, len(failures)), make([]string, len(failures)), make([]int64, len(failures))
-	for i, fl := range failures {
-		seqs[i], errs[i], backoffs[i] = fl.Seq, fl.Error, fl.Backoff.Milliseconds()
+	// One entry per seq, the last one winning, as on SQLite: a seq listed
+	// twice would otherwise be deleted and buried twice.
+	idx := make(map[int64]int, len(failures))
+	var seqs, backoffs []int64
+	var errs []string
+	var dead []bool
+	for _, fl := range failures {
+		i, ok := idx[fl.Seq]
+		if !ok {
+			i = len(seqs)
+			idx[fl.Seq] = i
+			seqs, errs, backoffs, dead = append(seqs, 0), append(errs, ""), append(backoffs, 0), append(dead, false)
+		}
+		seqs[i], errs[i], backoffs[i], dead[i] = fl.Seq, fl.Error, fl.Backoff.Milliseconds(), fl.Dead
 	}
-	return queryAll(ctx, c, c.q.markFailed, []any{f.Owner, seqs, errs, backoffs, maxAttempts, generations(f)}, func(r Rows) (postboxdriver.FailResult, error) {
+	return queryAll(ctx, c, c.q.markFailed, []any{f.Owner, seqs, errs, backoffs, maxAttempts, generations(f), dead}, func(r Rows) (postboxdriver.FailResult, error) {
 		var fr postboxdriver.FailResult
 		err := r.Scan(&fr.Seq, &fr.Attempts, &fr.Dead)
 		return fr, err

@@ -11,7 +11,8 @@ import (
 // known is false when none applies, and the adapter looks at the error
 // itself; otherwise message tells whether the message is at fault:
 //
-//   - an error wrapping a *postbox.MessageError is the message's;
+//   - an error wrapping a *postbox.MessageError (or a permanent failure)
+//     is the message's;
 //   - the end of a context is not: the message was not refused, its wait
 //     was cut short;
 //   - an error wrapping one of causes (the adapter's own message-failure
@@ -48,6 +49,11 @@ const (
 	// error with postbox.NewMessageError; the relay spends one attempt
 	// and backs the message off.
 	Message
+	// Permanent: the message can never be delivered (over the broker's
+	// maximum size, a header the broker refuses). The adapter wraps the
+	// error with postbox.Permanent; the relay moves the message to the
+	// dead messages at once.
+	Permanent
 	// Unconfirmed: the broker did not know the message's destination
 	// (stream, topic). Whether it exists is the question: the adapter
 	// asks the broker before it calls done, and reports a message failure

@@ -73,8 +73,9 @@ type Record interface{ Base() *Flight }
 
 // Start is the start every Publish through k shares: it fails the
 // publish with ctx.Err() if ctx has ended, encodes env with encode
-// (failing it with a message failure wrapping encode's error), and
-// Enters the record's Flight. On true the gate is held, as after Enter.
+// (failing it with a permanent failure wrapping encode's error: an
+// envelope the adapter cannot encode never will be), and Enters the
+// record's Flight. On true the gate is held, as after Enter.
 func Start[R Record](k *Kit, ctx context.Context, env *postbox.Envelope, done func(error), encode func(*postbox.Envelope) (R, error)) (r R, ok bool) {
 	if err := ctx.Err(); err != nil {
 		done(err)
@@ -82,7 +83,7 @@ func Start[R Record](k *Kit, ctx context.Context, env *postbox.Envelope, done fu
 	}
 	r, err := encode(env)
 	if err != nil {
-		done(postbox.NewMessageError(err))
+		done(postbox.Permanent(err))
 		return r, false
 	}
 	return r, k.Enter(ctx, r.Base(), done)

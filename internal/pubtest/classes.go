@@ -17,6 +17,23 @@ func MustMessage(t testing.TB, err, target error) {
 	if !postbox.IsMessageError(err) {
 		t.Fatalf("got infrastructure failure %v, want a message failure", err)
 	}
+	if postbox.IsPermanent(err) {
+		t.Fatalf("got permanent failure %v, want a message failure that is retried", err)
+	}
+	mustWrap(t, err, target)
+}
+
+// MustPermanent fails the test unless err is a permanent failure
+// (postbox.IsPermanent: the relay buries the message at once) wrapping
+// target (unless target is nil).
+func MustPermanent(t testing.TB, err, target error) {
+	t.Helper()
+	if err == nil {
+		t.Fatal("publish succeeded, want a permanent failure")
+	}
+	if !postbox.IsPermanent(err) {
+		t.Fatalf("got %v (message failure: %v), want a permanent failure", err, postbox.IsMessageError(err))
+	}
 	mustWrap(t, err, target)
 }
 

@@ -77,7 +77,8 @@ func DropPrefix(t testing.TB, pool *pgxpool.Pool, prefix string) {
 	})
 }
 
-// DropTables drops every table of the current schema named with prefix.
+// DropTables drops every table of the current schema named with prefix,
+// and the functions named with it (the outbox's rules trigger).
 func DropTables(ctx context.Context, pool *pgxpool.Pool, prefix string) error {
 	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND starts_with(tablename, $1)`, prefix)
 	if err != nil {
@@ -90,6 +91,20 @@ func DropTables(ctx context.Context, pool *pgxpool.Pool, prefix string) error {
 	if len(names) > 0 {
 		if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+strings.Join(names, ", ")+" CASCADE"); err != nil {
 			return fmt.Errorf("drop tables: %w", err)
+		}
+	}
+	rows, err = pool.Query(ctx, `SELECT p.oid::regprocedure::text FROM pg_proc p
+WHERE p.pronamespace = current_schema()::regnamespace AND starts_with(p.proname, $1)`, prefix)
+	if err != nil {
+		return fmt.Errorf("list functions: %w", err)
+	}
+	funcs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("list functions: %w", err)
+	}
+	if len(funcs) > 0 {
+		if _, err := pool.Exec(ctx, "DROP FUNCTION IF EXISTS "+strings.Join(funcs, ", ")+" CASCADE"); err != nil {
+			return fmt.Errorf("drop functions: %w", err)
 		}
 	}
 	return nil

@@ -26,6 +26,35 @@ func (s *suite[TTx]) runExecutor(t *testing.T) {
 	t.Run("Idempotency", s.execIdempotency)
 	t.Run("SnapshotAndDurability", s.execSnapshotAndDurability)
 	t.Run("NotMigrated", s.execNotMigrated)
+	t.Run("MaintenanceClaims", s.execMaintenanceClaims)
+}
+
+// A maintenance claim has one holder while it lasts: taken when free,
+// expired or the owner's own, freed by its owner only.
+func (s *suite[TTx]) execMaintenanceClaims(t *testing.T) {
+	e := s.setup(t)
+	ctx := context.Background()
+	claim := func(owner string, ttl time.Duration, want bool) {
+		t.Helper()
+		if ok, err := e.store.ClaimMaintenance(ctx, "task", owner, ttl); err != nil || ok != want {
+			t.Fatalf("claim by %s = %v, %v; want %v", owner, ok, err, want)
+		}
+	}
+	claim("a", time.Minute, true)
+	claim("b", time.Minute, false)
+	claim("a", time.Minute, true) // a renewal
+	if ok, err := e.store.ClaimMaintenance(ctx, "other-task", "b", time.Minute); err != nil || !ok {
+		t.Fatalf("another task = %v, %v", ok, err)
+	}
+	if err := e.store.ReleaseMaintenance(ctx, "task", "b"); err != nil {
+		t.Fatal(err)
+	}
+	claim("b", time.Minute, false) // b's release did not free a's claim
+	if err := e.store.ReleaseMaintenance(ctx, "task", "a"); err != nil {
+		t.Fatal(err)
+	}
+	claim("b", 0, true) // free: taken, and already expired
+	claim("a", time.Minute, true)
 }
 
 func row(topic, key string) postboxdriver.Row {

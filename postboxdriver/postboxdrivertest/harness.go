@@ -27,6 +27,11 @@ type Harness[TTx any] struct {
 	// Backdate moves the time column of every row of the table named
 	// prefix+table back by age, to test retention without waiting.
 	Backdate func(t *testing.T, d postboxdriver.Driver[TTx], prefix, table, column string, age time.Duration)
+	// Exec runs one statement of the driver's dialect on the database
+	// behind the driver, outside any transaction of the suite's, and
+	// returns its error: the suite writes rows with SQL, as a service in
+	// another language would (the table contract).
+	Exec func(t *testing.T, d postboxdriver.Driver[TTx], query string, args ...any) error
 	// Features declares what differs between databases.
 	Features Features
 }

@@ -24,6 +24,7 @@ func (s *suite[TTx]) runInbox(t *testing.T) {
 	t.Run("Retention", s.inboxRetention)
 	t.Run("ConfigRetentionHorizon", s.inboxConfig)
 	t.Run("Batch", s.runInboxBatch)
+	t.Run("Failures", s.runInboxFailures)
 }
 
 // inboxEnv is a consumer whose handler's effect is an outbox message

@@ -23,6 +23,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("MigrateIdempotent", s.migrateIdempotent)
 	t.Run("RollbackWritesNothing", s.rollbackWritesNothing)
 	t.Run("BadInputWritesNothing", s.badInputWritesNothing)
+	t.Run("TableContractRules", s.tableContractRules)
 	t.Run("SQLInjection", s.sqlInjection)
 	t.Run("PartitionMatchesGo", s.partitionMatchesGo)
 	t.Run("LeasesExclusive", s.leasesExclusive)
@@ -41,6 +42,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("InfrastructureErrorSpendsNoAttempt", s.infraSpendsNoAttempt)
 	t.Run("StopReleasesLeases", s.stopReleases)
 	t.Run("CrashedRelayRecovered", s.crashedRelayRecovered)
+	t.Run("Failures", s.runFailures)
 	t.Run("Executor", s.runExecutor)
 	t.Run("Admin", s.runAdmin)
 	t.Run("Inbox", s.runInbox)
@@ -342,22 +344,43 @@ func (s *suite[TTx]) badInputWritesNothing(t *testing.T) {
 		{Topic: "ok", ID: "not-a-uuid"},
 		{Topic: "t'; DROP TABLE x; --"},
 	}
-	for i, m := range bad {
+	id := postbox.NewID()
+	batches := make([][]postbox.Message, 0, len(bad)+1)
+	for _, m := range bad {
+		batches = append(batches, []postbox.Message{{Topic: "fine.first"}, m})
+	}
+	// One id twice in one write: refused before any statement, so the
+	// caller's transaction is not aborted by the unique id.
+	batches = append(batches, []postbox.Message{{ID: id, Topic: "fine.first"}, {Topic: "fine.second"}, {ID: id, Topic: "fine.third"}})
+	for i, batch := range batches {
 		tx, commit, _ := s.h.Begin(t, ctx, e.d)
-		err := c.WriteTx(ctx, tx, postbox.Message{Topic: "fine.first"}, m)
+		err := c.WriteTx(ctx, tx, batch...)
 		var ve *postbox.ValidationError
 		if !errors.As(err, &ve) {
 			t.Fatalf("case %d: err = %v, want *ValidationError", i, err)
 		}
+		// The caller's transaction is still usable.
+		if err := c.WriteTx(ctx, tx, postbox.Message{Topic: "fine.after"}); err != nil {
+			t.Fatalf("case %d: the transaction is unusable after the refusal: %v", i, err)
+		}
 		if err := commit(); err != nil {
 			t.Fatal(err)
 		}
-		if err := c.Write(ctx, m); !errors.As(err, &ve) {
+		if err := c.Write(ctx, batch...); !errors.As(err, &ve) {
 			t.Fatalf("case %d: Write err = %v, want *ValidationError", i, err)
 		}
 	}
-	if st := e.stats(t); st.Pending != 0 {
-		t.Fatalf("pending = %d, want 0: a batch with a bad message must write nothing", st.Pending)
+	if st := e.stats(t); st.Pending != int64(len(batches)) {
+		t.Fatalf("pending = %d, want %d: a batch with a bad message must write nothing", st.Pending, len(batches))
+	}
+	// A nil transaction is an error, not a panic.
+	var none TTx
+	var ve *postbox.ValidationError
+	if err := c.WriteTx(ctx, none, postbox.Message{Topic: "fine"}); !errors.As(err, &ve) || ve.Field != "tx" {
+		t.Fatalf("WriteTx with a nil transaction = %v, want a *ValidationError on tx", err)
+	}
+	if _, err := c.Inbox().ProcessTx(ctx, none, "c", "id", nil); !errors.As(err, &ve) || ve.Field != "tx" {
+		t.Fatalf("ProcessTx with a nil transaction = %v, want a *ValidationError on tx", err)
 	}
 }
 
