@@ -49,7 +49,7 @@ func table(w io.Writer, header string, rows [][]string) error {
 
 func withConn(f *dbFlags, run func(ctx context.Context, c *conn, out io.Writer) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, _ []string) error {
-		c, err := f.open(cmd.Context())
+		c, err := f.open(cmd)
 		if err != nil {
 			return err
 		}
@@ -217,14 +217,6 @@ func (d *deadFilterFlags) filter(ids []string) (postbox.DeadFilter, error) {
 	return postbox.DeadFilter{IDs: ids, Topic: d.topic, Key: d.key, Since: since, Until: until, Limit: d.limit}, nil
 }
 
-func deadJSON(d postbox.DeadMessage) map[string]any {
-	h, _ := postbox.DecodeHeaders(d.Headers)
-	return map[string]any{
-		"seq": d.Seq, "id": d.ID, "topic": d.Topic, "key": d.Key, "payload": string(d.Payload), "headers": h,
-		"attempts": d.Attempts, "last_error": d.Error, "created_at": d.CreatedAt, "dead_at": d.DeadAt,
-	}
-}
-
 func newDead(f *dbFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "dead", Short: "Messages past their attempt budget: list, show, requeue, delete"}
 	var lf deadFilterFlags
@@ -241,21 +233,22 @@ func newDead(f *dbFlags) *cobra.Command {
 		}
 		if f.json {
 			js := make([]map[string]any, 0, len(ds))
-			for _, d := range ds {
-				js = append(js, deadJSON(d))
+			for i := range ds {
+				js = append(js, deadJSON(&ds[i]))
 			}
 			return printJSON(out, js)
 		}
 		var rows [][]string
-		for _, d := range ds {
-			rows = append(rows, []string{d.ID, d.Topic, d.Key, strconv.Itoa(d.Attempts), d.DeadAt.UTC().Format(time.RFC3339), oneLine(d.Error, 60)})
+		for i := range ds {
+			d := &ds[i]
+			rows = append(rows, []string{d.ID, safe(d.Topic), safe(oneLine(d.Key, 40)), strconv.Itoa(d.Attempts), d.DeadAt.UTC().Format(time.RFC3339), reason(d, 80)})
 		}
 		return table(out, "ID\tTOPIC\tKEY\tATTEMPTS\tDEAD AT\tLAST ERROR", rows)
 	})
 	show := &cobra.Command{
 		Use: "show ID", Short: "Show one dead message with its payload and headers", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := f.open(cmd.Context())
+			c, err := f.open(cmd)
 			if err != nil {
 				return err
 			}
@@ -265,12 +258,13 @@ func newDead(f *dbFlags) *cobra.Command {
 				return err
 			}
 			if f.json {
-				return printJSON(cmd.OutOrStdout(), deadJSON(d))
+				return printJSON(cmd.OutOrStdout(), deadJSON(&d))
 			}
 			out := cmd.OutOrStdout()
-			h, _ := postbox.DecodeHeaders(d.Headers)
-			fmt.Fprintf(out, "id          %s\nseq         %d\ntopic       %s\nkey         %s\nattempts    %d\ncreated at  %s\ndead at     %s\nlast error  %s\nheaders     %v\npayload     %s\n",
-				d.ID, d.Seq, d.Topic, d.Key, d.Attempts, d.CreatedAt.UTC().Format(time.RFC3339Nano), d.DeadAt.UTC().Format(time.RFC3339Nano), d.Error, h, d.Payload)
+			fmt.Fprintf(out, "id          %s\nseq         %d\ntopic       %s\nkey         %s\nattempts    %d\ncreated at  %s\ndead at     %s\nlast error  %s\n",
+				d.ID, d.Seq, safe(d.Topic), safe(d.Key), d.Attempts, rfc3339(d.CreatedAt), rfc3339(d.DeadAt), safe(d.Error))
+			writeHeaders(out, d.Headers)
+			writePayload(out, d.Payload)
 			return nil
 		},
 	}
@@ -283,7 +277,7 @@ func newDead(f *dbFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			conn, err := f.open(cmd.Context())
+			conn, err := f.open(cmd)
 			if err != nil {
 				return err
 			}
@@ -393,7 +387,11 @@ func newPrune(f *dbFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "prune",
 		Short: "Delete published messages older than --retention, in batches (never pending or dead ones)",
-		Args:  cobra.NoArgs,
+		Long: `prune deletes published messages older than --retention (default 7d; 0 means
+the default, and says so; a negative retention keeps everything, and prune then
+deletes nothing), in batches, until none is left. Pending and dead messages are
+never touched. The relay prunes by itself: this is for a one-off.`,
+		Args: cobra.NoArgs,
 		RunE: withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
 			progress := func(n int) {
 				if !f.json {
@@ -408,9 +406,9 @@ func newPrune(f *dbFlags) *cobra.Command {
 				return err
 			}
 			if f.json {
-				return printJSON(out, map[string]int{"deleted": n})
+				return printJSON(out, map[string]any{"deleted": n, "retention_seconds": c.retention.Seconds()})
 			}
-			fmt.Fprintf(out, "deleted %d published message(s) older than %s\n", n, f.retention)
+			fmt.Fprintf(out, "deleted %d published message(s) older than %s\n", n, c.retentionText())
 			return nil
 		}),
 	}
