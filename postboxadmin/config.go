@@ -80,6 +80,13 @@ type Config struct {
 	// /v1/consumers/...; nil answers those endpoints with 501.
 	ConsumerDead ConsumerDead
 
+	// Routed, when set, tells whether a relay routes a topic: the status
+	// then marks each topic "routed" or not and counts the pending
+	// messages of unrouted topics apart ("unrouted_pending"). Rows of
+	// an unrouted topic wait, spending no attempt, for a relay that
+	// routes it. Nil: every topic counts as routed.
+	Routed func(topic string) bool
+
 	// Tokens are the bearer tokens accepted. With none, every request is
 	// treated as admin: that is only allowed on a loopback address
 	// (CheckListen), and the handler then also refuses requests that do not

@@ -80,8 +80,11 @@
 // for replay's "since". The other endpoints take no parameters.
 //
 // Status: {"pending", "dead", "published_kept", "oldest_pending_age_seconds",
-// "topics": [{"topic", "pending", "dead", "oldest_pending_age_seconds",
-// "published_last_minute"}]}.
+// "unrouted_pending", "held_snapshot", "topics": [{"topic", "pending", "dead",
+// "oldest_pending_age_seconds", "published_last_minute", "routed"}]}.
+// "routed" is false for a topic no route of the relay takes
+// (Config.Routed); "unrouted_pending" counts those topics' pending
+// messages, which are also in "pending".
 //
 // A dead message: {"seq", "id", "topic", "key", "payload", "payload_text",
 // "headers", "attempts", "last_error", "created_at", "dead_at"}. A

@@ -18,11 +18,14 @@ const (
 )
 
 type statusJSON struct {
-	Pending                 int64       `json:"pending"`
-	Dead                    int64       `json:"dead"`
-	PublishedKept           int64       `json:"published_kept"`
-	OldestPendingAgeSeconds float64     `json:"oldest_pending_age_seconds"`
-	Topics                  []topicJSON `json:"topics"`
+	Pending                 int64   `json:"pending"`
+	Dead                    int64   `json:"dead"`
+	PublishedKept           int64   `json:"published_kept"`
+	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
+	// UnroutedPending counts the pending messages of topics no route of
+	// the relay takes (Config.Routed); they are included in Pending.
+	UnroutedPending int64       `json:"unrouted_pending"`
+	Topics          []topicJSON `json:"topics"`
 	// HeldSnapshot is null when no other session holds a snapshot (and
 	// always on SQLite).
 	HeldSnapshot *heldSnapshotJSON `json:"held_snapshot"`
@@ -40,6 +43,8 @@ type topicJSON struct {
 	Dead                    int64   `json:"dead"`
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 	PublishedLastMinute     int64   `json:"published_last_minute"`
+	// Routed is false for a topic no route of the relay takes.
+	Routed bool `json:"routed"`
 }
 
 func (s *Server) getStatus(w http.ResponseWriter, r *http.Request, _ principal) error {
@@ -56,11 +61,20 @@ func (s *Server) getStatus(w http.ResponseWriter, r *http.Request, _ principal) 
 		out.HeldSnapshot = &heldSnapshotJSON{AgeSeconds: h.Age.Seconds(), PID: h.PID, State: h.State}
 	}
 	for _, t := range st.Topics {
+		routed := s.routed(t.Topic)
+		if !routed {
+			out.UnroutedPending += t.Pending
+		}
 		out.Topics = append(out.Topics, topicJSON{Topic: t.Topic, Pending: t.Pending, Dead: t.Dead,
-			OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(), PublishedLastMinute: t.PublishedLastMinute})
+			OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(), PublishedLastMinute: t.PublishedLastMinute, Routed: routed})
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// routed reports whether a relay routes topic (Config.Routed).
+func (s *Server) routed(topic string) bool {
+	return s.cfg.Routed == nil || s.cfg.Routed(topic)
 }
 
 // payloadJSON carries a payload twice: "payload" as base64 (JSON's

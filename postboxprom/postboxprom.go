@@ -123,8 +123,10 @@ type StatusCollector struct {
 	admin   *postbox.Admin
 	timeout time.Duration
 	log     *slog.Logger
+	routed  func(topic string) bool
 
 	pending, age, dead, heldSnapshot, topicPending, topicAge, topicDead, up *prometheus.Desc
+	topicUnrouted, unroutedPending                                          *prometheus.Desc
 }
 
 // NewStatusCollector returns a collector over admin; each scrape's query
@@ -140,13 +142,30 @@ func NewStatusCollector(admin *postbox.Admin, timeout time.Duration) *StatusColl
 		topicAge:     prometheus.NewDesc("postbox_topic_oldest_pending_age_seconds", "Age of the oldest pending message, per topic.", []string{"topic"}, nil),
 		topicDead:    prometheus.NewDesc("postbox_topic_dead", "Messages in the dead table, per topic.", []string{"topic"}, nil),
 		up:           prometheus.NewDesc("postbox_status_up", "1 when the last scrape could read the outbox's state, else 0.", nil, nil),
+		topicUnrouted: prometheus.NewDesc("postbox_topic_unrouted",
+			"1 for a topic with pending messages that no route of this relay takes: they wait, spending no attempt, for a relay that routes them.", []string{"topic"}, nil),
+		unroutedPending: prometheus.NewDesc("postbox_unrouted_pending",
+			"Pending messages of topics no route of this relay takes (included in postbox_pending).", nil, nil),
 	}
+}
+
+// WithRouted makes the collector tell routed topics from unrouted ones:
+// routed(topic) reports whether a route of the relay takes topic. It
+// then exports postbox_topic_unrouted and postbox_unrouted_pending.
+// It returns c.
+func (c *StatusCollector) WithRouted(routed func(topic string) bool) *StatusCollector {
+	c.routed = routed
+	return c
 }
 
 // Describe implements prometheus.Collector.
 func (c *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.pending, c.age, c.dead, c.heldSnapshot, c.topicPending, c.topicAge, c.topicDead, c.up} {
 		ch <- d
+	}
+	if c.routed != nil {
+		ch <- c.topicUnrouted
+		ch <- c.unroutedPending
 	}
 }
 
@@ -169,9 +188,17 @@ func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 		held = st.HeldSnapshot.Age.Seconds()
 	}
 	ch <- prometheus.MustNewConstMetric(c.heldSnapshot, prometheus.GaugeValue, held)
+	var unrouted int64
 	for _, t := range st.Topics {
 		ch <- prometheus.MustNewConstMetric(c.topicPending, prometheus.GaugeValue, float64(t.Pending), t.Topic)
 		ch <- prometheus.MustNewConstMetric(c.topicAge, prometheus.GaugeValue, t.OldestPendingAge.Seconds(), t.Topic)
 		ch <- prometheus.MustNewConstMetric(c.topicDead, prometheus.GaugeValue, float64(t.Dead), t.Topic)
+		if c.routed != nil && t.Pending > 0 && !c.routed(t.Topic) {
+			unrouted += t.Pending
+			ch <- prometheus.MustNewConstMetric(c.topicUnrouted, prometheus.GaugeValue, 1, t.Topic)
+		}
+	}
+	if c.routed != nil {
+		ch <- prometheus.MustNewConstMetric(c.unroutedPending, prometheus.GaugeValue, float64(unrouted))
 	}
 }
