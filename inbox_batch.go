@@ -118,6 +118,7 @@ func (in *Inbox[TTx]) BatchProcessor(consumer string, h Handler[TTx], cfg *Batch
 	if h == nil {
 		return nil, invalid("handler", nil, "must not be nil")
 	}
+	in.register(consumer, h)
 	return &batchProcessor[TTx]{in: in, consumer: consumer, h: h, cfg: c}, nil
 }
 

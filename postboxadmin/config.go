@@ -24,7 +24,8 @@ const (
 	// ScopeRead reads: status, dead messages of the outbox and of consumers, the replay
 	// audit, the dashboard.
 	ScopeRead Scope = "read"
-	// ScopeAdmin also changes things: requeue, delete, replay, prune.
+	// ScopeAdmin also changes things: requeue, delete, replay, prune, and
+	// the consumers' requeue requests and deletes.
 	ScopeAdmin Scope = "admin"
 )
 
@@ -54,6 +55,12 @@ type ConsumerDead interface {
 	ListDead(ctx context.Context, f postbox.DeadFilter) ([]postbox.DeadMessage, error)
 	GetDead(ctx context.Context, consumer, messageID string) (postbox.DeadMessage, error)
 	DeleteDead(ctx context.Context, consumer, messageID string) (bool, error)
+	// DeleteDeadSelected deletes the dead messages a selection names.
+	DeleteDeadSelected(ctx context.Context, s postbox.DeadSelection) (int, error)
+	// RequestRequeue marks the dead messages a selection names for a
+	// requeue, which the consumer's running Inbox carries out with its
+	// handler.
+	RequestRequeue(ctx context.Context, s postbox.DeadSelection) (int, error)
 }
 
 // Defaults.

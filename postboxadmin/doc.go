@@ -55,6 +55,8 @@
 //	GET     /v1/replays                         read    200 {"replays": [...]}, newest first
 //	POST    /v1/prune                           admin   200 {"deleted": n}
 //	GET     /v1/consumers/dead                  read    200 {"dead_letters": [...]}, newest first
+//	POST    /v1/consumers/dead/requeue          admin   202 {"count": n}: requeue requested
+//	POST    /v1/consumers/dead/delete           admin   200 {"count": n}
 //	GET     /v1/consumers/{consumer}/dead/{id}  read    200 one dead message
 //	DELETE  /v1/consumers/{consumer}/dead/{id}  admin   200 {"count": 1}
 //	GET     /                                   read    200 the dashboard (HTML)
@@ -74,7 +76,9 @@
 //	POST /v1/replay            {"since": "", "until": "", "topic": "", "key": "", "dry_run": false}
 //	GET  /v1/replays           ?limit= (1..10000, default 50)
 //	POST /v1/prune             an empty body, or {}
-//	GET  /v1/consumers/dead    ?consumer= &topic= &since= &until= &limit= (1..10000, default 100)
+//	GET  /v1/consumers/dead    ?consumer= &topic= &key= &since= &until= &limit= (1..10000, default 100)
+//	POST /v1/consumers/dead/requeue  {"consumer": "", "ids": [...], "topic": "", "key": "", "since": "", "until": "", "all": false}
+//	POST /v1/consumers/dead/delete   the same
 //
 // Every field and parameter may be left out (null counts as left out), but
 // for replay's "since". The other endpoints take no parameters.
@@ -98,6 +102,14 @@
 // Requeue and delete select dead messages by "ids" (canonical lower-case
 // UUIDs) and the filters (dead at in [since, until)), which narrow each
 // other; with none of them, "all": true must be set, as the CLI's --all.
+// The consumers' requeue and delete select the same way, with "consumer"
+// too, which "ids" need (a message id is unique per consumer only). A
+// consumer's handler lives in the consuming service, so a requeue is a
+// request (202): the service's started Inbox, which has a Processor for
+// the consumer, runs the handler through the inbox within its
+// RequeueInterval and removes the dead message; a handler that fails
+// again leaves it dead with the new error.
+//
 // Replay re-stages published messages created in [since, until) ("since"
 // is required, "until" defaults to now), narrowed by topic and key, under
 // their own ids; every replay, dry runs included, is recorded with the

@@ -3,6 +3,7 @@ package postboxadmin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -364,7 +365,7 @@ func (s *Server) listConsumerDead(w http.ResponseWriter, r *http.Request, _ prin
 	if s.cfg.ConsumerDead == nil {
 		return errNoConsumerDead
 	}
-	q, err := query(r, "consumer", "topic", "since", "until", "limit")
+	q, err := query(r, "consumer", "topic", "key", "since", "until", "limit")
 	if err != nil {
 		return err
 	}
@@ -372,7 +373,7 @@ func (s *Server) listConsumerDead(w http.ResponseWriter, r *http.Request, _ prin
 	if err := checkText("consumer", consumer, postbox.MaxConsumerNameBytes, true); err != nil {
 		return err
 	}
-	f, err := deadFilter(q.Get("topic"), "", q.Get("since"), q.Get("until"))
+	f, err := deadFilter(q.Get("topic"), q.Get("key"), q.Get("since"), q.Get("until"))
 	if err != nil {
 		return err
 	}
@@ -383,7 +384,7 @@ func (s *Server) listConsumerDead(w http.ResponseWriter, r *http.Request, _ prin
 	if err != nil {
 		return err
 	}
-	ds, err := s.cfg.ConsumerDead.ListDead(r.Context(), postbox.DeadFilter{Consumer: consumer, Topic: f.Topic, Since: f.Since, Until: f.Until, Limit: limit})
+	ds, err := s.cfg.ConsumerDead.ListDead(r.Context(), postbox.DeadFilter{Consumer: consumer, Topic: f.Topic, Key: f.Key, Since: f.Since, Until: f.Until, Limit: limit})
 	if err != nil {
 		return err
 	}
@@ -440,5 +441,71 @@ func (s *Server) deleteConsumerDead(w http.ResponseWriter, r *http.Request, who 
 	}
 	s.log.Info("postboxadmin: consumer's dead message deleted", slog.String("actor", who.name), slog.String("consumer", consumer), slog.String("id", id))
 	writeJSON(w, http.StatusOK, map[string]int{"count": 1})
+	return nil
+}
+
+// consumerSelection reads the body of the consumers' requeue and delete:
+// the outbox's selection, with "consumer", which ids need.
+func consumerSelection(r *http.Request) (postbox.DeadSelection, error) {
+	var b struct {
+		ids                                []string
+		consumer, topic, key, since, until string
+		all                                bool
+	}
+	err := decodeBody(r, fields{"ids": &b.ids, "consumer": &b.consumer, "topic": &b.topic, "key": &b.key, "since": &b.since,
+		"until": &b.until, "all": &b.all}, false)
+	if err != nil {
+		return postbox.DeadSelection{}, err
+	}
+	if err := checkText("consumer", b.consumer, postbox.MaxConsumerNameBytes, true); err != nil {
+		return postbox.DeadSelection{}, err
+	}
+	for i, id := range b.ids {
+		if err := checkText(fmt.Sprintf("ids[%d]", i), id, postbox.MaxDeliveryIDBytes, false); err != nil {
+			return postbox.DeadSelection{}, err
+		}
+	}
+	if len(b.ids) > 0 && b.consumer == "" {
+		return postbox.DeadSelection{}, badRequest("consumer", `"consumer" is required with "ids": a message id is unique per consumer only`)
+	}
+	f, err := deadFilter(b.topic, b.key, b.since, b.until)
+	if err != nil {
+		return postbox.DeadSelection{}, err
+	}
+	f.IDs, f.Consumer = b.ids, b.consumer
+	return postbox.DeadSelection{DeadFilter: f, All: b.all}, nil
+}
+
+// requeueConsumerDead asks for a requeue of the selected consumers' dead
+// messages: the handler lives in the consuming service, whose running
+// Inbox carries the request out (202: accepted, not done yet).
+func (s *Server) requeueConsumerDead(w http.ResponseWriter, r *http.Request, who principal) error {
+	return s.consumerBulk(w, r, who, "requeue requested", http.StatusAccepted, ConsumerDead.RequestRequeue)
+}
+
+func (s *Server) deleteConsumerDeadSelected(w http.ResponseWriter, r *http.Request, who principal) error {
+	return s.consumerBulk(w, r, who, "deleted", http.StatusOK, ConsumerDead.DeleteDeadSelected)
+}
+
+func (s *Server) consumerBulk(w http.ResponseWriter, r *http.Request, who principal, done string, status int,
+	op func(ConsumerDead, context.Context, postbox.DeadSelection) (int, error)) error {
+	if s.cfg.ConsumerDead == nil {
+		return errNoConsumerDead
+	}
+	if _, err := query(r); err != nil {
+		return err
+	}
+	sel, err := consumerSelection(r)
+	if err != nil {
+		return err
+	}
+	n, err := op(s.cfg.ConsumerDead, r.Context(), sel)
+	if err != nil {
+		return err
+	}
+	s.log.Info("postboxadmin: consumers' dead messages "+done, slog.String("actor", who.name), slog.Int("count", n),
+		slog.String("consumer", sel.Consumer), slog.Int("ids", len(sel.IDs)), slog.String("topic", sel.Topic), slog.String("key", sel.Key),
+		slog.Time("since", sel.Since), slog.Time("until", sel.Until), slog.Bool("all", sel.All))
+	writeJSON(w, status, map[string]int{"count": n})
 	return nil
 }

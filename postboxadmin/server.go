@@ -73,6 +73,8 @@ func (s *Server) routes() {
 	s.route("GET /v1/replays", ScopeRead, s.listReplays)
 	s.route("POST /v1/prune", ScopeAdmin, s.prune)
 	s.route("GET /v1/consumers/dead", ScopeRead, s.listConsumerDead)
+	s.route("POST /v1/consumers/dead/requeue", ScopeAdmin, s.requeueConsumerDead)
+	s.route("POST /v1/consumers/dead/delete", ScopeAdmin, s.deleteConsumerDeadSelected)
 	s.route("GET /v1/consumers/{consumer}/dead/{id}", ScopeRead, s.getConsumerDead)
 	s.route("DELETE /v1/consumers/{consumer}/dead/{id}", ScopeAdmin, s.deleteConsumerDead)
 	s.route("GET /{$}", ScopeRead, s.dashboard)

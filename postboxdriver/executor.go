@@ -153,6 +153,20 @@ type Executor interface {
 	// PruneConsumerDead deletes at most limit consumer dead messages older
 	// than age.
 	PruneConsumerDead(ctx context.Context, age time.Duration, limit int) (int, error)
+	// RequestConsumerRequeue marks the consumer dead messages f selects
+	// (f.Limit ignored) for a requeue, which the consumer's running Inbox
+	// carries out, and returns how many it marked. A message marked again
+	// keeps its first request's time.
+	RequestConsumerRequeue(ctx context.Context, f DeadFilter) (int, error)
+	// ListConsumerRequeues returns at most limit consumer dead messages of
+	// the given consumers that are marked for a requeue, oldest request
+	// first.
+	ListConsumerRequeues(ctx context.Context, consumers []string, limit int) ([]DeadMessage, error)
+	// FailConsumerRequeue clears the requeue mark of a consumer dead
+	// message whose handler failed again, recording errText as its error,
+	// one more attempt and the failure's time. It reports whether the
+	// message exists.
+	FailConsumerRequeue(ctx context.Context, consumer, messageID, errText string) (bool, error)
 
 	// Savepoints, in a transaction. A savepoint marks a point that
 	// RollbackToSavepoint returns to, undoing only what ran after it; on

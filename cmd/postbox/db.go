@@ -68,7 +68,8 @@ func (c *conn) retentionText() string {
 type consumerDead interface {
 	ListDead(ctx context.Context, f postbox.DeadFilter) ([]postbox.DeadMessage, error)
 	GetDead(ctx context.Context, consumer, messageID string) (postbox.DeadMessage, error)
-	DeleteDead(ctx context.Context, consumer, messageID string) (bool, error)
+	DeleteDeadSelected(ctx context.Context, s postbox.DeadSelection) (int, error)
+	RequestRequeue(ctx context.Context, s postbox.DeadSelection) (int, error)
 }
 
 // errUsage marks a bad flag or argument: the message names it.

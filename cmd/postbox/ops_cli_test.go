@@ -7,6 +7,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -165,5 +166,66 @@ func TestCLIConsumerDead(t *testing.T) {
 	}
 	if out := must(t, append([]string{"consumer-dead", "delete", "--all"}, db...)...); !strings.Contains(out, "deleted 1") {
 		t.Fatalf("delete --all: %s", out)
+	}
+}
+
+// `consumer-dead requeue` marks; the consumer's running Inbox, which has
+// the handler, runs it through the inbox and removes the dead message.
+func TestCLIConsumerRequeueEndToEnd(t *testing.T) {
+	db, _ := pgTarget(t)
+	ctx := context.Background()
+	// The consumer's service, on the same tables.
+	pool := testdb.Pool(t)
+	service, err := postbox.NewClient(postboxpgx.New(pool), &postbox.Config{Prefix: db[3], MaxAttempts: 1, RequeueInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := service.Inbox()
+	fail := func(context.Context, pgx.Tx, *postbox.Delivery) error { return errors.New("handler: bad order") }
+	for _, id := range []string{"m-1", "m-2"} {
+		if v := in.Handle(ctx, "billing", &postbox.Delivery{ID: id, Topic: "orders.paid", Payload: []byte("{}")}, fail); v.Action != postbox.DeadLettered {
+			t.Fatal(v)
+		}
+	}
+	applied := make(chan string, 2)
+	in.Processor("billing", func(_ context.Context, _ pgx.Tx, d *postbox.Delivery) error {
+		applied <- d.ID
+		return nil
+	})
+	if err := in.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = in.Stop(ctx) }()
+
+	if out, code := run(t, append([]string{"consumer-dead", "requeue", "m-1"}, db...)...); code != 2 || !strings.Contains(out, "consumer") {
+		t.Fatalf("requeue of an id without --consumer: exit %d\n%s", code, out)
+	}
+	if out := must(t, append([]string{"consumer-dead", "requeue", "--consumer", "billing", "m-1"}, db...)...); !strings.Contains(out, "requeue requested for 1") {
+		t.Fatalf("requeue: %s", out)
+	}
+	select {
+	case id := <-applied:
+		if id != "m-1" {
+			t.Fatalf("handler ran for %s", id)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the service's Inbox never ran the requested requeue")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var left []map[string]any
+		if err := json.Unmarshal([]byte(must(t, append([]string{"consumer-dead", "list", "--json"}, db...)...)), &left); err != nil {
+			t.Fatal(err)
+		}
+		if len(left) == 1 && left[0]["message_id"] == "m-2" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dead messages after the requeue: %v", left)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(applied) != 0 {
+		t.Fatalf("the handler ran for a message nobody asked to requeue")
 	}
 }

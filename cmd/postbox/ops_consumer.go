@@ -36,11 +36,11 @@ func (c *consumerFilterFlags) filter(ids []string) (postbox.DeadFilter, error) {
 func newConsumerDead(f *dbFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "consumer-dead",
-		Short: "Consumers' dead messages (their handlers gave up): list, show, delete",
+		Short: "Consumers' dead messages (their handlers gave up): list, show, requeue, delete",
 		Long: `consumer-dead works on the dead messages of the consumers whose inbox tables are
 in --database under --prefix. A dead message's handler lives in the consuming
-service, so it is run again there: Inbox.RequeueDead(ctx, consumer, id, handler)
-runs it through the inbox and removes the dead message in one transaction.`,
+service, so a requeue is a request that service carries out: its started Inbox
+runs the handler through the inbox and removes the dead message.`,
 	}
 	var lf consumerFilterFlags
 	list := &cobra.Command{Use: "list", Short: "List consumers' dead messages, newest first", Args: cobra.NoArgs}
@@ -93,64 +93,43 @@ runs it through the inbox and removes the dead message in one transaction.`,
 			return nil
 		},
 	}
-	var df consumerFilterFlags
-	del := &cobra.Command{
-		Use:   "delete [ID...]",
-		Short: "Delete consumers' dead messages, by --consumer and ids, or by filter (--all for every one)",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			filter, err := df.filter(args)
+	bulk := func(use, short, done string, op func(consumerDead, context.Context, postbox.DeadSelection) (int, error)) *cobra.Command {
+		var bf consumerFilterFlags
+		c := &cobra.Command{Use: use + " [ID...]", Short: short}
+		bf.register(c, true)
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			filter, err := bf.filter(args)
 			if err != nil {
 				return err
 			}
-			if len(args) > 0 && df.consumer == "" {
-				return usagef("--consumer is required with ids: a message id is unique per consumer only")
-			}
-			if len(args) == 0 && filter.Consumer == "" && filter.Topic == "" && filter.Key == "" && filter.Since.IsZero() && filter.Until.IsZero() && !df.all {
-				return fmt.Errorf("%w (--consumer, --topic, --key, --since, --until, or --all)", postbox.ErrEmptySelection)
-			}
-			c, err := f.open(cmd)
+			conn, err := f.open(cmd)
 			if err != nil {
 				return err
 			}
-			defer c.close()
-			n, err := deleteConsumerDead(cmd.Context(), c.inbox, filter)
+			defer conn.close()
+			n, err := op(conn.inbox, cmd.Context(), postbox.DeadSelection{DeadFilter: filter, All: bf.all})
 			if err != nil {
 				return err
 			}
 			if f.json {
 				return printJSON(cmd.OutOrStdout(), map[string]int{"count": n})
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "deleted %d consumer dead message(s)\n", n)
+			fmt.Fprintf(cmd.OutOrStdout(), done+"\n", n)
 			return nil
-		},
+		}
+		return c
 	}
-	df.register(del, true)
-	cmd.AddCommand(list, show, del)
+	requeue := bulk("requeue", "Ask the consumer's service to run its handler again for dead messages (by --consumer and ids, or by filter)",
+		"requeue requested for %d consumer dead message(s); the consumer's running Inbox carries it out", consumerDead.RequestRequeue)
+	requeue.Long = `requeue marks consumers' dead messages for a requeue. The handler lives in the
+consuming service: the Inbox of a process that has a Processor for the consumer
+and was started (Inbox.Start) runs the handler through the inbox within
+Config.RequeueInterval (5s by default) and removes the dead message. A handler
+that fails again leaves the message dead, with the new error and one more
+attempt. Select by --consumer and ids, or by filter (--consumer, --topic,
+--key, --since, --until), or --all.`
+	del := bulk("delete", "Delete consumers' dead messages (by --consumer and ids, or by filter; --all for every one)",
+		"deleted %d consumer dead message(s)", consumerDead.DeleteDeadSelected)
+	cmd.AddCommand(list, show, requeue, del)
 	return cmd
-}
-
-// deleteConsumerDead deletes every consumer dead message f selects, a page
-// at a time, and returns how many it deleted.
-func deleteConsumerDead(ctx context.Context, in consumerDead, f postbox.DeadFilter) (int, error) {
-	const page = 1000
-	f.Limit = page
-	n := 0
-	for {
-		ds, err := in.ListDead(ctx, f)
-		if err != nil {
-			return n, err
-		}
-		for i := range ds {
-			ok, err := in.DeleteDead(ctx, ds[i].Consumer, ds[i].ID)
-			if err != nil {
-				return n, err
-			}
-			if ok {
-				n++
-			}
-		}
-		if len(ds) < page {
-			return n, nil
-		}
-	}
 }

@@ -127,6 +127,9 @@ admin: {listen: "127.0.0.1:0"}
 	if m := get("/metrics"); !strings.Contains(m, `postbox_topic_unrouted{shard="0",topic="unknown.thing"} 1`) || !strings.Contains(m, `postbox_unrouted_pending{shard="0"} 1`) {
 		t.Errorf("metrics lack the unrouted topic:\n%s", m)
 	}
+	if body := get("/v1/consumers/dead"); !strings.Contains(body, `"dead_letters": []`) {
+		t.Errorf("consumers' dead messages not served: %s", body)
+	}
 	if page := get("/"); !strings.Contains(page, "unknown.thing <span class=\"muted\">(unrouted") {
 		t.Errorf("dashboard does not mark the unrouted topic")
 	}
