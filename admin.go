@@ -27,6 +27,10 @@ type (
 	TopicStats = postboxdriver.TopicStats
 	// ReplayAudit is one recorded replay.
 	ReplayAudit = postboxdriver.ReplayAudit
+	// PartitionStats is the state of the partitions' leases.
+	PartitionStats = postboxdriver.PartitionStats
+	// ConsumerDeadStat counts one consumer's dead messages of one topic.
+	ConsumerDeadStat = postboxdriver.ConsumerDeadStat
 )
 
 // ErrEmptySelection is returned when a bulk change (requeue, delete) has
@@ -52,6 +56,9 @@ type Status struct {
 	// PostgreSQL, without pg_read_all_stats only the same role's sessions
 	// are seen.
 	HeldSnapshot *HeldSnapshot
+	// Partitions is the state of the partitions' leases: how many no
+	// relay holds (all of them while no relay runs), and the live relays.
+	Partitions PartitionStats
 }
 
 // HeldSnapshotMinAge is how long a snapshot must have been held for
@@ -77,6 +84,9 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 		return Status{}, err
 	}
 	out := Status{Stats: st, Topics: topics}
+	if out.Partitions, err = a.ex.PartitionStats(ctx); err != nil {
+		return Status{}, err
+	}
 	s, found, err := a.ex.OldestSnapshot(ctx)
 	if err != nil {
 		return Status{}, err

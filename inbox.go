@@ -174,9 +174,7 @@ func (in *Inbox[TTx]) Handle(ctx context.Context, consumer string, d *Delivery, 
 	}
 	start := time.Now()
 	v := in.handle(ctx, consumer, d, h)
-	if in.cfg.Metrics != nil {
-		in.cfg.Metrics.InboxHandled(consumer, v, time.Since(start))
-	}
+	inboxHandled(in.cfg.Metrics, consumer, d.Topic, v, time.Since(start))
 	if end != nil {
 		end(v)
 	}
@@ -321,6 +319,12 @@ func (in *Inbox[TTx]) RequeueDead(ctx context.Context, consumer, messageID strin
 		return fmt.Errorf("postbox: requeue %s/%s: %w", consumer, messageID, err)
 	}
 	return nil
+}
+
+// DeadStats counts the consumers' dead messages per consumer and topic,
+// with those whose requeue was asked for and not carried out yet.
+func (in *Inbox[TTx]) DeadStats(ctx context.Context) ([]ConsumerDeadStat, error) {
+	return in.store.ConsumerDeadStats(ctx)
 }
 
 // RequestRequeue marks the consumers' dead messages s selects for a

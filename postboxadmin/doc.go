@@ -84,11 +84,14 @@
 // for replay's "since". The other endpoints take no parameters.
 //
 // Status: {"pending", "dead", "published_kept", "oldest_pending_age_seconds",
-// "unrouted_pending", "held_snapshot", "topics": [{"topic", "pending", "dead",
+// "unrouted_pending", "held_snapshot", "partitions": {"total", "unowned",
+// "relays"}, "topics": [{"topic", "pending", "dead",
 // "oldest_pending_age_seconds", "published_last_minute", "routed"}]}.
 // "routed" is false for a topic no route of the relay takes
 // (Config.Routed); "unrouted_pending" counts those topics' pending
-// messages, which are also in "pending".
+// messages, which are also in "pending". "partitions" counts the
+// partitions no relay holds a live lease on (all of them while no relay
+// runs) and the live relays.
 //
 // A dead message: {"seq", "id", "topic", "key", "payload", "payload_text",
 // "headers", "attempts", "last_error", "created_at", "dead_at"}. A

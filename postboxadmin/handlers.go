@@ -30,6 +30,14 @@ type statusJSON struct {
 	// HeldSnapshot is null when no other session holds a snapshot (and
 	// always on SQLite).
 	HeldSnapshot *heldSnapshotJSON `json:"held_snapshot"`
+	Partitions   partitionsJSON    `json:"partitions"`
+}
+
+// partitionsJSON is the state of the partitions' leases.
+type partitionsJSON struct {
+	Total   int `json:"total"`
+	Unowned int `json:"unowned"`
+	Relays  int `json:"relays"`
 }
 
 type heldSnapshotJSON struct {
@@ -57,7 +65,8 @@ func (s *Server) getStatus(w http.ResponseWriter, r *http.Request, _ principal) 
 		return err
 	}
 	out := statusJSON{Pending: st.Pending, Dead: st.Dead, PublishedKept: st.Published,
-		OldestPendingAgeSeconds: st.OldestPendingAge.Seconds(), Topics: make([]topicJSON, 0, len(st.Topics))}
+		OldestPendingAgeSeconds: st.OldestPendingAge.Seconds(), Topics: make([]topicJSON, 0, len(st.Topics)),
+		Partitions: partitionsJSON{Total: st.Partitions.Total, Unowned: st.Partitions.Unowned, Relays: st.Partitions.Relays}}
 	if h := st.HeldSnapshot; h != nil {
 		out.HeldSnapshot = &heldSnapshotJSON{AgeSeconds: h.Age.Seconds(), PID: h.PID, State: h.State}
 	}

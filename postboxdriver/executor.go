@@ -74,6 +74,12 @@ type Executor interface {
 	// PrunePublished deletes at most limit published rows older than age
 	// (by publish time). Pending and dead rows are never touched.
 	PrunePublished(ctx context.Context, age time.Duration, limit int) (int, error)
+	// PartitionStats reports how many partitions no relay holds a live
+	// lease on, and how many relays are live. It only reads.
+	PartitionStats(ctx context.Context) (PartitionStats, error)
+	// ConsumerDeadStats counts the consumers' dead messages per consumer
+	// and topic, ordered by both.
+	ConsumerDeadStats(ctx context.Context) ([]ConsumerDeadStat, error)
 	// OldestSnapshot reports the oldest transaction of another session
 	// that holds a snapshot, if any. Databases without such a horizon
 	// (SQLite) report none.

@@ -11,6 +11,7 @@ import (
 )
 
 type adminQueries struct {
+	partitionStats, consumerDeadStats,
 	topicStats, listDead, getDead, requeueInsert, requeueDelete, deleteDead, prunePublished,
 	horizon, replayCount, replayInsert, replayDelete, replayAudit, listReplays string
 }
@@ -31,6 +32,11 @@ const replayWhere = `p.created_at >= ?1 AND p.created_at < ?2 AND (?3 = '' OR p.
 func makeAdminQueries(prefix string) adminQueries {
 	r := strings.NewReplacer("{p}", prefix, "{now}", nowExpr)
 	return adminQueries{
+		partitionStats: r.Replace(`SELECT count(*), coalesce(sum(CASE WHEN owner IS NULL OR expires_at <= {now} THEN 1 ELSE 0 END), 0),
+  (SELECT count(*) FROM {p}relays WHERE expires_at > {now})
+FROM {p}leases`),
+		consumerDeadStats: r.Replace(`SELECT consumer, topic, count(*), count(requeue_requested_at) FROM {p}consumer_dead
+GROUP BY consumer, topic ORDER BY consumer, topic`),
 		topicStats: r.Replace(`WITH pending AS (
   SELECT topic, count(*) AS n, {now} - min(created_at) AS age FROM {p}outbox GROUP BY topic
 ), dead AS (
@@ -116,6 +122,23 @@ func (s *store) notFound(err error) error {
 		return postboxdriver.ErrNotFound
 	}
 	return s.wrap(err)
+}
+
+// PartitionStats implements postboxdriver.Executor.
+func (s *store) PartitionStats(ctx context.Context) (postboxdriver.PartitionStats, error) {
+	var p postboxdriver.PartitionStats
+	err := s.conn().QueryRowContext(ctx, s.aq.partitionStats).Scan(&p.Total, &p.Unowned, &p.Relays)
+	return p, s.wrap(err)
+}
+
+// ConsumerDeadStats implements postboxdriver.Executor.
+func (s *store) ConsumerDeadStats(ctx context.Context) ([]postboxdriver.ConsumerDeadStat, error) {
+	out, err := queryAll(ctx, s.conn(), s.aq.consumerDeadStats, nil, func(r *sql.Rows) (postboxdriver.ConsumerDeadStat, error) {
+		var c postboxdriver.ConsumerDeadStat
+		err := r.Scan(&c.Consumer, &c.Topic, &c.Count, &c.RequeueRequested)
+		return c, err
+	})
+	return out, s.wrap(err)
 }
 
 // TopicStats implements postboxdriver.Executor.

@@ -155,10 +155,12 @@ func newStatus(f *dbFlags) *cobra.Command {
 					"pending": st.Pending, "dead": st.Dead, "published_kept": st.Published,
 					"oldest_pending_age_seconds": st.OldestPendingAge.Seconds(), "topics": topicsJSON(st.Topics),
 					"held_snapshot": held,
+					"partitions":    map[string]int{"total": st.Partitions.Total, "unowned": st.Partitions.Unowned, "relays": st.Partitions.Relays},
 				})
 			}
 			fmt.Fprintf(out, "pending %d (oldest %s)  dead %d  published kept %d\n",
 				st.Pending, st.OldestPendingAge.Round(time.Millisecond), st.Dead, st.Published)
+			fmt.Fprintf(out, "relays %d live; %d of %d partitions held by none\n", st.Partitions.Relays, st.Partitions.Unowned, st.Partitions.Total)
 			if h := st.HeldSnapshot; h != nil {
 				fmt.Fprintf(out, "oldest snapshot held by another session: pid %d (%s) for %s; the outbox's dead rows stay until it ends\n",
 					h.PID, h.State, h.Age.Round(time.Millisecond))

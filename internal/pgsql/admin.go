@@ -9,6 +9,7 @@ import (
 )
 
 type adminQueries struct {
+	partitionStats, consumerDeadStats,
 	topicStats, listDead, getDead, requeueDead, deleteDead, prunePublished,
 	replay, replayCount, replayAudit, horizon, listReplays string
 }
@@ -28,6 +29,11 @@ const replayWhere = `p.created_at >= $1 AND p.created_at < $2 AND ($3 = '' OR p.
 func makeAdminQueries(prefix string) adminQueries {
 	r := strings.NewReplacer("{p}", prefix)
 	return adminQueries{
+		partitionStats: r.Replace(`SELECT count(*)::int, (count(*) FILTER (WHERE owner IS NULL OR expires_at <= now()))::int,
+  (SELECT count(*) FROM {p}relays WHERE expires_at > now())::int
+FROM {p}leases`),
+		consumerDeadStats: r.Replace(`SELECT consumer, topic, count(*), count(requeue_requested_at) FROM {p}consumer_dead
+GROUP BY consumer, topic ORDER BY consumer, topic`),
 		topicStats: r.Replace(`WITH pending AS (
   SELECT topic, count(*) AS n, extract(epoch FROM now() - min(created_at)) AS age FROM {p}outbox GROUP BY topic
 ), dead AS (
@@ -112,6 +118,22 @@ func scanDeadMessage(r Rows) (postboxdriver.DeadMessage, error) {
 	err := r.Scan(&d.Seq, &d.ID, &d.Topic, &d.Key, &d.Payload, &headers, &d.Attempts, &d.Error, &d.CreatedAt, &d.DeadAt)
 	d.Headers = []byte(headers)
 	return d, err
+}
+
+// PartitionStats implements postboxdriver.Executor.
+func (c *Core) PartitionStats(ctx context.Context) (postboxdriver.PartitionStats, error) {
+	var p postboxdriver.PartitionStats
+	err := c.queryRow(ctx, c.db, c.aq.partitionStats, nil, &p.Total, &p.Unowned, &p.Relays)
+	return p, err
+}
+
+// ConsumerDeadStats implements postboxdriver.Executor.
+func (c *Core) ConsumerDeadStats(ctx context.Context) ([]postboxdriver.ConsumerDeadStat, error) {
+	return queryAll(ctx, c, c.aq.consumerDeadStats, nil, func(r Rows) (postboxdriver.ConsumerDeadStat, error) {
+		var s postboxdriver.ConsumerDeadStat
+		err := r.Scan(&s.Consumer, &s.Topic, &s.Count, &s.RequeueRequested)
+		return s, err
+	})
 }
 
 // TopicStats implements postboxdriver.Executor.

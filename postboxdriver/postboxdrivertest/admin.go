@@ -67,6 +67,11 @@ func (s *suite[TTx]) adminStatus(t *testing.T) {
 	if st.Pending != 2 || st.Dead != 1 || st.Published != 2 {
 		t.Fatalf("status %+v", st.Stats)
 	}
+	// No relay runs (Drain holds no heartbeat): every partition is
+	// unowned, or held by Drain's leases until they end.
+	if p := st.Partitions; p.Total != 64 || p.Unowned < 0 || p.Unowned > p.Total || p.Relays != 0 {
+		t.Fatalf("partitions %+v", p)
+	}
 	got := map[string]string{}
 	for _, ts := range st.Topics {
 		got[ts.Topic] = fmt.Sprintf("pending=%d dead=%d recent=%d", ts.Pending, ts.Dead, ts.PublishedLastMinute)

@@ -409,6 +409,12 @@ func (s *suite[TTx]) inboxRequestedRequeue(t *testing.T) {
 	if ds, err := ie.store.ListConsumerRequeues(ctx, []string{"billing", "shipping"}, 10); err != nil || len(ds) != 1 || ds[0].Consumer != "shipping" {
 		t.Fatalf("requests left: %+v, %v", ds, err)
 	}
+	stats, err := operator.DeadStats(ctx)
+	if err != nil || len(stats) != 2 ||
+		stats[0] != (postbox.ConsumerDeadStat{Consumer: "billing", Topic: "orders.paid", Count: 1}) ||
+		stats[1] != (postbox.ConsumerDeadStat{Consumer: "shipping", Topic: "orders.paid", Count: 1, RequeueRequested: 1}) {
+		t.Fatalf("DeadStats = %+v, %v", stats, err)
+	}
 	// Delete by selection.
 	if n, err := operator.DeleteDeadSelected(ctx, postbox.DeadSelection{All: true}); err != nil || n != 2 {
 		t.Fatalf("DeleteDeadSelected(all) = %d, %v", n, err)

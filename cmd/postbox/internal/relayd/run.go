@@ -67,6 +67,7 @@ type shard struct {
 	// consumers serves the consumers' dead messages of the database's
 	// consumer prefix.
 	consumers postboxadmin.ConsumerDead
+	deadStats postboxprom.DeadStats
 	close     func()
 }
 
@@ -158,6 +159,9 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger) (_ *Daemon, err e
 		d.shards = append(d.shards, sh)
 		wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"shard": sh.name}, d.reg)
 		if err := wrapped.Register(postboxprom.NewStatusCollector(sh.admin, 2*time.Second).WithRouted(d.Routed)); err != nil {
+			return nil, err
+		}
+		if err := wrapped.Register(postboxprom.NewConsumerCollector(sh.deadStats, 2*time.Second)); err != nil {
 			return nil, err
 		}
 	}
@@ -281,7 +285,7 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 			var c, inbox *postbox.Client[*sql.Tx]
 			if c, err = postbox.NewClient(drv, ccfg); err == nil {
 				if inbox, err = consumerClient(drv, c, db); err == nil {
-					return &shard{client: c, admin: c.Admin(), consumers: inbox.Inbox(), close: func() { _ = sdb.Close() }}, nil
+					return &shard{client: c, admin: c.Admin(), consumers: inbox.Inbox(), deadStats: inbox.Inbox(), close: func() { _ = sdb.Close() }}, nil
 				}
 			}
 		}
@@ -301,7 +305,7 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 	if err == nil {
 		var inbox *postbox.Client[pgx.Tx]
 		if inbox, err = consumerClient(drv, c, db); err == nil {
-			return &shard{client: c, admin: c.Admin(), consumers: inbox.Inbox(), close: pool.Close}, nil
+			return &shard{client: c, admin: c.Admin(), consumers: inbox.Inbox(), deadStats: inbox.Inbox(), close: pool.Close}, nil
 		}
 	}
 	pool.Close()
