@@ -94,6 +94,15 @@ type Config struct {
 	// routes it. Nil: every topic counts as routed.
 	Routed func(topic string) bool
 
+	// DedupeWindow, when set, tells the duplicate window of the broker a
+	// topic goes to (JetStream's Duplicates, the Redis publisher's
+	// DedupeWindow). A replay under the messages' own ids then says how
+	// many of them the broker would drop as copies, and a real one is
+	// refused with 409 while any would be, unless the request accepts it
+	// ("accept_dropped") or replays them as new messages ("as_new"). Nil:
+	// no broker is known to drop copies.
+	DedupeWindow postbox.DedupeWindow
+
 	// Tokens are the bearer tokens accepted. With none, every request is
 	// treated as admin: that is only allowed on a loopback address
 	// (CheckListen), and the handler then also refuses requests that do not

@@ -50,8 +50,8 @@
 //	GET     /v1/dead/{id}                       read    200 one dead message
 //	POST    /v1/dead/requeue                    admin   200 {"count": n}
 //	POST    /v1/dead/delete                     admin   200 {"count": n}
-//	POST    /v1/replay                          admin   200 {"count", "dry_run", "since", "until",
-//	                                                        "topic", "key", "actor"}
+//	POST    /v1/replay                          admin   200 {"count", "dry_run", "as_new", "since", "until",
+//	                                                        "topic", "key", "actor", "dropped", "topics", "notes"}
 //	GET     /v1/replays                         read    200 {"replays": [...]}, newest first
 //	POST    /v1/prune                           admin   200 {"deleted": n}
 //	GET     /v1/consumers/dead                  read    200 {"dead_letters": [...]}, newest first
@@ -73,7 +73,8 @@
 //	GET  /v1/dead              ?topic= &key= &since= &until= &limit= (1..10000, default 100)
 //	POST /v1/dead/requeue      {"ids": [...], "topic": "", "key": "", "since": "", "until": "", "all": false}
 //	POST /v1/dead/delete       the same
-//	POST /v1/replay            {"since": "", "until": "", "topic": "", "key": "", "dry_run": false}
+//	POST /v1/replay            {"since": "", "until": "", "topic": "", "key": "", "dry_run": false,
+//	                            "as_new": false, "accept_dropped": false}
 //	GET  /v1/replays           ?limit= (1..10000, default 50)
 //	POST /v1/prune             an empty body, or {}
 //	GET  /v1/consumers/dead    ?consumer= &topic= &key= &since= &until= &limit= (1..10000, default 100)
@@ -116,7 +117,17 @@
 // Replay re-stages published messages created in [since, until) ("since"
 // is required, "until" defaults to now), narrowed by topic and key, under
 // their own ids; every replay, dry runs included, is recorded with the
-// actor (GET /v1/replays). Prune deletes published messages older than
+// actor (GET /v1/replays). Under their own ids, a broker with a duplicate
+// window (Config.DedupeWindow: JetStream's Duplicates, the Redis
+// publisher's dedupe key) drops the copies of messages it saw within it:
+// the answer counts them ("dropped", and per topic in "topics": "count",
+// "dedupe_window_seconds", "dedupe_by", "dropped") and says so in
+// "notes", and a real replay is refused with 409 while any would be
+// dropped, unless "accept_dropped" is set. With "as_new" the messages are
+// sent as new ones instead: fresh ids, every header kept, plus
+// "postbox-replay-of" (the original id) and "postbox-replay" (the audit
+// entry's id), so every consumer runs them again; the history keeps the
+// originals and no retention horizon applies. Prune deletes published messages older than
 // the Admin's retention in bounded batches until none is left; it never
 // touches pending or dead ones, and the relay prunes on its own, so this is
 // for a one-off.
@@ -139,6 +150,8 @@
 //	404     no such dead message; no such endpoint; /metrics without Config.Metrics
 //	405     a method the path does not serve (with Allow)
 //	413     a body over Config.MaxBodyBytes (1 MiB)
+//	409     a replay under the messages' own ids that the broker would partly drop as copies (field
+//	        "as_new"): set "as_new" or "accept_dropped"
 //	422     a replay whose since is before the retention horizon (field "since"): the request is
 //	        well formed, but honouring it could run consumers' handlers twice once their inboxes
 //	        have forgotten the ids

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -256,11 +257,27 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request, who principal, ver
 type replayJSON struct {
 	Count  int       `json:"count"`
 	DryRun bool      `json:"dry_run"`
+	AsNew  bool      `json:"as_new"`
 	Since  time.Time `json:"since"`
 	Until  time.Time `json:"until"`
 	Topic  string    `json:"topic"`
 	Key    string    `json:"key"`
 	Actor  string    `json:"actor"`
+	// Dropped counts the selected messages a broker would drop as copies
+	// (published within its duplicate window); 0 for a replay as new.
+	Dropped int `json:"dropped"`
+	// Topics is the replay per topic, with the broker's duplicate window.
+	Topics []replayTopicJSON `json:"topics"`
+	// Notes say in words what the broker will do with the messages.
+	Notes []string `json:"notes"`
+}
+
+type replayTopicJSON struct {
+	Topic               string  `json:"topic"`
+	Count               int     `json:"count"`
+	DedupeWindowSeconds float64 `json:"dedupe_window_seconds"`
+	DedupeBy            string  `json:"dedupe_by"`
+	Dropped             int     `json:"dropped"`
 }
 
 func (s *Server) replay(w http.ResponseWriter, r *http.Request, who principal) error {
@@ -268,10 +285,11 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request, who principal) e
 		return err
 	}
 	var b struct {
-		since, until, topic, key string
-		dryRun                   bool
+		since, until, topic, key     string
+		dryRun, asNew, acceptDropped bool
 	}
-	if err := decodeBody(r, fields{"since": &b.since, "until": &b.until, "topic": &b.topic, "key": &b.key, "dry_run": &b.dryRun}, false); err != nil {
+	if err := decodeBody(r, fields{"since": &b.since, "until": &b.until, "topic": &b.topic, "key": &b.key, "dry_run": &b.dryRun,
+		"as_new": &b.asNew, "accept_dropped": &b.acceptDropped}, false); err != nil {
 		return err
 	}
 	if b.since == "" {
@@ -295,13 +313,48 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request, who principal) e
 	if until.IsZero() {
 		until = now
 	}
-	n, err := s.cfg.Admin.Replay(r.Context(), postbox.ReplayRequest{Since: since, Until: until, Topic: b.topic, Key: b.key, DryRun: b.dryRun, Actor: who.name})
+	req := postbox.ReplayRequest{Since: since, Until: until, Topic: b.topic, Key: b.key, DryRun: b.dryRun, AsNew: b.asNew, Actor: who.name}
+	out := replayJSON{DryRun: b.dryRun, AsNew: b.asNew, Since: since.UTC(), Until: until.UTC(), Topic: b.topic, Key: b.key, Actor: who.name,
+		Topics: []replayTopicJSON{}, Notes: []string{}}
+	if !b.asNew {
+		// Before anything changes: what the brokers will do with copies
+		// under the same ids.
+		p, err := s.cfg.Admin.ReplayPreview(r.Context(), req, s.cfg.DedupeWindow)
+		if err != nil {
+			return err
+		}
+		out.Dropped = p.Dropped()
+		for _, t := range p.Topics {
+			out.Topics = append(out.Topics, replayTopicJSON{Topic: t.Topic, Count: t.Count, DedupeWindowSeconds: t.Window.Seconds(),
+				DedupeBy: t.Where, Dropped: t.Dropped})
+			if t.Dropped > 0 {
+				out.Notes = append(out.Notes, fmt.Sprintf("%s: %d of %d message(s) were published within the last %s, the duplicate window of %s: "+
+					"sent again under their own ids, the broker drops them as copies; replay them as new messages (as_new) for consumers that must run again, "+
+					"or replay after the window", t.Topic, t.Dropped, t.Count, t.Window, t.Where))
+			}
+		}
+		if out.Dropped > 0 && !b.dryRun && !b.acceptDropped {
+			return &apiError{status: http.StatusConflict, field: "as_new", msg: fmt.Sprintf("not replayed: %d of the %d message(s) would be dropped by the broker "+
+				"as copies (%s); set \"as_new\": true to send them as new messages, or \"accept_dropped\": true to replay under their own ids anyway",
+				out.Dropped, p.Count, strings.Join(out.Notes, "; "))}
+		}
+	}
+	n, err := s.cfg.Admin.Replay(r.Context(), req)
 	if err != nil {
 		return err
 	}
-	s.log.Info("postboxadmin: replay", slog.String("actor", who.name), slog.Int("count", n), slog.Bool("dry_run", b.dryRun),
-		slog.Time("since", since), slog.Time("until", until), slog.String("topic", b.topic), slog.String("key", b.key))
-	writeJSON(w, http.StatusOK, replayJSON{Count: n, DryRun: b.dryRun, Since: since.UTC(), Until: until.UTC(), Topic: b.topic, Key: b.key, Actor: who.name})
+	out.Count = n
+	switch {
+	case b.asNew && b.dryRun:
+		out.Notes = append(out.Notes, fmt.Sprintf("would send %d message(s) as new messages: fresh ids, the original id in the %s header; every consumer runs them again", n, postbox.HeaderReplayOf))
+	case b.asNew:
+		out.Notes = append(out.Notes, fmt.Sprintf("sent %d message(s) as new messages: fresh ids, the original id in the %s header; every consumer runs them again", n, postbox.HeaderReplayOf))
+	case out.Dropped == 0:
+		out.Notes = append(out.Notes, "under their own ids: consumers whose inbox holds an id run nothing; the others process the messages")
+	}
+	s.log.Info("postboxadmin: replay", slog.String("actor", who.name), slog.Int("count", n), slog.Bool("dry_run", b.dryRun), slog.Bool("as_new", b.asNew),
+		slog.Int("dropped", out.Dropped), slog.Time("since", since), slog.Time("until", until), slog.String("topic", b.topic), slog.String("key", b.key))
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 

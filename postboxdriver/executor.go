@@ -107,8 +107,16 @@ type Executor interface {
 	// Replay moves published messages created in [Since, Until), narrowed
 	// by topic and key, back to the outbox under their own ids, in their
 	// original order, and records the request in the replay audit. With
-	// DryRun it only counts (and audits the count).
+	// DryRun it only counts (and audits the count). With AsNew it copies
+	// them instead, as new messages (ReplayParams.AsNew), and applies no
+	// horizon.
 	Replay(ctx context.Context, p ReplayParams) (int, error)
+	// ReplayCounts counts, per topic, the messages a replay under their
+	// own ids would select (p's window, topic and key; p.DryRun, AsNew,
+	// Actor and Horizon ignored), and of those the ones published within
+	// the last recent (none when recent is not positive), on the database
+	// clock. It records nothing.
+	ReplayCounts(ctx context.Context, p ReplayParams, recent time.Duration) ([]ReplayCount, error)
 	// ListReplays returns the replay audit, newest first.
 	ListReplays(ctx context.Context, limit int) ([]ReplayAudit, error)
 

@@ -311,12 +311,28 @@ func oneLine(s string, n int) string {
 }
 
 func newReplay(f *dbFlags) *cobra.Command {
-	var since, until, topic, key, actor string
-	var dry bool
+	var since, until, topic, key, actor, window string
+	var dry, asNew, acceptDropped bool
 	cmd := &cobra.Command{
 		Use:   "replay",
-		Short: "Send published messages again, under their own ids (audited; refused past the retention horizon)",
-		Args:  cobra.NoArgs,
+		Short: "Send published messages again, under their own ids or as new messages (audited; refused past the retention horizon)",
+		Long: `replay sends published messages created in [--since, --until) again.
+
+Under their own ids (the default), consumers whose inbox holds an id run
+nothing, and the others (a new consumer, one that lost its state) process the
+messages. A broker with a duplicate window (JetStream's Duplicates, 2m by
+default; the Redis publisher's dedupe key) drops the copy of a message it saw
+within that window: give the window with --dedupe-window and replay says how
+many it would drop, and refuses a real run while any would be, unless
+--accept-dropped. The daemon's API (POST /v1/replay) reads the windows from
+the brokers itself.
+
+With --as-new, copies are sent as new messages: fresh ids, every header kept,
+plus postbox-replay-of (the original id) and postbox-replay (the audit entry):
+every consumer runs them again, whatever its inbox or the broker remembers.
+Use it when consumers must run again; use the default to fill in consumers
+that missed messages without running the others twice.`,
+		Args: cobra.NoArgs,
 		RunE: withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
 			s, err := parseTime("since", since)
 			if err != nil {
@@ -329,18 +345,64 @@ func newReplay(f *dbFlags) *cobra.Command {
 			if u.IsZero() {
 				u = time.Now()
 			}
-			n, err := c.admin.Replay(ctx, postbox.ReplayRequest{Since: s, Until: u, Topic: topic, Key: key, DryRun: dry, Actor: actor})
+			var win time.Duration
+			if window != "" {
+				if win, err = relayd.ParseDuration(window); err != nil || win < 0 {
+					return usagef("--dedupe-window %q: want a duration, e.g. 2m", window)
+				}
+			}
+			req := postbox.ReplayRequest{Since: s, Until: u, Topic: topic, Key: key, DryRun: dry, AsNew: asNew, Actor: actor}
+			var preview postbox.ReplayPreview
+			if !asNew {
+				var w postbox.DedupeWindow
+				if win > 0 {
+					w = func(context.Context, string) (time.Duration, string, error) {
+						return win, "the broker (--dedupe-window)", nil
+					}
+				}
+				if preview, err = c.admin.ReplayPreview(ctx, req, w); err != nil {
+					return err
+				}
+				if d := preview.Dropped(); d > 0 && !dry && !acceptDropped {
+					return usagef("--as-new: not replayed: %d of the %d message(s) were published within the last %s, the broker's duplicate window, "+
+						"and it would drop them as copies; replay them with --as-new for consumers that must run again, after the window, "+
+						"or with --accept-dropped", d, preview.Count, win)
+				}
+			}
+			n, err := c.admin.Replay(ctx, req)
 			if err != nil {
 				return err
 			}
 			if f.json {
-				return printJSON(out, map[string]any{"count": n, "dry_run": dry, "since": s, "until": u, "topic": topic, "key": key})
+				topics := make([]map[string]any, 0, len(preview.Topics))
+				for _, t := range preview.Topics {
+					topics = append(topics, map[string]any{"topic": t.Topic, "count": t.Count, "dedupe_window_seconds": t.Window.Seconds(), "dropped": t.Dropped})
+				}
+				return printJSON(out, map[string]any{"count": n, "dry_run": dry, "as_new": asNew, "since": s.UTC(), "until": u.UTC(),
+					"topic": topic, "key": key, "dropped": preview.Dropped(), "topics": topics})
 			}
-			verb := "re-staged"
-			if dry {
-				verb = "would re-stage"
+			span := fmt.Sprintf("created in [%s, %s)", s.UTC().Format(time.RFC3339), u.UTC().Format(time.RFC3339))
+			switch {
+			case asNew && dry:
+				fmt.Fprintf(out, "would send %d message(s) %s as new messages (fresh ids, the original in postbox-replay-of)\n", n, span)
+			case asNew:
+				fmt.Fprintf(out, "sent %d message(s) %s to the outbox as new messages (fresh ids, the original in postbox-replay-of): every consumer runs them again\n", n, span)
+			default:
+				verb := "re-staged"
+				if dry {
+					verb = "would re-stage"
+				}
+				fmt.Fprintf(out, "%s %d message(s) %s under their own ids: consumers whose inbox holds an id run nothing\n", verb, n, span)
+				for _, t := range preview.Topics {
+					if t.Dropped > 0 {
+						fmt.Fprintf(out, "%s: %d of %d published within the last %s: the broker drops them as copies (--as-new sends them as new messages)\n",
+							t.Topic, t.Dropped, t.Count, t.Window)
+					}
+				}
+				if win == 0 {
+					fmt.Fprintln(out, "a broker with a duplicate window (JetStream, Redis) drops copies of messages it saw within it: --dedupe-window checks, --as-new avoids")
+				}
 			}
-			fmt.Fprintf(out, "%s %d message(s) created in [%s, %s)\n", verb, n, s.UTC().Format(time.RFC3339), u.UTC().Format(time.RFC3339))
 			return nil
 		}),
 	}
@@ -350,6 +412,9 @@ func newReplay(f *dbFlags) *cobra.Command {
 	fl.StringVar(&topic, "topic", "", "only this topic")
 	fl.StringVar(&key, "key", "", "only this key")
 	fl.BoolVar(&dry, "dry-run", false, "count only")
+	fl.BoolVar(&asNew, "as-new", false, "send copies as new messages: fresh ids, the original id in the postbox-replay-of header")
+	fl.StringVar(&window, "dedupe-window", "", "the broker's duplicate window (JetStream Duplicates, e.g. 2m): say how many copies it would drop, and refuse while any would")
+	fl.BoolVar(&acceptDropped, "accept-dropped", false, "replay under the original ids even though the broker drops some as copies")
 	fl.StringVar(&actor, "actor", defaultActor(), "who asks, for the audit")
 	var limit int
 	log := &cobra.Command{
@@ -366,9 +431,9 @@ func newReplay(f *dbFlags) *cobra.Command {
 			for _, a := range as {
 				rows = append(rows, []string{strconv.FormatInt(a.ID, 10), a.At.UTC().Format(time.RFC3339), a.Actor,
 					a.Since.UTC().Format(time.RFC3339) + " .. " + a.Until.UTC().Format(time.RFC3339), a.Topic, a.Key,
-					strconv.Itoa(a.Count), strconv.FormatBool(a.DryRun)})
+					strconv.Itoa(a.Count), strconv.FormatBool(a.DryRun), strconv.FormatBool(a.AsNew)})
 			}
-			return table(out, "ID\tAT\tACTOR\tWINDOW\tTOPIC\tKEY\tCOUNT\tDRY RUN", rows)
+			return table(out, "ID\tAT\tACTOR\tWINDOW\tTOPIC\tKEY\tCOUNT\tDRY RUN\tAS NEW", rows)
 		}),
 	}
 	log.Flags().IntVar(&limit, "limit", 50, "most entries")

@@ -229,3 +229,49 @@ func TestCLIConsumerRequeueEndToEnd(t *testing.T) {
 		t.Fatalf("the handler ran for a message nobody asked to requeue")
 	}
 }
+
+// replay says what the broker will do: with --dedupe-window it counts
+// the copies the broker would drop and refuses a real run while any
+// would be; --as-new sends copies with fresh ids; the audit records it.
+func TestCLIReplaySaysWhatHappens(t *testing.T) {
+	db, _ := pgTarget(t)
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	ok := postbox.PublisherFunc(func(context.Context, *postbox.Envelope) error { return nil })
+	c, err := postbox.NewClient(postboxpgx.New(pool), &postbox.Config{Prefix: db[3], Publisher: ok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(ctx, postbox.Message{Topic: "orders.paid", Key: "o1"}, postbox.Message{Topic: "orders.paid", Key: "o2"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	replay := func(args ...string) []string {
+		return append(append([]string{"replay", "--since", "1h", "--actor", "ci"}, args...), db...)
+	}
+	if out := must(t, replay("--dry-run", "--dedupe-window", "2m")...); !strings.Contains(out, "would re-stage 2") ||
+		!strings.Contains(out, "orders.paid: 2 of 2 published within the last 2m0s: the broker drops them as copies") {
+		t.Fatalf("dry run with a duplicate window:\n%s", out)
+	}
+	if out, code := run(t, replay("--dedupe-window", "2m")...); code != 2 || !strings.Contains(out, "not replayed: 2 of the 2") || !strings.Contains(out, "--as-new") {
+		t.Fatalf("a replay the broker would drop ran: exit %d\n%s", code, out)
+	}
+	if st, err := c.Admin().Status(ctx); err != nil || st.Pending != 0 {
+		t.Fatalf("a refused replay staged %d (%v)", st.Pending, err)
+	}
+	if out := must(t, replay("--as-new")...); !strings.Contains(out, "sent 2 message(s)") || !strings.Contains(out, "as new messages") {
+		t.Fatalf("replay --as-new:\n%s", out)
+	}
+	if st, err := c.Admin().Status(ctx); err != nil || st.Pending != 2 || st.Published != 2 {
+		t.Fatalf("after --as-new: %+v %v", st, err)
+	}
+	if out := must(t, replay()...); !strings.Contains(out, "re-staged 2") || !strings.Contains(out, "--dedupe-window checks, --as-new avoids") {
+		t.Fatalf("replay without a window:\n%s", out)
+	}
+	var log []map[string]any
+	if err := json.Unmarshal([]byte(must(t, append([]string{"replay", "log", "--json"}, db...)...)), &log); err != nil || len(log) != 3 || log[1]["as_new"] != true {
+		t.Fatalf("replay log: %v %v", log, err)
+	}
+}

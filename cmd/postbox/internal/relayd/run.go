@@ -41,6 +41,7 @@ type Daemon struct {
 	cfg     *Config
 	log     *slog.Logger
 	nc      *nats.Conn
+	js      jetstream.JetStream
 	pub     *postboxnats.Publisher
 	amqp    *postboxamqp.Publisher
 	kafka   *postboxkafka.Publisher
@@ -91,6 +92,45 @@ func (d *Daemon) routeFor(topic string) *route {
 
 // Routed reports whether a route of the daemon takes topic.
 func (d *Daemon) Routed(topic string) bool { return d.routeFor(topic) != nil }
+
+// DedupeWindow tells the duplicate window of the broker topic goes to:
+// the Duplicates of the JetStream stream that captures its subject (read
+// from the server), the Redis publisher's DedupeWindow; none for the
+// other brokers, and for a topic no route takes.
+func (d *Daemon) DedupeWindow(ctx context.Context, topic string) (time.Duration, string, error) {
+	r := d.routeFor(topic)
+	if r == nil {
+		return 0, "", nil
+	}
+	switch r.publisher {
+	case "nats":
+		subject, err := d.pub.Subject(topic)
+		if err != nil {
+			return 0, "", nil //nolint:nilerr // a topic that makes no subject is never published: nothing to drop
+		}
+		name, err := d.js.StreamNameBySubject(ctx, subject)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return 0, "", nil
+		}
+		if err != nil {
+			return 0, "", fmt.Errorf("find the stream of %s: %w", subject, err)
+		}
+		st, err := d.js.Stream(ctx, name)
+		if err != nil {
+			return 0, "", fmt.Errorf("read stream %s: %w", name, err)
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			return 0, "", fmt.Errorf("read stream %s: %w", name, err)
+		}
+		return info.Config.Duplicates, "JetStream stream " + name, nil
+	case "redis":
+		if c := d.redis.Config(); !c.DisableDedupe {
+			return c.DedupeWindow, "the Redis publisher's dedupe key", nil
+		}
+	}
+	return 0, "", nil
+}
 
 // matchTopic is postbox.Route's rule: an exact topic, a prefix ending in
 // "*", or "*".
@@ -201,6 +241,7 @@ func (d *Daemon) connectNATS(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	d.js = js
 	for _, s := range cfg.NATS.Streams {
 		if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: s.Name, Subjects: s.Subjects, Duplicates: time.Duration(s.Duplicates)}); err != nil {
 			return fmt.Errorf("ensure stream %s: %w", s.Name, err)
@@ -333,7 +374,7 @@ func (d *Daemon) serve() error {
 	metrics := promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
 	for i, sh := range d.shards {
-		srv, err := postboxadmin.New(&postboxadmin.Config{Admin: sh.admin, ConsumerDead: sh.consumers, Routed: d.Routed,
+		srv, err := postboxadmin.New(&postboxadmin.Config{Admin: sh.admin, ConsumerDead: sh.consumers, Routed: d.Routed, DedupeWindow: d.DedupeWindow,
 			Tokens: tokens, Ready: d.Ready, Metrics: metrics, Logger: d.log})
 		if err != nil {
 			return err
