@@ -300,12 +300,17 @@ type DedupeWindow func(ctx context.Context, topic string) (window time.Duration,
 // r.AsNew are ignored: the preview is of a replay under the messages' own
 // ids) and how many of those the broker would drop as copies because it
 // saw them within its duplicate window, which window tells. It changes
-// and records nothing.
+// and records nothing. Like Replay, it refuses a window past the
+// retention horizon (ErrBeyondHorizon; here on this host's clock, where
+// Replay uses the database's).
 func (a *Admin) ReplayPreview(ctx context.Context, r ReplayRequest, window DedupeWindow) (ReplayPreview, error) {
 	p := r
 	p.Actor, p.DryRun, p.AsNew = "preview", true, false
 	if err := p.check(); err != nil {
 		return ReplayPreview{}, err
+	}
+	if a.cfg.Retention > 0 && r.Since.Before(time.Now().Add(-a.cfg.Retention)) {
+		return ReplayPreview{}, fmt.Errorf("%w: %s is more than the retention (%s) ago", postboxdriver.ErrBeyondHorizon, r.Since.Format(time.RFC3339), a.cfg.Retention)
 	}
 	params := postboxdriver.ReplayParams{Since: r.Since, Until: r.Until, Topic: r.Topic, Key: r.Key}
 	counts, err := a.ex.ReplayCounts(ctx, params, 0)

@@ -39,6 +39,11 @@
 //
 // # Endpoints
 //
+// The OpenAPI 3.1 document of the API (OpenAPI, and GET /v1/openapi.json)
+// describes every endpoint below, its parameters, bodies, answers and
+// errors, for generating a client; the package's tests hold it to the
+// handlers, status by status and field by field.
+//
 // Bodies and responses are JSON objects with snake_case fields; times are
 // RFC 3339 in UTC. Where a time is accepted (since, until), it is RFC 3339
 // or a duration ago, as the CLI takes it: "90m", "2h", "7d".
@@ -60,6 +65,7 @@
 //	GET     /v1/consumers/{consumer}/dead/{id}  read    200 one dead message
 //	DELETE  /v1/consumers/{consumer}/dead/{id}  admin   200 {"count": 1}
 //	GET     /                                   read    200 the dashboard (HTML)
+//	GET     /v1/openapi.json                    none    200 the OpenAPI 3.1 document of this API
 //	GET     /healthz                            none    200 {"status": "ok"}
 //	GET     /readyz                             none    200 {"status": "ready"}, or 503
 //	                                                        {"status": "unavailable", "error": "..."}
