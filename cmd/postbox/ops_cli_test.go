@@ -5,6 +5,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -273,5 +275,23 @@ func TestCLIReplaySaysWhatHappens(t *testing.T) {
 	var log []map[string]any
 	if err := json.Unmarshal([]byte(must(t, append([]string{"replay", "log", "--json"}, db...)...)), &log); err != nil || len(log) != 3 || log[1]["as_new"] != true {
 		t.Fatalf("replay log: %v %v", log, err)
+	}
+}
+
+// postbox relay with a bad file lists the file's and the settings'
+// problems in one error, and exits 2 before starting anything.
+func TestCLIRelayListsEveryConfigProblem(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(p, []byte("databases: [{url: \"mysql://x\"}]\nrelay: {leese: 30s}\nadmin: {tokens: [{name: ops, value: \"${NOT_SET_ANYWHERE}\", scope: admin}]}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, code := run(t, "relay", "--config", p)
+	if code != 2 {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+	for _, want := range []string{"relay.leese", "admin.tokens[0].value", "NOT_SET_ANYWHERE", "databases[0].url"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the error does not name %s:\n%s", want, out)
+		}
 	}
 }

@@ -26,9 +26,9 @@ the partitions are released for the other replicas.
 ` + relayd.EnvHelp(),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := relayd.Load(path, os.Getenv)
-			if err != nil {
-				return usagef("%v", err)
+			cfg, loadErr := relayd.Load(path, os.Getenv)
+			if cfg == nil {
+				return usagef("%v", loadErr)
 			}
 			if database != "" {
 				cfg.Databases = []relayd.Database{{URL: database, Prefix: prefix}}
@@ -45,7 +45,9 @@ the partitions are released for the other replicas.
 					*o.dst = o.flag
 				}
 			}
-			if err := cfg.Validate(); err != nil {
+			// The file's, the environment's and the settings' problems,
+			// all at once.
+			if err := relayd.Check(cfg, loadErr); err != nil {
 				return err
 			}
 			log := relayd.Logger(cfg, cmd.ErrOrStderr())

@@ -232,8 +232,9 @@ const (
 )
 
 // Load reads the file at path (none when empty), then applies the
-// environment (getenv, usually os.Getenv). Unknown keys in the file are
-// errors, so that a typo is not silently ignored.
+// environment (getenv, usually os.Getenv), as Parse does, and returns
+// what Parse returns. Unknown keys in the file are errors, so that a typo
+// is not silently ignored.
 func Load(path string, getenv func(string) string) (*Config, error) {
 	var b []byte
 	if path != "" {
@@ -244,27 +245,81 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 	}
 	cfg, err := Parse(b, getenv)
 	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+		return cfg, fmt.Errorf("config %s: %w", path, err)
 	}
 	return cfg, nil
 }
 
 // Parse reads a YAML configuration (empty for none), expanding ${VAR}
 // references in its values with getenv, then applies the POSTBOX_*
-// variables. A file that does not fit the configuration, or a variable
-// that cannot be read, is an error wrapping a *postbox.ConfigError that
-// lists every problem.
-func Parse(b []byte, getenv func(string) string) (cfg *Config, err error) {
-	cfg = &Config{}
+// variables. A file that is not YAML is an error wrapping ErrBadYAML, with
+// no configuration. Keys and values that do not fit the configuration,
+// and variables that cannot be read, are listed together in a
+// *postbox.ConfigError (wrapping ErrBadYAML when the file has some); the
+// configuration is then returned too, every bad value left at its
+// default, so that Check can add what Validate finds.
+func Parse(b []byte, getenv func(string) string) (*Config, error) {
+	cfg := &Config{}
+	var ps []*postbox.ValidationError
 	if len(bytes.TrimSpace(b)) > 0 {
-		if err := decodeYAML(b, cfg, getenv); err != nil {
+		var err error
+		if ps, err = decodeYAML(b, cfg, getenv); err != nil {
 			return nil, err
 		}
 	}
-	if err := cfg.applyEnv(getenv); err != nil {
-		return nil, err
+	inFile := len(ps) > 0
+	var ce *postbox.ConfigError
+	if err := cfg.applyEnv(getenv); err != nil && asConfigError(err, &ce) {
+		ps = append(ps, ce.Problems...)
+	}
+	switch {
+	case inFile:
+		return cfg, fmt.Errorf("%w: %w", ErrBadYAML, &postbox.ConfigError{Problems: ps})
+	case len(ps) > 0:
+		return cfg, &postbox.ConfigError{Problems: ps}
 	}
 	return cfg, nil
+}
+
+// Check validates cfg (Validate) and returns every problem at once: the
+// ones loadErr, the error of Load or Parse that returned cfg, lists, and
+// the ones Validate finds in the fields they did not name already. cfg
+// nil (a file that is not YAML at all) returns loadErr.
+func Check(cfg *Config, loadErr error) error {
+	if cfg == nil {
+		return loadErr
+	}
+	var ce *postbox.ConfigError
+	if loadErr != nil && !errors.As(loadErr, &ce) {
+		return loadErr
+	}
+	var ps []*postbox.ValidationError
+	named := map[string]bool{}
+	if ce != nil {
+		ps = append(ps, ce.Problems...)
+		for _, p := range ce.Problems {
+			named[p.Field] = true
+		}
+	}
+	var ve *postbox.ConfigError
+	if err := cfg.Validate(); err != nil {
+		if !asConfigError(err, &ve) {
+			return err
+		}
+		for _, p := range ve.Problems {
+			if !named[p.Field] {
+				ps = append(ps, p)
+			}
+		}
+	}
+	if len(ps) == 0 {
+		return nil
+	}
+	out := &postbox.ConfigError{Problems: ps}
+	if errors.Is(loadErr, ErrBadYAML) {
+		return fmt.Errorf("%w: %w", ErrBadYAML, out)
+	}
+	return out
 }
 
 // withDefaults fills the daemon's own defaults; the relay's come from

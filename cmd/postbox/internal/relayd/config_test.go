@@ -211,3 +211,32 @@ routes:
 		}
 	}
 }
+
+// Check lists the file's problems, the environment's and the settings'
+// together: one start-up says everything that is wrong.
+func TestCheckListsFileAndSettingProblemsTogether(t *testing.T) {
+	cfg, err := relayd.Parse([]byte(`
+databases: [{url: "mysql://x", prefx: a_}]
+nats: {url: "http://x"}
+relay: {lease: soon, batch_size: -1}
+`), env(map[string]string{"POSTBOX_MAX_ATTEMPTS": "many"}))
+	if cfg == nil || !errors.Is(err, relayd.ErrBadYAML) {
+		t.Fatalf("Parse = %v, %v", cfg, err)
+	}
+	err = relayd.Check(cfg, err)
+	if !errors.Is(err, relayd.ErrBadYAML) {
+		t.Fatalf("Check lost ErrBadYAML: %v", err)
+	}
+	got := strings.Join(problems(t, err), " ")
+	want := "databases[0].prefx relay.lease POSTBOX_MAX_ATTEMPTS databases[0].url nats.url relay.batch_size"
+	if got != want {
+		t.Fatalf("fields\n got %s\nwant %s", got, want)
+	}
+	if _, err := relayd.Parse([]byte("{{{{"), env(nil)); relayd.Check(nil, err) != err { //nolint:errorlint // the very error, unchanged
+		t.Fatal("Check of a file that is not YAML changed its error")
+	}
+	cfg, err = relayd.Parse([]byte("databases: [{url: \"postgres://h/db\"}]\n"), env(nil))
+	if err := relayd.Check(cfg, err); err != nil {
+		t.Fatalf("a good configuration: %v", err)
+	}
+}

@@ -29,7 +29,7 @@ var ErrBadYAML = errors.New("not a valid configuration file")
 // unknown key and every bad value is reported, each named by its path
 // (relay.lease, routes[1].publisher). String values have their ${VAR}
 // references expanded with getenv first.
-func decodeYAML(b []byte, cfg *Config, getenv func(string) string) (err error) {
+func decodeYAML(b []byte, cfg *Config, getenv func(string) string) (problems []*postbox.ValidationError, err error) {
 	// The decoder panics on some malformed input (a !!binary tag where a
 	// list belongs, found by FuzzRelayConfig); that is bad input too.
 	defer func() {
@@ -39,14 +39,11 @@ func decodeYAML(b []byte, cfg *Config, getenv func(string) string) (err error) {
 	}()
 	var raw any
 	if err := yaml.Unmarshal(b, &raw); err != nil {
-		return fmt.Errorf("%w: %s", ErrBadYAML, yaml.FormatError(err, false, true))
+		return nil, fmt.Errorf("%w: %s", ErrBadYAML, yaml.FormatError(err, false, true))
 	}
 	w := walker{getenv: getenv}
 	w.value(reflect.ValueOf(cfg).Elem(), raw, "")
-	if len(w.problems) > 0 {
-		return fmt.Errorf("%w: %w", ErrBadYAML, &postbox.ConfigError{Problems: w.problems})
-	}
-	return nil
+	return w.problems, nil
 }
 
 type walker struct {
