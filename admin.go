@@ -27,6 +27,10 @@ type (
 	TopicStats = postboxdriver.TopicStats
 	// ReplayAudit is one recorded replay.
 	ReplayAudit = postboxdriver.ReplayAudit
+	// PartitionStats is the state of the partitions' leases.
+	PartitionStats = postboxdriver.PartitionStats
+	// ConsumerDeadStat counts one consumer's dead messages of one topic.
+	ConsumerDeadStat = postboxdriver.ConsumerDeadStat
 )
 
 // ErrEmptySelection is returned when a bulk change (requeue, delete) has
@@ -52,6 +56,9 @@ type Status struct {
 	// PostgreSQL, without pg_read_all_stats only the same role's sessions
 	// are seen.
 	HeldSnapshot *HeldSnapshot
+	// Partitions is the state of the partitions' leases: how many no
+	// relay holds (all of them while no relay runs), and the live relays.
+	Partitions PartitionStats
 }
 
 // HeldSnapshotMinAge is how long a snapshot must have been held for
@@ -77,6 +84,9 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 		return Status{}, err
 	}
 	out := Status{Stats: st, Topics: topics}
+	if out.Partitions, err = a.ex.PartitionStats(ctx); err != nil {
+		return Status{}, err
+	}
 	s, found, err := a.ex.OldestSnapshot(ctx)
 	if err != nil {
 		return Status{}, err
@@ -232,8 +242,103 @@ type ReplayRequest struct {
 	Topic, Key string
 	// DryRun counts without changing anything (and is audited too).
 	DryRun bool
+	// AsNew sends copies as new messages, for consumers that must run
+	// again: fresh ids (so neither a broker's duplicate window nor an
+	// inbox drops them), every header kept, plus HeaderReplayOf (the
+	// original id) and HeaderReplay (the audit entry's id). The history
+	// keeps the originals. Without it the messages go back under their
+	// own ids: consumers whose inbox holds an id run nothing, and a
+	// broker drops a copy of a message it saw within its duplicate window
+	// (ReplayPreview tells how many).
+	AsNew bool
 	// Actor names who asked, for the audit. Required.
 	Actor string
+}
+
+// Headers a replay as new messages adds to each copy.
+const (
+	HeaderReplayOf = postboxdriver.HeaderReplayOf // "postbox-replay-of": the original message's id
+	HeaderReplay   = postboxdriver.HeaderReplay   // "postbox-replay": the replay audit entry's id
+)
+
+// ReplayPreview is what a replay under the messages' own ids would do,
+// per topic.
+type ReplayPreview struct {
+	Count  int // messages selected
+	Topics []ReplayTopic
+}
+
+// Dropped is how many of the selected messages the brokers would drop as
+// copies.
+func (p *ReplayPreview) Dropped() int {
+	n := 0
+	for _, t := range p.Topics {
+		n += t.Dropped
+	}
+	return n
+}
+
+// ReplayTopic is what a replay would send of one topic.
+type ReplayTopic struct {
+	Topic string
+	Count int // messages selected
+	// Window is the duplicate window of the broker the topic goes to
+	// (zero when it has none), and Where names it ("JetStream stream
+	// ORDERS").
+	Window time.Duration
+	Where  string
+	// Dropped counts the selected messages published within Window: sent
+	// again under their own ids, the broker drops them as copies.
+	Dropped int
+}
+
+// DedupeWindow tells the duplicate window of the broker a topic goes to,
+// and names it; zero for a broker without one.
+type DedupeWindow func(ctx context.Context, topic string) (window time.Duration, where string, err error)
+
+// ReplayPreview counts, per topic, what r would select (r.DryRun and
+// r.AsNew are ignored: the preview is of a replay under the messages' own
+// ids) and how many of those the broker would drop as copies because it
+// saw them within its duplicate window, which window tells. It changes
+// and records nothing. Like Replay, it refuses a window past the
+// retention horizon (ErrBeyondHorizon; here on this host's clock, where
+// Replay uses the database's).
+func (a *Admin) ReplayPreview(ctx context.Context, r ReplayRequest, window DedupeWindow) (ReplayPreview, error) {
+	p := r
+	p.Actor, p.DryRun, p.AsNew = "preview", true, false
+	if err := p.check(); err != nil {
+		return ReplayPreview{}, err
+	}
+	if a.cfg.Retention > 0 && r.Since.Before(time.Now().Add(-a.cfg.Retention)) {
+		return ReplayPreview{}, fmt.Errorf("%w: %s is more than the retention (%s) ago", postboxdriver.ErrBeyondHorizon, r.Since.Format(time.RFC3339), a.cfg.Retention)
+	}
+	params := postboxdriver.ReplayParams{Since: r.Since, Until: r.Until, Topic: r.Topic, Key: r.Key}
+	counts, err := a.ex.ReplayCounts(ctx, params, 0)
+	if err != nil {
+		return ReplayPreview{}, err
+	}
+	var out ReplayPreview
+	for _, c := range counts {
+		t := ReplayTopic{Topic: c.Topic, Count: c.Count}
+		out.Count += c.Count
+		if window != nil {
+			if t.Window, t.Where, err = window(ctx, c.Topic); err != nil {
+				return ReplayPreview{}, fmt.Errorf("postbox: the duplicate window of %s: %w", c.Topic, err)
+			}
+		}
+		if t.Window > 0 {
+			params.Topic = c.Topic
+			recent, err := a.ex.ReplayCounts(ctx, params, t.Window)
+			if err != nil {
+				return ReplayPreview{}, err
+			}
+			for _, rc := range recent {
+				t.Dropped += rc.Recent
+			}
+		}
+		out.Topics = append(out.Topics, t)
+	}
+	return out, nil
 }
 
 // Replay sends published messages again: they go back to the outbox under
@@ -243,34 +348,52 @@ type ReplayRequest struct {
 // is refused with an error wrapping postboxdriver.ErrBeyondHorizon: past
 // it, inboxes may have forgotten the ids and handlers would run twice.
 // With a negative Retention (the history is kept forever) there is no
-// horizon.
+// horizon. A broker with a duplicate window (JetStream, the Redis
+// publisher's dedupe key) drops the copy of a message it saw within it:
+// ReplayPreview tells how many, before. With AsNew the messages are sent
+// as new ones instead (fresh ids, the original's in HeaderReplayOf), which
+// every consumer runs again, and no horizon applies.
 // Every request, dry runs included, is recorded (ListReplays).
 func (a *Admin) Replay(ctx context.Context, r ReplayRequest) (int, error) {
-	switch {
-	case r.Since.IsZero():
-		return 0, invalid("since", "", "is required")
-	case r.Until.IsZero():
-		return 0, invalid("until", "", "is required")
-	case !r.Since.Before(r.Until):
-		return 0, invalid("since", r.Since.Format(time.RFC3339), "must be before until (%s)", r.Until.Format(time.RFC3339))
-	case r.Actor == "" || len(r.Actor) > 200 || !printable.Text(r.Actor):
-		return 0, invalid("actor", r.Actor, "must be printable text of 1 to 200 bytes")
+	if err := r.check(); err != nil {
+		return 0, err
 	}
-	if err := errors.Join(validateKey("key", r.Key), validateTime("since", r.Since), validateTime("until", r.Until)); err != nil {
-		return 0, firstValidation(err)
-	}
-	if r.Topic != "" {
-		if err := ValidateTopic(r.Topic); err != nil {
-			return 0, err
-		}
+	horizon := a.cfg.Retention
+	if r.AsNew {
+		// The copies are new messages: consumers are meant to run them,
+		// so no inbox's memory limits how far back they may go.
+		horizon = 0
 	}
 	n, err := a.ex.Replay(ctx, postboxdriver.ReplayParams{
-		Since: r.Since, Until: r.Until, Topic: r.Topic, Key: r.Key, DryRun: r.DryRun, Actor: r.Actor, Horizon: a.cfg.Retention,
+		Since: r.Since, Until: r.Until, Topic: r.Topic, Key: r.Key, DryRun: r.DryRun, AsNew: r.AsNew, Actor: r.Actor, Horizon: horizon,
 	})
 	if errors.Is(err, postboxdriver.ErrBeyondHorizon) {
 		return 0, fmt.Errorf("%w: %s is more than the retention (%s) ago", err, r.Since.Format(time.RFC3339), a.cfg.Retention)
 	}
 	return n, err
+}
+
+// check validates a replay request.
+func (r *ReplayRequest) check() error {
+	switch {
+	case r.Since.IsZero():
+		return invalid("since", "", "is required")
+	case r.Until.IsZero():
+		return invalid("until", "", "is required")
+	case !r.Since.Before(r.Until):
+		return invalid("since", r.Since.Format(time.RFC3339), "must be before until (%s)", r.Until.Format(time.RFC3339))
+	case r.Actor == "" || len(r.Actor) > 200 || !printable.Text(r.Actor):
+		return invalid("actor", r.Actor, "must be printable text of 1 to 200 bytes")
+	}
+	if err := errors.Join(validateKey("key", r.Key), validateTime("since", r.Since), validateTime("until", r.Until)); err != nil {
+		return firstValidation(err)
+	}
+	if r.Topic != "" {
+		if err := ValidateTopic(r.Topic); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Replays returns the replay audit, newest first.

@@ -133,6 +133,11 @@ type Config struct {
 	DeadRetention time.Duration
 	// PruneInterval is the pause between retention passes. Default 1m.
 	PruneInterval time.Duration
+	// RequeueInterval is the pause between an Inbox's looks for requeues
+	// an operator asked for (Inbox.RequestRequeue, the CLI, the admin
+	// API), which Inbox.Start carries out for the consumers this process
+	// has a Processor for. Default 5s.
+	RequeueInterval time.Duration
 	// PruneBatch bounds each retention delete. Default 1000.
 	PruneBatch int
 }
@@ -162,6 +167,7 @@ const (
 	DefaultDeadRetention   = 30 * 24 * time.Hour
 	DefaultPruneInterval   = time.Minute
 	DefaultPruneBatch      = 1000
+	DefaultRequeueInterval = 5 * time.Second
 
 	// RedeliveryMargin is what InboxRetention must keep beyond Retention:
 	// the time a copy may still take to arrive after the history that
@@ -209,6 +215,7 @@ func (c *Config) WithDefaults() *Config {
 	def(&out.DeadRetention, DefaultDeadRetention)
 	def(&out.PruneInterval, DefaultPruneInterval)
 	def(&out.PruneBatch, DefaultPruneBatch)
+	def(&out.RequeueInterval, DefaultRequeueInterval)
 	return &out
 }
 
@@ -254,6 +261,7 @@ func (c *Config) Validate() error {
 	atLeast("BackoffBase", c.BackoffBase, time.Millisecond)
 	atLeast("PollInterval", c.PollInterval, time.Millisecond)
 	atLeast("PruneInterval", c.PruneInterval, time.Second)
+	atLeast("RequeueInterval", c.RequeueInterval, 10*time.Millisecond)
 	if c.BatchDeadline >= c.LeaseDuration {
 		bad("BatchDeadline", c.BatchDeadline, "must be shorter than LeaseDuration (%s), so a batch ends before its lease can pass to another relay", c.LeaseDuration)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -90,6 +91,19 @@ type Inbox[TTx any] struct {
 
 	mu      sync.Mutex
 	running *retentionLoop
+	// handlers are the handlers of this process's Processors, by
+	// consumer: what a requested requeue runs.
+	handlers map[string]Handler[TTx]
+}
+
+// register records h as consumer's handler for requested requeues.
+func (in *Inbox[TTx]) register(consumer string, h Handler[TTx]) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.handlers == nil {
+		in.handlers = map[string]Handler[TTx]{}
+	}
+	in.handlers[consumer] = h
 }
 
 func validateConsumer(consumer, messageID string) error {
@@ -169,9 +183,7 @@ func (in *Inbox[TTx]) Handle(ctx context.Context, consumer string, d *Delivery, 
 	}
 	start := time.Now()
 	v := in.handle(ctx, consumer, d, h)
-	if in.cfg.Metrics != nil {
-		in.cfg.Metrics.InboxHandled(consumer, v, time.Since(start))
-	}
+	inboxHandled(in.cfg.Metrics, consumer, d.Topic, v, time.Since(start))
 	if end != nil {
 		end(v)
 	}
@@ -250,7 +262,11 @@ func (in *Inbox[TTx]) bury(ctx context.Context, consumer string, d *Delivery, he
 // Processor returns the Processor a broker subscriber uses to run h for
 // consumer: one transaction, and one commit, per delivery. Under load,
 // BatchProcessor commits many deliveries at once.
+//
+// The Inbox also keeps h as consumer's handler for the requeues an
+// operator asks for (RequestRequeue): Start carries them out with it.
 func (in *Inbox[TTx]) Processor(consumer string, h Handler[TTx]) Processor {
+	in.register(consumer, h)
 	return processor[TTx]{in: in, consumer: consumer, h: h}
 }
 
@@ -315,12 +331,124 @@ func (in *Inbox[TTx]) RequeueDead(ctx context.Context, consumer, messageID strin
 	_, err := in.run(ctx, consumer, d, h, take)
 	var he *handlerError
 	if errors.As(err, &he) {
-		return fmt.Errorf("postbox: requeue %s/%s: handler: %w", consumer, messageID, he.err)
+		return fmt.Errorf("postbox: requeue %s/%s: handler: %w", consumer, messageID, he)
 	}
 	if err != nil {
 		return fmt.Errorf("postbox: requeue %s/%s: %w", consumer, messageID, err)
 	}
 	return nil
+}
+
+// DeadStats counts the consumers' dead messages per consumer and topic,
+// with those whose requeue was asked for and not carried out yet.
+func (in *Inbox[TTx]) DeadStats(ctx context.Context) ([]ConsumerDeadStat, error) {
+	return in.store.ConsumerDeadStats(ctx)
+}
+
+// RequestRequeue marks the consumers' dead messages s selects for a
+// requeue and returns how many it marked. The handler lives in the
+// consuming service, so the request waits there: the Inbox of a process
+// that has a Processor (or BatchProcessor) for the consumer, started with
+// Start, runs the handler through the inbox within RequeueInterval and
+// removes the dead message (RunRequeues). A selection with neither ids
+// nor a filter needs s.All, else ErrEmptySelection.
+func (in *Inbox[TTx]) RequestRequeue(ctx context.Context, s DeadSelection) (int, error) {
+	if err := s.checkConsumers(); err != nil {
+		return 0, err
+	}
+	return in.store.RequestConsumerRequeue(ctx, s.DeadFilter)
+}
+
+// DeleteDeadSelected deletes the consumers' dead messages s selects and
+// returns how many it deleted. A selection with neither ids nor a filter
+// needs s.All, else ErrEmptySelection.
+func (in *Inbox[TTx]) DeleteDeadSelected(ctx context.Context, s DeadSelection) (int, error) {
+	if err := s.checkConsumers(); err != nil {
+		return 0, err
+	}
+	const page = 1000
+	f := s.DeadFilter
+	f.Limit = page
+	n := 0
+	for {
+		ds, err := in.store.ListConsumerDead(ctx, f)
+		if err != nil {
+			return n, err
+		}
+		for i := range ds {
+			ok, err := in.store.DeleteConsumerDead(ctx, ds[i].Consumer, ds[i].ID)
+			if err != nil {
+				return n, err
+			}
+			if ok {
+				n++
+			}
+		}
+		if len(ds) < page {
+			return n, nil
+		}
+	}
+}
+
+// checkConsumers checks a selection of consumers' dead messages.
+func (s *DeadSelection) checkConsumers() error {
+	if err := validateDeadFilter(&s.DeadFilter, true); err != nil {
+		return err
+	}
+	if len(s.IDs) > 0 && s.Consumer == "" {
+		return invalid("consumer", "", "is required with ids: a message id is unique per consumer only")
+	}
+	if emptyFilter(&s.DeadFilter) && s.Consumer == "" && !s.All {
+		return ErrEmptySelection
+	}
+	return nil
+}
+
+// RunRequeues carries out the requeues asked for (RequestRequeue) of the
+// consumers this Inbox has a handler for, at most 100 per call, oldest
+// request first: each runs RequeueDead with the consumer's handler. A
+// handler that fails again leaves the dead message with the new error
+// and one more attempt, and clears the request. It returns how many
+// messages were requeued; Start calls it every RequeueInterval.
+func (in *Inbox[TTx]) RunRequeues(ctx context.Context) (int, error) {
+	in.mu.Lock()
+	consumers := make([]string, 0, len(in.handlers))
+	handlers := make(map[string]Handler[TTx], len(in.handlers))
+	for c, h := range in.handlers {
+		consumers = append(consumers, c)
+		handlers[c] = h
+	}
+	in.mu.Unlock()
+	if len(consumers) == 0 {
+		return 0, nil
+	}
+	slices.Sort(consumers)
+	ds, err := in.store.ListConsumerRequeues(ctx, consumers, 100)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := range ds {
+		d := &ds[i]
+		err := in.RequeueDead(ctx, d.Consumer, d.ID, handlers[d.Consumer])
+		var he *handlerError
+		switch {
+		case err == nil:
+			n++
+			in.log.Info("postbox inbox: requeued dead message ran its handler", slog.String("consumer", d.Consumer), slog.String("id", d.ID))
+		case errors.Is(err, postboxdriver.ErrNotFound):
+			// Another process of the consumer took it, or it was deleted.
+		case errors.As(err, &he):
+			in.log.Warn("postbox inbox: requeued dead message failed again; it stays dead", slog.String("consumer", d.Consumer),
+				slog.String("id", d.ID), slog.Any("error", he.err))
+			if _, ferr := in.store.FailConsumerRequeue(ctx, d.Consumer, d.ID, truncate(he.err.Error(), maxErrorBytes)); ferr != nil {
+				return n, ferr
+			}
+		default:
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // PruneResult counts what a retention pass deleted.
@@ -428,7 +556,8 @@ type retentionLoop struct {
 	done   chan struct{}
 }
 
-// Start runs retention passes every PruneInterval until Stop.
+// Start runs retention passes every PruneInterval and carries out
+// requested requeues (RunRequeues) every RequeueInterval, until Stop.
 func (in *Inbox[TTx]) Start(ctx context.Context) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -442,14 +571,24 @@ func (in *Inbox[TTx]) Start(ctx context.Context) error {
 		defer close(m.done)
 		t := time.NewTicker(in.cfg.PruneInterval)
 		defer t.Stop()
-		for {
+		rq := time.NewTicker(in.cfg.RequeueInterval)
+		defer rq.Stop()
+		prune := func() {
 			if res, err := in.Prune(ctx); err != nil && ctx.Err() == nil {
 				in.log.Warn("postbox inbox: retention pass failed", slog.Any("error", err))
 			} else if res.Inbox+res.Dead > 0 {
 				in.log.Info("postbox inbox: retention pass", slog.Int("inbox", res.Inbox), slog.Int("dead", res.Dead))
 			}
+		}
+		prune()
+		for {
 			select {
 			case <-t.C:
+				prune()
+			case <-rq.C:
+				if _, err := in.RunRequeues(ctx); err != nil && ctx.Err() == nil {
+					in.log.Warn("postbox inbox: requested requeues failed", slog.Any("error", err))
+				}
 			case <-ctx.Done():
 				return
 			}

@@ -118,6 +118,7 @@ func (in *Inbox[TTx]) BatchProcessor(consumer string, h Handler[TTx], cfg *Batch
 	if h == nil {
 		return nil, invalid("handler", nil, "must not be nil")
 	}
+	in.register(consumer, h)
 	return &batchProcessor[TTx]{in: in, consumer: consumer, h: h, cfg: c}, nil
 }
 
@@ -279,9 +280,7 @@ func (p *batchProcessor[TTx]) run(batch []*batchItem) {
 		default:
 			it.v = p.in.failed(it.hctx, p.consumer, it.d, &handlerError{it.herr})
 		}
-		if m := p.in.cfg.Metrics; m != nil {
-			m.InboxHandled(p.consumer, it.v, time.Since(it.start))
-		}
+		inboxHandled(p.in.cfg.Metrics, p.consumer, it.d.Topic, it.v, time.Since(it.start))
 		if it.end != nil {
 			it.end(it.v)
 		}

@@ -41,3 +41,23 @@ type BatchReport struct {
 	// the commit-to-ack latency, give or take the two clocks' offset.
 	Lag []time.Duration
 }
+
+// InboxTopicMetrics is an optional extension of Metrics: when the
+// Config's Metrics implements it, the inbox reports each delivery with
+// its topic through InboxHandledTopic instead of InboxHandled.
+type InboxTopicMetrics interface {
+	// InboxHandledTopic reports one delivery of topic processed for
+	// consumer by Inbox.Handle or a batch processor.
+	InboxHandledTopic(consumer, topic string, v Verdict, took time.Duration)
+}
+
+// inboxHandled reports a delivery to m, with its topic when m takes it.
+func inboxHandled(m Metrics, consumer, topic string, v Verdict, took time.Duration) {
+	switch m := m.(type) {
+	case nil:
+	case InboxTopicMetrics:
+		m.InboxHandledTopic(consumer, topic, v, took)
+	default:
+		m.InboxHandled(consumer, v, took)
+	}
+}

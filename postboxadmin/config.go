@@ -24,7 +24,8 @@ const (
 	// ScopeRead reads: status, dead messages of the outbox and of consumers, the replay
 	// audit, the dashboard.
 	ScopeRead Scope = "read"
-	// ScopeAdmin also changes things: requeue, delete, replay, prune.
+	// ScopeAdmin also changes things: requeue, delete, replay, prune, and
+	// the consumers' requeue requests and deletes.
 	ScopeAdmin Scope = "admin"
 )
 
@@ -54,6 +55,12 @@ type ConsumerDead interface {
 	ListDead(ctx context.Context, f postbox.DeadFilter) ([]postbox.DeadMessage, error)
 	GetDead(ctx context.Context, consumer, messageID string) (postbox.DeadMessage, error)
 	DeleteDead(ctx context.Context, consumer, messageID string) (bool, error)
+	// DeleteDeadSelected deletes the dead messages a selection names.
+	DeleteDeadSelected(ctx context.Context, s postbox.DeadSelection) (int, error)
+	// RequestRequeue marks the dead messages a selection names for a
+	// requeue, which the consumer's running Inbox carries out with its
+	// handler.
+	RequestRequeue(ctx context.Context, s postbox.DeadSelection) (int, error)
 }
 
 // Defaults.
@@ -79,6 +86,22 @@ type Config struct {
 	// ConsumerDead serves the consumers' dead messages under
 	// /v1/consumers/...; nil answers those endpoints with 501.
 	ConsumerDead ConsumerDead
+
+	// Routed, when set, tells whether a relay routes a topic: the status
+	// then marks each topic "routed" or not and counts the pending
+	// messages of unrouted topics apart ("unrouted_pending"). Rows of
+	// an unrouted topic wait, spending no attempt, for a relay that
+	// routes it. Nil: every topic counts as routed.
+	Routed func(topic string) bool
+
+	// DedupeWindow, when set, tells the duplicate window of the broker a
+	// topic goes to (JetStream's Duplicates, the Redis publisher's
+	// DedupeWindow). A replay under the messages' own ids then says how
+	// many of them the broker would drop as copies, and a real one is
+	// refused with 409 while any would be, unless the request accepts it
+	// ("accept_dropped") or replays them as new messages ("as_new"). Nil:
+	// no broker is known to drop copies.
+	DedupeWindow postbox.DedupeWindow
 
 	// Tokens are the bearer tokens accepted. With none, every request is
 	// treated as admin: that is only allowed on a loopback address

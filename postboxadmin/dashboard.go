@@ -51,7 +51,7 @@ var dashboardPage = template.Must(template.New("dashboard").Funcs(template.FuncM
 <h2>Topics</h2>
 {{if .Status.Topics}}<table>
 <tr><th>topic</th><th>pending</th><th>oldest pending</th><th>dead</th><th>published, last minute</th></tr>
-{{range .Status.Topics}}<tr><td>{{.Topic}}</td><td class="n">{{.Pending}}</td><td class="n">{{age .OldestPendingAge}}</td><td class="n">{{.Dead}}</td><td class="n">{{.PublishedLastMinute}}</td></tr>
+{{range .Status.Topics}}<tr><td>{{.Topic}}{{if not (call $.Routed .Topic)}} <span class="muted">(unrouted: waits for a relay that routes it)</span>{{end}}</td><td class="n">{{.Pending}}</td><td class="n">{{age .OldestPendingAge}}</td><td class="n">{{.Dead}}</td><td class="n">{{.PublishedLastMinute}}</td></tr>
 {{end}}</table>{{else}}<p class="muted">Nothing pending, dead or published in the last minute.</p>{{end}}
 
 <h2>Latest dead messages</h2>
@@ -73,6 +73,7 @@ var dashboardPage = template.Must(template.New("dashboard").Funcs(template.FuncM
 
 type dashboardData struct {
 	Now          time.Time
+	Routed       func(topic string) bool
 	Status       postbox.Status
 	Dead         []postbox.DeadMessage
 	HasConsumers bool
@@ -84,7 +85,7 @@ func (s *Server) dashboard(w http.ResponseWriter, r *http.Request, _ principal) 
 		return err
 	}
 	ctx := r.Context()
-	d := dashboardData{Now: time.Now()}
+	d := dashboardData{Now: time.Now(), Routed: s.routed}
 	var err error
 	if d.Status, err = s.cfg.Admin.Status(ctx); err != nil {
 		return err

@@ -39,6 +39,11 @@
 //
 // # Endpoints
 //
+// The OpenAPI 3.1 document of the API (OpenAPI, and GET /v1/openapi.json)
+// describes every endpoint below, its parameters, bodies, answers and
+// errors, for generating a client; the package's tests hold it to the
+// handlers, status by status and field by field.
+//
 // Bodies and responses are JSON objects with snake_case fields; times are
 // RFC 3339 in UTC. Where a time is accepted (since, until), it is RFC 3339
 // or a duration ago, as the CLI takes it: "90m", "2h", "7d".
@@ -50,14 +55,17 @@
 //	GET     /v1/dead/{id}                       read    200 one dead message
 //	POST    /v1/dead/requeue                    admin   200 {"count": n}
 //	POST    /v1/dead/delete                     admin   200 {"count": n}
-//	POST    /v1/replay                          admin   200 {"count", "dry_run", "since", "until",
-//	                                                        "topic", "key", "actor"}
+//	POST    /v1/replay                          admin   200 {"count", "dry_run", "as_new", "since", "until",
+//	                                                        "topic", "key", "actor", "dropped", "topics", "notes"}
 //	GET     /v1/replays                         read    200 {"replays": [...]}, newest first
 //	POST    /v1/prune                           admin   200 {"deleted": n}
 //	GET     /v1/consumers/dead                  read    200 {"dead_letters": [...]}, newest first
+//	POST    /v1/consumers/dead/requeue          admin   202 {"count": n}: requeue requested
+//	POST    /v1/consumers/dead/delete           admin   200 {"count": n}
 //	GET     /v1/consumers/{consumer}/dead/{id}  read    200 one dead message
 //	DELETE  /v1/consumers/{consumer}/dead/{id}  admin   200 {"count": 1}
 //	GET     /                                   read    200 the dashboard (HTML)
+//	GET     /v1/openapi.json                    none    200 the OpenAPI 3.1 document of this API
 //	GET     /healthz                            none    200 {"status": "ok"}
 //	GET     /readyz                             none    200 {"status": "ready"}, or 503
 //	                                                        {"status": "unavailable", "error": "..."}
@@ -71,17 +79,26 @@
 //	GET  /v1/dead              ?topic= &key= &since= &until= &limit= (1..10000, default 100)
 //	POST /v1/dead/requeue      {"ids": [...], "topic": "", "key": "", "since": "", "until": "", "all": false}
 //	POST /v1/dead/delete       the same
-//	POST /v1/replay            {"since": "", "until": "", "topic": "", "key": "", "dry_run": false}
+//	POST /v1/replay            {"since": "", "until": "", "topic": "", "key": "", "dry_run": false,
+//	                            "as_new": false, "accept_dropped": false}
 //	GET  /v1/replays           ?limit= (1..10000, default 50)
 //	POST /v1/prune             an empty body, or {}
-//	GET  /v1/consumers/dead    ?consumer= &topic= &since= &until= &limit= (1..10000, default 100)
+//	GET  /v1/consumers/dead    ?consumer= &topic= &key= &since= &until= &limit= (1..10000, default 100)
+//	POST /v1/consumers/dead/requeue  {"consumer": "", "ids": [...], "topic": "", "key": "", "since": "", "until": "", "all": false}
+//	POST /v1/consumers/dead/delete   the same
 //
 // Every field and parameter may be left out (null counts as left out), but
 // for replay's "since". The other endpoints take no parameters.
 //
 // Status: {"pending", "dead", "published_kept", "oldest_pending_age_seconds",
-// "topics": [{"topic", "pending", "dead", "oldest_pending_age_seconds",
-// "published_last_minute"}]}.
+// "unrouted_pending", "held_snapshot", "partitions": {"total", "unowned",
+// "relays"}, "topics": [{"topic", "pending", "dead",
+// "oldest_pending_age_seconds", "published_last_minute", "routed"}]}.
+// "routed" is false for a topic no route of the relay takes
+// (Config.Routed); "unrouted_pending" counts those topics' pending
+// messages, which are also in "pending". "partitions" counts the
+// partitions no relay holds a live lease on (all of them while no relay
+// runs) and the live relays.
 //
 // A dead message: {"seq", "id", "topic", "key", "payload", "payload_text",
 // "headers", "attempts", "last_error", "created_at", "dead_at"}. A
@@ -95,10 +112,28 @@
 // Requeue and delete select dead messages by "ids" (canonical lower-case
 // UUIDs) and the filters (dead at in [since, until)), which narrow each
 // other; with none of them, "all": true must be set, as the CLI's --all.
+// The consumers' requeue and delete select the same way, with "consumer"
+// too, which "ids" need (a message id is unique per consumer only). A
+// consumer's handler lives in the consuming service, so a requeue is a
+// request (202): the service's started Inbox, which has a Processor for
+// the consumer, runs the handler through the inbox within its
+// RequeueInterval and removes the dead message; a handler that fails
+// again leaves it dead with the new error.
+//
 // Replay re-stages published messages created in [since, until) ("since"
 // is required, "until" defaults to now), narrowed by topic and key, under
 // their own ids; every replay, dry runs included, is recorded with the
-// actor (GET /v1/replays). Prune deletes published messages older than
+// actor (GET /v1/replays). Under their own ids, a broker with a duplicate
+// window (Config.DedupeWindow: JetStream's Duplicates, the Redis
+// publisher's dedupe key) drops the copies of messages it saw within it:
+// the answer counts them ("dropped", and per topic in "topics": "count",
+// "dedupe_window_seconds", "dedupe_by", "dropped") and says so in
+// "notes", and a real replay is refused with 409 while any would be
+// dropped, unless "accept_dropped" is set. With "as_new" the messages are
+// sent as new ones instead: fresh ids, every header kept, plus
+// "postbox-replay-of" (the original id) and "postbox-replay" (the audit
+// entry's id), so every consumer runs them again; the history keeps the
+// originals and no retention horizon applies. Prune deletes published messages older than
 // the Admin's retention in bounded batches until none is left; it never
 // touches pending or dead ones, and the relay prunes on its own, so this is
 // for a one-off.
@@ -121,6 +156,8 @@
 //	404     no such dead message; no such endpoint; /metrics without Config.Metrics
 //	405     a method the path does not serve (with Allow)
 //	413     a body over Config.MaxBodyBytes (1 MiB)
+//	409     a replay under the messages' own ids that the broker would partly drop as copies (field
+//	        "as_new"): set "as_new" or "accept_dropped"
 //	422     a replay whose since is before the retention horizon (field "since"): the request is
 //	        well formed, but honouring it could run consumers' handlers twice once their inboxes
 //	        have forgotten the ids

@@ -8,6 +8,7 @@ require (
 	github.com/postbox-go/postbox/internal/sqlitetest v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxpgx v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxsqlite v0.0.0-00010101000000-000000000000
+	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3
 	go.uber.org/goleak v1.3.0
 )
 

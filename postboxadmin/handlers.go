@@ -3,8 +3,10 @@ package postboxadmin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -18,14 +20,25 @@ const (
 )
 
 type statusJSON struct {
-	Pending                 int64       `json:"pending"`
-	Dead                    int64       `json:"dead"`
-	PublishedKept           int64       `json:"published_kept"`
-	OldestPendingAgeSeconds float64     `json:"oldest_pending_age_seconds"`
-	Topics                  []topicJSON `json:"topics"`
+	Pending                 int64   `json:"pending"`
+	Dead                    int64   `json:"dead"`
+	PublishedKept           int64   `json:"published_kept"`
+	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
+	// UnroutedPending counts the pending messages of topics no route of
+	// the relay takes (Config.Routed); they are included in Pending.
+	UnroutedPending int64       `json:"unrouted_pending"`
+	Topics          []topicJSON `json:"topics"`
 	// HeldSnapshot is null when no other session holds a snapshot (and
 	// always on SQLite).
 	HeldSnapshot *heldSnapshotJSON `json:"held_snapshot"`
+	Partitions   partitionsJSON    `json:"partitions"`
+}
+
+// partitionsJSON is the state of the partitions' leases.
+type partitionsJSON struct {
+	Total   int `json:"total"`
+	Unowned int `json:"unowned"`
+	Relays  int `json:"relays"`
 }
 
 type heldSnapshotJSON struct {
@@ -40,6 +53,8 @@ type topicJSON struct {
 	Dead                    int64   `json:"dead"`
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 	PublishedLastMinute     int64   `json:"published_last_minute"`
+	// Routed is false for a topic no route of the relay takes.
+	Routed bool `json:"routed"`
 }
 
 func (s *Server) getStatus(w http.ResponseWriter, r *http.Request, _ principal) error {
@@ -51,16 +66,26 @@ func (s *Server) getStatus(w http.ResponseWriter, r *http.Request, _ principal) 
 		return err
 	}
 	out := statusJSON{Pending: st.Pending, Dead: st.Dead, PublishedKept: st.Published,
-		OldestPendingAgeSeconds: st.OldestPendingAge.Seconds(), Topics: make([]topicJSON, 0, len(st.Topics))}
+		OldestPendingAgeSeconds: st.OldestPendingAge.Seconds(), Topics: make([]topicJSON, 0, len(st.Topics)),
+		Partitions: partitionsJSON{Total: st.Partitions.Total, Unowned: st.Partitions.Unowned, Relays: st.Partitions.Relays}}
 	if h := st.HeldSnapshot; h != nil {
 		out.HeldSnapshot = &heldSnapshotJSON{AgeSeconds: h.Age.Seconds(), PID: h.PID, State: h.State}
 	}
 	for _, t := range st.Topics {
+		routed := s.routed(t.Topic)
+		if !routed {
+			out.UnroutedPending += t.Pending
+		}
 		out.Topics = append(out.Topics, topicJSON{Topic: t.Topic, Pending: t.Pending, Dead: t.Dead,
-			OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(), PublishedLastMinute: t.PublishedLastMinute})
+			OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(), PublishedLastMinute: t.PublishedLastMinute, Routed: routed})
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// routed reports whether a relay routes topic (Config.Routed).
+func (s *Server) routed(topic string) bool {
+	return s.cfg.Routed == nil || s.cfg.Routed(topic)
 }
 
 // payloadJSON carries a payload twice: "payload" as base64 (JSON's
@@ -232,11 +257,27 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request, who principal, ver
 type replayJSON struct {
 	Count  int       `json:"count"`
 	DryRun bool      `json:"dry_run"`
+	AsNew  bool      `json:"as_new"`
 	Since  time.Time `json:"since"`
 	Until  time.Time `json:"until"`
 	Topic  string    `json:"topic"`
 	Key    string    `json:"key"`
 	Actor  string    `json:"actor"`
+	// Dropped counts the selected messages a broker would drop as copies
+	// (published within its duplicate window); 0 for a replay as new.
+	Dropped int `json:"dropped"`
+	// Topics is the replay per topic, with the broker's duplicate window.
+	Topics []replayTopicJSON `json:"topics"`
+	// Notes say in words what the broker will do with the messages.
+	Notes []string `json:"notes"`
+}
+
+type replayTopicJSON struct {
+	Topic               string  `json:"topic"`
+	Count               int     `json:"count"`
+	DedupeWindowSeconds float64 `json:"dedupe_window_seconds"`
+	DedupeBy            string  `json:"dedupe_by"`
+	Dropped             int     `json:"dropped"`
 }
 
 func (s *Server) replay(w http.ResponseWriter, r *http.Request, who principal) error {
@@ -244,10 +285,11 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request, who principal) e
 		return err
 	}
 	var b struct {
-		since, until, topic, key string
-		dryRun                   bool
+		since, until, topic, key     string
+		dryRun, asNew, acceptDropped bool
 	}
-	if err := decodeBody(r, fields{"since": &b.since, "until": &b.until, "topic": &b.topic, "key": &b.key, "dry_run": &b.dryRun}, false); err != nil {
+	if err := decodeBody(r, fields{"since": &b.since, "until": &b.until, "topic": &b.topic, "key": &b.key, "dry_run": &b.dryRun,
+		"as_new": &b.asNew, "accept_dropped": &b.acceptDropped}, false); err != nil {
 		return err
 	}
 	if b.since == "" {
@@ -271,13 +313,48 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request, who principal) e
 	if until.IsZero() {
 		until = now
 	}
-	n, err := s.cfg.Admin.Replay(r.Context(), postbox.ReplayRequest{Since: since, Until: until, Topic: b.topic, Key: b.key, DryRun: b.dryRun, Actor: who.name})
+	req := postbox.ReplayRequest{Since: since, Until: until, Topic: b.topic, Key: b.key, DryRun: b.dryRun, AsNew: b.asNew, Actor: who.name}
+	out := replayJSON{DryRun: b.dryRun, AsNew: b.asNew, Since: since.UTC(), Until: until.UTC(), Topic: b.topic, Key: b.key, Actor: who.name,
+		Topics: []replayTopicJSON{}, Notes: []string{}}
+	if !b.asNew {
+		// Before anything changes: what the brokers will do with copies
+		// under the same ids.
+		p, err := s.cfg.Admin.ReplayPreview(r.Context(), req, s.cfg.DedupeWindow)
+		if err != nil {
+			return err
+		}
+		out.Dropped = p.Dropped()
+		for _, t := range p.Topics {
+			out.Topics = append(out.Topics, replayTopicJSON{Topic: t.Topic, Count: t.Count, DedupeWindowSeconds: t.Window.Seconds(),
+				DedupeBy: t.Where, Dropped: t.Dropped})
+			if t.Dropped > 0 {
+				out.Notes = append(out.Notes, fmt.Sprintf("%s: %d of %d message(s) were published within the last %s, the duplicate window of %s: "+
+					"sent again under their own ids, the broker drops them as copies; replay them as new messages (as_new) for consumers that must run again, "+
+					"or replay after the window", t.Topic, t.Dropped, t.Count, t.Window, t.Where))
+			}
+		}
+		if out.Dropped > 0 && !b.dryRun && !b.acceptDropped {
+			return &apiError{status: http.StatusConflict, field: "as_new", msg: fmt.Sprintf("not replayed: %d of the %d message(s) would be dropped by the broker "+
+				"as copies (%s); set \"as_new\": true to send them as new messages, or \"accept_dropped\": true to replay under their own ids anyway",
+				out.Dropped, p.Count, strings.Join(out.Notes, "; "))}
+		}
+	}
+	n, err := s.cfg.Admin.Replay(r.Context(), req)
 	if err != nil {
 		return err
 	}
-	s.log.Info("postboxadmin: replay", slog.String("actor", who.name), slog.Int("count", n), slog.Bool("dry_run", b.dryRun),
-		slog.Time("since", since), slog.Time("until", until), slog.String("topic", b.topic), slog.String("key", b.key))
-	writeJSON(w, http.StatusOK, replayJSON{Count: n, DryRun: b.dryRun, Since: since.UTC(), Until: until.UTC(), Topic: b.topic, Key: b.key, Actor: who.name})
+	out.Count = n
+	switch {
+	case b.asNew && b.dryRun:
+		out.Notes = append(out.Notes, fmt.Sprintf("would send %d message(s) as new messages: fresh ids, the original id in the %s header; every consumer runs them again", n, postbox.HeaderReplayOf))
+	case b.asNew:
+		out.Notes = append(out.Notes, fmt.Sprintf("sent %d message(s) as new messages: fresh ids, the original id in the %s header; every consumer runs them again", n, postbox.HeaderReplayOf))
+	case out.Dropped == 0:
+		out.Notes = append(out.Notes, "under their own ids: consumers whose inbox holds an id run nothing; the others process the messages")
+	}
+	s.log.Info("postboxadmin: replay", slog.String("actor", who.name), slog.Int("count", n), slog.Bool("dry_run", b.dryRun), slog.Bool("as_new", b.asNew),
+		slog.Int("dropped", out.Dropped), slog.Time("since", since), slog.Time("until", until), slog.String("topic", b.topic), slog.String("key", b.key))
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -350,7 +427,7 @@ func (s *Server) listConsumerDead(w http.ResponseWriter, r *http.Request, _ prin
 	if s.cfg.ConsumerDead == nil {
 		return errNoConsumerDead
 	}
-	q, err := query(r, "consumer", "topic", "since", "until", "limit")
+	q, err := query(r, "consumer", "topic", "key", "since", "until", "limit")
 	if err != nil {
 		return err
 	}
@@ -358,7 +435,7 @@ func (s *Server) listConsumerDead(w http.ResponseWriter, r *http.Request, _ prin
 	if err := checkText("consumer", consumer, postbox.MaxConsumerNameBytes, true); err != nil {
 		return err
 	}
-	f, err := deadFilter(q.Get("topic"), "", q.Get("since"), q.Get("until"))
+	f, err := deadFilter(q.Get("topic"), q.Get("key"), q.Get("since"), q.Get("until"))
 	if err != nil {
 		return err
 	}
@@ -369,7 +446,7 @@ func (s *Server) listConsumerDead(w http.ResponseWriter, r *http.Request, _ prin
 	if err != nil {
 		return err
 	}
-	ds, err := s.cfg.ConsumerDead.ListDead(r.Context(), postbox.DeadFilter{Consumer: consumer, Topic: f.Topic, Since: f.Since, Until: f.Until, Limit: limit})
+	ds, err := s.cfg.ConsumerDead.ListDead(r.Context(), postbox.DeadFilter{Consumer: consumer, Topic: f.Topic, Key: f.Key, Since: f.Since, Until: f.Until, Limit: limit})
 	if err != nil {
 		return err
 	}
@@ -426,5 +503,71 @@ func (s *Server) deleteConsumerDead(w http.ResponseWriter, r *http.Request, who 
 	}
 	s.log.Info("postboxadmin: consumer's dead message deleted", slog.String("actor", who.name), slog.String("consumer", consumer), slog.String("id", id))
 	writeJSON(w, http.StatusOK, map[string]int{"count": 1})
+	return nil
+}
+
+// consumerSelection reads the body of the consumers' requeue and delete:
+// the outbox's selection, with "consumer", which ids need.
+func consumerSelection(r *http.Request) (postbox.DeadSelection, error) {
+	var b struct {
+		ids                                []string
+		consumer, topic, key, since, until string
+		all                                bool
+	}
+	err := decodeBody(r, fields{"ids": &b.ids, "consumer": &b.consumer, "topic": &b.topic, "key": &b.key, "since": &b.since,
+		"until": &b.until, "all": &b.all}, false)
+	if err != nil {
+		return postbox.DeadSelection{}, err
+	}
+	if err := checkText("consumer", b.consumer, postbox.MaxConsumerNameBytes, true); err != nil {
+		return postbox.DeadSelection{}, err
+	}
+	for i, id := range b.ids {
+		if err := checkText(fmt.Sprintf("ids[%d]", i), id, postbox.MaxDeliveryIDBytes, false); err != nil {
+			return postbox.DeadSelection{}, err
+		}
+	}
+	if len(b.ids) > 0 && b.consumer == "" {
+		return postbox.DeadSelection{}, badRequest("consumer", `"consumer" is required with "ids": a message id is unique per consumer only`)
+	}
+	f, err := deadFilter(b.topic, b.key, b.since, b.until)
+	if err != nil {
+		return postbox.DeadSelection{}, err
+	}
+	f.IDs, f.Consumer = b.ids, b.consumer
+	return postbox.DeadSelection{DeadFilter: f, All: b.all}, nil
+}
+
+// requeueConsumerDead asks for a requeue of the selected consumers' dead
+// messages: the handler lives in the consuming service, whose running
+// Inbox carries the request out (202: accepted, not done yet).
+func (s *Server) requeueConsumerDead(w http.ResponseWriter, r *http.Request, who principal) error {
+	return s.consumerBulk(w, r, who, "requeue requested", http.StatusAccepted, ConsumerDead.RequestRequeue)
+}
+
+func (s *Server) deleteConsumerDeadSelected(w http.ResponseWriter, r *http.Request, who principal) error {
+	return s.consumerBulk(w, r, who, "deleted", http.StatusOK, ConsumerDead.DeleteDeadSelected)
+}
+
+func (s *Server) consumerBulk(w http.ResponseWriter, r *http.Request, who principal, done string, status int,
+	op func(ConsumerDead, context.Context, postbox.DeadSelection) (int, error)) error {
+	if s.cfg.ConsumerDead == nil {
+		return errNoConsumerDead
+	}
+	if _, err := query(r); err != nil {
+		return err
+	}
+	sel, err := consumerSelection(r)
+	if err != nil {
+		return err
+	}
+	n, err := op(s.cfg.ConsumerDead, r.Context(), sel)
+	if err != nil {
+		return err
+	}
+	s.log.Info("postboxadmin: consumers' dead messages "+done, slog.String("actor", who.name), slog.Int("count", n),
+		slog.String("consumer", sel.Consumer), slog.Int("ids", len(sel.IDs)), slog.String("topic", sel.Topic), slog.String("key", sel.Key),
+		slog.Time("since", sel.Since), slog.Time("until", sel.Until), slog.Bool("all", sel.All))
+	writeJSON(w, status, map[string]int{"count": n})
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	_ "embed" // the OpenAPI document
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -20,14 +21,28 @@ import (
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
+// openAPI is the API's OpenAPI 3.1 document, served at
+// GET /v1/openapi.json.
+//
+//go:embed openapi.json
+var openAPI []byte
+
+// OpenAPI returns the admin API's OpenAPI 3.1 document (JSON): every
+// endpoint, its parameters, bodies, answers and errors, for generating a
+// client. The server also serves it at GET /v1/openapi.json.
+func OpenAPI() []byte { return append([]byte(nil), openAPI...) }
+
 // Server is the admin HTTP API. It is safe for concurrent use.
 type Server struct {
-	cfg    *Config
-	log    *slog.Logger
-	tokens []tokenEntry
-	mux    *http.ServeMux
-	cop    *http.CrossOriginProtection
-	ready  func(ctx context.Context) error
+	// patterns are the mux patterns of the endpoints, in registration
+	// order (for the tests that hold the OpenAPI document to them).
+	patterns []string
+	cfg      *Config
+	log      *slog.Logger
+	tokens   []tokenEntry
+	mux      *http.ServeMux
+	cop      *http.CrossOriginProtection
+	ready    func(ctx context.Context) error
 }
 
 type tokenEntry struct {
@@ -73,31 +88,47 @@ func (s *Server) routes() {
 	s.route("GET /v1/replays", ScopeRead, s.listReplays)
 	s.route("POST /v1/prune", ScopeAdmin, s.prune)
 	s.route("GET /v1/consumers/dead", ScopeRead, s.listConsumerDead)
+	s.route("POST /v1/consumers/dead/requeue", ScopeAdmin, s.requeueConsumerDead)
+	s.route("POST /v1/consumers/dead/delete", ScopeAdmin, s.deleteConsumerDeadSelected)
 	s.route("GET /v1/consumers/{consumer}/dead/{id}", ScopeRead, s.getConsumerDead)
 	s.route("DELETE /v1/consumers/{consumer}/dead/{id}", ScopeAdmin, s.deleteConsumerDead)
 	s.route("GET /{$}", ScopeRead, s.dashboard)
 
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	s.open("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	s.mux.HandleFunc("GET /readyz", s.readyz)
-	if s.cfg.Metrics == nil {
-		s.mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+	s.open("GET /readyz", s.readyz)
+	s.open("GET /v1/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+		h := w.Header()
+		h.Set("Content-Type", "application/json; charset=utf-8")
+		h.Set("X-Content-Type-Options", "nosniff")
+		_, _ = w.Write(openAPI)
+	})
+	switch {
+	case s.cfg.Metrics == nil:
+		s.open("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 			s.fail(w, r, &apiError{status: http.StatusNotFound, msg: "no metrics handler is configured"})
 		})
-	} else if s.cfg.MetricsRequireToken {
+	case s.cfg.MetricsRequireToken:
 		s.route("GET /metrics", ScopeRead, func(w http.ResponseWriter, r *http.Request, _ principal) error {
 			s.cfg.Metrics.ServeHTTP(w, r)
 			return nil
 		})
-	} else {
-		s.mux.Handle("GET /metrics", s.cfg.Metrics)
+	default:
+		s.open("GET /metrics", s.cfg.Metrics.ServeHTTP)
 	}
+}
+
+// open registers h with no authentication.
+func (s *Server) open(pattern string, h http.HandlerFunc) {
+	s.patterns = append(s.patterns, pattern)
+	s.mux.HandleFunc(pattern, h)
 }
 
 // route registers h behind authentication for scope need, CSRF protection
 // for unsafe methods, and the body cap.
 func (s *Server) route(pattern string, need Scope, h handlerFunc) {
+	s.patterns = append(s.patterns, pattern)
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		who, err := s.authenticate(r, need)
 		if err != nil {

@@ -54,10 +54,29 @@ type ReplayParams struct {
 	Since, Until time.Time // created_at window, required
 	Topic, Key   string
 	DryRun       bool
-	Actor        string // who asked, for the audit
+	// AsNew copies the messages into the outbox as new messages: fresh
+	// ids, every header kept, plus HeaderReplayOf (the original id) and
+	// HeaderReplay (the audit entry's id); the history keeps the
+	// originals. Without it, the messages go back under their own ids.
+	AsNew bool
+	Actor string // who asked, for the audit
 	// Horizon, when positive, refuses a window with Since before
 	// now()-Horizon (ErrBeyondHorizon).
 	Horizon time.Duration
+}
+
+// Headers a replay as new messages adds to each copy.
+const (
+	HeaderReplayOf = "postbox-replay-of" // the original message's id
+	HeaderReplay   = "postbox-replay"    // the replay audit entry's id
+)
+
+// ReplayCount is what a replay would select of one topic.
+type ReplayCount struct {
+	Topic string
+	Count int // messages the replay selects
+	// Recent counts those published within the duration asked for.
+	Recent int
 }
 
 // ReplayAudit is one recorded replay request.
@@ -71,4 +90,5 @@ type ReplayAudit struct {
 	Key    string    `json:"key"`
 	Count  int       `json:"count"`
 	DryRun bool      `json:"dry_run"`
+	AsNew  bool      `json:"as_new"`
 }

@@ -168,6 +168,23 @@ type Stats struct {
 	Published        int64         // rows kept in the published history
 }
 
+// PartitionStats is the state of the partitions' leases, on the database
+// clock.
+type PartitionStats struct {
+	Total   int // partitions
+	Unowned int // partitions no relay holds a live lease on
+	Relays  int // relays whose heartbeat is live
+}
+
+// ConsumerDeadStat counts one consumer's dead messages of one topic.
+type ConsumerDeadStat struct {
+	Consumer, Topic string
+	Count           int64
+	// RequeueRequested counts those an operator asked to requeue that the
+	// consumer's Inbox has not carried out yet.
+	RequeueRequested int64
+}
+
 // Snapshot is the oldest transaction of another session that holds a
 // snapshot, and so the database's xmin horizon (PostgreSQL).
 type Snapshot struct {

@@ -83,6 +83,12 @@ type Executor interface {
 	// PrunePublished deletes at most limit published rows older than age
 	// (by publish time). Pending and dead rows are never touched.
 	PrunePublished(ctx context.Context, age time.Duration, limit int) (int, error)
+	// PartitionStats reports how many partitions no relay holds a live
+	// lease on, and how many relays are live. It only reads.
+	PartitionStats(ctx context.Context) (PartitionStats, error)
+	// ConsumerDeadStats counts the consumers' dead messages per consumer
+	// and topic, ordered by both.
+	ConsumerDeadStats(ctx context.Context) ([]ConsumerDeadStat, error)
 	// OldestSnapshot reports the oldest transaction of another session
 	// that holds a snapshot, if any. Databases without such a horizon
 	// (SQLite) report none.
@@ -121,8 +127,16 @@ type Executor interface {
 	// Replay moves published messages created in [Since, Until), narrowed
 	// by topic and key, back to the outbox under their own ids, in their
 	// original order, and records the request in the replay audit. With
-	// DryRun it only counts (and audits the count).
+	// DryRun it only counts (and audits the count). With AsNew it copies
+	// them instead, as new messages (ReplayParams.AsNew), and applies no
+	// horizon.
 	Replay(ctx context.Context, p ReplayParams) (int, error)
+	// ReplayCounts counts, per topic, the messages a replay under their
+	// own ids would select (p's window, topic and key; p.DryRun, AsNew,
+	// Actor and Horizon ignored), and of those the ones published within
+	// the last recent (none when recent is not positive), on the database
+	// clock. It records nothing.
+	ReplayCounts(ctx context.Context, p ReplayParams, recent time.Duration) ([]ReplayCount, error)
 	// ListReplays returns the replay audit, newest first.
 	ListReplays(ctx context.Context, limit int) ([]ReplayAudit, error)
 
@@ -178,6 +192,20 @@ type Executor interface {
 	// PruneConsumerDead deletes at most limit consumer dead messages older
 	// than age.
 	PruneConsumerDead(ctx context.Context, age time.Duration, limit int) (int, error)
+	// RequestConsumerRequeue marks the consumer dead messages f selects
+	// (f.Limit ignored) for a requeue, which the consumer's running Inbox
+	// carries out, and returns how many it marked. A message marked again
+	// keeps its first request's time.
+	RequestConsumerRequeue(ctx context.Context, f DeadFilter) (int, error)
+	// ListConsumerRequeues returns at most limit consumer dead messages of
+	// the given consumers that are marked for a requeue, oldest request
+	// first.
+	ListConsumerRequeues(ctx context.Context, consumers []string, limit int) ([]DeadMessage, error)
+	// FailConsumerRequeue clears the requeue mark of a consumer dead
+	// message whose handler failed again, recording errText as its error,
+	// one more attempt and the failure's time. It reports whether the
+	// message exists.
+	FailConsumerRequeue(ctx context.Context, consumer, messageID, errText string) (bool, error)
 
 	// Savepoints, in a transaction. A savepoint marks a point that
 	// RollbackToSavepoint returns to, undoing only what ran after it; on

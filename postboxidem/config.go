@@ -70,7 +70,30 @@ type Config struct {
 	// CleanupInterval is the pause between clean-up passes once Start runs
 	// them. Default 10m.
 	CleanupInterval time.Duration
+
+	// Metrics, when set, is told the outcome of every request the
+	// middleware handles (postboxprom.Metrics implements it).
+	Metrics Metrics
 }
+
+// Metrics receives the outcome of each request the middleware handles:
+// one of the Outcome constants.
+type Metrics interface {
+	IdempotencyOutcome(outcome string)
+}
+
+// Outcomes reported to Metrics.
+const (
+	OutcomeCompleted        = "completed"         // the handler ran; its response is stored and its transaction committed
+	OutcomeReleased         = "released"          // the handler ran and answered 5xx, 408, 425 or 429 (or panicked): rolled back, the key released for a retry
+	OutcomeReplayed         = "replayed"          // a retry answered from the record
+	OutcomeInProgress       = "in_progress"       // 409: the first request is still running
+	OutcomeMismatch         = "mismatch"          // 422: the key came with another body
+	OutcomeInvalid          = "invalid"           // 400 or 413: the key or the body was refused
+	OutcomeTakenOver        = "taken_over"        // the claim expired while the handler ran and a retry took it over
+	OutcomeStoreUnavailable = "store_unavailable" // 503: the store failed; nothing was done
+	OutcomeNoKey            = "no_key"            // no Idempotency-Key and none required: passed through
+)
 
 // Defaults, as documented on Config.
 const (

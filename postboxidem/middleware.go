@@ -98,26 +98,31 @@ func (m *Middleware[TTx]) Handler(next http.Handler) http.Handler {
 		values := r.Header.Values(HeaderKey)
 		if len(values) == 0 {
 			if m.cfg.Required {
+				m.observe(OutcomeInvalid)
 				writeProblem(w, http.StatusBadRequest, problem{Code: CodeKeyMissing, Field: HeaderKey,
 					Error: "this request requires an Idempotency-Key header"})
 				return
 			}
+			m.observe(OutcomeNoKey)
 			next.ServeHTTP(w, r)
 			return
 		}
 		if len(values) > 1 {
+			m.observe(OutcomeInvalid)
 			writeProblem(w, http.StatusBadRequest, problem{Code: CodeKeyInvalid, Field: HeaderKey,
 				Error: "Idempotency-Key must appear once"})
 			return
 		}
 		key, err := ParseKey(values[0])
 		if err != nil {
+			m.observe(OutcomeInvalid)
 			writeProblem(w, http.StatusBadRequest, problem{Code: CodeKeyInvalid, Field: HeaderKey,
 				Error: "Idempotency-Key " + err.Error()})
 			return
 		}
 		body, ok := m.readBody(w, r)
 		if !ok {
+			m.observe(OutcomeInvalid)
 			return
 		}
 		path := r.URL.EscapedPath()
@@ -180,15 +185,18 @@ func (m *Middleware[TTx]) serve(w http.ResponseWriter, r *http.Request, next htt
 		}
 		if found && !rec.expired {
 			if !bytes.Equal(rec.fingerprint, a.fingerprint) {
+				m.observe(OutcomeMismatch)
 				writeProblem(w, http.StatusUnprocessableEntity, problem{Code: CodeFingerprintMismatch, Field: "body",
 					Error: "this Idempotency-Key was used with a different request body; use a new key for a new request"})
 				return
 			}
 			switch {
 			case rec.state == stateSucceeded:
+				m.observe(OutcomeReplayed)
 				m.replay(w, rec)
 				return
 			case rec.state == stateProcessing && rec.claimLeftMS > 0:
+				m.observe(OutcomeInProgress)
 				inProgress(w, rec.claimLeftMS)
 				return
 			}
@@ -208,7 +216,15 @@ func (m *Middleware[TTx]) serve(w http.ResponseWriter, r *http.Request, next htt
 			return
 		}
 	}
+	m.observe(OutcomeInProgress)
 	inProgress(w, 1000)
+}
+
+// observe reports an outcome to Config.Metrics.
+func (m *Middleware[TTx]) observe(outcome string) {
+	if m.cfg.Metrics != nil {
+		m.cfg.Metrics.IdempotencyOutcome(outcome)
+	}
 }
 
 // errRelease, errClaimLost and errPanicked end the handler's transaction
@@ -276,8 +292,10 @@ func (m *Middleware[TTx]) run(w http.ResponseWriter, r *http.Request, next http.
 	returned = true
 	switch {
 	case err == nil:
+		m.observe(OutcomeCompleted)
 		rec.sendTo(w)
 	case errors.Is(err, errClaimLost):
+		m.observe(OutcomeTakenOver)
 		// The claim expired while the handler ran and a retry took it
 		// over: that run owns the key now, and this one rolled back.
 		m.log.Warn("postboxidem: the claim expired while the handler ran and was taken over; this run rolled back (raise ClaimExpiry above the longest handler run)",
@@ -297,8 +315,10 @@ func (m *Middleware[TTx]) run(w http.ResponseWriter, r *http.Request, next http.
 		}
 		switch {
 		case panicValue != nil:
+			m.observe(OutcomeReleased)
 			panic(panicValue)
 		case errors.Is(err, errRelease):
+			m.observe(OutcomeReleased)
 			rec.sendTo(w)
 		default:
 			// Nothing committed (or, after a lost connection during the
@@ -359,6 +379,7 @@ func (m *Middleware[TTx]) answerExisting(w http.ResponseWriter, r *http.Request,
 }
 
 func (m *Middleware[TTx]) storeFailure(w http.ResponseWriter, r *http.Request, a claimArgs, err error) {
+	m.observe(OutcomeStoreUnavailable)
 	level := slog.LevelWarn
 	if r.Context().Err() != nil {
 		level = slog.LevelDebug // the client has gone; nobody reads the answer

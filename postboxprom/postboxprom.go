@@ -4,6 +4,11 @@
 //	m, err := postboxprom.New(reg)
 //	client, err := postbox.NewClient(driver, &postbox.Config{Publisher: pub, Metrics: m}) // relay and inbox
 //	reg.MustRegister(postboxprom.NewStatusCollector(client.Admin(), 2*time.Second))
+//	reg.MustRegister(postboxprom.NewConsumerCollector(client.Inbox(), 2*time.Second)) // consumers' dead messages
+//	idem, err := postboxidem.New(driver, &postboxidem.Config{Metrics: m}) // idempotency outcomes
+//
+// Alert rules and a Grafana dashboard over these metrics are in the
+// repository's deploy/ directory.
 //
 // Every metric, its type and labels are listed in METRICS.md at the root
 // of the repository.
@@ -12,6 +17,7 @@ package postboxprom
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,9 +33,17 @@ type Metrics struct {
 	lag                     prometheus.Histogram
 	inbox                   *prometheus.CounterVec
 	handlerSeconds          *prometheus.HistogramVec
+	idempotency             *prometheus.CounterVec
+	paused                  prometheus.Gauge
+
+	mu          sync.Mutex
+	pausedRelay map[string]bool
 }
 
-var _ postbox.Metrics = (*Metrics)(nil)
+var (
+	_ postbox.Metrics           = (*Metrics)(nil)
+	_ postbox.InboxTopicMetrics = (*Metrics)(nil)
+)
 
 // New makes the collectors and registers them with reg.
 func New(reg prometheus.Registerer) (*Metrics, error) {
@@ -62,14 +76,22 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 20),
 		}),
 		inbox: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "postbox_inbox_deliveries_total", Help: "Deliveries processed by the inbox, by outcome: processed, duplicate, retry, dead_lettered.",
-		}, []string{"consumer", "outcome"}),
+			Name: "postbox_inbox_deliveries_total", Help: "Deliveries processed by the inbox, by consumer, topic and outcome: processed, duplicate, retry, dead_lettered.",
+		}, []string{"consumer", "topic", "outcome"}),
+		idempotency: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postbox_idempotency_requests_total",
+			Help: "Requests the Idempotency-Key middleware handled, by outcome: completed, released, replayed, in_progress, mismatch, invalid, taken_over, store_unavailable, no_key.",
+		}, []string{"outcome"}),
+		paused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "postbox_relays_paused", Help: "Relays of this process whose last batch stopped on an infrastructure failure: they publish nothing until the broker answers.",
+		}),
 		handlerSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "postbox_inbox_handle_seconds", Help: "Time to process one delivery: transaction, inbox record, handler, commit.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"consumer"}),
 	}
-	for _, c := range []prometheus.Collector{m.published, m.failed, m.dead, m.fenced, m.infra, m.batchSize, m.batchSeconds, m.lag, m.inbox, m.handlerSeconds} {
+	for _, c := range []prometheus.Collector{m.published, m.failed, m.dead, m.fenced, m.infra, m.batchSize, m.batchSeconds, m.lag, m.inbox,
+		m.handlerSeconds, m.idempotency, m.paused} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -96,13 +118,42 @@ func (m *Metrics) RelayBatch(r *postbox.BatchReport) {
 	if r.Infrastructure != nil {
 		m.infra.Inc()
 	}
+	m.pause(r)
 	for _, d := range r.Lag {
 		m.lag.Observe(max(d, 0).Seconds())
 	}
 }
 
-// InboxHandled implements postbox.Metrics.
+// pause tracks which relays are paused: from a batch stopped by an
+// infrastructure failure to the next batch that publishes.
+func (m *Metrics) pause(r *postbox.BatchReport) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.pausedRelay == nil {
+		m.pausedRelay = map[string]bool{}
+	}
+	switch {
+	case r.Infrastructure != nil:
+		m.pausedRelay[r.Relay] = true
+	case len(r.Published) > 0 || len(r.Failed) > 0:
+		delete(m.pausedRelay, r.Relay)
+	}
+	m.paused.Set(float64(len(m.pausedRelay)))
+}
+
+// IdempotencyOutcome implements postboxidem.Metrics.
+func (m *Metrics) IdempotencyOutcome(outcome string) {
+	m.idempotency.WithLabelValues(outcome).Inc()
+}
+
+// InboxHandled implements postbox.Metrics, for a delivery whose topic is
+// not known; the inbox itself calls InboxHandledTopic.
 func (m *Metrics) InboxHandled(consumer string, v postbox.Verdict, took time.Duration) {
+	m.InboxHandledTopic(consumer, "", v, took)
+}
+
+// InboxHandledTopic implements postbox.InboxTopicMetrics.
+func (m *Metrics) InboxHandledTopic(consumer, topic string, v postbox.Verdict, took time.Duration) {
 	outcome := "processed"
 	switch {
 	case v.Action == postbox.Ack && v.Duplicate:
@@ -112,7 +163,7 @@ func (m *Metrics) InboxHandled(consumer string, v postbox.Verdict, took time.Dur
 	case v.Action == postbox.DeadLettered:
 		outcome = "dead_lettered"
 	}
-	m.inbox.WithLabelValues(consumer, outcome).Inc()
+	m.inbox.WithLabelValues(consumer, topic, outcome).Inc()
 	m.handlerSeconds.WithLabelValues(consumer).Observe(took.Seconds())
 }
 
@@ -123,8 +174,10 @@ type StatusCollector struct {
 	admin   *postbox.Admin
 	timeout time.Duration
 	log     *slog.Logger
+	routed  func(topic string) bool
 
 	pending, age, dead, heldSnapshot, topicPending, topicAge, topicDead, up *prometheus.Desc
+	topicUnrouted, unroutedPending, partitionsUnowned, relaysLive           *prometheus.Desc
 }
 
 // NewStatusCollector returns a collector over admin; each scrape's query
@@ -140,13 +193,34 @@ func NewStatusCollector(admin *postbox.Admin, timeout time.Duration) *StatusColl
 		topicAge:     prometheus.NewDesc("postbox_topic_oldest_pending_age_seconds", "Age of the oldest pending message, per topic.", []string{"topic"}, nil),
 		topicDead:    prometheus.NewDesc("postbox_topic_dead", "Messages in the dead table, per topic.", []string{"topic"}, nil),
 		up:           prometheus.NewDesc("postbox_status_up", "1 when the last scrape could read the outbox's state, else 0.", nil, nil),
+		topicUnrouted: prometheus.NewDesc("postbox_topic_unrouted",
+			"1 for a topic with pending messages that no route of this relay takes: they wait, spending no attempt, for a relay that routes them.", []string{"topic"}, nil),
+		partitionsUnowned: prometheus.NewDesc("postbox_partitions_unowned",
+			"Partitions no relay holds a live lease on (database clock): their messages wait. All of them while no relay runs; briefly some while leases move.", nil, nil),
+		relaysLive: prometheus.NewDesc("postbox_relays_live", "Relays whose heartbeat is live, on every host (database clock).", nil, nil),
+		unroutedPending: prometheus.NewDesc("postbox_unrouted_pending",
+			"Pending messages of topics no route of this relay takes (included in postbox_pending).", nil, nil),
 	}
+}
+
+// WithRouted makes the collector tell routed topics from unrouted ones:
+// routed(topic) reports whether a route of the relay takes topic. It
+// then exports postbox_topic_unrouted and postbox_unrouted_pending.
+// It returns c.
+func (c *StatusCollector) WithRouted(routed func(topic string) bool) *StatusCollector {
+	c.routed = routed
+	return c
 }
 
 // Describe implements prometheus.Collector.
 func (c *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.pending, c.age, c.dead, c.heldSnapshot, c.topicPending, c.topicAge, c.topicDead, c.up} {
+	for _, d := range []*prometheus.Desc{c.pending, c.age, c.dead, c.heldSnapshot, c.topicPending, c.topicAge, c.topicDead, c.up,
+		c.partitionsUnowned, c.relaysLive} {
 		ch <- d
+	}
+	if c.routed != nil {
+		ch <- c.topicUnrouted
+		ch <- c.unroutedPending
 	}
 }
 
@@ -169,9 +243,73 @@ func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 		held = st.HeldSnapshot.Age.Seconds()
 	}
 	ch <- prometheus.MustNewConstMetric(c.heldSnapshot, prometheus.GaugeValue, held)
+	ch <- prometheus.MustNewConstMetric(c.partitionsUnowned, prometheus.GaugeValue, float64(st.Partitions.Unowned))
+	ch <- prometheus.MustNewConstMetric(c.relaysLive, prometheus.GaugeValue, float64(st.Partitions.Relays))
+	var unrouted int64
 	for _, t := range st.Topics {
 		ch <- prometheus.MustNewConstMetric(c.topicPending, prometheus.GaugeValue, float64(t.Pending), t.Topic)
 		ch <- prometheus.MustNewConstMetric(c.topicAge, prometheus.GaugeValue, t.OldestPendingAge.Seconds(), t.Topic)
 		ch <- prometheus.MustNewConstMetric(c.topicDead, prometheus.GaugeValue, float64(t.Dead), t.Topic)
+		if c.routed != nil && t.Pending > 0 && !c.routed(t.Topic) {
+			unrouted += t.Pending
+			ch <- prometheus.MustNewConstMetric(c.topicUnrouted, prometheus.GaugeValue, 1, t.Topic)
+		}
+	}
+	if c.routed != nil {
+		ch <- prometheus.MustNewConstMetric(c.unroutedPending, prometheus.GaugeValue, float64(unrouted))
+	}
+}
+
+// DeadStats is what a ConsumerCollector reads: *postbox.Inbox[TTx]
+// implements it, for any TTx.
+type DeadStats interface {
+	DeadStats(ctx context.Context) ([]postbox.ConsumerDeadStat, error)
+}
+
+// ConsumerCollector reads the consumers' dead messages from the database
+// each time it is scraped: how many per consumer and topic, and how many
+// of them wait for a requeue an operator asked for.
+type ConsumerCollector struct {
+	src     DeadStats
+	timeout time.Duration
+	log     *slog.Logger
+
+	dead, requested, up *prometheus.Desc
+}
+
+// NewConsumerCollector returns a collector over src (an Inbox); each
+// scrape's query gets timeout.
+func NewConsumerCollector(src DeadStats, timeout time.Duration) *ConsumerCollector {
+	return &ConsumerCollector{
+		src: src, timeout: timeout, log: slog.Default(),
+		dead: prometheus.NewDesc("postbox_consumer_dead", "Consumers' dead messages, per consumer and topic: their handler gave up after its budget.",
+			[]string{"consumer", "topic"}, nil),
+		requested: prometheus.NewDesc("postbox_consumer_dead_requeue_requested",
+			"Consumers' dead messages an operator asked to requeue that the consumer's Inbox has not carried out yet.", []string{"consumer", "topic"}, nil),
+		up: prometheus.NewDesc("postbox_consumer_status_up", "1 when the last scrape could read the consumers' dead messages, else 0.", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *ConsumerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.dead
+	ch <- c.requested
+	ch <- c.up
+}
+
+// Collect implements prometheus.Collector.
+func (c *ConsumerCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	stats, err := c.src.DeadStats(ctx)
+	if err != nil {
+		c.log.Warn("postboxprom: could not read the consumers' dead messages", slog.Any("error", err))
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
+	for _, s := range stats {
+		ch <- prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(s.Count), s.Consumer, s.Topic)
+		ch <- prometheus.MustNewConstMetric(c.requested, prometheus.GaugeValue, float64(s.RequeueRequested), s.Consumer, s.Topic)
 	}
 }

@@ -71,6 +71,7 @@ func TestMetrics(t *testing.T) {
 		inbox.Handle(ctx, "ledger", &postbox.Delivery{ID: id, Topic: "orders.created"}, func(context.Context, pgx.Tx, *postbox.Delivery) error { return nil })
 	}
 	inbox.Handle(ctx, "ledger", &postbox.Delivery{ID: postbox.NewID(), Topic: "orders.paid"}, func(context.Context, pgx.Tx, *postbox.Delivery) error { return errors.New("no") })
+	reg.MustRegister(postboxprom.NewConsumerCollector(inbox, 2*time.Second))
 
 	want := `
 # HELP postbox_published_total Messages the broker acknowledged and the relay marked published.
@@ -82,11 +83,14 @@ postbox_publish_failures_total{topic="orders.paid"} 2
 # HELP postbox_dead_total Messages moved to the dead table after their attempt budget.
 # TYPE postbox_dead_total counter
 postbox_dead_total{topic="orders.paid"} 1
-# HELP postbox_inbox_deliveries_total Deliveries processed by the inbox, by outcome: processed, duplicate, retry, dead_lettered.
+# HELP postbox_inbox_deliveries_total Deliveries processed by the inbox, by consumer, topic and outcome: processed, duplicate, retry, dead_lettered.
 # TYPE postbox_inbox_deliveries_total counter
-postbox_inbox_deliveries_total{consumer="ledger",outcome="dead_lettered"} 1
-postbox_inbox_deliveries_total{consumer="ledger",outcome="duplicate"} 1
-postbox_inbox_deliveries_total{consumer="ledger",outcome="processed"} 1
+postbox_inbox_deliveries_total{consumer="ledger",outcome="dead_lettered",topic="orders.paid"} 1
+postbox_inbox_deliveries_total{consumer="ledger",outcome="duplicate",topic="orders.created"} 1
+postbox_inbox_deliveries_total{consumer="ledger",outcome="processed",topic="orders.created"} 1
+# HELP postbox_consumer_dead Consumers' dead messages, per consumer and topic: their handler gave up after its budget.
+# TYPE postbox_consumer_dead gauge
+postbox_consumer_dead{consumer="ledger",topic="orders.paid"} 1
 # HELP postbox_pending Messages waiting to be published.
 # TYPE postbox_pending gauge
 postbox_pending 1
@@ -101,8 +105,13 @@ postbox_topic_pending{topic="orders.shipped"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
 		"postbox_published_total", "postbox_publish_failures_total", "postbox_dead_total", "postbox_inbox_deliveries_total",
-		"postbox_pending", "postbox_dead", "postbox_topic_pending"); err != nil {
+		"postbox_pending", "postbox_dead", "postbox_topic_pending", "postbox_consumer_dead"); err != nil {
 		t.Fatal(err)
+	}
+	for _, name := range []string{"postbox_partitions_unowned", "postbox_relays_live", "postbox_consumer_status_up"} {
+		if n := testutil.CollectAndCount(reg, name); n != 1 {
+			t.Fatalf("%s series = %d", name, n)
+		}
 	}
 	if n := testutil.CollectAndCount(reg, "postbox_held_snapshot_age_seconds"); n != 1 {
 		t.Fatalf("held snapshot gauge series = %d", n)
@@ -120,3 +129,59 @@ postbox_topic_pending{topic="orders.shipped"} 1
 		}
 	}
 }
+
+// A relay paused by an infrastructure failure counts until it publishes
+// again; idempotency outcomes are counted by outcome.
+func TestPausedAndIdempotency(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := postboxprom.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := errors.New("broker down")
+	for _, r := range []*postbox.BatchReport{
+		{Relay: "a", Infrastructure: down}, {Relay: "b", Infrastructure: down}, {Relay: "a", Infrastructure: down}, {Relay: "b"},
+	} {
+		m.RelayBatch(r)
+	}
+	if v := testutil.ToFloat64(gauge(t, reg, "postbox_relays_paused")); v != 2 {
+		t.Fatalf("paused = %v, want 2", v)
+	}
+	m.RelayBatch(&postbox.BatchReport{Relay: "a", Published: map[string]int{"t": 1}})
+	if v := testutil.ToFloat64(gauge(t, reg, "postbox_relays_paused")); v != 1 {
+		t.Fatalf("paused after a publish = %v, want 1", v)
+	}
+	m.IdempotencyOutcome("replayed")
+	m.IdempotencyOutcome("replayed")
+	m.IdempotencyOutcome("completed")
+	want := `
+# HELP postbox_idempotency_requests_total Requests the Idempotency-Key middleware handled, by outcome: completed, released, replayed, in_progress, mismatch, invalid, taken_over, store_unavailable, no_key.
+# TYPE postbox_idempotency_requests_total counter
+postbox_idempotency_requests_total{outcome="completed"} 1
+postbox_idempotency_requests_total{outcome="replayed"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "postbox_idempotency_requests_total"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// gauge returns the one metric named name in reg, as a collector.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
+	t.Helper()
+	return collectorFunc(func(ch chan<- prometheus.Metric) {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(name, "x", nil, nil), prometheus.GaugeValue, mf.GetMetric()[0].GetGauge().GetValue())
+			}
+		}
+	})
+}
+
+type collectorFunc func(ch chan<- prometheus.Metric)
+
+func (f collectorFunc) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(f, ch) }
+func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }

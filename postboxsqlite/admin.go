@@ -11,8 +11,10 @@ import (
 )
 
 type adminQueries struct {
+	partitionStats, consumerDeadStats,
 	topicStats, listDead, getDead, requeueInsert, requeueDelete, deleteDead, prunePublished,
 	horizon, replayCount, replayInsert, replayDelete, replayAudit, listReplays string
+	replayNewAudit, replayNewInsert, replayNewCount, replayNewCounted, replayCounts string
 }
 
 // deadWhere selects dead messages by ?1 (a JSON array of ids, empty for
@@ -25,12 +27,26 @@ const deadMessageColumns = `d.seq, d.id, d.topic, coalesce(d.key, ''), d.payload
 
 // replayWhere selects published rows by ?1..?4, leaving out any whose id
 // is pending again already.
-const replayWhere = `p.created_at >= ?1 AND p.created_at < ?2 AND (?3 = '' OR p.topic = ?3) AND (?4 = '' OR p.key = ?4)
+const replayWhere = replayNewWhere + `
   AND NOT EXISTS (SELECT 1 FROM {p}outbox o WHERE o.id = p.id)`
+
+// replayNewWhere selects published rows by ?1..?4 for a replay as new
+// messages: every one, since the copies have ids of their own.
+const replayNewWhere = `p.created_at >= ?1 AND p.created_at < ?2 AND (?3 = '' OR p.topic = ?3) AND (?4 = '' OR p.key = ?4)`
+
+// newUUID is a random (version 4) UUID in SQL: SQLite has no function for
+// one.
+const newUUID = `lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' || substr(hex(randomblob(2)), 2) || '-' ||
+  substr('89ab', 1 + (abs(random()) % 4), 1) || substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6)))`
 
 func makeAdminQueries(prefix string) adminQueries {
 	r := strings.NewReplacer("{p}", prefix, "{now}", nowExpr)
 	return adminQueries{
+		partitionStats: r.Replace(`SELECT count(*), coalesce(sum(CASE WHEN owner IS NULL OR expires_at <= {now} THEN 1 ELSE 0 END), 0),
+  (SELECT count(*) FROM {p}relays WHERE expires_at > {now})
+FROM {p}leases`),
+		consumerDeadStats: r.Replace(`SELECT consumer, topic, count(*), count(requeue_requested_at) FROM {p}consumer_dead
+GROUP BY consumer, topic ORDER BY consumer, topic`),
 		topicStats: r.Replace(`WITH pending AS (
   SELECT topic, count(*) AS n, {now} - min(created_at) AS age FROM {p}outbox GROUP BY topic
 ), dead AS (
@@ -68,8 +84,23 @@ ORDER BY p.seq`),
 		replayDelete: r.Replace(`DELETE FROM {p}published AS p WHERE p.created_at >= ?1 AND p.created_at < ?2
   AND (?3 = '' OR p.topic = ?3) AND (?4 = '' OR p.key = ?4)
   AND EXISTS (SELECT 1 FROM {p}outbox o WHERE o.id = p.id)`),
-		replayAudit: r.Replace(`INSERT INTO {p}replays (actor, since, until, topic, key, count, dry_run) VALUES (?, ?, ?, ?, ?, ?, ?)`),
-		listReplays: r.Replace(`SELECT id, at, actor, since, until, topic, key, count, dry_run FROM {p}replays ORDER BY id DESC LIMIT ?`),
+		replayAudit:    r.Replace(`INSERT INTO {p}replays (actor, since, until, topic, key, count, dry_run) VALUES (?, ?, ?, ?, ?, ?, ?)`),
+		listReplays:    r.Replace(`SELECT id, at, actor, since, until, topic, key, count, dry_run, as_new FROM {p}replays ORDER BY id DESC LIMIT ?`),
+		replayNewAudit: r.Replace(`INSERT INTO {p}replays (actor, since, until, topic, key, count, dry_run, as_new) VALUES (?, ?, ?, ?, ?, 0, ?, 1) RETURNING id`),
+		// A copy keeps the original's partition: the same key, so the same
+		// partition, for a keyed message; any partition serves a message
+		// without a key.
+		replayNewInsert: r.Replace(`INSERT INTO {p}outbox (id, topic, key, payload, headers, partition)
+SELECT ` + newUUID + `, p.topic, p.key, p.payload,
+  json_set(p.headers, '$."` + postboxdriver.HeaderReplayOf + `"', p.id, '$."` + postboxdriver.HeaderReplay + `"', CAST(?5 AS TEXT)), p.partition
+FROM {p}published p WHERE ` + replayNewWhere + `
+ORDER BY p.seq`),
+		replayNewCount:   r.Replace(`SELECT count(*) FROM {p}published p WHERE ` + replayNewWhere),
+		replayNewCounted: r.Replace(`UPDATE {p}replays SET count = ? WHERE id = ?`),
+		replayCounts: r.Replace(`SELECT p.topic, count(*),
+  coalesce(sum(CASE WHEN ?5 > 0 AND p.published_at >= {now} - ?5 THEN 1 ELSE 0 END), 0)
+FROM {p}published p WHERE ` + replayWhere + `
+GROUP BY p.topic ORDER BY p.topic`),
 	}
 }
 
@@ -121,6 +152,23 @@ func (s *store) notFound(err error) error {
 		return postboxdriver.ErrNotFound
 	}
 	return s.wrap(err)
+}
+
+// PartitionStats implements postboxdriver.Executor.
+func (s *store) PartitionStats(ctx context.Context) (postboxdriver.PartitionStats, error) {
+	var p postboxdriver.PartitionStats
+	err := s.conn().QueryRowContext(ctx, s.aq.partitionStats).Scan(&p.Total, &p.Unowned, &p.Relays)
+	return p, s.wrap(err)
+}
+
+// ConsumerDeadStats implements postboxdriver.Executor.
+func (s *store) ConsumerDeadStats(ctx context.Context) ([]postboxdriver.ConsumerDeadStat, error) {
+	out, err := queryAll(ctx, s.conn(), s.aq.consumerDeadStats, nil, func(r *sql.Rows) (postboxdriver.ConsumerDeadStat, error) {
+		var c postboxdriver.ConsumerDeadStat
+		err := r.Scan(&c.Consumer, &c.Topic, &c.Count, &c.RequeueRequested)
+		return c, err
+	})
+	return out, s.wrap(err)
 }
 
 // TopicStats implements postboxdriver.Executor.
@@ -180,6 +228,26 @@ func (s *store) PrunePublished(ctx context.Context, age time.Duration, limit int
 func (s *store) Replay(ctx context.Context, r postboxdriver.ReplayParams) (int, error) {
 	since, until := r.Since.UnixMilli(), r.Until.UnixMilli()
 	var n int64
+	if r.AsNew {
+		err := s.write(ctx, func(c conn) error {
+			var id int64
+			if err := c.QueryRowContext(ctx, s.aq.replayNewAudit, r.Actor, since, until, r.Topic, r.Key, r.DryRun).Scan(&id); err != nil {
+				return err
+			}
+			var err error
+			if r.DryRun {
+				err = c.QueryRowContext(ctx, s.aq.replayNewCount, since, until, r.Topic, r.Key).Scan(&n)
+			} else {
+				n, err = affected(c.ExecContext(ctx, s.aq.replayNewInsert, since, until, r.Topic, r.Key, id))
+			}
+			if err != nil {
+				return err
+			}
+			_, err = c.ExecContext(ctx, s.aq.replayNewCounted, n, id)
+			return err
+		})
+		return int(n), err
+	}
 	err := s.write(ctx, func(c conn) error {
 		if r.Horizon > 0 {
 			var tooOld bool
@@ -217,9 +285,20 @@ func (s *store) ListReplays(ctx context.Context, limit int) ([]postboxdriver.Rep
 	out, err := queryAll(ctx, s.conn(), s.aq.listReplays, []any{limitOr100(limit)}, func(r *sql.Rows) (postboxdriver.ReplayAudit, error) {
 		var a postboxdriver.ReplayAudit
 		var at, since, until int64
-		err := r.Scan(&a.ID, &at, &a.Actor, &since, &until, &a.Topic, &a.Key, &a.Count, &a.DryRun)
+		err := r.Scan(&a.ID, &at, &a.Actor, &since, &until, &a.Topic, &a.Key, &a.Count, &a.DryRun, &a.AsNew)
 		a.At, a.Since, a.Until = time.UnixMilli(at), time.UnixMilli(since), time.UnixMilli(until)
 		return a, err
 	})
+	return out, s.wrap(err)
+}
+
+// ReplayCounts implements postboxdriver.Executor.
+func (s *store) ReplayCounts(ctx context.Context, r postboxdriver.ReplayParams, recent time.Duration) ([]postboxdriver.ReplayCount, error) {
+	out, err := queryAll(ctx, s.conn(), s.aq.replayCounts, []any{r.Since.UnixMilli(), r.Until.UnixMilli(), r.Topic, r.Key, recent.Milliseconds()},
+		func(rs *sql.Rows) (postboxdriver.ReplayCount, error) {
+			var n postboxdriver.ReplayCount
+			err := rs.Scan(&n.Topic, &n.Count, &n.Recent)
+			return n, err
+		})
 	return out, s.wrap(err)
 }

@@ -15,7 +15,8 @@ const consumerDeadColumns = `consumer, message_id, topic, coalesce(key, ''), pay
 
 // inboxQueries are the consumer side's statements, bound to a prefix once.
 type inboxQueries struct {
-	insert, insertMany, deleteMany, take, failure, forget, bury, list, get, del, pruneInbox, pruneAttempts, pruneDead string
+	insert, insertMany, deleteMany, take, failure, forget, bury, list, get, del, pruneInbox, pruneAttempts, pruneDead,
+	requestRequeue, listRequeues, failRequeue string
 }
 
 func makeInboxQueries(p string) inboxQueries {
@@ -60,6 +61,16 @@ LIMIT ?7`),
   SELECT consumer, message_id FROM {p}inbox_attempts WHERE last_failure_at < {now} - ?1 LIMIT ?2)`),
 		pruneDead: r.Replace(`DELETE FROM {p}consumer_dead WHERE (consumer, message_id) IN (
   SELECT consumer, message_id FROM {p}consumer_dead WHERE dead_at < {now} - ?1 LIMIT ?2)`),
+		requestRequeue: r.Replace(`UPDATE {p}consumer_dead SET requeue_requested_at = coalesce(requeue_requested_at, {now})
+WHERE (?1 = '' OR consumer = ?1) AND (json_array_length(?2) = 0 OR message_id IN (SELECT value FROM json_each(?2)))
+  AND (?3 = '' OR topic = ?3) AND (?4 = '' OR key = ?4)
+  AND (?5 IS NULL OR dead_at >= ?5) AND (?6 IS NULL OR dead_at < ?6)`),
+		listRequeues: r.Replace(`SELECT {dead} FROM {p}consumer_dead
+WHERE consumer IN (SELECT value FROM json_each(?1)) AND requeue_requested_at IS NOT NULL
+ORDER BY requeue_requested_at, consumer, message_id
+LIMIT ?2`),
+		failRequeue: r.Replace(`UPDATE {p}consumer_dead SET requeue_requested_at = NULL, error = ?3, attempts = attempts + 1, last_failure_at = {now}
+WHERE consumer = ?1 AND message_id = ?2`),
 	}
 }
 
@@ -184,6 +195,29 @@ func (s *store) DeleteConsumerDead(ctx context.Context, consumer, messageID stri
 func (s *store) PruneConsumerDead(ctx context.Context, age time.Duration, limit int) (int, error) {
 	n, err := affected(s.conn().ExecContext(ctx, s.iq.pruneDead, age.Milliseconds(), limit))
 	return int(n), s.wrap(err)
+}
+
+// RequestConsumerRequeue implements postboxdriver.Executor.
+func (s *store) RequestConsumerRequeue(ctx context.Context, f postboxdriver.DeadFilter) (int, error) {
+	n, err := affected(s.conn().ExecContext(ctx, s.iq.requestRequeue,
+		f.Consumer, jsonList(f.IDs), f.Topic, f.Key, millisOrNil(f.Since), millisOrNil(f.Until)))
+	return int(n), s.wrap(err)
+}
+
+// ListConsumerRequeues implements postboxdriver.Executor.
+func (s *store) ListConsumerRequeues(ctx context.Context, consumers []string, limit int) ([]postboxdriver.DeadMessage, error) {
+	if len(consumers) == 0 {
+		return nil, nil
+	}
+	out, err := queryAll(ctx, s.conn(), s.iq.listRequeues, []any{jsonList(consumers), limitOr100(limit)},
+		func(r *sql.Rows) (postboxdriver.DeadMessage, error) { return scanConsumerDead(r) })
+	return out, s.wrap(err)
+}
+
+// FailConsumerRequeue implements postboxdriver.Executor.
+func (s *store) FailConsumerRequeue(ctx context.Context, consumer, messageID, errText string) (bool, error) {
+	n, err := affected(s.conn().ExecContext(ctx, s.iq.failRequeue, consumer, messageID, errText))
+	return n == 1, s.wrap(err)
 }
 
 // Savepoint implements postboxdriver.Executor.

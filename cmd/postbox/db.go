@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -46,8 +47,29 @@ func envOr(name, def string) string {
 // conn is an open database with the operator's tools over it.
 type conn struct {
 	admin    *postbox.Admin
+	inbox    consumerDead
 	migrator *postboxmigrate.Migrator
 	close    func()
+	// retention is the one in force: --retention, with 0 turned into
+	// the default.
+	retention time.Duration
+}
+
+// retentionText says what retention is in force, in words.
+func (c *conn) retentionText() string {
+	if c.retention < 0 {
+		return "forever (a negative --retention keeps everything)"
+	}
+	return c.retention.String()
+}
+
+// consumerDead is a consumer side's dead messages: *postbox.Inbox[TTx]
+// for any TTx.
+type consumerDead interface {
+	ListDead(ctx context.Context, f postbox.DeadFilter) ([]postbox.DeadMessage, error)
+	GetDead(ctx context.Context, consumer, messageID string) (postbox.DeadMessage, error)
+	DeleteDeadSelected(ctx context.Context, s postbox.DeadSelection) (int, error)
+	RequestRequeue(ctx context.Context, s postbox.DeadSelection) (int, error)
 }
 
 // errUsage marks a bad flag or argument: the message names it.
@@ -57,10 +79,14 @@ func (e *errUsage) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return &errUsage{fmt.Sprintf(format, args...)} }
 
-func (f *dbFlags) open(ctx context.Context) (*conn, error) {
-	retention, err := relayd.ParseDuration(f.retention)
+func (f *dbFlags) open(cmd *cobra.Command) (*conn, error) {
+	ctx := cmd.Context()
+	retention, err := parseRetention(f.retention)
 	if err != nil {
-		return nil, usagef("--retention %q: %v", f.retention, err)
+		return nil, err
+	}
+	if retention == 0 {
+		fmt.Fprintf(cmd.ErrOrStderr(), "postbox: --retention 0 means the default, %s\n", postbox.DefaultRetention)
 	}
 	ccfg := &postbox.Config{Prefix: f.prefix, Retention: retention}
 	mcfg := &postboxmigrate.Config{Prefix: f.prefix}
@@ -110,7 +136,21 @@ func finish[TTx any](d postboxdriver.Driver[TTx], ccfg *postbox.Config, mcfg *po
 		closeFn()
 		return nil, err
 	}
-	return &conn{admin: admin, migrator: m, close: closeFn}, nil
+	return &conn{admin: admin, inbox: client.Inbox(), migrator: m, close: closeFn, retention: client.Config().Retention}, nil
+}
+
+// parseRetention reads --retention: a duration, "7d", or a negative
+// duration ("-1s") to keep everything.
+func parseRetention(s string) (time.Duration, error) {
+	neg := strings.HasPrefix(s, "-")
+	d, err := relayd.ParseDuration(strings.TrimPrefix(s, "-"))
+	if err != nil {
+		return 0, usagef("--retention %q: %v; a negative duration keeps everything", s, err)
+	}
+	if neg {
+		d = -d
+	}
+	return d, nil
 }
 
 // printJSON writes v as indented JSON.

@@ -17,6 +17,7 @@ require (
 	github.com/postbox-go/postbox/postboxprom v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxredis v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxsqlite v0.0.0-00010101000000-000000000000
+	github.com/postbox-go/postbox/postboxwebhook v0.0.0-00010101000000-000000000000
 	github.com/prometheus/client_golang v1.25.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.23.0

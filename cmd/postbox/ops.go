@@ -50,7 +50,7 @@ func table(w io.Writer, header string, rows [][]string) error {
 
 func withConn(f *dbFlags, run func(ctx context.Context, c *conn, out io.Writer) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, _ []string) error {
-		c, err := f.open(cmd.Context())
+		c, err := f.open(cmd)
 		if err != nil {
 			return err
 		}
@@ -156,10 +156,12 @@ func newStatus(f *dbFlags) *cobra.Command {
 					"pending": st.Pending, "dead": st.Dead, "published_kept": st.Published,
 					"oldest_pending_age_seconds": st.OldestPendingAge.Seconds(), "topics": topicsJSON(st.Topics),
 					"held_snapshot": held,
+					"partitions":    map[string]int{"total": st.Partitions.Total, "unowned": st.Partitions.Unowned, "relays": st.Partitions.Relays},
 				})
 			}
 			fmt.Fprintf(out, "pending %d (oldest %s)  dead %d  published kept %d\n",
 				st.Pending, st.OldestPendingAge.Round(time.Millisecond), st.Dead, st.Published)
+			fmt.Fprintf(out, "relays %d live; %d of %d partitions held by none\n", st.Partitions.Relays, st.Partitions.Unowned, st.Partitions.Total)
 			if h := st.HeldSnapshot; h != nil {
 				fmt.Fprintf(out, "oldest snapshot held by another session: pid %d (%s) for %s; the outbox's dead rows stay until it ends\n",
 					h.PID, h.State, h.Age.Round(time.Millisecond))
@@ -218,14 +220,6 @@ func (d *deadFilterFlags) filter(ids []string) (postbox.DeadFilter, error) {
 	return postbox.DeadFilter{IDs: ids, Topic: d.topic, Key: d.key, Since: since, Until: until, Limit: d.limit}, nil
 }
 
-func deadJSON(d postbox.DeadMessage) map[string]any {
-	h, _ := postbox.DecodeHeaders(d.Headers)
-	return map[string]any{
-		"seq": d.Seq, "id": d.ID, "topic": d.Topic, "key": d.Key, "payload": string(d.Payload), "headers": h,
-		"attempts": d.Attempts, "last_error": d.Error, "created_at": d.CreatedAt, "dead_at": d.DeadAt,
-	}
-}
-
 func newDead(f *dbFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "dead", Short: "Messages past their attempt budget: list, show, requeue, delete"}
 	var lf deadFilterFlags
@@ -242,21 +236,22 @@ func newDead(f *dbFlags) *cobra.Command {
 		}
 		if f.json {
 			js := make([]map[string]any, 0, len(ds))
-			for _, d := range ds {
-				js = append(js, deadJSON(d))
+			for i := range ds {
+				js = append(js, deadJSON(&ds[i]))
 			}
 			return printJSON(out, js)
 		}
 		var rows [][]string
-		for _, d := range ds {
-			rows = append(rows, []string{d.ID, d.Topic, d.Key, strconv.Itoa(d.Attempts), d.DeadAt.UTC().Format(time.RFC3339), oneLine(d.Error, 60)})
+		for i := range ds {
+			d := &ds[i]
+			rows = append(rows, []string{d.ID, safe(d.Topic), safe(oneLine(d.Key, 40)), strconv.Itoa(d.Attempts), d.DeadAt.UTC().Format(time.RFC3339), reason(d, 80)})
 		}
 		return table(out, "ID\tTOPIC\tKEY\tATTEMPTS\tDEAD AT\tLAST ERROR", rows)
 	})
 	show := &cobra.Command{
 		Use: "show ID", Short: "Show one dead message with its payload and headers", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := f.open(cmd.Context())
+			c, err := f.open(cmd)
 			if err != nil {
 				return err
 			}
@@ -266,12 +261,13 @@ func newDead(f *dbFlags) *cobra.Command {
 				return err
 			}
 			if f.json {
-				return printJSON(cmd.OutOrStdout(), deadJSON(d))
+				return printJSON(cmd.OutOrStdout(), deadJSON(&d))
 			}
 			out := cmd.OutOrStdout()
-			h, _ := postbox.DecodeHeaders(d.Headers)
-			fmt.Fprintf(out, "id          %s\nseq         %d\ntopic       %s\nkey         %s\nattempts    %d\ncreated at  %s\ndead at     %s\nlast error  %s\nheaders     %v\npayload     %s\n",
-				d.ID, d.Seq, d.Topic, d.Key, d.Attempts, d.CreatedAt.UTC().Format(time.RFC3339Nano), d.DeadAt.UTC().Format(time.RFC3339Nano), d.Error, h, d.Payload)
+			fmt.Fprintf(out, "id          %s\nseq         %d\ntopic       %s\nkey         %s\nattempts    %d\ncreated at  %s\ndead at     %s\nlast error  %s\n",
+				d.ID, d.Seq, safe(d.Topic), safe(d.Key), d.Attempts, rfc3339(d.CreatedAt), rfc3339(d.DeadAt), safe(d.Error))
+			writeHeaders(out, d.Headers)
+			writePayload(out, d.Payload)
 			return nil
 		},
 	}
@@ -284,7 +280,7 @@ func newDead(f *dbFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			conn, err := f.open(cmd.Context())
+			conn, err := f.open(cmd)
 			if err != nil {
 				return err
 			}
@@ -316,12 +312,28 @@ func oneLine(s string, n int) string {
 }
 
 func newReplay(f *dbFlags) *cobra.Command {
-	var since, until, topic, key, actor string
-	var dry bool
+	var since, until, topic, key, actor, window string
+	var dry, asNew, acceptDropped bool
 	cmd := &cobra.Command{
 		Use:   "replay",
-		Short: "Send published messages again, under their own ids (audited; refused past the retention horizon)",
-		Args:  cobra.NoArgs,
+		Short: "Send published messages again, under their own ids or as new messages (audited; refused past the retention horizon)",
+		Long: `replay sends published messages created in [--since, --until) again.
+
+Under their own ids (the default), consumers whose inbox holds an id run
+nothing, and the others (a new consumer, one that lost its state) process the
+messages. A broker with a duplicate window (JetStream's Duplicates, 2m by
+default; the Redis publisher's dedupe key) drops the copy of a message it saw
+within that window: give the window with --dedupe-window and replay says how
+many it would drop, and refuses a real run while any would be, unless
+--accept-dropped. The daemon's API (POST /v1/replay) reads the windows from
+the brokers itself.
+
+With --as-new, copies are sent as new messages: fresh ids, every header kept,
+plus postbox-replay-of (the original id) and postbox-replay (the audit entry):
+every consumer runs them again, whatever its inbox or the broker remembers.
+Use it when consumers must run again; use the default to fill in consumers
+that missed messages without running the others twice.`,
+		Args: cobra.NoArgs,
 		RunE: withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
 			s, err := parseTime("since", since)
 			if err != nil {
@@ -334,18 +346,64 @@ func newReplay(f *dbFlags) *cobra.Command {
 			if u.IsZero() {
 				u = time.Now()
 			}
-			n, err := c.admin.Replay(ctx, postbox.ReplayRequest{Since: s, Until: u, Topic: topic, Key: key, DryRun: dry, Actor: actor})
+			var win time.Duration
+			if window != "" {
+				if win, err = relayd.ParseDuration(window); err != nil || win < 0 {
+					return usagef("--dedupe-window %q: want a duration, e.g. 2m", window)
+				}
+			}
+			req := postbox.ReplayRequest{Since: s, Until: u, Topic: topic, Key: key, DryRun: dry, AsNew: asNew, Actor: actor}
+			var preview postbox.ReplayPreview
+			if !asNew {
+				var w postbox.DedupeWindow
+				if win > 0 {
+					w = func(context.Context, string) (time.Duration, string, error) {
+						return win, "the broker (--dedupe-window)", nil
+					}
+				}
+				if preview, err = c.admin.ReplayPreview(ctx, req, w); err != nil {
+					return err
+				}
+				if d := preview.Dropped(); d > 0 && !dry && !acceptDropped {
+					return usagef("--as-new: not replayed: %d of the %d message(s) were published within the last %s, the broker's duplicate window, "+
+						"and it would drop them as copies; replay them with --as-new for consumers that must run again, after the window, "+
+						"or with --accept-dropped", d, preview.Count, win)
+				}
+			}
+			n, err := c.admin.Replay(ctx, req)
 			if err != nil {
 				return err
 			}
 			if f.json {
-				return printJSON(out, map[string]any{"count": n, "dry_run": dry, "since": s, "until": u, "topic": topic, "key": key})
+				topics := make([]map[string]any, 0, len(preview.Topics))
+				for _, t := range preview.Topics {
+					topics = append(topics, map[string]any{"topic": t.Topic, "count": t.Count, "dedupe_window_seconds": t.Window.Seconds(), "dropped": t.Dropped})
+				}
+				return printJSON(out, map[string]any{"count": n, "dry_run": dry, "as_new": asNew, "since": s.UTC(), "until": u.UTC(),
+					"topic": topic, "key": key, "dropped": preview.Dropped(), "topics": topics})
 			}
-			verb := "re-staged"
-			if dry {
-				verb = "would re-stage"
+			span := fmt.Sprintf("created in [%s, %s)", s.UTC().Format(time.RFC3339), u.UTC().Format(time.RFC3339))
+			switch {
+			case asNew && dry:
+				fmt.Fprintf(out, "would send %d message(s) %s as new messages (fresh ids, the original in postbox-replay-of)\n", n, span)
+			case asNew:
+				fmt.Fprintf(out, "sent %d message(s) %s to the outbox as new messages (fresh ids, the original in postbox-replay-of): every consumer runs them again\n", n, span)
+			default:
+				verb := "re-staged"
+				if dry {
+					verb = "would re-stage"
+				}
+				fmt.Fprintf(out, "%s %d message(s) %s under their own ids: consumers whose inbox holds an id run nothing\n", verb, n, span)
+				for _, t := range preview.Topics {
+					if t.Dropped > 0 {
+						fmt.Fprintf(out, "%s: %d of %d published within the last %s: the broker drops them as copies (--as-new sends them as new messages)\n",
+							t.Topic, t.Dropped, t.Count, t.Window)
+					}
+				}
+				if win == 0 {
+					fmt.Fprintln(out, "a broker with a duplicate window (JetStream, Redis) drops copies of messages it saw within it: --dedupe-window checks, --as-new avoids")
+				}
 			}
-			fmt.Fprintf(out, "%s %d message(s) created in [%s, %s)\n", verb, n, s.UTC().Format(time.RFC3339), u.UTC().Format(time.RFC3339))
 			return nil
 		}),
 	}
@@ -355,6 +413,9 @@ func newReplay(f *dbFlags) *cobra.Command {
 	fl.StringVar(&topic, "topic", "", "only this topic")
 	fl.StringVar(&key, "key", "", "only this key")
 	fl.BoolVar(&dry, "dry-run", false, "count only")
+	fl.BoolVar(&asNew, "as-new", false, "send copies as new messages: fresh ids, the original id in the postbox-replay-of header")
+	fl.StringVar(&window, "dedupe-window", "", "the broker's duplicate window (JetStream Duplicates, e.g. 2m): say how many copies it would drop, and refuse while any would")
+	fl.BoolVar(&acceptDropped, "accept-dropped", false, "replay under the original ids even though the broker drops some as copies")
 	fl.StringVar(&actor, "actor", defaultActor(), "who asks, for the audit")
 	var limit int
 	log := &cobra.Command{
@@ -371,9 +432,9 @@ func newReplay(f *dbFlags) *cobra.Command {
 			for _, a := range as {
 				rows = append(rows, []string{strconv.FormatInt(a.ID, 10), a.At.UTC().Format(time.RFC3339), a.Actor,
 					a.Since.UTC().Format(time.RFC3339) + " .. " + a.Until.UTC().Format(time.RFC3339), a.Topic, a.Key,
-					strconv.Itoa(a.Count), strconv.FormatBool(a.DryRun)})
+					strconv.Itoa(a.Count), strconv.FormatBool(a.DryRun), strconv.FormatBool(a.AsNew)})
 			}
-			return table(out, "ID\tAT\tACTOR\tWINDOW\tTOPIC\tKEY\tCOUNT\tDRY RUN", rows)
+			return table(out, "ID\tAT\tACTOR\tWINDOW\tTOPIC\tKEY\tCOUNT\tDRY RUN\tAS NEW", rows)
 		}),
 	}
 	log.Flags().IntVar(&limit, "limit", 50, "most entries")
@@ -394,7 +455,11 @@ func newPrune(f *dbFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "prune",
 		Short: "Delete published messages older than --retention, in batches (never pending or dead ones)",
-		Args:  cobra.NoArgs,
+		Long: `prune deletes published messages older than --retention (default 7d; 0 means
+the default, and says so; a negative retention keeps everything, and prune then
+deletes nothing), in batches, until none is left. Pending and dead messages are
+never touched. The relay prunes by itself: this is for a one-off.`,
+		Args: cobra.NoArgs,
 		RunE: withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
 			progress := func(n int) {
 				if !f.json {
@@ -409,9 +474,9 @@ func newPrune(f *dbFlags) *cobra.Command {
 				return err
 			}
 			if f.json {
-				return printJSON(out, map[string]int{"deleted": n})
+				return printJSON(out, map[string]any{"deleted": n, "retention_seconds": c.retention.Seconds()})
 			}
-			fmt.Fprintf(out, "deleted %d published message(s) older than %s\n", n, f.retention)
+			fmt.Fprintf(out, "deleted %d published message(s) older than %s\n", n, c.retentionText())
 			return nil
 		}),
 	}

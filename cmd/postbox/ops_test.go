@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"path/filepath"
@@ -27,11 +28,20 @@ func run(t *testing.T, args ...string) (string, int) {
 	root.SetOut(&out)
 	root.SetErr(&out)
 	root.SetArgs(args)
-	err := root.ExecuteContext(context.Background())
-	if err != nil {
-		return out.String(), exitCode(err)
-	}
-	return out.String(), 0
+	code := execute(context.Background(), root, &out)
+	return out.String(), code
+}
+
+// runSplit is run with stdout and stderr apart.
+func runSplit(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	var out, errw bytes.Buffer
+	root := newRoot()
+	root.SetOut(&out)
+	root.SetErr(&errw)
+	root.SetArgs(args)
+	code = execute(context.Background(), root, &errw)
+	return out.String(), errw.String(), code
 }
 
 func must(t *testing.T, args ...string) string {
@@ -108,6 +118,9 @@ func TestOperatorCommands(t *testing.T) {
 			if out := must(t, cmd("dead", "show", id)...); !strings.Contains(out, "payload     poison") || !strings.Contains(out, "rejected") {
 				t.Fatalf("dead show: %s", out)
 			}
+			if dead[0]["payload"] != base64.StdEncoding.EncodeToString([]byte("poison")) || dead[0]["payload_text"] != "poison" {
+				t.Fatalf("dead list --json: payload as base64 and payload_text: %v", dead[0])
+			}
 			if out := must(t, cmd("dead", "list", "--topic", "orders.refunded")...); strings.Count(out, "\n") != 2 {
 				t.Fatalf("dead list --topic: %s", out)
 			}
@@ -141,7 +154,7 @@ func TestOperatorCommands(t *testing.T) {
 			if err := json.Unmarshal([]byte(must(t, cmd("replay", "log", "--json")...)), &log); err != nil || len(log) != 2 || log[0]["actor"] != "ci" {
 				t.Fatalf("replay log: %v %v", log, err)
 			}
-			if out := must(t, cmd("prune")...); !strings.Contains(out, "deleted 0") {
+			if out := must(t, cmd("prune")...); !strings.Contains(out, "deleted 0 published message(s) older than 168h0m0s") {
 				t.Fatalf("prune: %s", out)
 			}
 			if out := must(t, cmd("migrate", "sql", "--dialect", "postgres")...); !strings.Contains(out, "CREATE TABLE") {

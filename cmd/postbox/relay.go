@@ -16,16 +16,19 @@ func newRelay() *cobra.Command {
 		Use:   "relay",
 		Short: "Run the relay as a daemon: publish what services write into the outbox table",
 		Long: `relay moves committed rows from the outbox table of one or more databases to NATS
-JetStream, for services in any language that write the rows themselves (the
-table contract is in the README). Configuration comes from a YAML file
-(--config), then POSTBOX_* environment variables, then these flags; every
-problem is listed at start-up. SIGTERM or SIGINT stops it cleanly: the batch in
-flight finishes and the partitions are released for the other replicas.`,
+JetStream, RabbitMQ, Kafka, Redis Streams or webhooks, chosen by topic routes,
+for services in any language that write the rows themselves (the table contract
+is in the README). Configuration comes from a YAML file (--config), then
+POSTBOX_* environment variables, then these flags; every problem is listed at
+start-up. SIGTERM or SIGINT stops it cleanly: the batch in flight finishes and
+the partitions are released for the other replicas.
+
+` + relayd.EnvHelp(),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := relayd.Load(path, os.Getenv)
-			if err != nil {
-				return usagef("%v", err)
+			cfg, loadErr := relayd.Load(path, os.Getenv)
+			if cfg == nil {
+				return usagef("%v", loadErr)
 			}
 			if database != "" {
 				cfg.Databases = []relayd.Database{{URL: database, Prefix: prefix}}
@@ -42,7 +45,9 @@ flight finishes and the partitions are released for the other replicas.`,
 					*o.dst = o.flag
 				}
 			}
-			if err := cfg.Validate(); err != nil {
+			// The file's, the environment's and the settings' problems,
+			// all at once.
+			if err := relayd.Check(cfg, loadErr); err != nil {
 				return err
 			}
 			log := relayd.Logger(cfg, cmd.ErrOrStderr())

@@ -9,8 +9,10 @@ import (
 )
 
 type adminQueries struct {
+	partitionStats, consumerDeadStats,
 	topicStats, listDead, getDead, requeueDead, deleteDead, prunePublished,
 	replay, replayCount, replayAudit, horizon, listReplays string
+	replayNew, replayNewCount, replayNewAudit, replayCounts string
 }
 
 // deadWhere selects dead messages by the filter's parameters $1..$5.
@@ -22,12 +24,21 @@ const deadMessageColumns = `d.seq, d.id::text, d.topic, coalesce(d.key, ''), d.p
 
 // replayWhere selects published rows by the request's $1..$4, leaving out
 // any whose id is pending again already (an earlier replay not yet sent).
-const replayWhere = `p.created_at >= $1 AND p.created_at < $2 AND ($3 = '' OR p.topic = $3) AND ($4 = '' OR p.key = $4)
+const replayWhere = replayNewWhere + `
   AND NOT EXISTS (SELECT 1 FROM {p}outbox o WHERE o.id = p.id)`
+
+// replayNewWhere selects published rows by $1..$4 for a replay as new
+// messages: every one, since the copies have ids of their own.
+const replayNewWhere = `p.created_at >= $1 AND p.created_at < $2 AND ($3 = '' OR p.topic = $3) AND ($4 = '' OR p.key = $4)`
 
 func makeAdminQueries(prefix string) adminQueries {
 	r := strings.NewReplacer("{p}", prefix)
 	return adminQueries{
+		partitionStats: r.Replace(`SELECT count(*)::int, (count(*) FILTER (WHERE owner IS NULL OR expires_at <= now()))::int,
+  (SELECT count(*) FROM {p}relays WHERE expires_at > now())::int
+FROM {p}leases`),
+		consumerDeadStats: r.Replace(`SELECT consumer, topic, count(*), count(requeue_requested_at) FROM {p}consumer_dead
+GROUP BY consumer, topic ORDER BY consumer, topic`),
 		topicStats: r.Replace(`WITH pending AS (
   SELECT topic, count(*) AS n, extract(epoch FROM now() - min(created_at)) AS age FROM {p}outbox GROUP BY topic
 ), dead AS (
@@ -82,7 +93,31 @@ SELECT count(*) FROM del`),
 SELECT n FROM n`),
 		replayCount: r.Replace(`SELECT count(*) FROM {p}published p WHERE ` + replayWhere),
 		replayAudit: r.Replace(`INSERT INTO {p}replays (actor, since, until, topic, key, count, dry_run) VALUES ($1, $2, $3, $4, $5, $6, true)`),
-		listReplays: r.Replace(`SELECT id, at, actor, since, until, topic, key, count, dry_run FROM {p}replays ORDER BY id DESC LIMIT $1`),
+		listReplays: r.Replace(`SELECT id, at, actor, since, until, topic, key, count, dry_run, as_new FROM {p}replays ORDER BY id DESC LIMIT $1`),
+		// The audit entry's id is taken first, so that every copy can name
+		// it; the copies get fresh ids and keep the history's rows.
+		replayNew: r.Replace(`WITH aid AS (
+  SELECT nextval(pg_get_serial_sequence('{p}replays', 'id')) AS id
+), copied AS (
+  INSERT INTO {p}outbox (id, topic, key, payload, headers)
+  SELECT gen_random_uuid(), p.topic, p.key, p.payload,
+    p.headers || jsonb_build_object('` + postboxdriver.HeaderReplayOf + `', p.id::text, '` + postboxdriver.HeaderReplay + `', (SELECT id FROM aid)::text)
+  FROM {p}published p WHERE ` + replayNewWhere + `
+  ORDER BY p.seq
+  RETURNING 1
+), n AS (
+  SELECT count(*) AS n FROM copied
+), audit AS (
+  INSERT INTO {p}replays (id, actor, since, until, topic, key, count, dry_run, as_new) OVERRIDING SYSTEM VALUE
+  SELECT (SELECT id FROM aid), $5, $1, $2, $3, $4, n, false, true FROM n
+)
+SELECT n FROM n`),
+		replayNewCount: r.Replace(`SELECT count(*) FROM {p}published p WHERE ` + replayNewWhere),
+		replayNewAudit: r.Replace(`INSERT INTO {p}replays (actor, since, until, topic, key, count, dry_run, as_new) VALUES ($1, $2, $3, $4, $5, $6, true, true)`),
+		replayCounts: r.Replace(`SELECT p.topic, count(*)::int,
+  (count(*) FILTER (WHERE $5 > 0 AND p.published_at >= now() - $5 * interval '1 millisecond'))::int
+FROM {p}published p WHERE ` + replayWhere + `
+GROUP BY p.topic ORDER BY p.topic`),
 	}
 }
 
@@ -115,6 +150,22 @@ func scanDeadMessage(r Rows) (postboxdriver.DeadMessage, error) {
 	err := r.Scan(&d.Seq, &d.ID, &d.Topic, &d.Key, &d.Payload, &headers, &d.Attempts, &d.Error, &d.CreatedAt, &d.DeadAt)
 	d.Headers = []byte(headers)
 	return d, err
+}
+
+// PartitionStats implements postboxdriver.Executor.
+func (c *Core) PartitionStats(ctx context.Context) (postboxdriver.PartitionStats, error) {
+	var p postboxdriver.PartitionStats
+	err := c.queryRow(ctx, c.db, c.aq.partitionStats, nil, &p.Total, &p.Unowned, &p.Relays)
+	return p, err
+}
+
+// ConsumerDeadStats implements postboxdriver.Executor.
+func (c *Core) ConsumerDeadStats(ctx context.Context) ([]postboxdriver.ConsumerDeadStat, error) {
+	return queryAll(ctx, c, c.aq.consumerDeadStats, nil, func(r Rows) (postboxdriver.ConsumerDeadStat, error) {
+		var s postboxdriver.ConsumerDeadStat
+		err := r.Scan(&s.Consumer, &s.Topic, &s.Count, &s.RequeueRequested)
+		return s, err
+	})
 }
 
 // TopicStats implements postboxdriver.Executor.
@@ -155,6 +206,17 @@ func (c *Core) PrunePublished(ctx context.Context, age time.Duration, limit int)
 
 // Replay implements postboxdriver.Executor.
 func (c *Core) Replay(ctx context.Context, r postboxdriver.ReplayParams) (int, error) {
+	if r.AsNew {
+		if !r.DryRun {
+			return c.count(ctx, c.aq.replayNew, r.Since, r.Until, r.Topic, r.Key, r.Actor)
+		}
+		n, err := c.count(ctx, c.aq.replayNewCount, r.Since, r.Until, r.Topic, r.Key)
+		if err != nil {
+			return 0, err
+		}
+		_, err = c.exec(ctx, c.aq.replayNewAudit, r.Actor, r.Since, r.Until, r.Topic, r.Key, n)
+		return n, err
+	}
 	if r.Horizon > 0 {
 		var tooOld bool
 		if err := c.queryRow(ctx, c.db, c.aq.horizon, []any{r.Since, r.Horizon.Milliseconds()}, &tooOld); err != nil {
@@ -179,7 +241,17 @@ func (c *Core) Replay(ctx context.Context, r postboxdriver.ReplayParams) (int, e
 func (c *Core) ListReplays(ctx context.Context, limit int) ([]postboxdriver.ReplayAudit, error) {
 	return queryAll(ctx, c, c.aq.listReplays, []any{limitOr100(limit)}, func(r Rows) (postboxdriver.ReplayAudit, error) {
 		var a postboxdriver.ReplayAudit
-		err := r.Scan(&a.ID, &a.At, &a.Actor, &a.Since, &a.Until, &a.Topic, &a.Key, &a.Count, &a.DryRun)
+		err := r.Scan(&a.ID, &a.At, &a.Actor, &a.Since, &a.Until, &a.Topic, &a.Key, &a.Count, &a.DryRun, &a.AsNew)
 		return a, err
 	})
+}
+
+// ReplayCounts implements postboxdriver.Executor.
+func (c *Core) ReplayCounts(ctx context.Context, r postboxdriver.ReplayParams, recent time.Duration) ([]postboxdriver.ReplayCount, error) {
+	return queryAll(ctx, c, c.aq.replayCounts, []any{r.Since, r.Until, r.Topic, r.Key, recent.Milliseconds()},
+		func(rs Rows) (postboxdriver.ReplayCount, error) {
+			var n postboxdriver.ReplayCount
+			err := rs.Scan(&n.Topic, &n.Count, &n.Recent)
+			return n, err
+		})
 }

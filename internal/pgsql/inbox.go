@@ -12,7 +12,7 @@ import (
 
 type inboxQueries struct {
 	insert, insertMany, delete, recordFailure, bury, listDead, getDead, takeDead, deleteDead,
-	pruneInbox, pruneDead string
+	pruneInbox, pruneDead, requestRequeue, listRequeues, failRequeue string
 }
 
 const consumerDeadColumns = `consumer, message_id, topic, coalesce(key, ''), payload, headers::text, error, attempts, first_failure_at, last_failure_at, dead_at`
@@ -67,6 +67,19 @@ LIMIT $7`),
     SELECT consumer, message_id FROM {p}inbox_attempts WHERE last_failure_at < now() - $1 * interval '1 millisecond' LIMIT $2)
 )
 SELECT count(*) FROM del`),
+		requestRequeue: r.Replace(`WITH marked AS (
+  UPDATE {p}consumer_dead SET requeue_requested_at = coalesce(requeue_requested_at, now())
+  WHERE ($1 = '' OR consumer = $1) AND (cardinality($2::text[]) = 0 OR message_id = ANY($2::text[]))
+    AND ($3 = '' OR topic = $3) AND ($4 = '' OR key = $4)
+    AND ($5::timestamptz IS NULL OR dead_at >= $5) AND ($6::timestamptz IS NULL OR dead_at < $6)
+  RETURNING 1
+) SELECT count(*) FROM marked`),
+		listRequeues: r.Replace(`SELECT ` + consumerDeadColumns + ` FROM {p}consumer_dead
+WHERE consumer = ANY($1::text[]) AND requeue_requested_at IS NOT NULL
+ORDER BY requeue_requested_at, consumer, message_id
+LIMIT $2`),
+		failRequeue: r.Replace(`UPDATE {p}consumer_dead SET requeue_requested_at = NULL, error = $3, attempts = attempts + 1, last_failure_at = now()
+WHERE consumer = $1 AND message_id = $2`),
 		pruneDead: r.Replace(`WITH del AS (
   DELETE FROM {p}consumer_dead d WHERE (d.consumer, d.message_id) IN (
     SELECT consumer, message_id FROM {p}consumer_dead WHERE dead_at < now() - $1 * interval '1 millisecond' LIMIT $2)
@@ -170,6 +183,29 @@ func (c *Core) DeleteConsumerDead(ctx context.Context, consumer, messageID strin
 // PruneConsumerDead implements postboxdriver.Executor.
 func (c *Core) PruneConsumerDead(ctx context.Context, age time.Duration, limit int) (int, error) {
 	return c.count(ctx, c.iq.pruneDead, age.Milliseconds(), limit)
+}
+
+// RequestConsumerRequeue implements postboxdriver.Executor.
+func (c *Core) RequestConsumerRequeue(ctx context.Context, f postboxdriver.DeadFilter) (int, error) {
+	ids := f.IDs
+	if ids == nil {
+		ids = []string{}
+	}
+	return c.count(ctx, c.iq.requestRequeue, f.Consumer, ids, f.Topic, f.Key, timeOrNil(f.Since), timeOrNil(f.Until))
+}
+
+// ListConsumerRequeues implements postboxdriver.Executor.
+func (c *Core) ListConsumerRequeues(ctx context.Context, consumers []string, limit int) ([]postboxdriver.DeadMessage, error) {
+	if len(consumers) == 0 {
+		return nil, nil
+	}
+	return queryAll(ctx, c, c.iq.listRequeues, []any{consumers, limitOr100(limit)}, scanConsumerDead)
+}
+
+// FailConsumerRequeue implements postboxdriver.Executor.
+func (c *Core) FailConsumerRequeue(ctx context.Context, consumer, messageID, errText string) (bool, error) {
+	n, err := c.exec(ctx, c.iq.failRequeue, consumer, messageID, errText)
+	return n > 0, err
 }
 
 // Savepoint implements postboxdriver.Executor. The statements carry no

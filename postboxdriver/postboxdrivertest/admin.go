@@ -16,6 +16,7 @@ func (s *suite[TTx]) runAdmin(t *testing.T) {
 	t.Run("DeadMessages", s.adminDead)
 	t.Run("PruneKeepsPendingAndDead", s.adminPrune)
 	t.Run("Replay", s.adminReplay)
+	t.Run("ReplayAsNewAndPreview", s.adminReplayAsNew)
 }
 
 type adminEnv[TTx any] struct {
@@ -66,6 +67,11 @@ func (s *suite[TTx]) adminStatus(t *testing.T) {
 	}
 	if st.Pending != 2 || st.Dead != 1 || st.Published != 2 {
 		t.Fatalf("status %+v", st.Stats)
+	}
+	// No relay runs (Drain holds no heartbeat): every partition is
+	// unowned, or held by Drain's leases until they end.
+	if p := st.Partitions; p.Total != 64 || p.Unowned < 0 || p.Unowned > p.Total || p.Relays != 0 {
+		t.Fatalf("partitions %+v", p)
 	}
 	got := map[string]string{}
 	for _, ts := range st.Topics {
@@ -264,5 +270,81 @@ func (s *suite[TTx]) adminReplay(t *testing.T) {
 	}
 	if audit[0].Count != 2 || audit[0].DryRun {
 		t.Fatalf("newest audit entry = %+v", audit[0])
+	}
+}
+
+// A preview counts per topic what a replay would select and how many of
+// those were published within a broker's duplicate window; a replay as
+// new messages sends copies with fresh ids, the original id and the
+// audit entry in headers, in order, and keeps the history.
+func (s *suite[TTx]) adminReplayAsNew(t *testing.T) {
+	msgs := []postbox.Message{
+		{Topic: "t.x", Key: "k", Payload: []byte("0"), Headers: map[string]string{"x-h": "v"}},
+		{Topic: "t.x", Key: "k", Payload: []byte("1")},
+		{Topic: "t.y", Payload: []byte("2")},
+	}
+	ae := s.adminSetup(t, msgs...)
+	ctx := context.Background()
+	first := ae.rec.snapshot()
+	since, until := time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
+	window := func(_ context.Context, topic string) (time.Duration, string, error) {
+		if topic == "t.x" {
+			return time.Hour, "stream X", nil
+		}
+		return 0, "", nil
+	}
+	p, err := ae.admin.ReplayPreview(ctx, postbox.ReplayRequest{Since: since, Until: until}, window)
+	if err != nil || p.Count != 3 || p.Dropped() != 2 || len(p.Topics) != 2 ||
+		p.Topics[0] != (postbox.ReplayTopic{Topic: "t.x", Count: 2, Window: time.Hour, Where: "stream X", Dropped: 2}) ||
+		p.Topics[1] != (postbox.ReplayTopic{Topic: "t.y", Count: 1}) {
+		t.Fatalf("preview = %+v, %v", p, err)
+	}
+	short := func(context.Context, string) (time.Duration, string, error) { return time.Nanosecond, "gone", nil }
+	if p, err := ae.admin.ReplayPreview(ctx, postbox.ReplayRequest{Since: since, Until: until, Topic: "t.x"}, short); err != nil || p.Count != 2 || p.Dropped() != 0 {
+		t.Fatalf("preview with a window that has passed = %+v, %v", p, err)
+	}
+	if audit, err := ae.admin.Replays(ctx, 10); err != nil || len(audit) != 0 {
+		t.Fatalf("a preview was audited: %+v, %v", audit, err)
+	}
+	if n, err := ae.admin.Replay(ctx, postbox.ReplayRequest{Since: since, Until: until, AsNew: true, DryRun: true, Actor: "ops"}); err != nil || n != 3 {
+		t.Fatalf("dry run as new = %d, %v", n, err)
+	}
+	// As new, also past the retention horizon: the copies are new messages.
+	n, err := ae.admin.Replay(ctx, postbox.ReplayRequest{Since: time.Now().Add(-30 * 24 * time.Hour), Until: until, AsNew: true, Actor: "ops"})
+	if err != nil || n != 3 {
+		t.Fatalf("replay as new = %d, %v", n, err)
+	}
+	if st := ae.stats(t); st.Pending != 3 || st.Published != 3 {
+		t.Fatalf("after the replay as new: %+v (the history keeps the originals)", st)
+	}
+	if res, err := ae.c.Drain(ctx); err != nil || res.Published != 3 {
+		t.Fatalf("drain = %+v, %v", res, err)
+	}
+	audit, err := ae.admin.Replays(ctx, 10)
+	if err != nil || len(audit) != 2 || !audit[0].AsNew || audit[0].DryRun || audit[0].Count != 3 || !audit[1].AsNew || !audit[1].DryRun {
+		t.Fatalf("audit = %+v, %v", audit, err)
+	}
+	byID := map[string]*postbox.Envelope{}
+	for _, env := range first {
+		byID[env.ID] = env
+	}
+	var keyed []string
+	for i, env := range ae.rec.snapshot()[len(first):] {
+		orig := byID[env.Headers[postbox.HeaderReplayOf]]
+		if orig == nil || env.ID == orig.ID || env.Topic != orig.Topic || env.Key != orig.Key || string(env.Payload) != string(orig.Payload) {
+			t.Fatalf("copy %d: %+v of %+v", i, env, orig)
+		}
+		if env.Headers[postbox.HeaderReplay] != fmt.Sprint(audit[0].ID) {
+			t.Fatalf("copy %d headers %v; audit %d", i, env.Headers, audit[0].ID)
+		}
+		if string(env.Payload) == "0" && env.Headers["x-h"] != "v" {
+			t.Fatalf("copy lost the original's headers: %v", env.Headers)
+		}
+		if env.Key == "k" {
+			keyed = append(keyed, string(env.Payload))
+		}
+	}
+	if fmt.Sprint(keyed) != "[0 1]" {
+		t.Fatalf("copies of key k sent in order %v", keyed)
 	}
 }

@@ -21,6 +21,7 @@ func (s *suite[TTx]) runInbox(t *testing.T) {
 	t.Run("PoisonDeadLettered", s.inboxPoison)
 	t.Run("LongErrorsStored", s.inboxLongErrors)
 	t.Run("DeadLetterOperations", s.inboxDeadOps)
+	t.Run("RequestedRequeue", s.inboxRequestedRequeue)
 	t.Run("Retention", s.inboxRetention)
 	t.Run("ConfigRetentionHorizon", s.inboxConfig)
 	t.Run("Batch", s.runInboxBatch)
@@ -330,6 +331,96 @@ func (s *suite[TTx]) inboxDeadOps(t *testing.T) {
 	}
 	if n := list(postboxdriver.DeadFilter{}); n != 3 {
 		t.Fatalf("after requeue and delete: %d", n)
+	}
+}
+
+// An operator's requeue request (from a process without the handler)
+// waits for the consumer's Inbox, which runs the handler through the
+// inbox and removes the dead message; a handler that fails again leaves
+// it dead with the new error, and the request cleared; consumers this
+// process has no handler for are left to the processes that have one.
+func (s *suite[TTx]) inboxRequestedRequeue(t *testing.T) {
+	ie := s.inboxSetup(t, postbox.Config{MaxAttempts: 1})
+	ctx := context.Background()
+	failing := func(context.Context, TTx, *postbox.Delivery) error { return errors.New("down") }
+	ids := []string{postbox.NewID(), postbox.NewID(), postbox.NewID()}
+	for _, d := range []struct{ consumer, id string }{{"billing", ids[0]}, {"billing", ids[1]}, {"shipping", ids[2]}} {
+		if v := ie.inbox.Handle(ctx, d.consumer, delivery(d.id), failing); v.Action != postbox.DeadLettered {
+			t.Fatalf("%+v", v)
+		}
+	}
+	var ve *postbox.ValidationError
+	if _, err := ie.inbox.RequestRequeue(ctx, postbox.DeadSelection{}); !errors.Is(err, postbox.ErrEmptySelection) {
+		t.Fatalf("empty selection: %v", err)
+	}
+	if _, err := ie.inbox.RequestRequeue(ctx, postbox.DeadSelection{DeadFilter: postboxdriver.DeadFilter{IDs: ids[:1]}}); !errors.As(err, &ve) || ve.Field != "consumer" {
+		t.Fatalf("ids without a consumer: %v", err)
+	}
+	// The request: from an operator's process, which has no handler.
+	operator := ie.env.client(t, nil, postbox.Config{MaxAttempts: 1}).Inbox()
+	for _, sel := range []postbox.DeadSelection{
+		{DeadFilter: postboxdriver.DeadFilter{Consumer: "billing", IDs: ids[:1]}},
+		{DeadFilter: postboxdriver.DeadFilter{Consumer: "billing", IDs: ids[:1]}}, // asked twice: one requeue
+		{DeadFilter: postboxdriver.DeadFilter{Consumer: "shipping"}},
+	} {
+		if n, err := operator.RequestRequeue(ctx, sel); err != nil || n != 1 {
+			t.Fatalf("RequestRequeue(%+v) = %d, %v", sel, n, err)
+		}
+	}
+	if n, err := operator.RunRequeues(ctx); err != nil || n != 0 {
+		t.Fatalf("a process without handlers ran %d requeues (%v)", n, err)
+	}
+	// The consumer's process: a Processor for billing registers its
+	// handler; RunRequeues (what Start runs) carries the request out.
+	ran := 0
+	ie.inbox.Processor("billing", func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+		ran++
+		return ie.effect(ctx, tx, d)
+	})
+	if n, err := ie.inbox.RunRequeues(ctx); err != nil || n != 1 || ran != 1 {
+		t.Fatalf("RunRequeues = %d, %v; handler ran %d times", n, err, ran)
+	}
+	if _, err := ie.inbox.GetDead(ctx, "billing", ids[0]); !errors.Is(err, postboxdriver.ErrNotFound) {
+		t.Fatalf("dead message after its requeue: %v", err)
+	}
+	if n, err := ie.inbox.RunRequeues(ctx); err != nil || n != 0 || ran != 1 {
+		t.Fatalf("second pass: %d, %v; handler ran %d times", n, err, ran)
+	}
+	if v := ie.inbox.Handle(ctx, "billing", delivery(ids[0]), ie.effect); !v.Duplicate {
+		t.Fatalf("a copy after the requeue ran again: %+v", v)
+	}
+	if n := ie.effects(t); n != 1 {
+		t.Fatalf("effects = %d", n)
+	}
+	// A handler that fails again: the message stays dead, with the new
+	// error and one more attempt, and the request is cleared.
+	before, err := ie.inbox.GetDead(ctx, "billing", ids[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	ie.inbox.Processor("billing", func(context.Context, TTx, *postbox.Delivery) error { return errors.New("still down") })
+	if n, err := operator.RequestRequeue(ctx, postbox.DeadSelection{DeadFilter: postboxdriver.DeadFilter{Consumer: "billing"}}); err != nil || n != 1 {
+		t.Fatalf("request: %d %v", n, err)
+	}
+	if n, err := ie.inbox.RunRequeues(ctx); err != nil || n != 0 {
+		t.Fatalf("failing requeue: %d, %v", n, err)
+	}
+	after, err := ie.inbox.GetDead(ctx, "billing", ids[1])
+	if err != nil || after.Error != "still down" || after.Attempts != before.Attempts+1 || after.LastFailureAt.Before(before.LastFailureAt) {
+		t.Fatalf("after a failing requeue: %+v, %v (before %+v)", after, err, before)
+	}
+	if ds, err := ie.store.ListConsumerRequeues(ctx, []string{"billing", "shipping"}, 10); err != nil || len(ds) != 1 || ds[0].Consumer != "shipping" {
+		t.Fatalf("requests left: %+v, %v", ds, err)
+	}
+	stats, err := operator.DeadStats(ctx)
+	if err != nil || len(stats) != 2 ||
+		stats[0] != (postbox.ConsumerDeadStat{Consumer: "billing", Topic: "orders.paid", Count: 1}) ||
+		stats[1] != (postbox.ConsumerDeadStat{Consumer: "shipping", Topic: "orders.paid", Count: 1, RequeueRequested: 1}) {
+		t.Fatalf("DeadStats = %+v, %v", stats, err)
+	}
+	// Delete by selection.
+	if n, err := operator.DeleteDeadSelected(ctx, postbox.DeadSelection{All: true}); err != nil || n != 2 {
+		t.Fatalf("DeleteDeadSelected(all) = %d, %v", n, err)
 	}
 }
 

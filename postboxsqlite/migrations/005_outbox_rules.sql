@@ -17,7 +17,8 @@
 --                    cloudEvents_, nats- or postbox- (in any case) or is
 --                    content-type, except the attributes a writer stores:
 --                    ce-source, ce-subject, ce-time and content-type,
---                    spelled so
+--                    spelled so, and the two a replay as new messages
+--                    sets (postbox-replay-of, postbox-replay)
 --   header_text      every value is at most 4096 bytes of text without
 --                    control characters other than tab
 --   headers_count    at most 64 headers besides those four attributes
@@ -36,7 +37,7 @@ BEGIN
                      WHERE length(key) NOT BETWEEN 1 AND 128 OR key GLOB '*[^!#$%&''*+.^_`|~0-9A-Za-z-]*') THEN
             RAISE(ABORT, 'postbox: {prefix}outbox breaks {prefix}outbox_header_names_check: header names are HTTP tokens of 1 to 128 bytes')
         WHEN EXISTS (SELECT 1 FROM json_each(NEW.headers)
-                     WHERE key NOT IN ('ce-source', 'ce-subject', 'ce-time', 'content-type')
+                     WHERE key NOT IN ('ce-source', 'ce-subject', 'ce-time', 'content-type', 'postbox-replay-of', 'postbox-replay')
                        AND (lower(key) GLOB 'ce-*' OR lower(key) GLOB 'ce_*' OR lower(key) GLOB 'cloudevents:*'
                             OR lower(key) GLOB 'cloudevents_*' OR lower(key) GLOB 'nats-*' OR lower(key) GLOB 'postbox-*'
                             OR lower(key) = 'content-type')) THEN
@@ -67,7 +68,7 @@ BEGIN
                      WHERE length(key) NOT BETWEEN 1 AND 128 OR key GLOB '*[^!#$%&''*+.^_`|~0-9A-Za-z-]*') THEN
             RAISE(ABORT, 'postbox: {prefix}outbox breaks {prefix}outbox_header_names_check: header names are HTTP tokens of 1 to 128 bytes')
         WHEN EXISTS (SELECT 1 FROM json_each(NEW.headers)
-                     WHERE key NOT IN ('ce-source', 'ce-subject', 'ce-time', 'content-type')
+                     WHERE key NOT IN ('ce-source', 'ce-subject', 'ce-time', 'content-type', 'postbox-replay-of', 'postbox-replay')
                        AND (lower(key) GLOB 'ce-*' OR lower(key) GLOB 'ce_*' OR lower(key) GLOB 'cloudevents:*'
                             OR lower(key) GLOB 'cloudevents_*' OR lower(key) GLOB 'nats-*' OR lower(key) GLOB 'postbox-*'
                             OR lower(key) = 'content-type')) THEN

@@ -18,7 +18,8 @@
 --                    cloudEvents_, nats- or postbox- (in any case) or is
 --                    content-type, except the attributes a writer stores:
 --                    ce-source, ce-subject, ce-time and content-type,
---                    spelled so
+--                    spelled so, and the two a replay as new messages
+--                    sets (postbox-replay-of, postbox-replay)
 --   header_text      every value is at most 4096 bytes of text without
 --                    control characters other than tab
 --   headers_count    at most 64 headers besides those four attributes
@@ -50,7 +51,8 @@ BEGIN
             END IF;
             text_ := value #>> '{}';
             IF name NOT IN ('ce-source', 'ce-subject', 'ce-time', 'content-type') THEN
-                IF lower(name) ~ '^(ce-|ce_|cloudevents:|cloudevents_|nats-|postbox-)' OR lower(name) = 'content-type' THEN
+                IF (lower(name) ~ '^(ce-|ce_|cloudevents:|cloudevents_|nats-|postbox-)' OR lower(name) = 'content-type')
+                   AND name NOT IN ('postbox-replay-of', 'postbox-replay') THEN
                     rule := 'header_reserved';
                     detail := format('header name %s is reserved (ce-*, ce_*, cloudEvents*, nats-*, postbox-*, content-type; a writer may store ce-source, ce-subject, ce-time and content-type, in lower case)', name);
                     EXIT;

@@ -10,13 +10,14 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/goccy/go-yaml"
-
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/printable"
+	"github.com/postbox-go/postbox/postboxwebhook"
 )
 
 // Config is the daemon's configuration: a YAML file, then POSTBOX_*
@@ -29,14 +30,21 @@ type Config struct {
 	AMQP      AMQP       `yaml:"amqp"`
 	Kafka     Kafka      `yaml:"kafka"`
 	Redis     Redis      `yaml:"redis"`
+	// Webhooks are HTTP destinations, each a publisher of its own that a
+	// route names as "webhook:NAME".
+	Webhooks []Webhook `yaml:"webhooks"`
 	// Routes send topics to the publishers above, by name ("nats",
-	// "amqp"); the first matching pattern wins. Without routes, every
-	// topic goes to NATS. A relay reads only routed topics: rows of others
-	// wait, spending no attempt, for a relay that knows them.
+	// "amqp", "kafka", "redis", "webhook:NAME"); the first matching
+	// pattern wins. Without routes, every topic goes to NATS. A relay
+	// reads only routed topics: rows of others wait, spending no attempt,
+	// for a relay that knows them.
 	Routes []RouteConfig `yaml:"routes"`
 	Relay  Relay         `yaml:"relay"`
-	Admin  Admin         `yaml:"admin"`
-	Log    Log           `yaml:"log"`
+	// Ready holds the readiness limits of every route that sets none of
+	// its own.
+	Ready Ready `yaml:"ready"`
+	Admin Admin `yaml:"admin"`
+	Log   Log   `yaml:"log"`
 }
 
 // UsesNATS reports whether the daemon needs NATS: no routes (every topic
@@ -58,6 +66,10 @@ func (c *Config) UsesNATS() bool {
 type Database struct {
 	URL    string `yaml:"url"`    // postgres://... or sqlite:PATH
 	Prefix string `yaml:"prefix"` // default postbox_
+	// ConsumerPrefix names the tables of the consumers' inbox in this
+	// database whose dead messages the admin API serves
+	// (/v1/consumers/...). Default: Prefix, whose migrations made them.
+	ConsumerPrefix string `yaml:"consumer_prefix"`
 }
 
 // NATS configures the JetStream publisher.
@@ -93,10 +105,40 @@ type Redis struct {
 	StreamPrefix string `yaml:"stream_prefix"`
 }
 
+// Webhook is an HTTP destination (postboxwebhook): messages are POSTed
+// to URL, signed with Secrets (Standard Webhooks).
+type Webhook struct {
+	Name string `yaml:"name"` // routes name it as webhook:NAME
+	URL  string `yaml:"url"`
+	// Secrets sign every request: whsec_ and the base64 of 24 or more
+	// random bytes; list two while rotating.
+	Secrets []string `yaml:"secrets"`
+	// Timeout bounds one request; default 5s, below relay.batch_deadline.
+	Timeout Duration `yaml:"timeout"`
+	// Headers are sent with every request (e.g. Authorization).
+	Headers map[string]string `yaml:"headers"`
+	// MaxInFlight bounds the requests open at once; default 64.
+	MaxInFlight int `yaml:"max_in_flight"`
+}
+
 // RouteConfig sends the topics matching Topics to Publisher.
 type RouteConfig struct {
 	Topics    string `yaml:"topics"`
-	Publisher string `yaml:"publisher"` // nats, amqp, kafka or redis
+	Publisher string `yaml:"publisher"` // nats, amqp, kafka, redis or webhook:NAME
+	// MaxPendingAge and MaxPending override the top-level ready limits
+	// for this route's topics.
+	MaxPendingAge Duration `yaml:"max_pending_age"`
+	MaxPending    int64    `yaml:"max_pending"`
+}
+
+// Ready holds readiness limits: /readyz fails while a routed topic's
+// oldest pending message is older than MaxPendingAge, or while more than
+// MaxPending of its messages are pending.
+type Ready struct {
+	// MaxPendingAge: default 5m; negative for no limit.
+	MaxPendingAge Duration `yaml:"max_pending_age"`
+	// MaxPending: default 0, no limit.
+	MaxPending int64 `yaml:"max_pending"`
 }
 
 // Stream is a JetStream stream to ensure.
@@ -123,6 +165,9 @@ type Relay struct {
 	BlockOnDead   bool     `yaml:"block_on_dead"`
 	Retention     Duration `yaml:"retention"`
 	Source        string   `yaml:"source"`
+	// MaxPayloadBytes caps a message's payload at write time; the daemon
+	// writes nothing, so it only matters for what the library checks.
+	MaxPayloadBytes int `yaml:"max_payload_bytes"`
 }
 
 // Admin configures the HTTP listener: the admin API and dashboard
@@ -182,13 +227,17 @@ func ParseDuration(s string) (time.Duration, error) {
 
 // Defaults for the daemon's own settings.
 const (
-	DefaultAdminListen = "127.0.0.1:8089"
-	DefaultNATSURL     = "nats://127.0.0.1:4222"
+	// DefaultReadyMaxPendingAge is the oldest pending age past which
+	// /readyz fails, for a route that sets no limit of its own.
+	DefaultReadyMaxPendingAge = 5 * time.Minute
+	DefaultAdminListen        = "127.0.0.1:8089"
+	DefaultNATSURL            = "nats://127.0.0.1:4222"
 )
 
 // Load reads the file at path (none when empty), then applies the
-// environment (getenv, usually os.Getenv). Unknown keys in the file are
-// errors, so that a typo is not silently ignored.
+// environment (getenv, usually os.Getenv), as Parse does, and returns
+// what Parse returns. Unknown keys in the file are errors, so that a typo
+// is not silently ignored.
 func Load(path string, getenv func(string) string) (*Config, error) {
 	var b []byte
 	if path != "" {
@@ -199,87 +248,81 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 	}
 	cfg, err := Parse(b, getenv)
 	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+		return cfg, fmt.Errorf("config %s: %w", path, err)
 	}
 	return cfg, nil
 }
 
-// Parse reads a YAML configuration (empty for none), then applies the
-// environment.
-func Parse(b []byte, getenv func(string) string) (cfg *Config, err error) {
-	cfg = &Config{}
+// Parse reads a YAML configuration (empty for none), expanding ${VAR}
+// references in its values with getenv, then applies the POSTBOX_*
+// variables. A file that is not YAML is an error wrapping ErrBadYAML, with
+// no configuration. Keys and values that do not fit the configuration,
+// and variables that cannot be read, are listed together in a
+// *postbox.ConfigError (wrapping ErrBadYAML when the file has some); the
+// configuration is then returned too, every bad value left at its
+// default, so that Check can add what Validate finds.
+func Parse(b []byte, getenv func(string) string) (*Config, error) {
+	cfg := &Config{}
+	var ps []*postbox.ValidationError
 	if len(bytes.TrimSpace(b)) > 0 {
-		if err := decodeYAML(b, cfg); err != nil {
+		var err error
+		if ps, err = decodeYAML(b, cfg, getenv); err != nil {
 			return nil, err
 		}
 	}
-	cfg.applyEnv(getenv)
+	inFile := len(ps) > 0
+	var ce *postbox.ConfigError
+	if err := cfg.applyEnv(getenv); err != nil && asConfigError(err, &ce) {
+		ps = append(ps, ce.Problems...)
+	}
+	switch {
+	case inFile:
+		return cfg, fmt.Errorf("%w: %w", ErrBadYAML, &postbox.ConfigError{Problems: ps})
+	case len(ps) > 0:
+		return cfg, &postbox.ConfigError{Problems: ps}
+	}
 	return cfg, nil
 }
 
-// ErrBadYAML is returned (wrapped) for a configuration the YAML decoder
-// could not read.
-var ErrBadYAML = errors.New("not a valid configuration file")
-
-// decodeYAML decodes b into cfg, refusing unknown keys. The decoder panics
-// on some malformed input (a !!binary tag where a list belongs, found by
-// FuzzRelayConfig); that is bad input too, and gets an error like any.
-func decodeYAML(b []byte, cfg *Config) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("%w: the YAML decoder failed on it (%v)", ErrBadYAML, p)
-		}
-	}()
-	if err := yaml.NewDecoder(bytes.NewReader(b), yaml.DisallowUnknownField()).Decode(cfg); err != nil {
-		return fmt.Errorf("%w: %s", ErrBadYAML, yaml.FormatError(err, false, true))
+// Check validates cfg (Validate) and returns every problem at once: the
+// ones loadErr, the error of Load or Parse that returned cfg, lists, and
+// the ones Validate finds in the fields they did not name already. cfg
+// nil (a file that is not YAML at all) returns loadErr.
+func Check(cfg *Config, loadErr error) error {
+	if cfg == nil {
+		return loadErr
 	}
-	return nil
-}
-
-// applyEnv overrides the file with POSTBOX_* variables. Values are taken
-// as given; Validate reports the ones that are wrong.
-func (c *Config) applyEnv(getenv func(string) string) {
-	if v := getenv("POSTBOX_DATABASE_URL"); v != "" {
-		prefix := getenv("POSTBOX_PREFIX")
-		c.Databases = []Database{{URL: v, Prefix: prefix}}
-	} else if v := getenv("POSTBOX_PREFIX"); v != "" {
-		for i := range c.Databases {
-			c.Databases[i].Prefix = v
+	var ce *postbox.ConfigError
+	if loadErr != nil && !errors.As(loadErr, &ce) {
+		return loadErr
+	}
+	var ps []*postbox.ValidationError
+	named := map[string]bool{}
+	if ce != nil {
+		ps = append(ps, ce.Problems...)
+		for _, p := range ce.Problems {
+			named[p.Field] = true
 		}
 	}
-	if v := getenv("POSTBOX_RELAY_ID"); v != "" {
-		c.Relay.ID = v
+	var ve *postbox.ConfigError
+	if err := cfg.Validate(); err != nil {
+		if !asConfigError(err, &ve) {
+			return err
+		}
+		for _, p := range ve.Problems {
+			if !named[p.Field] {
+				ps = append(ps, p)
+			}
+		}
 	}
-	if v := getenv("POSTBOX_NATS_URL"); v != "" {
-		c.NATS.URL = v
+	if len(ps) == 0 {
+		return nil
 	}
-	if v := getenv("POSTBOX_NATS_SUBJECT_PREFIX"); v != "" {
-		c.NATS.SubjectPrefix = v
+	out := &postbox.ConfigError{Problems: ps}
+	if errors.Is(loadErr, ErrBadYAML) {
+		return fmt.Errorf("%w: %w", ErrBadYAML, out)
 	}
-	if v := getenv("POSTBOX_AMQP_URL"); v != "" {
-		c.AMQP.URL = v
-	}
-	if v := getenv("POSTBOX_KAFKA_SEEDS"); v != "" {
-		c.Kafka.Seeds = strings.Split(v, ",")
-	}
-	if v := getenv("POSTBOX_REDIS_URL"); v != "" {
-		c.Redis.URL = v
-	}
-	if v := getenv("POSTBOX_ADMIN_LISTEN"); v != "" {
-		c.Admin.Listen = v
-	}
-	if v := getenv("POSTBOX_ADMIN_TOKEN"); v != "" {
-		c.Admin.Tokens = append(c.Admin.Tokens, Token{Name: "env", Value: v, Scope: "admin"})
-	}
-	if v := getenv("POSTBOX_READ_TOKEN"); v != "" {
-		c.Admin.Tokens = append(c.Admin.Tokens, Token{Name: "env-read", Value: v, Scope: "read"})
-	}
-	if v := getenv("POSTBOX_LOG_LEVEL"); v != "" {
-		c.Log.Level = v
-	}
-	if v := getenv("POSTBOX_LOG_FORMAT"); v != "" {
-		c.Log.Format = v
-	}
+	return out
 }
 
 // withDefaults fills the daemon's own defaults; the relay's come from
@@ -289,6 +332,12 @@ func (c *Config) withDefaults() {
 		if c.Databases[i].Prefix == "" {
 			c.Databases[i].Prefix = postbox.DefaultPrefix
 		}
+		if c.Databases[i].ConsumerPrefix == "" {
+			c.Databases[i].ConsumerPrefix = c.Databases[i].Prefix
+		}
+	}
+	if c.Ready.MaxPendingAge == 0 {
+		c.Ready.MaxPendingAge = Duration(DefaultReadyMaxPendingAge)
 	}
 	if c.NATS.URL == "" {
 		c.NATS.URL = DefaultNATSURL
@@ -313,7 +362,7 @@ func (c *Config) clientConfig(db Database) *postbox.Config {
 		LeaseDuration: time.Duration(r.Lease), BatchDeadline: time.Duration(r.BatchDeadline),
 		BackoffBase: time.Duration(r.BackoffBase), BackoffMax: time.Duration(r.BackoffMax),
 		MaxAttempts: r.MaxAttempts, PollInterval: time.Duration(r.PollInterval), BlockOnDead: r.BlockOnDead,
-		Retention: time.Duration(r.Retention),
+		Retention: time.Duration(r.Retention), MaxPayloadBytes: r.MaxPayloadBytes,
 	}).WithDefaults()
 }
 
@@ -340,6 +389,12 @@ func (c *Config) Validate() error {
 		if err := postbox.ValidatePrefix(db.Prefix); err != nil {
 			bad(fmt.Sprintf("databases[%d].prefix", i), db.Prefix, "%s", err.(*postbox.ValidationError).Reason) //nolint:errorlint // always this type
 		}
+		if db.ConsumerPrefix == db.Prefix {
+			continue
+		}
+		if err := postbox.ValidatePrefix(db.ConsumerPrefix); err != nil {
+			bad(fmt.Sprintf("databases[%d].consumer_prefix", i), db.ConsumerPrefix, "%s", err.(*postbox.ValidationError).Reason) //nolint:errorlint // always this type
+		}
 	}
 	if !strings.HasPrefix(c.NATS.URL, "nats://") && !strings.HasPrefix(c.NATS.URL, "tls://") {
 		bad("nats.url", Redact(c.NATS.URL), "want nats://host:port or tls://host:port")
@@ -361,17 +416,65 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	webhooks := map[string]int{}
+	for i, w := range c.Webhooks {
+		field := func(f string) string { return fmt.Sprintf("webhooks[%d].%s", i, f) }
+		if !webhookName.MatchString(w.Name) {
+			bad(field("name"), w.Name, "want 1 to 64 letters, digits, _ or -: routes name it as webhook:NAME")
+		} else if j, dup := webhooks[w.Name]; dup {
+			bad(field("name"), w.Name, "is the name of webhooks[%d] too", j)
+		} else {
+			webhooks[w.Name] = i
+		}
+		reported := map[string]bool{}
+		for j, sec := range w.Secrets {
+			if looksLikePlaceholder(sec) {
+				reported[fmt.Sprintf("webhooks[%d].secrets[%d]", i, j)] = true
+				bad(fmt.Sprintf("webhooks[%d].secrets[%d]", i, j), "", "looks like a placeholder, not a secret; set the real one (e.g. \"${PARTNER_WEBHOOK_SECRET}\")")
+			}
+		}
+		for name, v := range w.Headers {
+			if looksLikePlaceholder(v) && (strings.EqualFold(name, "Authorization") || strings.Contains(strings.ToLower(name), "token")) {
+				bad(fmt.Sprintf("webhooks[%d].headers.%s", i, name), "", "looks like a placeholder, not a credential")
+			}
+		}
+		// The adapter checks the rest (URL, secrets' form, timeout),
+		// every problem under this entry's name.
+		if _, err := postboxwebhook.New(w.config()); err != nil {
+			var ce *postbox.ConfigError
+			if errors.As(err, &ce) {
+				for _, p := range ce.Problems {
+					p.Field = fmt.Sprintf("webhooks[%d].%s", i, webhookField(p.Field))
+					if !reported[p.Field] {
+						ps = append(ps, p)
+					}
+				}
+			} else {
+				bad(fmt.Sprintf("webhooks[%d]", i), "", "%v", err)
+			}
+		}
+	}
 	uses := map[string]bool{}
 	for i, r := range c.Routes {
 		if err := postbox.ValidateTopicPattern(r.Topics); err != nil {
 			bad(fmt.Sprintf("routes[%d].topics", i), r.Topics, "%s", err.(*postbox.ValidationError).Reason) //nolint:errorlint // always this type
 		}
-		switch r.Publisher {
-		case "nats", "amqp", "kafka", "redis":
+		switch name, isHook := strings.CutPrefix(r.Publisher, "webhook:"); {
+		case r.Publisher == "nats", r.Publisher == "amqp", r.Publisher == "kafka", r.Publisher == "redis":
 			uses[r.Publisher] = true
+		case isHook:
+			if _, ok := webhooks[name]; !ok {
+				bad(fmt.Sprintf("routes[%d].publisher", i), r.Publisher, "no webhook is named %q (webhooks[].name)", name)
+			}
 		default:
-			bad(fmt.Sprintf("routes[%d].publisher", i), r.Publisher, "want nats, amqp, kafka or redis")
+			bad(fmt.Sprintf("routes[%d].publisher", i), r.Publisher, "want nats, amqp, kafka, redis or webhook:NAME")
 		}
+		if r.MaxPending < 0 {
+			bad(fmt.Sprintf("routes[%d].max_pending", i), r.MaxPending, "must not be negative (0 takes ready.max_pending)")
+		}
+	}
+	if c.Ready.MaxPending < 0 {
+		bad("ready.max_pending", c.Ready.MaxPending, "must not be negative (0 is no limit)")
 	}
 	if uses["amqp"] && !strings.HasPrefix(c.AMQP.URL, "amqp://") && !strings.HasPrefix(c.AMQP.URL, "amqps://") {
 		bad("amqp.url", Redact(c.AMQP.URL), "a route names amqp: want amqp://user:pass@host:port/vhost or amqps://...")
@@ -391,8 +494,16 @@ func (c *Config) Validate() error {
 		bad("admin.listen", c.Admin.Listen, "want host:port, or off")
 	}
 	for i, t := range c.Admin.Tokens {
-		if len(t.Value) < 16 {
+		switch {
+		case len(t.Value) < 16:
 			bad(fmt.Sprintf("admin.tokens[%d].value", i), "", "must be at least 16 characters")
+		case looksLikePlaceholder(t.Value):
+			bad(fmt.Sprintf("admin.tokens[%d].value", i), "", "looks like a placeholder, not a secret: generate one (openssl rand -base64 32) and pass it as \"${OPS_TOKEN}\" or in POSTBOX_ADMIN_TOKEN")
+		case !printable.VisibleASCII(t.Value):
+			bad(fmt.Sprintf("admin.tokens[%d].value", i), "", "must be visible ASCII without spaces, as a bearer token is sent")
+		}
+		if t.Name == "" || !printable.Text(t.Name) || len(t.Name) > 200 {
+			bad(fmt.Sprintf("admin.tokens[%d].name", i), t.Name, "must be printable text of 1 to 200 bytes: it is the actor in the replay audit")
 		}
 		if t.Scope != "read" && t.Scope != "admin" {
 			bad(fmt.Sprintf("admin.tokens[%d].scope", i), t.Scope, "want read or admin")
@@ -466,4 +577,55 @@ func Logger(c *Config, w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+var webhookName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// config is the webhook's postboxwebhook configuration: one destination
+// taking every topic its routes send it.
+func (w *Webhook) config() *postboxwebhook.Config {
+	secrets := make([]postboxwebhook.Secret, len(w.Secrets))
+	for i, s := range w.Secrets {
+		secrets[i] = postboxwebhook.Secret(s)
+	}
+	return &postboxwebhook.Config{Destinations: []postboxwebhook.Destination{{
+		Topics: "*", URL: w.URL, Secrets: secrets, Timeout: time.Duration(w.Timeout), Headers: w.Headers, MaxInFlight: w.MaxInFlight,
+	}}}
+}
+
+// webhookField turns postboxwebhook's field (Destinations[0].Timeout)
+// into the file's key (timeout).
+func webhookField(f string) string {
+	f = strings.TrimPrefix(f, "Destinations[0].")
+	switch f {
+	case "MaxInFlight":
+		return "max_in_flight"
+	case "URL":
+		return "url"
+	}
+	if name, idx, ok := strings.Cut(f, "["); ok {
+		return snake(name) + "[" + idx
+	}
+	return snake(f)
+}
+
+// placeholderWords are what example values are made of.
+var placeholderWords = []string{"changeme", "change-me", "change_me", "replace", "placeholder", "example", "your-", "your_", "secret-here",
+	"token-here", "xxxx", "todo", "fixme", "redacted", "random secret", "<", ">", "${", "$(", " "}
+
+// looksLikePlaceholder reports whether a secret is an example value rather
+// than a generated one: a reference left unexpanded, angle brackets,
+// spaces, a word examples use, or too few distinct characters.
+func looksLikePlaceholder(s string) bool {
+	l := strings.ToLower(s)
+	for _, w := range placeholderWords {
+		if strings.Contains(l, w) {
+			return true
+		}
+	}
+	distinct := map[rune]bool{}
+	for _, r := range s {
+		distinct[r] = true
+	}
+	return len(distinct) < 8
 }

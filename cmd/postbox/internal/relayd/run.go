@@ -8,44 +8,48 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/postboxadmin"
 	"github.com/postbox-go/postbox/postboxamqp"
+	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxkafka"
 	"github.com/postbox-go/postbox/postboxnats"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxprom"
 	"github.com/postbox-go/postbox/postboxredis"
 	"github.com/postbox-go/postbox/postboxsqlite"
+	"github.com/postbox-go/postbox/postboxwebhook"
 )
-
-// ReadyMaxPendingAge is the oldest pending age past which /readyz fails:
-// the relay is running but not keeping up (or a key is stuck).
-const ReadyMaxPendingAge = 5 * time.Minute
 
 // Daemon is a running relay daemon.
 type Daemon struct {
 	cfg     *Config
 	log     *slog.Logger
 	nc      *nats.Conn
+	js      jetstream.JetStream
 	pub     *postboxnats.Publisher
 	amqp    *postboxamqp.Publisher
 	kafka   *postboxkafka.Publisher
 	kcl     *kgo.Client
 	redis   *postboxredis.Publisher
 	rcl     *redis.Client
+	hooks   map[string]*postboxwebhook.Publisher
+	routes  []route
 	shards  []*shard
 	reg     *prometheus.Registry
 	srv     *http.Server
@@ -61,7 +65,80 @@ type shard struct {
 		Stop(context.Context) error
 	}
 	admin *postbox.Admin
-	close func()
+	// consumers serves the consumers' dead messages of the database's
+	// consumer prefix.
+	consumers postboxadmin.ConsumerDead
+	deadStats postboxprom.DeadStats
+	close     func()
+}
+
+// route is a configured route with its readiness limits resolved.
+type route struct {
+	topics, publisher string
+	maxAge            time.Duration // <0: no limit
+	maxPending        int64         // 0: no limit
+}
+
+// routeFor returns the route that takes topic, the first that matches,
+// or nil when none does: such rows wait for a relay that routes them.
+func (d *Daemon) routeFor(topic string) *route {
+	for i := range d.routes {
+		if matchTopic(d.routes[i].topics, topic) {
+			return &d.routes[i]
+		}
+	}
+	return nil
+}
+
+// Routed reports whether a route of the daemon takes topic.
+func (d *Daemon) Routed(topic string) bool { return d.routeFor(topic) != nil }
+
+// DedupeWindow tells the duplicate window of the broker topic goes to:
+// the Duplicates of the JetStream stream that captures its subject (read
+// from the server), the Redis publisher's DedupeWindow; none for the
+// other brokers, and for a topic no route takes.
+func (d *Daemon) DedupeWindow(ctx context.Context, topic string) (time.Duration, string, error) {
+	r := d.routeFor(topic)
+	if r == nil {
+		return 0, "", nil
+	}
+	switch r.publisher {
+	case "nats":
+		subject, err := d.pub.Subject(topic)
+		if err != nil {
+			return 0, "", nil //nolint:nilerr // a topic that makes no subject is never published: nothing to drop
+		}
+		name, err := d.js.StreamNameBySubject(ctx, subject)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return 0, "", nil
+		}
+		if err != nil {
+			return 0, "", fmt.Errorf("find the stream of %s: %w", subject, err)
+		}
+		st, err := d.js.Stream(ctx, name)
+		if err != nil {
+			return 0, "", fmt.Errorf("read stream %s: %w", name, err)
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			return 0, "", fmt.Errorf("read stream %s: %w", name, err)
+		}
+		return info.Config.Duplicates, "JetStream stream " + name, nil
+	case "redis":
+		if c := d.redis.Config(); !c.DisableDedupe {
+			return c.DedupeWindow, "the Redis publisher's dedupe key", nil
+		}
+	}
+	return 0, "", nil
+}
+
+// matchTopic is postbox.Route's rule: an exact topic, a prefix ending in
+// "*", or "*".
+func matchTopic(pattern, topic string) bool {
+	if lit, ok := strings.CutSuffix(pattern, "*"); ok {
+		return strings.HasPrefix(topic, lit)
+	}
+	return pattern == topic
 }
 
 // Start connects everything and starts the relays. It fails, having
@@ -89,30 +166,42 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger) (_ *Daemon, err e
 		}
 	}
 	var routes []postbox.Route
-	if len(cfg.Routes) == 0 {
-		routes = []postbox.Route{{Topics: "*", Publisher: d.pub}}
-	} else {
-		for _, r := range cfg.Routes {
-			p, err := d.publisher(r.Publisher, log)
-			if err != nil {
-				return nil, err
-			}
-			routes = append(routes, postbox.Route{Topics: r.Topics, Publisher: p})
-		}
+	configured := cfg.Routes
+	if len(configured) == 0 {
+		configured = []RouteConfig{{Topics: "*", Publisher: "nats"}}
 	}
-	metrics, err := postboxprom.New(d.reg)
+	for _, r := range configured {
+		p, err := d.publisher(r.Publisher, log)
+		if err != nil {
+			return nil, err
+		}
+		routes = append(routes, postbox.Route{Topics: r.Topics, Publisher: p})
+		rt := route{topics: r.Topics, publisher: r.Publisher, maxAge: time.Duration(cfg.Ready.MaxPendingAge), maxPending: cfg.Ready.MaxPending}
+		if r.MaxPendingAge != 0 {
+			rt.maxAge = time.Duration(r.MaxPendingAge)
+		}
+		if r.MaxPending != 0 {
+			rt.maxPending = r.MaxPending
+		}
+		d.routes = append(d.routes, rt)
+	}
+	m, err := postboxprom.New(d.reg)
 	if err != nil {
 		return nil, err
 	}
 	for i, db := range cfg.Databases {
-		sh, err := openShard(ctx, db, cfg, routes, metrics, log.With(slog.Int("shard", i)))
+		shardLog := log.With(slog.Int("shard", i))
+		sh, err := openShard(ctx, db, cfg, routes, &pauseLog{Metrics: m, log: shardLog}, shardLog)
 		if err != nil {
 			return nil, fmt.Errorf("databases[%d] (%s): %w", i, Redact(db.URL), err)
 		}
 		sh.name = fmt.Sprint(i)
 		d.shards = append(d.shards, sh)
 		wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"shard": sh.name}, d.reg)
-		if err := wrapped.Register(postboxprom.NewStatusCollector(sh.admin, 2*time.Second)); err != nil {
+		if err := wrapped.Register(postboxprom.NewStatusCollector(sh.admin, 2*time.Second).WithRouted(d.Routed)); err != nil {
+			return nil, err
+		}
+		if err := wrapped.Register(postboxprom.NewConsumerCollector(sh.deadStats, 2*time.Second)); err != nil {
 			return nil, err
 		}
 	}
@@ -152,6 +241,7 @@ func (d *Daemon) connectNATS(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	d.js = js
 	for _, s := range cfg.NATS.Streams {
 		if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: s.Name, Subjects: s.Subjects, Duplicates: time.Duration(s.Duplicates)}); err != nil {
 			return fmt.Errorf("ensure stream %s: %w", s.Name, err)
@@ -199,6 +289,27 @@ func (d *Daemon) publisher(name string, log *slog.Logger) (postbox.Publisher, er
 		}
 		return d.redis, nil
 	}
+	if hook, ok := strings.CutPrefix(name, "webhook:"); ok {
+		if p := d.hooks[hook]; p != nil {
+			return p, nil
+		}
+		for i := range d.cfg.Webhooks {
+			w := &d.cfg.Webhooks[i]
+			if w.Name != hook {
+				continue
+			}
+			p, err := postboxwebhook.New(w.config())
+			if err != nil {
+				return nil, fmt.Errorf("webhooks[%d]: %w", i, err)
+			}
+			if d.hooks == nil {
+				d.hooks = map[string]*postboxwebhook.Publisher{}
+			}
+			d.hooks[hook] = p
+			return p, nil
+		}
+		return nil, fmt.Errorf("no webhook is named %q", hook)
+	}
 	return d.pub, nil
 }
 
@@ -212,9 +323,11 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 		}
 		drv, err := postboxsqlite.New(sdb)
 		if err == nil {
-			var c *postbox.Client[*sql.Tx]
+			var c, inbox *postbox.Client[*sql.Tx]
 			if c, err = postbox.NewClient(drv, ccfg); err == nil {
-				return &shard{client: c, admin: c.Admin(), close: func() { _ = sdb.Close() }}, nil
+				if inbox, err = consumerClient(drv, c, db); err == nil {
+					return &shard{client: c, admin: c.Admin(), consumers: inbox.Inbox(), deadStats: inbox.Inbox(), close: func() { _ = sdb.Close() }}, nil
+				}
 			}
 		}
 		_ = sdb.Close()
@@ -243,10 +356,25 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 	drv := postboxpgx.New(pool)
 	c, err := postbox.NewClient(drv, ccfg)
 	if err == nil {
-		return &shard{client: c, admin: c.Admin(), close: pool.Close}, nil
+		var inbox *postbox.Client[pgx.Tx]
+		if inbox, err = consumerClient(drv, c, db); err == nil {
+			return &shard{client: c, admin: c.Admin(), consumers: inbox.Inbox(), deadStats: inbox.Inbox(), close: pool.Close}, nil
+		}
 	}
 	pool.Close()
 	return nil, err
+}
+
+// consumerClient returns the Client whose Inbox serves the consumers' dead
+// messages of db: the relay's own when the consumer prefix is the relay's,
+// else one over the consumer prefix's tables, which never starts a relay.
+func consumerClient[TTx any](drv postboxdriver.Driver[TTx], relay *postbox.Client[TTx], db Database) (*postbox.Client[TTx], error) {
+	if db.ConsumerPrefix == "" || db.ConsumerPrefix == db.Prefix {
+		return relay, nil
+	}
+	cfg := relay.Config()
+	cfg.Prefix, cfg.Routes, cfg.Publisher = db.ConsumerPrefix, nil, nil
+	return postbox.NewClient(drv, &cfg)
 }
 
 // serve starts the admin listener: the admin API and dashboard of
@@ -258,7 +386,8 @@ func (d *Daemon) serve() error {
 	metrics := promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
 	for i, sh := range d.shards {
-		srv, err := postboxadmin.New(&postboxadmin.Config{Admin: sh.admin, Tokens: tokens, Ready: d.Ready, Metrics: metrics, Logger: d.log})
+		srv, err := postboxadmin.New(&postboxadmin.Config{Admin: sh.admin, ConsumerDead: sh.consumers, Routed: d.Routed, DedupeWindow: d.DedupeWindow,
+			Tokens: tokens, Ready: d.Ready, Metrics: metrics, Logger: d.log})
 		if err != nil {
 			return err
 		}
@@ -300,25 +429,149 @@ func (d *Daemon) Addr() string {
 	return d.ln.Addr().String()
 }
 
-// Ready reports whether the daemon can do its work: NATS connected, every
-// database answering, and no message pending longer than
-// ReadyMaxPendingAge.
+// Ready reports whether the daemon can do its work: every broker a route
+// uses answering (NATS connected; RabbitMQ, Kafka and Redis answering a
+// connection or a ping; each webhook's host accepting a connection),
+// every database answering, and every routed topic within its route's
+// limits (oldest pending age, pending count). Rows of topics no route
+// takes wait for another relay and do not count. Every failing check is
+// in the error.
 func (d *Daemon) Ready(ctx context.Context) error {
-	if d.nc != nil && !d.nc.IsConnected() {
-		return fmt.Errorf("NATS is not connected (%s)", d.nc.Status())
-	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	var problems []string
+	for _, err := range d.checkBrokers(ctx) {
+		problems = append(problems, err.Error())
+	}
 	for _, sh := range d.shards {
 		st, err := sh.admin.Status(ctx)
 		if err != nil {
-			return fmt.Errorf("shard %s: %w", sh.name, err)
+			problems = append(problems, fmt.Sprintf("shard %s: the database did not answer: %v", sh.name, err))
+			continue
 		}
-		if st.OldestPendingAge > ReadyMaxPendingAge {
-			return fmt.Errorf("shard %s: oldest pending message is %s old (limit %s)", sh.name, st.OldestPendingAge.Round(time.Second), ReadyMaxPendingAge)
+		for _, t := range st.Topics {
+			r := d.routeFor(t.Topic)
+			switch {
+			case r == nil:
+			case r.maxAge >= 0 && t.OldestPendingAge > r.maxAge:
+				problems = append(problems, fmt.Sprintf("shard %s: topic %s: oldest pending message is %s old (limit %s, route %s)",
+					sh.name, t.Topic, t.OldestPendingAge.Round(time.Second), r.maxAge, r.topics))
+			case r.maxPending > 0 && t.Pending > r.maxPending:
+				problems = append(problems, fmt.Sprintf("shard %s: topic %s: %d messages pending (limit %d, route %s)",
+					sh.name, t.Topic, t.Pending, r.maxPending, r.topics))
+			}
 		}
 	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
 	return nil
+}
+
+// checkBrokers checks every broker a route uses, each within ctx.
+func (d *Daemon) checkBrokers(ctx context.Context) []error {
+	var errs []error
+	if d.nc != nil && !d.nc.IsConnected() {
+		errs = append(errs, fmt.Errorf("NATS is not connected (%s)", d.nc.Status()))
+	}
+	if d.amqp != nil {
+		conn, err := amqp091.DialConfig(d.cfg.AMQP.URL, amqp091.Config{Dial: dialer(ctx), Properties: amqp091.Table{"connection_name": "postbox relay readiness"}})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("RabbitMQ at %s is not answering: %w", Redact(d.cfg.AMQP.URL), err))
+		} else {
+			_ = conn.Close()
+		}
+	}
+	if d.kcl != nil {
+		if err := d.kcl.Ping(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("kafka is not answering: %w", err))
+		}
+	}
+	if d.rcl != nil {
+		if err := d.rcl.Ping(ctx).Err(); err != nil {
+			errs = append(errs, fmt.Errorf("redis at %s is not answering: %w", Redact(d.cfg.Redis.URL), err))
+		}
+	}
+	for _, w := range d.cfg.Webhooks {
+		if d.hooks[w.Name] == nil {
+			continue
+		}
+		if err := dialURL(ctx, w.URL); err != nil {
+			errs = append(errs, fmt.Errorf("webhook %s: %w", w.Name, err))
+		}
+	}
+	return errs
+}
+
+// dialer is a dial bounded by ctx, for amqp091.
+func dialer(ctx context.Context) func(network, addr string) (net.Conn, error) {
+	return func(network, addr string) (net.Conn, error) {
+		var nd net.Dialer
+		return nd.DialContext(ctx, network, addr)
+	}
+}
+
+// dialURL opens and closes a TCP connection to an http(s) URL's host.
+func dialURL(ctx context.Context, raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return err
+	}
+	host := u.Host
+	if u.Port() == "" {
+		port := "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+		host = net.JoinHostPort(u.Hostname(), port)
+	}
+	var nd net.Dialer
+	conn, err := nd.DialContext(ctx, "tcp", host)
+	if err != nil {
+		return fmt.Errorf("%s does not accept connections: %w", host, err)
+	}
+	return conn.Close()
+}
+
+// pauseLog logs when a relay pauses on an infrastructure failure and when
+// publishing resumes after it, with how long the pause lasted, and passes
+// every report on.
+type pauseLog struct {
+	postbox.Metrics
+	log *slog.Logger
+
+	mu     sync.Mutex
+	paused map[string]pause // by relay
+}
+
+type pause struct {
+	since time.Time
+	err   string
+}
+
+// RelayBatch implements postbox.Metrics.
+func (p *pauseLog) RelayBatch(r *postbox.BatchReport) {
+	p.Metrics.RelayBatch(r)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.paused == nil {
+		p.paused = map[string]pause{}
+	}
+	was, paused := p.paused[r.Relay]
+	switch {
+	case r.Infrastructure != nil && !paused:
+		p.paused[r.Relay] = pause{since: time.Now(), err: r.Infrastructure.Error()}
+		p.log.Warn("postbox relay: publishing paused by an infrastructure failure; nothing is lost, it resumes when the broker answers",
+			slog.String("relay", r.Relay), slog.Any("error", r.Infrastructure))
+	case r.Infrastructure == nil && paused && len(r.Published) > 0:
+		delete(p.paused, r.Relay)
+		n := 0
+		for _, c := range r.Published {
+			n += c
+		}
+		p.log.Info("postbox relay: publishing resumed", slog.String("relay", r.Relay),
+			slog.Duration("paused_for", time.Since(was.since).Round(time.Millisecond)), slog.String("cause", was.err), slog.Int("published", n))
+	}
 }
 
 // Stop stops the relays (each finishes or abandons its batch within ctx),
@@ -353,6 +606,9 @@ func (d *Daemon) close(ctx context.Context) {
 	}
 	if d.redis != nil {
 		_ = d.redis.Close(ctx)
+	}
+	for _, h := range d.hooks {
+		_ = h.Close(ctx)
 	}
 	if d.rcl != nil {
 		_ = d.rcl.Close()

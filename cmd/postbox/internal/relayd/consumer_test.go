@@ -1,0 +1,86 @@
+package relayd_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
+	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/postboxpgx"
+)
+
+// The daemon serves a consumer's dead messages from the consumer's
+// tables (consumer_prefix) and marks a requeue, which the consumer's own
+// running Inbox, the one with the handler, carries out.
+func TestDaemonConsumerRequeue(t *testing.T) {
+	ctx := context.Background()
+	pool, relayPrefix := testdb.Migrated(t)
+	_, consumerPrefix := testdb.Migrated(t)
+	_, url := embeddedNATS(t)
+	cfg, err := relayd.Parse([]byte(`
+databases: [{url: "`+testdb.PostgresURL()+`", prefix: `+relayPrefix+`, consumer_prefix: `+consumerPrefix+`}]
+relay: {lease: 3s}
+admin: {listen: "127.0.0.1:0"}
+`), env(map[string]string{"POSTBOX_NATS_URL": url}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := relayd.Start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = d.Stop(ctx) }()
+
+	service, err := postbox.NewClient(postboxpgx.New(pool), &postbox.Config{Prefix: consumerPrefix, MaxAttempts: 1, RequeueInterval: 10 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := service.Inbox()
+	if v := in.Handle(ctx, "billing", &postbox.Delivery{ID: "m-1", Topic: "orders.paid", Payload: []byte("{}")},
+		func(context.Context, pgx.Tx, *postbox.Delivery) error { return errors.New("bug") }); v.Action != postbox.DeadLettered {
+		t.Fatal(v)
+	}
+	var list map[string]any
+	if code := post(t, d, "GET", "/v1/consumers/dead", "", &list); code != 200 || len(list["dead_letters"].([]any)) != 1 {
+		t.Fatalf("consumers' dead messages: %d %v", code, list)
+	}
+	applied := make(chan string, 1)
+	in.Processor("billing", func(_ context.Context, _ pgx.Tx, d *postbox.Delivery) error {
+		applied <- d.ID
+		return nil
+	})
+	if err := in.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = in.Stop(ctx) }()
+	var marked map[string]any
+	if code := post(t, d, "POST", "/v1/consumers/dead/requeue", `{"consumer": "billing", "ids": ["m-1"]}`, &marked); code != 202 || marked["count"] != 1.0 {
+		t.Fatalf("requeue: %d %v", code, marked)
+	}
+	select {
+	case id := <-applied:
+		if id != "m-1" {
+			t.Fatalf("handler ran for %s", id)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the consumer's Inbox never ran the requeue the daemon marked")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if code := post(t, d, "GET", "/v1/consumers/dead", "", &list); code == 200 && len(list["dead_letters"].([]any)) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dead messages after the requeue: %v", list)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
