@@ -64,7 +64,7 @@ func moved(a, b []postboxdriver.Lease) int {
 // Every partition has exactly one live owner, every relay P/n or one
 // more, and the shares depend only on what the relays see.
 func TestAssignBalanced(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2)) //nolint:gosec // reproducible test input
+	rng := rand.New(rand.NewPCG(1, 2))
 	for n := 1; n <= 70; n++ {
 		live := relays(rng, n)
 		leases := settle(t, live, make([]postboxdriver.Lease, 64))
@@ -89,7 +89,7 @@ func TestAssignBalanced(t *testing.T) {
 // A relay joining takes about one share, and a relay leaving hands on its
 // own share only: partitions that need not move keep their owner.
 func TestAssignMovesOnlyWhatItMust(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4)) //nolint:gosec // reproducible test input
+	rng := rand.New(rand.NewPCG(3, 4))
 	for trial := range 200 {
 		n := 2 + rng.IntN(15)
 		live := relays(rng, n)

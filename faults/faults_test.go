@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -84,15 +85,26 @@ var profiles = map[string]profile{
 }
 
 func TestFaults(t *testing.T) {
-	name := os.Getenv("POSTBOX_FAULTS_PROFILE")
+	runProfile(t, chosen(t, "POSTBOX_FAULTS_PROFILE", "short", profiles), schedule, nil)
+}
+
+// chosen is the profile the variable names, or the default.
+func chosen(t *testing.T, variable, def string, from map[string]profile) profile {
+	t.Helper()
+	name := os.Getenv(variable)
 	if name == "" {
-		name = "short"
+		name = def
 	}
-	prof, ok := profiles[name]
+	prof, ok := from[name]
 	if !ok {
-		t.Fatalf("POSTBOX_FAULTS_PROFILE=%q: want short or soak", name)
+		names := make([]string, 0, len(from))
+		for n := range from {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		t.Fatalf("%s=%q: want one of %v", variable, name, names)
 	}
-	runProfile(t, prof, schedule, nil)
+	return prof
 }
 
 // runProfile runs one profile: the schedule drawn by plan, the writers,

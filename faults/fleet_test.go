@@ -50,14 +50,7 @@ var fleetProfiles = map[string]profile{
 }
 
 func TestFleet(t *testing.T) {
-	name := os.Getenv("POSTBOX_FLEET_PROFILE")
-	if name == "" {
-		name = "fleet"
-	}
-	prof, ok := fleetProfiles[name]
-	if !ok {
-		t.Fatalf("POSTBOX_FLEET_PROFILE=%q: want fleet, fleet-trade or fleet-long", name)
-	}
+	prof := chosen(t, "POSTBOX_FLEET_PROFILE", "fleet", fleetProfiles)
 	if v := os.Getenv("POSTBOX_FLEET_LEASE"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 100*time.Millisecond {

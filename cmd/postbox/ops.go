@@ -49,13 +49,18 @@ func table(w io.Writer, header string, rows [][]string) error {
 }
 
 func withConn(f *dbFlags, run func(ctx context.Context, c *conn, out io.Writer) error) func(*cobra.Command, []string) error {
-	return func(cmd *cobra.Command, _ []string) error {
+	return withConnArgs(f, func(ctx context.Context, c *conn, out io.Writer, _ []string) error { return run(ctx, c, out) })
+}
+
+// withConnArgs is withConn for a command that reads its arguments.
+func withConnArgs(f *dbFlags, run func(ctx context.Context, c *conn, out io.Writer, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
 		c, err := f.open(cmd)
 		if err != nil {
 			return err
 		}
 		defer c.close()
-		return run(cmd.Context(), c, cmd.OutOrStdout())
+		return run(cmd.Context(), c, cmd.OutOrStdout(), args)
 	}
 }
 
@@ -188,15 +193,19 @@ func topicsJSON(ts []postbox.TopicStats) []map[string]any {
 	return out
 }
 
-// deadFilterFlags are the selection flags of the dead commands.
+// deadFilterFlags are the selection flags of the dead commands; the
+// consumers' side adds --consumer.
 type deadFilterFlags struct {
-	topic, key, since, until string
-	limit                    int
-	all                      bool
+	consumer, topic, key, since, until string
+	limit                              int
+	all                                bool
 }
 
-func (d *deadFilterFlags) register(cmd *cobra.Command, bulk bool) {
+func (d *deadFilterFlags) register(cmd *cobra.Command, bulk, consumer bool) {
 	fl := cmd.Flags()
+	if consumer {
+		fl.StringVar(&d.consumer, "consumer", "", "only this consumer")
+	}
 	fl.StringVar(&d.topic, "topic", "", "only this topic")
 	fl.StringVar(&d.key, "key", "", "only this key")
 	fl.StringVar(&d.since, "since", "", "dead at or after (RFC 3339, or a duration ago: 2h, 7d)")
@@ -217,89 +226,132 @@ func (d *deadFilterFlags) filter(ids []string) (postbox.DeadFilter, error) {
 	if err != nil {
 		return postbox.DeadFilter{}, err
 	}
-	return postbox.DeadFilter{IDs: ids, Topic: d.topic, Key: d.key, Since: since, Until: until, Limit: d.limit}, nil
+	return postbox.DeadFilter{IDs: ids, Consumer: d.consumer, Topic: d.topic, Key: d.key, Since: since, Until: until, Limit: d.limit}, nil
 }
 
-func newDead(f *dbFlags) *cobra.Command {
-	cmd := &cobra.Command{Use: "dead", Short: "Messages past their attempt budget: list, show, requeue, delete"}
+// deadSide is what differs between the outbox's dead messages (`postbox
+// dead`, through Admin) and the consumers' (`postbox consumer-dead`,
+// through the inbox): how to read them and how to show them. The commands
+// themselves are built once, by deadList, deadShow and deadBulk.
+type deadSide struct {
+	consumer bool // the consumers' side: --consumer, and a consumer per message
+	list     func(ctx context.Context, c *conn, f postbox.DeadFilter) ([]postbox.DeadMessage, error)
+	get      func(ctx context.Context, c *conn, args []string) (postbox.DeadMessage, error)
+	json     func(d *postbox.DeadMessage) map[string]any
+	header   string // the list's columns
+	row      func(d *postbox.DeadMessage) []string
+	detail   func(out io.Writer, d *postbox.DeadMessage)
+}
+
+var outboxDead = deadSide{
+	list: func(ctx context.Context, c *conn, f postbox.DeadFilter) ([]postbox.DeadMessage, error) {
+		return c.admin.ListDead(ctx, f)
+	},
+	get: func(ctx context.Context, c *conn, args []string) (postbox.DeadMessage, error) {
+		return c.admin.GetDead(ctx, args[0])
+	},
+	json:   deadJSON,
+	header: "ID\tTOPIC\tKEY\tATTEMPTS\tDEAD AT\tLAST ERROR",
+	row: func(d *postbox.DeadMessage) []string {
+		return []string{d.ID, safe(d.Topic), safe(oneLine(d.Key, 40)), strconv.Itoa(d.Attempts), d.DeadAt.UTC().Format(time.RFC3339), reason(d, 80)}
+	},
+	detail: func(out io.Writer, d *postbox.DeadMessage) {
+		fmt.Fprintf(out, "id          %s\nseq         %d\ntopic       %s\nkey         %s\nattempts    %d\ncreated at  %s\ndead at     %s\nlast error  %s\n",
+			d.ID, d.Seq, safe(d.Topic), safe(d.Key), d.Attempts, rfc3339(d.CreatedAt), rfc3339(d.DeadAt), safe(d.Error))
+	},
+}
+
+// deadList is the `list` command of a side.
+func deadList(f *dbFlags, side deadSide, short string) *cobra.Command {
 	var lf deadFilterFlags
-	list := &cobra.Command{Use: "list", Short: "List dead messages, newest first", Args: cobra.NoArgs}
-	lf.register(list, false)
+	list := &cobra.Command{Use: "list", Short: short, Args: cobra.NoArgs}
+	lf.register(list, false, side.consumer)
 	list.RunE = withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
 		filter, err := lf.filter(nil)
 		if err != nil {
 			return err
 		}
-		ds, err := c.admin.ListDead(ctx, filter)
+		ds, err := side.list(ctx, c, filter)
 		if err != nil {
 			return err
 		}
 		if f.json {
 			js := make([]map[string]any, 0, len(ds))
 			for i := range ds {
-				js = append(js, deadJSON(&ds[i]))
+				js = append(js, side.json(&ds[i]))
 			}
 			return printJSON(out, js)
 		}
-		var rows [][]string
+		rows := make([][]string, 0, len(ds))
 		for i := range ds {
-			d := &ds[i]
-			rows = append(rows, []string{d.ID, safe(d.Topic), safe(oneLine(d.Key, 40)), strconv.Itoa(d.Attempts), d.DeadAt.UTC().Format(time.RFC3339), reason(d, 80)})
+			rows = append(rows, side.row(&ds[i]))
 		}
-		return table(out, "ID\tTOPIC\tKEY\tATTEMPTS\tDEAD AT\tLAST ERROR", rows)
+		return table(out, side.header, rows)
 	})
-	show := &cobra.Command{
-		Use: "show ID", Short: "Show one dead message with its payload and headers", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := f.open(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.close()
-			d, err := c.admin.GetDead(cmd.Context(), args[0])
+	return list
+}
+
+// deadShow is the `show` command of a side: the message with its headers
+// and payload.
+func deadShow(f *dbFlags, side deadSide, use, short string, args int) *cobra.Command {
+	return &cobra.Command{
+		Use: use, Short: short, Args: cobra.ExactArgs(args),
+		RunE: withConnArgs(f, func(ctx context.Context, c *conn, out io.Writer, args []string) error {
+			d, err := side.get(ctx, c, args)
 			if err != nil {
 				return err
 			}
 			if f.json {
-				return printJSON(cmd.OutOrStdout(), deadJSON(&d))
+				return printJSON(out, side.json(&d))
 			}
-			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "id          %s\nseq         %d\ntopic       %s\nkey         %s\nattempts    %d\ncreated at  %s\ndead at     %s\nlast error  %s\n",
-				d.ID, d.Seq, safe(d.Topic), safe(d.Key), d.Attempts, rfc3339(d.CreatedAt), rfc3339(d.DeadAt), safe(d.Error))
+			side.detail(out, &d)
 			writeHeaders(out, d.Headers)
 			writePayload(out, d.Payload)
 			return nil
-		},
+		}),
 	}
-	bulk := func(use, short string, op func(a *postbox.Admin, ctx context.Context, s postbox.DeadSelection) (int, error)) *cobra.Command {
-		var bf deadFilterFlags
-		c := &cobra.Command{Use: use + " [ID...]", Short: short}
-		bf.register(c, true)
-		c.RunE = func(cmd *cobra.Command, args []string) error {
-			filter, err := bf.filter(args)
-			if err != nil {
-				return err
-			}
-			conn, err := f.open(cmd)
-			if err != nil {
-				return err
-			}
-			defer conn.close()
-			n, err := op(conn.admin, cmd.Context(), postbox.DeadSelection{DeadFilter: filter, All: bf.all})
+}
+
+// deadBulk is a command acting on the dead messages of a side that its
+// ids or its filter select; done says what it did with %d of them.
+func deadBulk(f *dbFlags, side deadSide, use, short, done string, op func(ctx context.Context, c *conn, s postbox.DeadSelection) (int, error)) *cobra.Command {
+	var bf deadFilterFlags
+	cmd := &cobra.Command{Use: use + " [ID...]", Short: short}
+	bf.register(cmd, true, side.consumer)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		// A bad selection is refused before anything connects.
+		filter, err := bf.filter(args)
+		if err != nil {
+			return err
+		}
+		return withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
+			n, err := op(ctx, c, postbox.DeadSelection{DeadFilter: filter, All: bf.all})
 			if err != nil {
 				return err
 			}
 			if f.json {
-				return printJSON(cmd.OutOrStdout(), map[string]int{"count": n})
+				return printJSON(out, map[string]int{"count": n})
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s %d message(s)\n", use+"d", n)
+			fmt.Fprintf(out, done+"\n", n)
 			return nil
-		}
-		return c
+		})(cmd, args)
 	}
-	cmd.AddCommand(list, show,
-		bulk("requeue", "Move dead messages back to the outbox with their attempts reset", (*postbox.Admin).RequeueDead),
-		bulk("delete", "Delete dead messages", (*postbox.Admin).DeleteDead))
+	return cmd
+}
+
+func newDead(f *dbFlags) *cobra.Command {
+	cmd := &cobra.Command{Use: "dead", Short: "Messages past their attempt budget: list, show, requeue, delete"}
+	cmd.AddCommand(
+		deadList(f, outboxDead, "List dead messages, newest first"),
+		deadShow(f, outboxDead, "show ID", "Show one dead message with its payload and headers", 1),
+		deadBulk(f, outboxDead, "requeue", "Move dead messages back to the outbox with their attempts reset", "requeued %d message(s)",
+			func(ctx context.Context, c *conn, s postbox.DeadSelection) (int, error) {
+				return c.admin.RequeueDead(ctx, s)
+			}),
+		deadBulk(f, outboxDead, "delete", "Delete dead messages", "deleted %d message(s)",
+			func(ctx context.Context, c *conn, s postbox.DeadSelection) (int, error) {
+				return c.admin.DeleteDead(ctx, s)
+			}))
 	return cmd
 }
 

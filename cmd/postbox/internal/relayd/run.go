@@ -343,7 +343,7 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 	// alone would keep the coordinator waiting for a connection to renew
 	// the leases.
 	if !strings.Contains(db.URL, "pool_max_conns") {
-		pcfg.MaxConns = max(pcfg.MaxConns, int32(ccfg.Lanes)+4) //nolint:gosec // Lanes is at most 64
+		pcfg.MaxConns = max(pcfg.MaxConns, int32(ccfg.Lanes)+4)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
