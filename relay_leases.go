@@ -101,7 +101,7 @@ func (r *relay) coordinate(ctx context.Context) (pending bool, err error) {
 	}
 	if r.log.Enabled(ctx, slog.LevelDebug) {
 		r.log.Debug("postbox relay leases", slog.Any("held", sortedKeys(r.held)), slog.Any("leaving", sortedKeys(r.leaving)),
-			slog.Any("share", target), slog.Int("relays", len(m.Live)))
+			slog.Any("share", target), slog.Int("relays", len(m.Live)), slog.Duration("took", time.Since(start)))
 	}
 	if len(r.held) != before {
 		r.log.Info("postbox relay partitions", slog.Int("held", len(r.held)), slog.Int("share", len(target)),

@@ -246,9 +246,8 @@ type fleetFault struct {
 	LongestOrphanMs int64 `json:"longest_orphan_ms"`
 	OwnedAgainMs    int64 `json:"owned_again_ms"`
 	// Kills: TakeoverMs is the time until every partition the victims held
-	// had a running owner again; PublishTakeoverMs the time until every
-	// one of them had a message stored again (waiting since before the
-	// kill, or written after it: it includes the wait for that write).
+	// had a running owner again; PublishTakeoverMs the time until each of
+	// them on which a message waited for the takeover had one stored.
 	TakeoverMs        int64 `json:"takeover_ms,omitempty"`
 	PublishTakeoverMs int64 `json:"publish_takeover_ms,omitempty"`
 	// Moved counts partitions whose owner changed in the window;
@@ -346,6 +345,10 @@ func (w *fleetWatch) judge(h *harness, rep *report) *fleetReport {
 		if i+1 < len(sched) && !sched[i+1].Start.IsZero() && sched[i+1].Start.Before(end) {
 			end = sched[i+1].Start
 		}
+		// The relays stop once the writers have; that is no fault's doing.
+		if h.writersDone.Before(end) {
+			end = h.writersDone
+		}
 		ff := &fleetFault{Fault: f.String(), Kind: f.Kind, WindowMs: end.Sub(f.Start).Milliseconds()}
 		fr.Faults = append(fr.Faults, ff)
 
@@ -376,8 +379,10 @@ func (w *fleetWatch) judge(h *harness, rep *report) *fleetReport {
 		}
 		ff.VictimPartitions = len(vparts)
 
-		// Ownership through the window.
+		// Ownership through the window; regained is when each of the
+		// victims' partitions first had a running owner again.
 		var takeover int64
+		regained := map[int]time.Time{}
 		for p := range nparts {
 			var gapStart time.Time
 			prev := snaps[i0].Owner[p]
@@ -399,6 +404,9 @@ func (w *fleetWatch) judge(h *harness, rep *report) *fleetReport {
 					ff.OwnedAgainMs = max(ff.OwnedAgainMs, s.At.Sub(f.Start).Milliseconds())
 					if vparts[p] {
 						takeover = max(takeover, s.At.Sub(f.Start).Milliseconds())
+						if regained[p].IsZero() {
+							regained[p] = s.At
+						}
 					}
 					gapStart = time.Time{}
 				}
@@ -421,12 +429,15 @@ func (w *fleetWatch) judge(h *harness, rep *report) *fleetReport {
 				waits = append(waits, max(s.Stored.Sub(hr.At).Milliseconds(), 0))
 			}
 			// A victim's partition is published again at the first copy
-			// stored after the kill, leaving out the victim's own last
-			// publishes still on the wire when it died (stored within
-			// 50ms of the kill, of a message committed before it).
-			if s.Stored.After(f.Start) && hr.At.Before(end) && (!hr.At.Before(f.Start) || s.Stored.After(f.Start.Add(50*time.Millisecond))) {
+			// stored after the kill of a message that waited for the
+			// takeover (committed before its partition had an owner
+			// again), leaving out the victim's own last publishes still on
+			// the wire when it died (stored within 50ms of the kill, of a
+			// message committed before it). A partition nothing waited on
+			// has no such figure.
+			if s.Stored.After(f.Start) && (!hr.At.Before(f.Start) || s.Stored.After(f.Start.Add(50*time.Millisecond))) {
 				p := postboxdriver.PartitionOf(hr.Key, id, nparts)
-				if vparts[p] && (pubFirst[p].IsZero() || s.Stored.Before(pubFirst[p])) {
+				if vparts[p] && !regained[p].IsZero() && hr.At.Before(regained[p]) && (pubFirst[p].IsZero() || s.Stored.Before(pubFirst[p])) {
 					pubFirst[p] = s.Stored
 				}
 			}
