@@ -2,6 +2,7 @@ package postbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -95,6 +96,9 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs ro
 	}
 	if n < 1 {
 		return nil, fmt.Errorf("postbox: start relay: %w: no partitions in the leases table", postboxdriver.ErrNotMigrated)
+	}
+	if err := checkConnections(ctx, ex, cfg); err != nil {
+		return nil, fmt.Errorf("postbox: start relay: %w", err)
 	}
 	// Every start is a new owner: two processes never share a name in the
 	// leases table, even when they were given the same RelayID, since
@@ -254,6 +258,24 @@ func (r *relay) warnDurability(ctx context.Context) {
 	for _, w := range warnings {
 		r.log.Warn("postbox relay: " + w)
 	}
+}
+
+// checkConnections refuses a start on connections the relay cannot work
+// with (postboxdriver.ErrPooledStatements). Bounded by half a lease: any
+// other failure of the check (a pool with no second connection free, a
+// stalled link) is logged and the start goes on, as the relay's own
+// statements will report a database that does not answer.
+func checkConnections(ctx context.Context, ex postboxdriver.Executor, cfg *Config) error {
+	ctx, cancel := context.WithTimeout(ctx, cfg.LeaseDuration/2)
+	defer cancel()
+	err := ex.CheckConnections(ctx)
+	if errors.Is(err, postboxdriver.ErrPooledStatements) {
+		return err
+	}
+	if err != nil {
+		cfg.Logger.Warn("postbox relay could not check how its connections reach the database", slog.Any("error", err))
+	}
+	return nil
 }
 
 func (r *relay) shutdown(ctx context.Context) {

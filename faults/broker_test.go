@@ -153,6 +153,19 @@ func (b *natsBroker) stop() error                     { return b.srv.stop(10 * t
 func (b *natsBroker) start(ctx context.Context) error { return b.srv.start(ctx) }
 func (b *natsBroker) perKeyDelivery() bool            { return true }
 
+// poolerName is what stands between the processes and PostgreSQL:
+// POSTBOX_FAULTS_POOLER, empty (nothing, the default) or pgbouncer.
+func poolerName() (string, error) {
+	switch v := os.Getenv("POSTBOX_FAULTS_POOLER"); v {
+	case "", "none":
+		return "", nil
+	case "pgbouncer":
+		return v, nil
+	default:
+		return "", fmt.Errorf("POSTBOX_FAULTS_POOLER=%q: want pgbouncer or none", v)
+	}
+}
+
 // brokerName is the broker under test: POSTBOX_FAULTS_BROKER, nats (the
 // default) or rabbitmq.
 func brokerName() (string, error) {

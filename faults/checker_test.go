@@ -89,8 +89,9 @@ type report struct {
 	Pass           bool           `json:"pass"`
 	Seed           uint64         `json:"seed"`
 	Profile        profile        `json:"profile"`
-	Broker         string         `json:"broker"` // nats or rabbitmq
-	Dedupe         string         `json:"dedupe"` // broker or inbox: who drops the relays' re-sends
+	Broker         string         `json:"broker"`           // nats or rabbitmq
+	Dedupe         string         `json:"dedupe"`           // broker or inbox: who drops the relays' re-sends
+	Pooler         string         `json:"pooler,omitempty"` // pgbouncer when PostgreSQL was reached through one
 	Started        time.Time      `json:"started"`
 	Elapsed        string         `json:"elapsed"`
 	Settled        bool           `json:"settled"`

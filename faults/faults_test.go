@@ -189,6 +189,7 @@ func runProfile(t *testing.T, prof profile, plan func(*rand.Rand, profile) []*fa
 	rep := h.check(ctx)
 	rep.Elapsed = time.Since(start).Round(time.Millisecond).String()
 	rep.Dedupe = dedupe
+	rep.Pooler = h.pooler
 	if fleet != nil {
 		rep.Fleet = fleet.judge(h, rep)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pgbouncer"
 	"github.com/postbox-go/postbox/internal/tcpproxy"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
@@ -41,6 +42,7 @@ type harness struct {
 
 	prefix string
 	dbURL  string
+	pooler string        // "" or pgbouncer (POSTBOX_FAULTS_POOLER)
 	pool   *pgxpool.Pool // writers and the harness (application_name fx<run>writer)
 	cpool  *pgxpool.Pool // the consumer (fx<run>consumer)
 	client *postbox.Client[pgx.Tx]
@@ -73,8 +75,29 @@ func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, di
 	t.Helper()
 	run := fmt.Sprintf("%d%d", os.Getpid()%100000, time.Now().UnixNano()%1_000_000)
 	h := &harness{t: t, prof: prof, seed: seed, dir: dir, runID: run, prefix: "fx" + run + "_"}
+	var err error
 	h.pg = startPG(t, ctx)
 	h.dbURL = h.pg.url()
+	pgAddr := fmt.Sprintf("127.0.0.1:%d", h.pg.port)
+	if h.pooler, err = poolerName(); err != nil {
+		t.Fatal(err)
+	}
+	if h.pooler == "pgbouncer" {
+		// Everyone (writers, consumer, relays through their proxies)
+		// reaches PostgreSQL through PgBouncer in transaction pooling
+		// mode, with the pgx setting README's "Behind PgBouncer" names.
+		pb, err := pgbouncer.Start(ctx, pgbouncer.Config{Upstream: pgAddr, Databases: []string{"postgres"}, PoolSize: 40})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pb.Stop)
+		if h.dbURL, err = pb.URL(h.dbURL); err != nil {
+			t.Fatal(err)
+		}
+		h.dbURL += "&default_query_exec_mode=cache_describe"
+		pgAddr = fmt.Sprintf("127.0.0.1:%d", pb.Port)
+		t.Logf("faults: PostgreSQL through PgBouncer (transaction pooling) at %s", pgAddr)
+	}
 
 	h.pool = h.openPool(ctx, "writer", int32(prof.Writers+4))
 	h.cpool = h.openPool(ctx, "consumer", 8)
@@ -146,7 +169,6 @@ log:
 			base = append(base, e)
 		}
 	}
-	pgAddr := fmt.Sprintf("127.0.0.1:%d", h.pg.port)
 	for i := range prof.relays() {
 		dp, err := tcpproxy.New(pgAddr)
 		if err != nil {
@@ -410,21 +432,41 @@ func (h *harness) terminateLoop(ctx context.Context, d time.Duration, consumer b
 
 // holdXmin keeps a transaction with an xid and a snapshot open for d.
 func (h *harness) holdXmin(ctx context.Context, d time.Duration) error {
-	tx, err := h.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	// The database may still be coming back from an earlier fault (a
+	// restart, or PgBouncer's pause before it logs in again): try for a
+	// while, so that the fault tests what it says.
+	var tx pgx.Tx
+	var err error
+	for try := time.Now(); ; {
+		if tx, err = h.beginXmin(ctx); err == nil || time.Since(try) > 10*time.Second || ctx.Err() != nil {
+			break
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	var xid int64
-	if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&xid); err != nil {
-		return err
-	}
 	var n int
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+h.prefix+`outbox`).Scan(&n); err != nil {
 		return err
 	}
 	sleep(ctx, d)
 	return nil
+}
+
+// beginXmin opens a REPEATABLE READ transaction holding an xid.
+func (h *harness) beginXmin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := h.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		return nil, err
+	}
+	var xid int64
+	if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&xid); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return tx, nil
 }
 
 // sleep waits d or until ctx ends.

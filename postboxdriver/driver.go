@@ -44,6 +44,14 @@ var (
 	// ErrNotInTx is returned by the operations that only make sense in a
 	// transaction (savepoints) when called on a Store's own Executor.
 	ErrNotInTx = errors.New("postbox: the operation needs a transaction (UnwrapExecutor)")
+	// ErrPooledStatements means the driver's connections go through a
+	// pooler in transaction pooling mode (PgBouncer's pool_mode =
+	// transaction) while the client prepares named statements (pgx's
+	// default, cache_statement): a statement prepared on one server
+	// connection is missing on the next. Set default_query_exec_mode to
+	// cache_describe (or exec, or simple_protocol) in the connection
+	// string, or use session pooling.
+	ErrPooledStatements = errors.New("postbox: PostgreSQL is reached through a transaction-pooling pooler and the client prepares named statements; set default_query_exec_mode=cache_describe in the connection string")
 )
 
 // Driver opens a Store for one table prefix. TTx is the transaction type of

@@ -108,6 +108,13 @@ type Executor interface {
 	// crash, leaving the broker with an event about a change the database
 	// no longer has.
 	DurabilityWarnings(ctx context.Context) ([]string, error)
+	// CheckConnections reports a set-up of the driver's connections that
+	// postbox cannot work with, wrapping ErrPooledStatements for the one
+	// known today: PostgreSQL reached through a transaction-pooling pooler
+	// (PgBouncer) by a client that prepares named statements, which the
+	// pooler loses between transactions. Nil when there is none. The relay
+	// refuses to start on one.
+	CheckConnections(ctx context.Context) error
 
 	// Dead messages of the outbox, and replay.
 

@@ -18,11 +18,23 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestConformance(t *testing.T) {
-	postboxdrivertest.Run(t, postboxdrivertest.Harness[pgx.Tx]{
+	postboxdrivertest.Run(t, harness(testdb.PostgresURL()))
+}
+
+// TestConformanceThroughPgBouncer runs the whole suite with every
+// connection going through PgBouncer in transaction pooling mode, pgx set
+// to cache_describe (statements described once per connection, never
+// prepared under a name), as README's "Behind PgBouncer" says.
+func TestConformanceThroughPgBouncer(t *testing.T) {
+	postboxdrivertest.Run(t, harness(testdb.BouncerURL(t, "default_query_exec_mode=cache_describe")))
+}
+
+func harness(databaseURL string) postboxdrivertest.Harness[pgx.Tx] {
+	return postboxdrivertest.Harness[pgx.Tx]{
 		New: func(t *testing.T) (postboxdriver.Driver[pgx.Tx], string) {
-			pool := testdb.Pool(t)
+			pool := testdb.PoolAt(t, databaseURL)
 			prefix := testdb.Prefix(t)
-			testdb.DropPrefix(t, pool, prefix)
+			testdb.DropPrefix(t, testdb.Pool(t), prefix)
 			return postboxpgx.New(pool), prefix
 		},
 		Begin: func(t *testing.T, ctx context.Context, d postboxdriver.Driver[pgx.Tx]) (pgx.Tx, func() error, func() error) {
@@ -44,5 +56,5 @@ func TestConformance(t *testing.T) {
 			return err
 		},
 		Features: postboxdrivertest.Features{ConcurrentWriters: true},
-	})
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox/internal/pgsql"
+	"github.com/postbox-go/postbox/internal/pgxq"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
@@ -77,4 +78,14 @@ type poolDB struct{ querier[*pgxpool.Pool] }
 
 func (d poolDB) Tx(ctx context.Context, fn func(q pgsql.Querier) error) error {
 	return pgx.BeginFunc(ctx, d.c, func(tx pgx.Tx) error { return fn(querier[pgx.Tx]{tx}) })
+}
+
+// Pin runs fn on one of the pool's connections.
+func (d poolDB) Pin(ctx context.Context, fn func(q pgsql.Querier, named bool) error) error {
+	c, err := d.c.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	return fn(pgxq.Unnamed(c.Conn()), pgxq.NamesStatements(c.Conn().Config()))
 }

@@ -11,21 +11,32 @@ import (
 	"go.uber.org/goleak"
 	_ "modernc.org/sqlite"
 
+	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxdriver/postboxdrivertest"
 	"github.com/postbox-go/postbox/postboxsql"
+	"github.com/postbox-go/postbox/postboxtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestConformance(t *testing.T) {
-	postboxdrivertest.Run(t, postboxdrivertest.Harness[*sql.Tx]{
+	postboxdrivertest.Run(t, harness(testdb.PostgresURL()))
+}
+
+// TestConformanceThroughPgBouncer runs the whole suite through PgBouncer
+// in transaction pooling mode, pgx's stdlib set to cache_describe.
+func TestConformanceThroughPgBouncer(t *testing.T) {
+	postboxdrivertest.Run(t, harness(testdb.BouncerURL(t, "default_query_exec_mode=cache_describe")))
+}
+
+func harness(databaseURL string) postboxdrivertest.Harness[*sql.Tx] {
+	return postboxdrivertest.Harness[*sql.Tx]{
 		New: func(t *testing.T) (postboxdriver.Driver[*sql.Tx], string) {
-			pool := testdb.Pool(t)
 			prefix := testdb.Prefix(t)
-			testdb.DropPrefix(t, pool, prefix)
-			d, err := postboxsql.New(testdb.SQLDB(t))
+			testdb.DropPrefix(t, testdb.Pool(t), prefix)
+			d, err := postboxsql.New(testdb.SQLDBAt(t, databaseURL))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -50,7 +61,36 @@ func TestConformance(t *testing.T) {
 			return err
 		},
 		Features: postboxdrivertest.Features{ConcurrentWriters: true},
-	})
+	}
+}
+
+// TestRelayRefusesNamedStatementsThroughPgBouncer: database/sql through
+// pgx's stdlib prepares named statements by default too; through a
+// transaction pooler the relay refuses to start and names the setting.
+func TestRelayRefusesNamedStatementsThroughPgBouncer(t *testing.T) {
+	ctx := context.Background()
+	through := testdb.BouncerURL(t, "")
+	_, prefix := testdb.Migrated(t)
+	start := func(databaseURL string) error {
+		d, err := postboxsql.New(testdb.SQLDBAt(t, databaseURL))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: postboxtest.NewBroker(nil)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(ctx); err != nil {
+			return err
+		}
+		return c.Stop(ctx)
+	}
+	if err := start(through); !errors.Is(err, postboxdriver.ErrPooledStatements) {
+		t.Fatalf("start through PgBouncer with named statements: %v; want ErrPooledStatements", err)
+	}
+	if err := start(through + "&default_query_exec_mode=cache_describe"); err != nil {
+		t.Fatalf("start through PgBouncer with cache_describe: %v", err)
+	}
 }
 
 func TestRefusesOtherDrivers(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/postbox-go/postbox/internal/pgsql"
+	"github.com/postbox-go/postbox/internal/pgxq"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
@@ -108,6 +109,22 @@ type poolDB struct{ querier[*sql.DB] }
 
 func (d poolDB) Tx(ctx context.Context, fn func(pgsql.Querier) error) error {
 	return inTx(ctx, d.c, func(tx *sql.Tx) error { return fn(querier[*sql.Tx]{tx}) })
+}
+
+// Pin runs fn on one of the *sql.DB's connections, through pgx.
+func (d poolDB) Pin(ctx context.Context, fn func(q pgsql.Querier, named bool) error) error {
+	c, err := d.c.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = c.Close() }()
+	return c.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("%w; got a %T connection", ErrUnsupportedDriver, dc)
+		}
+		return fn(pgxq.Unnamed(sc.Conn()), pgxq.NamesStatements(sc.Conn().Config()))
+	})
 }
 
 // sqlRows adapts *sql.Rows, whose Close returns an error the core has no

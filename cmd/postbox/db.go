@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -94,7 +95,17 @@ func (f *dbFlags) open(cmd *cobra.Command) (*conn, error) {
 	case f.url == "":
 		return nil, usagef("--database is required (or POSTBOX_DATABASE_URL): postgres://... or sqlite:PATH")
 	case strings.HasPrefix(f.url, "postgres://"), strings.HasPrefix(f.url, "postgresql://"):
-		pool, err := pgxpool.New(ctx, f.url)
+		pcfg, err := pgxpool.ParseConfig(f.url)
+		if err != nil {
+			return nil, usagef("--database: %v", err)
+		}
+		if !strings.Contains(f.url, "default_query_exec_mode") {
+			// An operator's command runs a few statements: describing
+			// each instead of preparing it under a name costs nothing
+			// here, and works through a transaction pooler (PgBouncer).
+			pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 		if err != nil {
 			return nil, usagef("--database: %v", err)
 		}

@@ -34,6 +34,11 @@ type Rows interface {
 type DB interface {
 	Querier
 	Tx(ctx context.Context, fn func(q Querier) error) error
+	// Pin runs fn on one client connection held for fn's duration, its
+	// statements outside any transaction and never prepared under a name.
+	// named says whether the connection's ordinary statements are
+	// prepared under a name (pgx's cache_statement mode).
+	Pin(ctx context.Context, fn func(q Querier, named bool) error) error
 }
 
 // InTx adapts a transaction to DB: its Tx runs fn in the transaction
@@ -42,6 +47,11 @@ type InTx struct{ Querier }
 
 // Tx implements DB.
 func (t InTx) Tx(_ context.Context, fn func(q Querier) error) error { return fn(t.Querier) }
+
+// Pin implements DB: a transaction has no connection of its own to lend.
+func (t InTx) Pin(context.Context, func(Querier, bool) error) error {
+	return postboxdriver.ErrNotInTx
+}
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS

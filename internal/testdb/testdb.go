@@ -6,7 +6,9 @@ package testdb
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -17,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx" for database/sql
 
+	"github.com/postbox-go/postbox/internal/pgbouncer"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
@@ -40,24 +43,21 @@ func Prefix(t testing.TB) string {
 // Pool opens a pgx pool on the test database, closed when t ends.
 func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, PostgresURL())
-	if err != nil {
-		t.Fatalf("testdb: connect to PostgreSQL: %v", err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		t.Fatalf("testdb: PostgreSQL at %s is not reachable: %v", PostgresURL(), err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return PoolAt(t, PostgresURL())
 }
 
 // SQLDB opens a database/sql handle on the test database through pgx's
 // stdlib driver, closed when t ends.
 func SQLDB(t testing.TB) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("pgx", PostgresURL())
+	return SQLDBAt(t, PostgresURL())
+}
+
+// SQLDBAt opens a database/sql handle on databaseURL through pgx's stdlib
+// driver, closed when t ends.
+func SQLDBAt(t testing.TB, databaseURL string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", databaseURL)
 	if err != nil {
 		t.Fatalf("testdb: open: %v", err)
 	}
@@ -125,4 +125,59 @@ func Migrated(t testing.TB) (*pgxpool.Pool, string) {
 		t.Fatalf("testdb: migrate: %v", err)
 	}
 	return pool, prefix
+}
+
+// BouncerURL starts a PgBouncer in transaction pooling mode in front of the
+// test database, stopped when t ends, and returns the test database's URL
+// through it with the query parameters params added (for example
+// "default_query_exec_mode=cache_describe"). Without PgBouncer installed it
+// skips t, unless POSTBOX_REQUIRE_PGBOUNCER is set (CI sets it): then it
+// fails.
+func BouncerURL(t testing.TB, params string) string {
+	t.Helper()
+	if _, err := pgbouncer.Binary(); errors.Is(err, pgbouncer.ErrNotInstalled) {
+		if os.Getenv("POSTBOX_REQUIRE_PGBOUNCER") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	u, err := url.Parse(PostgresURL())
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := pgbouncer.Start(ctx, pgbouncer.Config{Upstream: u.Host, Databases: []string{strings.TrimPrefix(u.Path, "/")}})
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	through, err := s.URL(PostgresURL())
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	if params != "" {
+		sep := "?"
+		if strings.Contains(through, "?") {
+			sep = "&"
+		}
+		through += sep + params
+	}
+	return through
+}
+
+// PoolAt opens a pgx pool on databaseURL, closed when t ends.
+func PoolAt(t testing.TB, databaseURL string) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, databaseURL)
+	if err != nil {
+		t.Fatalf("testdb: connect to PostgreSQL: %v", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatalf("testdb: PostgreSQL at %s is not reachable: %v", databaseURL, err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }

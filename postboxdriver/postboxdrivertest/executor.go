@@ -440,7 +440,7 @@ func (s *suite[TTx]) execIdempotency(t *testing.T) {
 	}
 }
 
-// OldestSnapshot and DurabilityWarnings answer on every database (the
+// OldestSnapshot, DurabilityWarnings and CheckConnections answer on every database (the
 // PostgreSQL drivers' own tests hold a snapshot and weaken durability).
 func (s *suite[TTx]) execSnapshotAndDurability(t *testing.T) {
 	e := s.setup(t)
@@ -454,6 +454,11 @@ func (s *suite[TTx]) execSnapshotAndDurability(t *testing.T) {
 	}
 	if _, err := e.store.DurabilityWarnings(ctx); err != nil {
 		t.Fatalf("DurabilityWarnings: %v", err)
+	}
+	// The suite's connections work, whichever way they reach the
+	// database: the check finds nothing to refuse.
+	if err := e.store.CheckConnections(ctx); err != nil {
+		t.Fatalf("CheckConnections: %v", err)
 	}
 }
 
