@@ -4,6 +4,7 @@ package faults
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -46,6 +47,28 @@ func TestFaultsChecker(t *testing.T) {
 		}
 		if rc := r.Faults[0].Recovery; rc == nil || rc.BacklogAtStart != 4 || rc.BacklogDrainMs != 8 || rc.DrainAfterLiftMs != 4 {
 			t.Errorf("recovery: %+v", rc)
+		}
+	})
+
+	t.Run("forgotten", func(t *testing.T) {
+		// After an asynchronous failover the database forgot b and p (k1
+		// seqs 2 and 3), published, b applied; a new commit e reuses
+		// seq 2.
+		e := rec("e", "k1", 2, committed, false, 30)
+		h := maps.Clone(hist)
+		h["e"] = e
+		o := observed{
+			hist:      h,
+			stream:    []seen{msg(1, "a", a, 10), msg(2, "b", b, 11), msg(3, "p", p, 12), msg(4, "d", d, 13), msg(5, "e", e, 31)},
+			effects:   []effectRow{eff(a, 20), eff(b, 21), eff(d, 22), eff(e, 32)},
+			forgotten: map[string]bool{"b": true, "p": true},
+		}
+		r := judge(o, nil)
+		if r.ViolationCount != 2 || r.ByRule["forgotten_commit"] != 2 {
+			t.Fatalf("want the two forgotten commits alone, got %d: %+v", r.ViolationCount, r.Violations)
+		}
+		if hist["b"].Outcome != committed {
+			t.Error("judge changed the caller's history")
 		}
 	})
 

@@ -8,8 +8,13 @@
 //
 //	go test -tags faults -run TestFaults -v ./faults/
 //
+// TestFleet runs a fleet of 16 relays (POSTBOX_FLEET_PROFILE), and
+// TestFailover kills the primary under load and promotes its streaming
+// replica (POSTBOX_FAILOVER_PROFILE: failover-sync or failover-async).
+//
 // Environment: POSTBOX_FAULTS_PROFILE (short, the default, or soak),
 // POSTBOX_FAULTS_BROKER (nats, the default, or rabbitmq),
+// POSTBOX_FAULTS_POOLER (pgbouncer: every connection through PgBouncer),
 // POSTBOX_FAULTS_SEED (a run with the same seed draws the same schedule
 // and the same writer decisions), POSTBOX_FAULTS_DEDUPE (NATS: broker or
 // inbox), POSTBOX_FAULTS_REPORT (the JSON report's path),

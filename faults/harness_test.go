@@ -42,12 +42,16 @@ type harness struct {
 
 	prefix string
 	dbURL  string
-	pooler string        // "" or pgbouncer (POSTBOX_FAULTS_POOLER)
-	pool   *pgxpool.Pool // writers and the harness (application_name fx<run>writer)
-	cpool  *pgxpool.Pool // the consumer (fx<run>consumer)
-	client *postbox.Client[pgx.Tx]
-	pg     *pgCluster
-	broker broker
+	// replica, when the profile asks for one, is promoted by pg_failover.
+	replica *pgCluster
+	// replLink carries the replica's stream from the primary.
+	replLink *tcpproxy.Proxy
+	pooler   string        // "" or pgbouncer (POSTBOX_FAULTS_POOLER)
+	pool     *pgxpool.Pool // writers and the harness (application_name fx<run>writer)
+	cpool    *pgxpool.Pool // the consumer (fx<run>consumer)
+	client   *postbox.Client[pgx.Tx]
+	pg       *pgCluster
+	broker   broker
 	// The relays reach the broker through proxy, and PostgreSQL each
 	// through a proxy of its own; the writers, the consumer and the
 	// watcher connect directly.
@@ -60,6 +64,8 @@ type harness struct {
 	// monitor, when set, runs beside the watcher for the whole run.
 	monitor func(ctx context.Context)
 
+	killedAt    time.Time // when the failover killed the primary
+	promotedAt  time.Time // when the failover's promotion returned
 	writeErrs   atomic.Int64
 	injecting   atomic.Bool
 	started     time.Time
@@ -77,27 +83,46 @@ func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, di
 	h := &harness{t: t, prof: prof, seed: seed, dir: dir, runID: run, prefix: "fx" + run + "_"}
 	var err error
 	h.pg = startPG(t, ctx)
-	h.dbURL = h.pg.url()
-	pgAddr := fmt.Sprintf("127.0.0.1:%d", h.pg.port)
 	if h.pooler, err = poolerName(); err != nil {
 		t.Fatal(err)
 	}
-	if h.pooler == "pgbouncer" {
+	// hosts are what the processes connect to, in the URL's order.
+	hosts, params := []string{h.pg.addr()}, ""
+	switch {
+	case h.pooler == "pgbouncer" && prof.Replica != "":
+		t.Fatal("faults: a pooler and a replica in one run are not supported")
+	case h.pooler == "pgbouncer":
 		// Everyone (writers, consumer, relays through their proxies)
 		// reaches PostgreSQL through PgBouncer in transaction pooling
 		// mode, with the pgx setting README's "Behind PgBouncer" names.
-		pb, err := pgbouncer.Start(ctx, pgbouncer.Config{Upstream: pgAddr, Databases: []string{"postgres"}, PoolSize: 40})
+		pb, err := pgbouncer.Start(ctx, pgbouncer.Config{Upstream: h.pg.addr(), Databases: []string{"postgres"}, PoolSize: 40})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(pb.Stop)
-		if h.dbURL, err = pb.URL(h.dbURL); err != nil {
+		hosts = []string{fmt.Sprintf("127.0.0.1:%d", pb.Port)}
+		params = "default_query_exec_mode=cache_describe"
+		t.Logf("faults: PostgreSQL through PgBouncer (transaction pooling) at %s", hosts[0])
+	case prof.Replica != "":
+		// A streaming replica, synchronous or not, that a failover
+		// promotes; everyone connects with both hosts and
+		// target_session_attrs=read-write, so that they find the primary
+		// wherever it is.
+		rp, err := tcpproxy.New(h.pg.addr())
+		if err != nil {
 			t.Fatal(err)
 		}
-		h.dbURL += "&default_query_exec_mode=cache_describe"
-		pgAddr = fmt.Sprintf("127.0.0.1:%d", pb.Port)
-		t.Logf("faults: PostgreSQL through PgBouncer (transaction pooling) at %s", pgAddr)
+		t.Cleanup(rp.Close)
+		h.replLink = rp
+		h.replica = startReplica(t, ctx, h.pg, rp.Addr())
+		if err := h.replicate(ctx, prof.Replica); err != nil {
+			t.Fatal(err)
+		}
+		hosts = append(hosts, h.replica.addr())
+		params = "target_session_attrs=read-write"
+		t.Logf("faults: PostgreSQL %s, with a %s streaming replica at %s", hosts[0], prof.Replica, hosts[1])
 	}
+	h.dbURL = pgURL(hosts, params)
 
 	h.pool = h.openPool(ctx, "writer", int32(prof.Writers+4))
 	h.cpool = h.openPool(ctx, "consumer", 8)
@@ -170,16 +195,20 @@ log:
 		}
 	}
 	for i := range prof.relays() {
-		dp, err := tcpproxy.New(pgAddr)
-		if err != nil {
-			t.Fatal(err)
+		// A proxy per host, the first of which the relay's faults use.
+		var via []string
+		for j, host := range hosts {
+			dp, err := tcpproxy.New(host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(dp.Close)
+			if j == 0 {
+				h.dbProx = append(h.dbProx, dp)
+			}
+			via = append(via, dp.Addr())
 		}
-		t.Cleanup(dp.Close)
-		h.dbProx = append(h.dbProx, dp)
-		url := strings.Replace(h.dbURL, pgAddr, dp.Addr(), 1)
-		if url == h.dbURL {
-			t.Fatalf("faults: %s does not name %s: the relays would bypass their database proxies", h.dbURL, pgAddr)
-		}
+		url := pgURL(via, params)
 		env := append(append([]string(nil), base...),
 			"POSTBOX_CONFIG="+cfg,
 			"POSTBOX_DATABASE_URL="+withAppName(url, appName(run, fmt.Sprintf("relay%d", i))),
@@ -304,6 +333,27 @@ func (h *harness) waitSettled(ctx context.Context) bool {
 	deadline := time.Now().Add(h.prof.DrainLimit)
 	committed, poison := h.hist.committedIDs()
 	want := len(committed) - poison
+	lossy := h.prof.Replica == "async"
+	if lossy {
+		// After an asynchronous failover, what the new primary does not
+		// have is never published, and some effects the consumer made
+		// on the old primary are gone: wait for the rest, and for the
+		// effects to stop changing.
+		rows, _ := h.pool.Query(ctx, `SELECT message_id FROM `+h.prefix+`writes`)
+		kept, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err == nil {
+			keep := map[string]bool{}
+			for _, id := range kept {
+				keep[id] = true
+			}
+			for id := range committed {
+				if !keep[id] {
+					delete(committed, id)
+				}
+			}
+		}
+	}
+	lastEffects, stableSince := -1, time.Now()
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		missing := 0
 		for id := range committed {
@@ -315,6 +365,12 @@ func (h *harness) waitSettled(ctx context.Context) bool {
 		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.prefix+`effects`).Scan(&effects)
 		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.prefix+`consumer_dead`).Scan(&dead)
 		if missing == 0 && effects >= want && dead >= poison {
+			return true
+		}
+		if effects != lastEffects {
+			lastEffects, stableSince = effects, time.Now()
+		}
+		if lossy && missing == 0 && time.Since(stableSince) > 3*time.Second {
 			return true
 		}
 		sleep(ctx, 250*time.Millisecond)
@@ -385,6 +441,10 @@ func (h *harness) inject(ctx context.Context, sched []*fault) {
 			f.Note = h.rollingDeploy(ctx, f.Hold)
 		case faultKillMany:
 			f.Note = h.killMany(ctx, f.Relays, f.Hold)
+		case faultFailover:
+			if err := h.failover(ctx, f, f.Hold); err != nil {
+				f.Note = "failover: " + err.Error()
+			}
 		case faultXmin:
 			if err := h.holdXmin(ctx, f.Hold); err != nil {
 				f.Note = "xmin: " + err.Error()

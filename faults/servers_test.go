@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -338,4 +339,71 @@ func (c *pgCluster) restart(ctx context.Context, mode string, hold time.Duration
 	}
 	sleep(ctx, hold)
 	return c.start(context.WithoutCancel(ctx))
+}
+
+// startReplica makes a streaming replica of primary (pg_basebackup -R:
+// standby.signal and primary_conninfo written for it) and starts it on a
+// port of its own, with the same settings. It is promoted by a failover.
+// It reaches the primary at via (a proxy, which the failover cuts to make
+// the replica fall behind).
+func startReplica(t *testing.T, ctx context.Context, primary *pgCluster, via string) *pgCluster {
+	t.Helper()
+	base, err := os.MkdirTemp("", "postbox-faults-replica-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &pgCluster{bindir: primary.bindir, data: filepath.Join(base, "data"), sock: filepath.Join(base, "sock"),
+		log: filepath.Join(base, "postgresql.log"), port: port, base: base, runAs: primary.runAs}
+	for _, d := range []string{base, c.sock} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		if err := chown(d, c.runAs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	viaHost, viaPort, err := net.SplitHostPort(via)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.run(ctx, "pg_basebackup", "-h", viaHost, "-p", viaPort, "-U", "postgres",
+		"-D", c.data, "-R", "-X", "stream", "--no-sync", "-c", "fast"); err != nil {
+		t.Fatalf("pg_basebackup: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		_ = c.stop("immediate")
+		_ = os.RemoveAll(c.base)
+	})
+	if err := c.start(ctx); err != nil {
+		t.Fatalf("start the replica: %v", err)
+	}
+	return c
+}
+
+// addr is the server's host:port.
+func (c *pgCluster) addr() string { return fmt.Sprintf("127.0.0.1:%d", c.port) }
+
+// crash SIGKILLs the server and every process it started at once, as
+// when its machine dies: nothing is flushed, nothing more is sent to a
+// replica.
+func (c *pgCluster) crash() {
+	c.proc.mu.Lock()
+	cmd := c.proc.cmd
+	c.proc.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	pid := cmd.Process.Pid
+	children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	_ = cmd.Process.Kill()
+	for _, f := range strings.Fields(string(children)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			_ = syscall.Kill(n, syscall.SIGKILL)
+		}
+	}
+	c.proc.stop(func(*exec.Cmd) {}, time.Minute)
 }

@@ -2,6 +2,7 @@ package pgsql
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"strings"
 	"time"
@@ -409,6 +410,16 @@ func (c *Core) DurabilityWarnings(ctx context.Context) ([]string, error) {
 	}
 	if fsync == "off" {
 		out = append(out, "PostgreSQL runs with fsync = off: a crash can lose or corrupt committed transactions, after the relay published their messages")
+	}
+	// Replicas a commit does not wait for: a failover to one of them
+	// forgets what it had not received. Only a role that may read
+	// pg_stat_replication's states sees them (a superuser, pg_monitor).
+	var async int
+	if err := c.queryRow(ctx, c.db, `SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('async', 'potential')`, nil, &async); err != nil {
+		return out, err
+	}
+	if async > 0 {
+		out = append(out, fmt.Sprintf("PostgreSQL streams to %d replica(s) asynchronously: a failover to one can lose transactions that committed, after the relay published their messages (synchronous_standby_names makes commits wait for a replica)", async))
 	}
 	return out, nil
 }
