@@ -167,14 +167,15 @@ func poolerName() (string, error) {
 }
 
 // brokerName is the broker under test: POSTBOX_FAULTS_BROKER, nats (the
-// default) or rabbitmq.
+// default), nats-cluster (three nodes, a stream of three replicas) or
+// rabbitmq.
 func brokerName() (string, error) {
 	switch v := os.Getenv("POSTBOX_FAULTS_BROKER"); v {
 	case "", "nats":
 		return "nats", nil
-	case "rabbitmq":
+	case "rabbitmq", "nats-cluster":
 		return v, nil
 	default:
-		return "", fmt.Errorf("POSTBOX_FAULTS_BROKER=%q: want nats or rabbitmq", v)
+		return "", fmt.Errorf("POSTBOX_FAULTS_BROKER=%q: want nats, nats-cluster or rabbitmq", v)
 	}
 }

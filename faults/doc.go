@@ -13,7 +13,8 @@
 // replica (POSTBOX_FAILOVER_PROFILE: failover-sync or failover-async).
 //
 // Environment: POSTBOX_FAULTS_PROFILE (short, the default, or soak),
-// POSTBOX_FAULTS_BROKER (nats, the default, or rabbitmq),
+// POSTBOX_FAULTS_BROKER (nats, the default, nats-cluster with the cluster
+// profile, or rabbitmq), POSTBOX_FAULTS_NATS_SYNC (nats-cluster: always),
 // POSTBOX_FAULTS_POOLER (pgbouncer: every connection through PgBouncer),
 // POSTBOX_FAULTS_SEED (a run with the same seed draws the same schedule
 // and the same writer decisions), POSTBOX_FAULTS_DEDUPE (NATS: broker or

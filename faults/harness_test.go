@@ -159,6 +159,8 @@ func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, di
 	switch brokerKind {
 	case "rabbitmq":
 		h.broker = newRabbitBroker(t, ctx, run)
+	case "nats-cluster":
+		h.broker = newNATSClusterBroker(t, ctx, dir, run, dupWindow)
 	default:
 		h.broker = newNATSBroker(t, ctx, dir, run, dupWindow)
 	}
@@ -441,6 +443,8 @@ func (h *harness) inject(ctx context.Context, sched []*fault) {
 			f.Note = h.rollingDeploy(ctx, f.Hold)
 		case faultKillMany:
 			f.Note = h.killMany(ctx, f.Relays, f.Hold)
+		case faultNATSLeaderKill, faultNATSFreeze:
+			h.clusterFault(ctx, f)
 		case faultFailover:
 			if err := h.failover(ctx, f, f.Hold); err != nil {
 				f.Note = "failover: " + err.Error()

@@ -35,6 +35,26 @@ func buildPostbox(t *testing.T, dir string) string {
 	return bin
 }
 
+// buildNATSServer builds the nats-server of the module graph (the one
+// the demo embeds), newer than Debian's: the cluster runs need its
+// JetStream sync_interval setting.
+func buildNATSServer(t *testing.T, dir string) string {
+	t.Helper()
+	src, err := filepath.Abs("../cmd/postbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "nats-server")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/nats-io/nats-server/v2")
+	cmd.Dir = src
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build nats-server: %v\n%s", err, out)
+	}
+	return bin
+}
+
 // relayProc is one `postbox relay` process, restarted by its supervisor
 // when it exits on its own, and killed, stopped and restarted by faults.
 type relayProc struct {

@@ -131,6 +131,12 @@ func schedule(rng *rand.Rand, p profile) []*fault {
 				f.Hold = p.Lease + jitter(rng, time.Second, 2*time.Second)
 			case faultPGReset:
 				// One relay, no hold.
+			case faultNATSLeaderKill:
+				f.Relay = -1
+				f.Hold = jitter(rng, time.Second, 3*time.Second)
+			case faultNATSFreeze:
+				f.Relay = -1
+				f.Hold = jitter(rng, 3*time.Second, 6*time.Second)
 			case faultPGRestart:
 				f.Relay = -1
 				f.Mode = []string{"fast", "immediate"}[rng.IntN(2)]

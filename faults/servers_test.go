@@ -154,6 +154,9 @@ type natsServer struct {
 	bin, dir, log string
 	port          int
 	proc          child
+	// conf, when set, is a configuration file that says everything
+	// (a cluster node's); else flags do.
+	conf string
 }
 
 func startNATS(t *testing.T, ctx context.Context, dir string) *natsServer {
@@ -187,6 +190,9 @@ func (s *natsServer) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", s.
 
 func (s *natsServer) start(ctx context.Context) error {
 	cmd := exec.Command(s.bin, "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-js", "-sd", s.dir, "-l", s.log)
+	if s.conf != "" {
+		cmd = exec.Command(s.bin, "-c", s.conf)
+	}
 	if _, err := s.proc.launch(cmd, ""); err != nil {
 		return err
 	}

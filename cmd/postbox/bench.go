@@ -100,6 +100,7 @@ func newBenchDrain() *cobra.Command {
 	f.IntVar(&opts.PayloadBytes, "payload", 256, "payload bytes")
 	f.IntVar(&opts.Keys, "keys", 1000, "distinct ordering keys (0: keyless)")
 	f.IntVar(&opts.Window, "window", 256, "publish window")
+	f.IntVar(&opts.Replicas, "replicas", 0, "replicas of the benchmark's streams (0: one); 3 with --nats-url listing a three-node cluster")
 	f.IntVar(&opts.BatchSize, "batch", 500, "relay batch size")
 	f.IntVar(&opts.Lanes, "lanes", 0, "relay lanes (default the library's)")
 	f.StringVar(&opts.CPUProfile, "cpuprofile", "", "write a CPU profile of the drain phase to this file")

@@ -24,8 +24,12 @@ import (
 
 // DrainOptions configure the backlog drain benchmark.
 type DrainOptions struct {
-	DatabaseURL  string
-	NatsURL      string
+	DatabaseURL string
+	// NatsURL may list several servers (a cluster), comma-separated.
+	NatsURL string
+	// Replicas of both phases' streams (0: one); 3 on a three-node
+	// cluster.
+	Replicas     int
 	Messages     int // default 100,000
 	PayloadBytes int // default 256
 	Keys         int // distinct ordering keys; 0 means keyless messages
@@ -94,7 +98,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 
 	// The baseline: the same messages (payload and Nats-Msg-Id) published
 	// straight to JetStream, with the same window.
-	raw, err := openStream(ctx, opts.NatsURL, "BENCH_RAW_"+tag, "bench.raw."+tag+".", jetstream.WithPublishAsyncMaxPending(opts.Window))
+	raw, err := openStream(ctx, opts.NatsURL, "BENCH_RAW_"+tag, "bench.raw."+tag+".", opts.Replicas, jetstream.WithPublishAsyncMaxPending(opts.Window))
 	if err != nil {
 		return res, err
 	}
@@ -144,7 +148,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		return res, err
 	}
 	defer drop()
-	drain, err := ensureStream(ctx, raw.nc, "BENCH_DRAIN_"+tag, "bench.drain."+tag+".")
+	drain, err := ensureStream(ctx, raw.nc, "BENCH_DRAIN_"+tag, "bench.drain."+tag+".", opts.Replicas)
 	if err != nil {
 		return res, err
 	}

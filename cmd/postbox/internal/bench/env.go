@@ -64,27 +64,29 @@ type benchStream struct {
 	prefix string
 }
 
-// ensureStream makes the stream name, on the subjects below prefix, through
-// a JetStream context of its own on nc made with opts.
-func ensureStream(ctx context.Context, nc *nats.Conn, name, prefix string, opts ...jetstream.JetStreamOpt) (*benchStream, error) {
+// ensureStream makes the stream name, on the subjects below prefix, with
+// replicas copies (0: the server's default, one), through a JetStream
+// context of its own on nc made with opts.
+func ensureStream(ctx context.Context, nc *nats.Conn, name, prefix string, replicas int, opts ...jetstream.JetStreamOpt) (*benchStream, error) {
 	js, err := jetstream.New(nc, opts...)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ">"}}); err != nil {
+	if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ">"}, Replicas: replicas}); err != nil {
 		return nil, err
 	}
 	return &benchStream{js: js, name: name, prefix: prefix}, nil
 }
 
 // openStream connects to the NATS server at url and makes the stream name
-// on the subjects below prefix; close deletes it and closes the connection.
-func openStream(ctx context.Context, url, name, prefix string, opts ...jetstream.JetStreamOpt) (*benchStream, error) {
+// on the subjects below prefix, with replicas copies (0: one); close
+// deletes it and closes the connection.
+func openStream(ctx context.Context, url, name, prefix string, replicas int, opts ...jetstream.JetStreamOpt) (*benchStream, error) {
 	nc, err := connectNATS(url)
 	if err != nil {
 		return nil, err
 	}
-	s, err := ensureStream(ctx, nc, name, prefix, opts...)
+	s, err := ensureStream(ctx, nc, name, prefix, replicas, opts...)
 	if err != nil {
 		nc.Close()
 		return nil, err

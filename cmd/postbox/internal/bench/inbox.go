@@ -103,7 +103,7 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 	res := InboxResult{Messages: opts.Messages}
 	tag := randTag()
 	subject := "bench.inbox." + tag
-	stream, err := openStream(ctx, opts.NatsURL, "BENCH_INBOX_"+tag, subject+".", jetstream.WithPublishAsyncMaxPending(256))
+	stream, err := openStream(ctx, opts.NatsURL, "BENCH_INBOX_"+tag, subject+".", 0, jetstream.WithPublishAsyncMaxPending(256))
 	if err != nil {
 		return res, err
 	}

@@ -161,7 +161,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	res.Rate = opts.Rate
 	res.SeparateWriter = opts.SeparateWriter
 	tag := randTag()
-	bs, err := openStream(ctx, opts.NatsURL, "BENCH_LATENCY_"+tag, "bench.latency."+tag+".")
+	bs, err := openStream(ctx, opts.NatsURL, "BENCH_LATENCY_"+tag, "bench.latency."+tag+".", 0)
 	if err != nil {
 		return res, err
 	}

@@ -110,7 +110,7 @@ func RSS(ctx context.Context, opts RSSOptions, out io.Writer) (RSSResult, error)
 		return res, err
 	}
 	tag := randTag()
-	bs, err := openStream(ctx, opts.NatsURL, "BENCH_RSS_"+tag, "bench.rss."+tag+".")
+	bs, err := openStream(ctx, opts.NatsURL, "BENCH_RSS_"+tag, "bench.rss."+tag+".", 0)
 	if err != nil {
 		return res, err
 	}

@@ -141,7 +141,7 @@ func Snapshot(ctx context.Context, opts SnapshotOptions, out io.Writer) (Snapsho
 		return res, err
 	}
 	tag := randTag()
-	bs, err := openStream(ctx, opts.NatsURL, "BENCH_SNAP_"+tag, "bench.snap."+tag+".")
+	bs, err := openStream(ctx, opts.NatsURL, "BENCH_SNAP_"+tag, "bench.snap."+tag+".", 0)
 	if err != nil {
 		return res, err
 	}
