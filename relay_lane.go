@@ -40,7 +40,7 @@ func (l *lane) run(soft, hard context.Context) {
 			l.idle(soft, r.cfg.PollInterval)
 			continue
 		}
-		res, err := r.step(soft, hard, fence, until)
+		res, err := r.step(soft, hard, fence, until, l.infraPause == 0)
 		r.done(fence)
 		switch {
 		case err != nil:

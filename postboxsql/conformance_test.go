@@ -17,7 +17,16 @@ import (
 	"github.com/postbox-go/postbox/postboxsql"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	postboxdrivertest.Child(func(url string) (postboxdriver.Driver[*sql.Tx], error) {
+		db, err := sql.Open("pgx", url)
+		if err != nil {
+			return nil, err
+		}
+		return postboxsql.New(db)
+	})
+	goleak.VerifyTestMain(m)
+}
 
 func TestConformance(t *testing.T) {
 	postboxdrivertest.Run(t, postboxdrivertest.Harness[*sql.Tx]{
@@ -49,6 +58,7 @@ func TestConformance(t *testing.T) {
 			_, err := d.(*postboxsql.Driver).DB().ExecContext(context.Background(), query, args...)
 			return err
 		},
+		Locate:   func(*testing.T, postboxdriver.Driver[*sql.Tx]) string { return testdb.PostgresURL() },
 		Features: postboxdrivertest.Features{ConcurrentWriters: true},
 	})
 }
