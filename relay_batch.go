@@ -61,6 +61,9 @@ func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, unti
 	}
 	res, rep := r.record(hard, fence, recs, out)
 	if sus != nil {
+		if res.markErr == nil && res.fencedOut == 0 {
+			m.recorded(out)
+		}
 		if err := r.unmark(hard, fence, m); err != nil {
 			res.markErr = errors.Join(res.markErr, err)
 		}

@@ -20,14 +20,16 @@ import (
 //     than released, may hold such a message: the database says so
 //     (Lease.Crashed). Only its first batch is published with crash marks;
 //     every other batch writes nothing more than before.
-//   - Marked, the batch's rows are published together, each marked in
-//     flight with others (one statement for them all). A relay dying then
+//   - Marked, the batch's rows are published together, in chunks of
+//     markedChunk, each chunk's rows marked in flight with others by one
+//     statement (which also clears the chunk before). A relay dying then
 //     leaves them marked, and the next owner makes each a suspect.
-//   - A suspect is published alone: marked in flight alone, with no other
-//     publish in flight in the relay (every batch publishes under solo's
-//     read lock; this takes the write lock). A relay dying then counts a
-//     crash against that one row, and at MaxCrashes the next owner buries
-//     it as a dead message instead of publishing it.
+//   - A suspect is published alone: marked in flight alone (one statement,
+//     which also clears the mark before), with no other publish in flight
+//     in the relay (every batch publishes under solo's read lock; this
+//     takes the write lock). A relay dying then counts a crash against
+//     that one row, and at MaxCrashes the next owner buries it as a dead
+//     message instead of publishing it.
 //
 // A relay killed for a reason of its own (a deploy's SIGKILL) therefore
 // counts a crash against an innocent row only when it dies during that
@@ -73,13 +75,13 @@ func (r *relay) settle(fence postboxdriver.Fence, sus map[int]bool, recs []postb
 	}
 }
 
-// marked is what publishMarked leaves for the caller: the rows whose mark
-// could not be cleared when their publish ended, to be cleared once the
-// batch is recorded, and whether every suspect of the batch was published
-// alone.
+// marked is what publishMarked leaves for the caller: the rows still
+// marked when it returned, cleared once the batch is recorded (rows
+// published are gone by then, failed ones cleared), and whether every
+// suspect of the batch was published alone.
 type marked struct {
-	left      []int64 // published with others
-	leftAlone []int64 // published alone
+	left      []int64 // published with others: ended, or never began
+	leftAlone []int64 // published alone, outcome unknown
 	complete  bool
 }
 
@@ -100,11 +102,15 @@ func (r *relay) publishMarked(ctx context.Context, deadline, until time.Time, fe
 			seqs = append(seqs, recs[i].Seq)
 		}
 	}
-	sctx, cancel := context.WithDeadline(ctx, deadline)
+	// The marks are bounded by a quarter of the batch deadline each: a
+	// database too busy to write them in that time gets the batch
+	// published without them (unmarked), as if the partition had not
+	// been taken after an expiry, rather than waiting or pausing.
+	sctx, cancel := context.WithDeadline(ctx, r.markBound(deadline))
 	found, err := r.ex.ResolveCrashes(sctx, fence, seqs)
 	cancel()
 	if err != nil {
-		return batchResult{infra: fmt.Errorf("read crash marks: %w", err)}, m
+		return r.unmarked(ctx, deadline, recs, fmt.Errorf("read: %w", err)), m
 	}
 	crashes := make(map[int64]int, len(found))
 	for _, s := range found {
@@ -141,18 +147,23 @@ func (r *relay) publishMarked(ctx context.Context, deadline, until time.Time, fe
 	}
 
 	// Together, in chunks of at most markedChunk rows in seq order, each
-	// marked before it is published and cleared once it settled: a relay
-	// dying makes suspects of one chunk's rows at most. A key whose row
-	// was not acknowledged stops there for this batch.
-	waiting := map[string]bool{}
-	acked := map[int64]bool{}
-	// No chunk starts past half the deadline: what is left waits for the
+	// marked before it is published, by the statement that clears the
+	// chunk before: a relay dying makes suspects of one chunk's rows at
+	// most. A key whose row was not acknowledged stops there for this
+	// batch. No chunk starts past half the deadline: the rest waits for the
 	// next batch, rather than the batch ending in a deadline that pauses
 	// the lane.
+	waiting := map[string]bool{}
+	var prev []int64 // marked rows whose publish ended
 	half := time.Now().Add(time.Until(deadline) / 2)
-	for start := 0; start < len(group) && res.infra == nil; start += markedChunk {
+	for start := 0; start < len(group); start += markedChunk {
 		if start > 0 && time.Now().After(half) {
 			left = true
+			for _, rec := range group[start:] {
+				if rec.Key != "" {
+					waiting[rec.Key] = true // not sent: its key's suspect waits too
+				}
+			}
 			break
 		}
 		var send []postboxdriver.Record
@@ -166,14 +177,25 @@ func (r *relay) publishMarked(ctx context.Context, deadline, until time.Time, fe
 				marks = append(marks, rec.Seq)
 			}
 		}
-		if err := r.mark(ctx, deadline, fence, marks, postboxdriver.InFlightWithOthers); err != nil {
-			res.infra = err
-			break
+		if err := r.mark(ctx, r.markBound(deadline), fence, marks, postboxdriver.InFlightWithOthers, prev); err != nil {
+			m.left = append(append([]int64(nil), prev...), marks...) // perhaps committed
+			var rest []postboxdriver.Record
+			for _, rec := range group[start:] {
+				if rec.Key == "" || !waiting[rec.Key] {
+					rest = append(rest, rec)
+				}
+			}
+			res.add(r.unmarked(ctx, deadline, rest, err))
+			return res, m
+		}
+		if len(marks) > 0 {
+			prev = marks
 		}
 		r.solo.RLock()
 		out := r.publish(ctx, deadline, send)
 		r.solo.RUnlock()
 		res.add(out)
+		acked := make(map[int64]bool, len(out.published))
 		for _, s := range out.published {
 			acked[s] = true
 		}
@@ -182,39 +204,36 @@ func (r *relay) publishMarked(ctx context.Context, deadline, until time.Time, fe
 				waiting[send[i].Key] = true
 			}
 		}
-		if err := r.clear(ctx, fence, marks, postboxdriver.NotInFlight); err != nil {
-			m.left = append(m.left, marks...)
-			if res.infra == nil {
-				res.infra = err
-			}
+		if out.infra != nil {
+			m.left = prev
+			return res, m
 		}
 	}
-	if len(alone) == 0 {
-		m.complete = res.infra == nil && !left
+	if len(alone) == 0 || !calm {
+		m.left = prev
+		m.complete = len(alone) == 0 && !left
 		return res, m
 	}
-	if res.infra != nil || !calm {
-		return res, m
-	}
-
-	// A suspect goes only after its key's rows published together were
-	// acknowledged.
-	out, done, stuck := r.publishAlone(ctx, until, fence, alone, waiting)
+	var done bool
+	var out batchResult
+	out, done, m.left, m.leftAlone = r.publishAlone(ctx, until, fence, alone, waiting, prev)
 	res.add(out)
-	m.leftAlone = stuck
 	m.complete = done && out.infra == nil && !left
 	return res, m
 }
 
 // publishAlone publishes each of recs (suspects and the rows of their keys
 // after them, in seq order) as the only publish in flight in the relay,
-// marked in flight alone from just before the publish until its outcome,
-// so that the relay dying in between counts a crash against that row and
-// no other. A row whose key is in waiting (an earlier row of the key was
-// not acknowledged) is left for the next batch. It publishes within a
-// batch deadline of its own, never past until, and reports whether it
-// tried every row, and the rows whose mark it could not clear.
-func (r *relay) publishAlone(ctx context.Context, until time.Time, fence postboxdriver.Fence, recs []postboxdriver.Record, waiting map[string]bool) (res batchResult, all bool, stuck []int64) {
+// marked in flight alone from just before its publish until the next
+// row's mark (or the caller's clear, after the record), so that the relay
+// dying in between counts a crash against that row and no other; prev,
+// the rows published together before, are cleared by the first mark. A
+// row whose key is in waiting (an earlier row of the key was not
+// acknowledged) is left for the next batch. It publishes within a batch
+// deadline of its own, never past until, and reports whether it tried
+// every row, and the rows still marked: those to clear, and the one
+// published alone whose outcome is unknown, to keep a suspect.
+func (r *relay) publishAlone(ctx context.Context, until time.Time, fence postboxdriver.Fence, recs []postboxdriver.Record, waiting map[string]bool, prev []int64) (res batchResult, all bool, clear, suspect []int64) {
 	r.solo.Lock()
 	defer r.solo.Unlock()
 	// The other lanes' batches have ended: a deadline of its own.
@@ -227,54 +246,63 @@ func (r *relay) publishAlone(ctx context.Context, until time.Time, fence postbox
 	for len(r.window) > 0 {
 		if time.Now().After(end) || ctx.Err() != nil {
 			res.infra = fmt.Errorf("publishes of an abandoned batch still in flight: %d", len(r.window))
-			return res, false, nil
+			return res, false, prev, nil
 		}
 		time.Sleep(minPoll)
 	}
-	all = true
 	half := time.Now().Add(time.Until(end) / 2)
 	for i := range recs {
 		rec := recs[i]
 		if i > 0 && time.Now().After(half) {
-			return res, false, nil // the rest waits for the next batch
+			return res, false, prev, nil // the rest waits for the next batch
 		}
 		if rec.Key != "" && waiting[rec.Key] {
-			all = false
 			continue
 		}
-		if err := r.mark(ctx, end, fence, []int64{rec.Seq}, postboxdriver.InFlightAlone); err != nil {
-			// Perhaps committed: the caller clears it after the record.
-			res.infra = err
-			return res, false, []int64{rec.Seq}
+		if err := r.mark(ctx, r.markBound(end), fence, []int64{rec.Seq}, postboxdriver.InFlightAlone, prev); err != nil {
+			// The rest waits for the next batch.
+			r.log.Warn("postbox relay could not mark a suspect in flight; it waits for the next batch", slog.Any("error", err))
+			return res, false, prev, []int64{rec.Seq} // perhaps committed
 		}
+		prev = []int64{rec.Seq}
 		out := r.publish(ctx, end, []postboxdriver.Record{rec})
-		// The publish ended without killing the relay: clear the mark
-		// before the next row's, so that a crash during that one counts
-		// against it alone. A row left pending stays a suspect.
-		after := postboxdriver.NotInFlight
-		if out.infra != nil {
-			after = postboxdriver.Suspected
-		}
-		err := r.clear(ctx, fence, []int64{rec.Seq}, after)
 		res.add(out)
 		switch {
-		case err != nil:
-			if res.infra == nil {
-				res.infra = err
-			}
-			return res, false, []int64{rec.Seq}
 		case out.infra != nil:
-			return res, false, nil
+			return res, false, nil, prev
 		case len(out.published) == 0 && rec.Key != "":
 			waiting[rec.Key] = true // failed: the key's later rows wait
 		}
 	}
-	return res, all, nil
+	for _, rec := range recs {
+		if rec.Key != "" && waiting[rec.Key] {
+			return res, false, prev, nil
+		}
+	}
+	return res, true, prev, nil
+}
+
+// markBound is when a mark written now must be done: a quarter of the
+// batch deadline, and never past deadline.
+func (r *relay) markBound(deadline time.Time) time.Time {
+	if b := time.Now().Add(r.cfg.BatchDeadline / 4); b.Before(deadline) {
+		return b
+	}
+	return deadline
+}
+
+// unmarked publishes recs as a batch without crash marks, after the
+// marks could not be read or written (why).
+func (r *relay) unmarked(ctx context.Context, deadline time.Time, recs []postboxdriver.Record, why error) batchResult {
+	r.log.Warn("postbox relay publishes a batch without crash marks: the database did not take them in time", slog.Any("error", why))
+	r.solo.RLock()
+	defer r.solo.RUnlock()
+	return r.publish(ctx, deadline, recs)
 }
 
 // markedChunk is the most rows published together with crash marks: a
 // relay dying makes suspects of them, each then published alone.
-const markedChunk = 32
+const markedChunk = 64
 
 // add merges the outcome of o, a part of the batch, into b.
 func (b *batchResult) add(o batchResult) {
@@ -286,39 +314,67 @@ func (b *batchResult) add(o batchResult) {
 	}
 }
 
-// mark sets the crash mark of seqs, bounded by end (a mark left behind by
-// a failure is cleared after the batch is recorded, or read as a crash by
-// the next owner of a relay that died).
-func (r *relay) mark(ctx context.Context, end time.Time, fence postboxdriver.Fence, seqs []int64, mark postboxdriver.InFlight) error {
-	mctx, cancel := context.WithDeadline(ctx, end)
-	defer cancel()
-	if len(seqs) == 0 {
+// mark sets the crash mark of seqs and clears that of clear, in one
+// statement bounded by end.
+func (r *relay) mark(ctx context.Context, end time.Time, fence postboxdriver.Fence, seqs []int64, mark postboxdriver.InFlight, clear []int64) error {
+	if len(seqs) == 0 && len(clear) == 0 {
 		return nil
 	}
-	if _, err := r.ex.MarkInFlight(mctx, fence, seqs, mark); err != nil {
-		return fmt.Errorf("mark %d rows in flight: %w", len(seqs), err)
+	mctx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
+	if _, err := r.ex.MarkInFlight(mctx, fence, seqs, mark, clear); err != nil {
+		return fmt.Errorf("%w: mark %d rows in flight: %w", errCrashMarks, len(seqs), err)
 	}
 	return nil
 }
 
-// clear sets the crash mark of seqs after their publish ended, with a
-// budget of its own: a mark left behind would count a crash that did not
-// happen.
-func (r *relay) clear(ctx context.Context, fence postboxdriver.Fence, seqs []int64, mark postboxdriver.InFlight) error {
-	if len(seqs) == 0 {
+// errCrashMarks marks a failure to read or write crash marks: the
+// database's, not the broker's, so it does not make a lane unsure of its
+// broker (calm).
+var errCrashMarks = errors.New("crash marks")
+
+// recorded drops from m the rows whose outcome out recorded: published
+// rows left the outbox, and failed ones lost their marks.
+func (m *marked) recorded(out batchResult) {
+	if len(m.left) == 0 && len(m.leftAlone) == 0 {
+		return
+	}
+	done := make(map[int64]bool, len(out.published)+len(out.failed))
+	for _, s := range out.published {
+		done[s] = true
+	}
+	for _, f := range out.failed {
+		done[f.Seq] = true
+	}
+	keep := func(seqs []int64) []int64 {
+		out := seqs[:0]
+		for _, s := range seqs {
+			if !done[s] {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	m.left, m.leftAlone = keep(m.left), keep(m.leftAlone)
+}
+
+// unmark clears, once the batch is recorded, the marks publishMarked
+// left: rows published are gone and rows failed cleared by then; the
+// others were in flight with no crash, or published alone with no outcome
+// (which, cleared, go together with others next time, and become suspects
+// again if a relay dies then). Clears are not fenced: a mark's own relay
+// clearing it says only that the publish ended without a crash, whoever
+// holds the partition now. It has a budget of its own: a mark left behind
+// counts a crash that did not happen.
+func (r *relay) unmark(ctx context.Context, fence postboxdriver.Fence, m marked) error {
+	clear := append(m.left, m.leftAlone...)
+	if len(clear) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
 	defer cancel()
-	if _, err := r.ex.MarkInFlight(ctx, fence, seqs, mark); err != nil {
-		return fmt.Errorf("clear the crash marks of %d rows: %w", len(seqs), err)
+	if _, err := r.ex.MarkInFlight(ctx, fence, nil, postboxdriver.NotInFlight, clear); err != nil {
+		return fmt.Errorf("%w: clear %d rows: %w", errCrashMarks, len(clear), err)
 	}
 	return nil
-}
-
-// unmark clears, once the batch is recorded, the marks that could not be
-// cleared when their publish ended: rows published with others are not
-// suspects; a row published alone stays one.
-func (r *relay) unmark(ctx context.Context, fence postboxdriver.Fence, m marked) error {
-	return errors.Join(r.clear(ctx, fence, m.left, postboxdriver.NotInFlight), r.clear(ctx, fence, m.leftAlone, postboxdriver.Suspected))
 }

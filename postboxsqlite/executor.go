@@ -42,7 +42,7 @@ func (s *store) Dialect() string { return "sqlite" }
 
 type queries struct {
 	lock, partitions, heartbeat, live, leases, unregister, acquire, release, expire, fetch, fetchStrict, fetchRouted, fetchRoutedStrict, publish, unpend, bury, unbury, retry,
-	markCrashes, suspects, markInFlight, stats,
+	anyMarked, markCrashes, suspects, markInFlight, stats,
 	applied, createMigrations, migrationDone, recordMigration string
 }
 
@@ -121,17 +121,25 @@ FROM f, {p}leases l
 WHERE o.seq = f.seq AND ` + fenced + ` AND o.attempts + 1 < ?4 AND NOT f.dead
 RETURNING seq, attempts`),
 		// ResolveCrashes: a row in flight alone when its relay died counts
-		// a crash, a row in flight with others becomes a suspect; then the
-		// suspects and the rows counted before are read back.
-		markCrashes: r.Replace(`UPDATE {p}outbox AS o SET crashes = o.crashes + (o.inflight = 2), inflight = 3
+		// a crash, a row in flight with others becomes a suspect, a mark
+		// whose relay is live again is cleared; then the suspects and the
+		// rows counted before are read back.
+		anyMarked: r.Replace(`SELECT EXISTS (SELECT 1 FROM {p}outbox WHERE seq IN (SELECT value FROM json_each(?1)) AND inflight IN (1, 2))`),
+		markCrashes: r.Replace(`UPDATE {p}outbox AS o SET
+  crashes = o.crashes + (o.inflight = 2 AND NOT EXISTS (SELECT 1 FROM {p}relays r WHERE r.id = o.inflight_by AND r.expires_at > {now})),
+  inflight = CASE WHEN EXISTS (SELECT 1 FROM {p}relays r WHERE r.id = o.inflight_by AND r.expires_at > {now}) THEN 0 ELSE 3 END
 FROM {p}leases l
 WHERE o.seq IN (SELECT value FROM json_each(?1)) AND o.inflight IN (1, 2) AND ` + fenced),
 		suspects: r.Replace(`SELECT seq, crashes FROM {p}outbox
 WHERE seq IN (SELECT value FROM json_each(?1)) AND (inflight = 3 OR (inflight = 0 AND crashes > 0))
 ORDER BY seq`),
-		markInFlight: r.Replace(`UPDATE {p}outbox AS o SET inflight = ?4
-FROM {p}leases l
-WHERE o.seq IN (SELECT value FROM json_each(?1)) AND ` + fenced),
+		// The marks are fenced, the clears are not (Executor.MarkInFlight):
+		// one statement, so one commit, for both.
+		markInFlight: r.Replace(`UPDATE {p}outbox AS o SET inflight = CASE WHEN o.seq IN (SELECT value FROM json_each(?1)) THEN ?4 ELSE 0 END,
+  inflight_by = CASE WHEN o.seq IN (SELECT value FROM json_each(?1)) THEN ?2 ELSE o.inflight_by END
+WHERE (o.seq IN (SELECT value FROM json_each(?1))
+    AND EXISTS (SELECT 1 FROM {p}leases l WHERE ` + fenced + `))
+  OR (o.seq IN (SELECT value FROM json_each(?5)) AND o.seq NOT IN (SELECT value FROM json_each(?1)) AND o.inflight <> 0)`),
 		applied: r.Replace(`SELECT version FROM {p}migrations ORDER BY version`),
 		createMigrations: r.Replace(`CREATE TABLE IF NOT EXISTS {p}migrations (
   version    INTEGER PRIMARY KEY,
@@ -445,17 +453,31 @@ func (s *store) ResolveCrashes(ctx context.Context, f postboxdriver.Fence, seqs 
 		return nil, nil
 	}
 	list := int64sJSON(seqs)
+	suspects := func(c conn) ([]postboxdriver.Suspect, error) {
+		return queryAll(ctx, c, s.q.suspects, []any{list}, func(r *sql.Rows) (postboxdriver.Suspect, error) {
+			var sp postboxdriver.Suspect
+			err := r.Scan(&sp.Seq, &sp.Crashes)
+			return sp, err
+		})
+	}
+	// Rows marked in flight are only found after a relay died: a look
+	// first, which in WAL mode takes no lock, spares the write lock
+	// otherwise.
+	var marked bool
+	if err := s.conn().QueryRowContext(ctx, s.q.anyMarked, list).Scan(&marked); err != nil {
+		return nil, s.wrap(err)
+	}
+	if !marked {
+		out, err := suspects(s.conn())
+		return out, s.wrap(err)
+	}
 	var out []postboxdriver.Suspect
 	err := s.write(ctx, func(c conn) error {
 		if _, err := c.ExecContext(ctx, s.q.markCrashes, list, f.Owner, generationsJSON(f)); err != nil {
 			return err
 		}
 		var err error
-		out, err = queryAll(ctx, c, s.q.suspects, []any{list}, func(r *sql.Rows) (postboxdriver.Suspect, error) {
-			var sp postboxdriver.Suspect
-			err := r.Scan(&sp.Seq, &sp.Crashes)
-			return sp, err
-		})
+		out, err = suspects(c)
 		return err
 	})
 	if err != nil {
@@ -467,11 +489,11 @@ func (s *store) ResolveCrashes(ctx context.Context, f postboxdriver.Fence, seqs 
 // MarkInFlight implements postboxdriver.Executor. In WAL mode with
 // synchronous=FULL the commit waits for its fsync; only relays that took a
 // partition after an expiry mark rows.
-func (s *store) MarkInFlight(ctx context.Context, f postboxdriver.Fence, seqs []int64, mark postboxdriver.InFlight) (int, error) {
-	if len(seqs) == 0 {
+func (s *store) MarkInFlight(ctx context.Context, f postboxdriver.Fence, seqs []int64, mark postboxdriver.InFlight, clear []int64) (int, error) {
+	if len(seqs) == 0 && len(clear) == 0 {
 		return 0, nil
 	}
-	n, err := affected(s.conn().ExecContext(ctx, s.q.markInFlight, int64sJSON(seqs), f.Owner, generationsJSON(f), int(mark)))
+	n, err := affected(s.conn().ExecContext(ctx, s.q.markInFlight, int64sJSON(seqs), f.Owner, generationsJSON(f), int(mark), int64sJSON(clear)))
 	return int(n), s.wrap(err)
 }
 

@@ -130,18 +130,23 @@ SELECT seq, attempts, false FROM retried`),
 		// A relay that took the rows' partition after an expiry reads
 		// their crash marks before publishing them: a row in flight alone
 		// when its relay died counts a crash, a row in flight with others
-		// becomes a suspect. Only marked rows are written; the rows
+		// becomes a suspect; a mark whose relay is live again (it was
+		// paused or cut off, not dead) is cleared. Only marked rows are written; the rows
 		// counted before are read as they are (the CTE's update is not
 		// visible to the outer SELECT, which therefore takes the marked
 		// rows from the update's RETURNING and the others from the table).
 		resolveCrashes: r.Replace(`WITH marked AS (
-  UPDATE {p}outbox o SET crashes = o.crashes + (o.inflight = 2)::int, inflight = 3
-  FROM {p}leases l
+  SELECT o.seq, EXISTS (SELECT 1 FROM {p}relays r WHERE r.id = o.inflight_by AND r.expires_at > now()) AS live
+  FROM {p}outbox o JOIN {p}leases l
+    ON l.partition = o.partition AND l.owner = $1 AND l.generation = ($3::bigint[])[o.partition + 1]
   WHERE o.seq = ANY($2::bigint[]) AND o.inflight IN (1, 2)
-    AND l.partition = o.partition AND l.owner = $1 AND l.generation = ($3::bigint[])[o.partition + 1]
-  RETURNING o.seq, o.crashes
+), resolved AS (
+  UPDATE {p}outbox o SET crashes = o.crashes + (o.inflight = 2 AND NOT m.live)::int,
+    inflight = CASE WHEN m.live THEN 0 ELSE 3 END
+  FROM marked m WHERE o.seq = m.seq
+  RETURNING o.seq, o.crashes, o.inflight
 )
-SELECT seq, crashes FROM marked
+SELECT seq, crashes FROM resolved WHERE inflight = 3 OR crashes > 0
 UNION ALL
 SELECT o.seq, o.crashes FROM {p}outbox o
 WHERE o.seq = ANY($2::bigint[]) AND (o.inflight = 3 OR (o.inflight = 0 AND o.crashes > 0))
@@ -149,14 +154,20 @@ ORDER BY 1`),
 		// The mark must be committed before the publish it marks starts,
 		// but a process crash keeps a commit whose WAL is not flushed yet;
 		// what a database crash loses is only a crash left uncounted.
-		markInFlight: r.Replace(`WITH m AS (
-  UPDATE {p}outbox o SET inflight = $4
+		// The marks are fenced, the clears are not (Executor.MarkInFlight).
+		markInFlight: r.Replace(`WITH marked AS (
+  UPDATE {p}outbox o SET inflight = $4, inflight_by = $1
   FROM {p}leases l
   WHERE o.seq = ANY($2::bigint[])
     AND l.partition = o.partition AND l.owner = $1 AND l.generation = ($3::bigint[])[o.partition + 1]
   RETURNING 1
+), cleared AS (
+  UPDATE {p}outbox o SET inflight = 0
+  WHERE o.seq = ANY($5::bigint[]) AND NOT (o.seq = ANY($2::bigint[])) AND o.inflight <> 0
+  RETURNING 1
 )
-SELECT count(*) FROM m, (SELECT set_config('synchronous_commit', 'off', true)) AS async`),
+SELECT (SELECT count(*) FROM marked) + (SELECT count(*) FROM cleared)
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async`),
 		expire: r.Replace(`UPDATE {p}leases SET owner = $1, generation = generation + 1, expires_at = now() - interval '1 second'`),
 		stats: r.Replace(`SELECT
   (SELECT count(*) FROM {p}outbox),
@@ -407,11 +418,17 @@ func (c *Core) ResolveCrashes(ctx context.Context, f postboxdriver.Fence, seqs [
 }
 
 // MarkInFlight implements postboxdriver.Executor.
-func (c *Core) MarkInFlight(ctx context.Context, f postboxdriver.Fence, seqs []int64, mark postboxdriver.InFlight) (int, error) {
-	if len(seqs) == 0 {
+func (c *Core) MarkInFlight(ctx context.Context, f postboxdriver.Fence, seqs []int64, mark postboxdriver.InFlight, clear []int64) (int, error) {
+	if len(seqs) == 0 && len(clear) == 0 {
 		return 0, nil
 	}
-	return c.count(ctx, c.q.markInFlight, f.Owner, seqs, generations(f), int16(mark))
+	if seqs == nil {
+		seqs = []int64{}
+	}
+	if clear == nil {
+		clear = []int64{}
+	}
+	return c.count(ctx, c.q.markInFlight, f.Owner, seqs, generations(f), int16(mark), clear)
 }
 
 // Stats implements postboxdriver.Executor.

@@ -33,8 +33,9 @@ func (s *suite[TTx]) runExecutor(t *testing.T) {
 // A lease is Crashed when taken from an owner whose lease ran out, not
 // when taken free, released or renewed. Crash marks: a row in flight alone
 // when its relay died counts a crash, one in flight with others becomes a
-// suspect, each once; marks are fenced; a failed publish clears the mark
-// and keeps the count.
+// suspect, each once, unless the relay that marked them is live again;
+// marks are fenced, clears are not; a failed publish clears the mark and
+// keeps the count.
 func (s *suite[TTx]) execCrashMarks(t *testing.T) {
 	e := s.setup(t)
 	ctx := context.Background()
@@ -113,14 +114,31 @@ func (s *suite[TTx]) execCrashMarks(t *testing.T) {
 	if got := resolve(b); len(got) != 0 {
 		t.Fatalf("unmarked rows resolved as suspects: %v", got)
 	}
-	mark := func(f postboxdriver.Fence, mk postboxdriver.InFlight, want int, seqs ...int64) {
+	if n, err := ex.MarkInFlight(ctx, b, nil, postboxdriver.NotInFlight, nil); err != nil || n != 0 {
+		t.Fatalf("MarkInFlight of nothing = %d, %v", n, err)
+	}
+	markClear := func(f postboxdriver.Fence, mk postboxdriver.InFlight, want int, seqs, clear []int64) {
 		t.Helper()
-		if n, err := ex.MarkInFlight(ctx, f, seqs, mk); err != nil || n != want {
-			t.Fatalf("MarkInFlight(%v, %d) = %d, %v; want %d", seqs, mk, n, err, want)
+		if n, err := ex.MarkInFlight(ctx, f, seqs, mk, clear); err != nil || n != want {
+			t.Fatalf("MarkInFlight(%v, %d, clear %v) = %d, %v; want %d", seqs, mk, clear, n, err, want)
 		}
 	}
+	mark := func(f postboxdriver.Fence, mk postboxdriver.InFlight, want int, seqs ...int64) {
+		t.Helper()
+		markClear(f, mk, want, seqs, nil)
+	}
 	mark(postboxdriver.Fence{Owner: "a", Generations: b.Generations}, postboxdriver.InFlightAlone, 0, seqs...)
-	mark(b, postboxdriver.InFlightWithOthers, 2, seqs[0], seqs[1])
+	// b is live: its marks are a pause's, not a death's, and are cleared.
+	mark(b, postboxdriver.InFlightAlone, 1, seqs[2])
+	if got := resolve(b); len(got) != 0 {
+		t.Fatalf("marks of a live relay resolved as %v; want them cleared", got)
+	}
+	if err := ex.Unregister(ctx, "b"); err != nil { // b dies
+		t.Fatal(err)
+	}
+	mark(b, postboxdriver.InFlightWithOthers, 2, seqs[0], seqs[3])
+	// One statement marks the next and clears the one before.
+	markClear(b, postboxdriver.InFlightWithOthers, 2, []int64{seqs[1]}, []int64{seqs[3]})
 	mark(b, postboxdriver.InFlightAlone, 1, seqs[2])
 	// A relay dies here; the next owner resolves the marks.
 	got := resolve(b)
