@@ -33,10 +33,14 @@ import (
 //
 // A relay killed for a reason of its own (a deploy's SIGKILL) therefore
 // counts a crash against an innocent row only when it dies during that
-// row's lone publish, MaxCrashes times in a row; and lone publishes are
-// only tried while the lane's broker answers (calm), so that a broker
-// outage, which stretches every publish to the batch deadline, does not
-// widen that window.
+// row's lone publish, MaxCrashes times in a row; lone publishes are only
+// tried while the lane's broker answers (calm), so that a broker outage,
+// which stretches every publish to the batch deadline, does not widen that
+// window. A relay that did not die leaves nothing counted: it clears its
+// own marks once each publish ends, unfenced, and the next owner clears
+// rather than counts a mark whose relay heartbeats again. Marks never hold
+// a batch back: one the database does not take within a quarter of the
+// batch deadline is given up, and the batch published without marks.
 
 // suspects returns the partitions of fence whose batch is to be published
 // with crash marks: taken after an expiry, at the generation fenced, and
