@@ -105,6 +105,18 @@ type Config struct {
 	// handler runs per consumer: the failure that reaches it makes the
 	// message a dead message. Default 25.
 	MaxAttempts int
+	// MaxCrashes is how many relays may die publishing one message before
+	// it becomes a dead message (its error names the count) and its key
+	// moves on, or holds with BlockOnDead. A message whose publish kills
+	// the process (a publisher that panics or exits on it, the broker
+	// client running out of memory) would otherwise kill every relay that
+	// takes it up, and hold its key back for ever. A crash counts against
+	// a message only when it was the one publish in flight in its relay,
+	// which a relay arranges only for the messages in flight when an
+	// earlier relay died (design §4, "A message that kills the relay");
+	// unrelated kills (a deploy's SIGKILL) must land inside such a publish
+	// MaxCrashes times in a row to bury a message. Default 3.
+	MaxCrashes int
 	// BackoffBase and BackoffMax bound the delay before the next try:
 	// base·2^(failures-1) capped at max, with equal jitter (half fixed,
 	// half random). Defaults 1s and 5m.
@@ -161,6 +173,7 @@ const (
 	DefaultBatchDeadline   = 10 * time.Second // the most; a third of the lease when that is shorter
 	DefaultPollInterval    = 100 * time.Millisecond
 	DefaultMaxAttempts     = 25
+	DefaultMaxCrashes      = 3
 	DefaultBackoffBase     = time.Second
 	DefaultBackoffMax      = 5 * time.Minute
 	DefaultRetention       = 7 * 24 * time.Hour
@@ -204,6 +217,7 @@ func (c *Config) WithDefaults() *Config {
 	def(&out.BatchDeadline, min(DefaultBatchDeadline, out.LeaseDuration/3))
 	def(&out.PollInterval, DefaultPollInterval)
 	def(&out.MaxAttempts, DefaultMaxAttempts)
+	def(&out.MaxCrashes, DefaultMaxCrashes)
 	def(&out.BackoffBase, DefaultBackoffBase)
 	def(&out.BackoffMax, DefaultBackoffMax)
 	def(&out.Retention, DefaultRetention)
@@ -250,6 +264,7 @@ func (c *Config) Validate() error {
 	between("PublishWindow", c.PublishWindow, 100_000)
 	between("Lanes", c.Lanes, 64)
 	between("MaxAttempts", c.MaxAttempts, 1_000_000)
+	between("MaxCrashes", c.MaxCrashes, 1000)
 	between("PruneBatch", c.PruneBatch, 100_000)
 	atLeast := func(field string, v, least time.Duration) {
 		if v < least {
@@ -298,6 +313,6 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) String() string {
-	return fmt.Sprintf("prefix=%s batch=%d window=%d lanes=%d lease=%s deadline=%s backoff=%s..%s attempts=%d poll=%s",
-		c.Prefix, c.BatchSize, c.PublishWindow, c.Lanes, c.LeaseDuration, c.BatchDeadline, c.BackoffBase, c.BackoffMax, c.MaxAttempts, c.PollInterval)
+	return fmt.Sprintf("prefix=%s batch=%d window=%d lanes=%d lease=%s deadline=%s backoff=%s..%s attempts=%d crashes=%d poll=%s",
+		c.Prefix, c.BatchSize, c.PublishWindow, c.Lanes, c.LeaseDuration, c.BatchDeadline, c.BackoffBase, c.BackoffMax, c.MaxAttempts, c.MaxCrashes, c.PollInterval)
 }

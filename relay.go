@@ -29,6 +29,10 @@ import (
 //   - Lanes work on disjoint shares of the relay's partitions, so one
 //     lane's database round trips overlap another's publishing
 //     (relay_lane.go).
+//   - A relay that takes a partition after its owner's lease ran out
+//     publishes its first batch with crash marks, so that a message whose
+//     publish kills relays is counted and dies after MaxCrashes
+//     (relay_crash.go).
 //   - The relay holding partition 0 also runs the maintenance: retention
 //     of the history and the held-snapshot warning (maintenance.go).
 
@@ -82,6 +86,17 @@ type relay struct {
 	// takeNow: the share has partitions free for the taking; the next
 	// renewal is due at once.
 	takeNow bool
+	// crashed holds the held partitions taken after their previous
+	// owner's lease ran out, at the generation taken; settled, those of
+	// them whose first batch was published with crash marks
+	// (relay_crash.go).
+	crashed map[int]int64
+	settled map[int]int64
+
+	// solo: a batch publishes under its read lock; a publish that must be
+	// the only one in flight in the relay (relay_crash.go) takes the write
+	// lock.
+	solo sync.RWMutex
 }
 
 type relayRun struct {
@@ -110,7 +125,7 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs ro
 	r := &relay{
 		ex: ex, cfg: cfg, id: id, wake: wake, nparts: n, pub: rs, topics: rs.patterns(),
 		log:  cfg.Logger.With(slog.String("relay", id)),
-		held: map[int]int64{}, leaving: map[int]int64{}, busy: map[int]int{}, renew: make(chan struct{}, 1), maintTick: make(chan struct{}, 1),
+		held: map[int]int64{}, leaving: map[int]int64{}, busy: map[int]int{}, crashed: map[int]int64{}, settled: map[int]int64{}, renew: make(chan struct{}, 1), maintTick: make(chan struct{}, 1),
 	}
 	r.window = make(chan struct{}, cfg.PublishWindow)
 	for i := range min(cfg.Lanes, n) {

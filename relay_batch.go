@@ -32,7 +32,11 @@ type stepResult struct {
 // hard, so that a soft stop still finishes the batch in flight and records
 // it. The returned error is the read's; publish and record failures are in
 // the result.
-func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, until time.Time) (stepResult, error) {
+//
+// A batch on partitions taken after their owner's lease ran out is
+// published with crash marks (relay_crash.go); calm says the lane's broker
+// answered its last batch, which the lone publishes of suspects wait for.
+func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, until time.Time, calm bool) (stepResult, error) {
 	// A read that outlives the lease is of no use, so it is bounded by it.
 	fctx, cancel := context.WithDeadline(soft, until)
 	recs, err := r.ex.Fetch(fctx, r.fetchParams(fence))
@@ -45,8 +49,28 @@ func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, unti
 	if until.Before(deadline) {
 		deadline = until
 	}
-	out := r.publish(hard, deadline, recs)
+	sus := r.suspects(fence)
+	var out batchResult
+	var m marked
+	if sus == nil {
+		r.solo.RLock()
+		out = r.publish(hard, deadline, recs)
+		r.solo.RUnlock()
+	} else {
+		out, m = r.publishMarked(hard, deadline, until, fence, recs, sus, calm)
+	}
 	res, rep := r.record(hard, fence, recs, out)
+	if sus != nil {
+		if res.markErr == nil && res.fencedOut == 0 {
+			m.recorded(out)
+		}
+		if err := r.unmark(hard, fence, m); err != nil {
+			res.markErr = errors.Join(res.markErr, err)
+		}
+		if m.complete && res.markErr == nil {
+			r.settle(fence, sus, recs)
+		}
+	}
 	if m := r.cfg.Metrics; m != nil {
 		rep.Duration = time.Since(began)
 		m.RelayBatch(rep)

@@ -2,6 +2,7 @@ package postbox
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"sync/atomic"
@@ -21,6 +22,9 @@ type lane struct {
 	// asleep marks the lane in deep idle: the relay's idle probe reads
 	// its partitions for it (see probe).
 	asleep atomic.Bool
+	// unsure: the lane's last batch met an infrastructure failure of the
+	// broker's; suspects wait for a batch without one (relay_crash.go).
+	unsure bool
 }
 
 func (l *lane) notify() {
@@ -40,7 +44,7 @@ func (l *lane) run(soft, hard context.Context) {
 			l.idle(soft, r.cfg.PollInterval)
 			continue
 		}
-		res, err := r.step(soft, hard, fence, until)
+		res, err := r.step(soft, hard, fence, until, !l.unsure)
 		r.done(fence)
 		switch {
 		case err != nil:
@@ -57,6 +61,7 @@ func (l *lane) run(soft, hard context.Context) {
 			continue
 		}
 		poll = minPoll
+		l.unsure = res.infra != nil && !errors.Is(res.infra, errCrashMarks)
 		if res.fencedOut > 0 {
 			// The lease of some partition passed on: stop reading under
 			// the old generations, which would send the same rows again

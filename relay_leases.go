@@ -59,7 +59,7 @@ func (r *relay) coordinate(ctx context.Context) (pending bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	before := len(r.held)
-	r.held, r.leaving = map[int]int64{}, map[int]int64{}
+	r.held, r.leaving, r.crashed = map[int]int64{}, map[int]int64{}, map[int]int64{}
 	for _, l := range m.Leases {
 		if l.Owner != r.id || l.Expired {
 			continue
@@ -68,6 +68,14 @@ func (r *relay) coordinate(ctx context.Context) (pending bool, err error) {
 			r.held[l.Partition] = l.Generation
 		} else {
 			r.leaving[l.Partition] = l.Generation
+		}
+		if l.Crashed {
+			r.crashed[l.Partition] = l.Generation
+		}
+	}
+	for p, g := range r.settled {
+		if r.crashed[p] != g {
+			delete(r.settled, p)
 		}
 	}
 	// A partition of the new share that is free already is taken by a

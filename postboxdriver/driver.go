@@ -110,6 +110,11 @@ type Lease struct {
 	// Expired is true when any relay may take the lease: it is free, or
 	// it ran out. Only Coordinate reports such leases.
 	Expired bool
+	// Crashed is true when the owner took the partition after the
+	// previous owner's lease ran out instead of being released: that
+	// owner may have died publishing one of its rows. Only Coordinate
+	// reports it; it holds for the owner's generation.
+	Crashed bool
 }
 
 // Membership is what Coordinate returns: the relays' shared view, from
@@ -151,6 +156,34 @@ type Failure struct {
 	// Dead moves the row to the dead messages now, whatever its attempts:
 	// the failure is permanent.
 	Dead bool
+}
+
+// InFlight is a row's crash mark (MarkInFlight): what a relay that took
+// the row's partition after an expiry was doing with it.
+type InFlight int
+
+// The crash marks, in the inflight column.
+const (
+	// NotInFlight: no mark.
+	NotInFlight InFlight = 0
+	// InFlightWithOthers: published together with other marked rows; a
+	// relay dying now makes each of them a suspect.
+	InFlightWithOthers InFlight = 1
+	// InFlightAlone: published with no other marked row in flight; a
+	// relay dying now counts one crash against this row.
+	InFlightAlone InFlight = 2
+	// Suspected: in flight with others when a relay died, not yet
+	// published alone.
+	Suspected InFlight = 3
+)
+
+// Suspect is a row ResolveCrashes found suspected: marked in flight when
+// a relay died, or counted in a crash before.
+type Suspect struct {
+	Seq int64
+	// Crashes counts the relays that died while the row was in flight
+	// alone.
+	Crashes int
 }
 
 // FailResult is the outcome of MarkFailed for one row.

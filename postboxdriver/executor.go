@@ -68,9 +68,32 @@ type Executor interface {
 	// messages when attempts reaches maxAttempts or the failure is marked
 	// Dead. A dead message of the same id (an id written again after its
 	// message died) is replaced by the new one: no row's record may fail
-	// the others'. Fenced like MarkPublished. It returns the rows changed,
-	// with whether each is now dead.
+	// the others'. A row that waits for a retry loses its crash mark
+	// (NotInFlight): its publish ended, so no crash is laid on it; its
+	// crash count stays. Fenced like MarkPublished. It returns the rows
+	// changed, with whether each is now dead.
 	MarkFailed(ctx context.Context, f Fence, failures []Failure, maxAttempts int) ([]FailResult, error)
+
+	// ResolveCrashes reads the crash marks of the rows seqs (fenced like
+	// MarkPublished) before a relay that took their partition after an
+	// expiry publishes them: a row marked InFlightAlone counts one crash
+	// more, a row marked InFlightWithOthers becomes Suspected, and both
+	// lose the in-flight mark, so that one crash is counted once; but a
+	// mark whose relay (the fence's owner when it marked) is live again,
+	// by its heartbeat, is only cleared: that relay was paused or cut off,
+	// not dead. It
+	// returns the rows that are suspected or were counted in a crash, in
+	// seq order; the others are not suspects. It writes only marked rows.
+	ResolveCrashes(ctx context.Context, f Fence, seqs []int64) ([]Suspect, error)
+	// MarkInFlight sets the crash mark of the rows seqs to mark, fenced
+	// like MarkPublished, and clears that of the rows clear
+	// (NotInFlight), unfenced: the relay that marked a row clears it once
+	// its publish ended, which is true whoever holds the partition by
+	// then. One statement; it returns how many rows it changed. It commits
+	// before the publish it marks (a crash must find it), and need not
+	// wait for a disk flush: a relay's crash keeps a committed mark, and a
+	// mark a database crash loses only leaves a crash uncounted.
+	MarkInFlight(ctx context.Context, f Fence, seqs []int64, mark InFlight, clear []int64) (int, error)
 
 	// State and maintenance.
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
 	"github.com/postbox-go/postbox/internal/testdb"
@@ -15,7 +16,16 @@ import (
 	"github.com/postbox-go/postbox/postboxpgx"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	postboxdrivertest.Child(func(url string) (postboxdriver.Driver[pgx.Tx], error) {
+		pool, err := pgxpool.New(context.Background(), url)
+		if err != nil {
+			return nil, err
+		}
+		return postboxpgx.New(pool), nil
+	})
+	goleak.VerifyTestMain(m)
+}
 
 func TestConformance(t *testing.T) {
 	postboxdrivertest.Run(t, harness(testdb.PostgresURL()))
@@ -55,6 +65,7 @@ func harness(databaseURL string) postboxdrivertest.Harness[pgx.Tx] {
 			_, err := d.(*postboxpgx.Driver).Pool().Exec(context.Background(), query, args...)
 			return err
 		},
+		Locate:   func(*testing.T, postboxdriver.Driver[pgx.Tx]) string { return testdb.PostgresURL() },
 		Features: postboxdrivertest.Features{ConcurrentWriters: true},
 	}
 }

@@ -19,7 +19,16 @@ import (
 	"github.com/postbox-go/postbox/postboxtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	postboxdrivertest.Child(func(url string) (postboxdriver.Driver[*sql.Tx], error) {
+		db, err := sql.Open("pgx", url)
+		if err != nil {
+			return nil, err
+		}
+		return postboxsql.New(db)
+	})
+	goleak.VerifyTestMain(m)
+}
 
 func TestConformance(t *testing.T) {
 	postboxdrivertest.Run(t, harness(testdb.PostgresURL()))
@@ -60,6 +69,7 @@ func harness(databaseURL string) postboxdrivertest.Harness[*sql.Tx] {
 			_, err := d.(*postboxsql.Driver).DB().ExecContext(context.Background(), query, args...)
 			return err
 		},
+		Locate:   func(*testing.T, postboxdriver.Driver[*sql.Tx]) string { return testdb.PostgresURL() },
 		Features: postboxdrivertest.Features{ConcurrentWriters: true},
 	}
 }

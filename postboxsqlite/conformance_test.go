@@ -43,6 +43,13 @@ func TestConformance(t *testing.T) {
 			_, err := d.(*postboxsqlite.Driver).DB().ExecContext(context.Background(), query, args...)
 			return err
 		},
+		Locate: func(t *testing.T, d postboxdriver.Driver[*sql.Tx]) string {
+			var path string
+			if err := d.(*postboxsqlite.Driver).DB().QueryRow(`SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&path); err != nil {
+				t.Fatal(err)
+			}
+			return path
+		},
 		Features: postboxdrivertest.Features{ConcurrentWriters: false},
 	})
 }

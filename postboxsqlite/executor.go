@@ -41,7 +41,8 @@ const nowExpr = `CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGE
 func (s *store) Dialect() string { return "sqlite" }
 
 type queries struct {
-	lock, partitions, heartbeat, live, leases, unregister, acquire, release, expire, fetch, fetchStrict, fetchRouted, fetchRoutedStrict, publish, unpend, bury, unbury, retry, stats,
+	lock, partitions, heartbeat, live, leases, unregister, acquire, release, expire, fetch, fetchStrict, fetchRouted, fetchRoutedStrict, publish, unpend, bury, unbury, retry,
+	anyMarked, markCrashes, suspects, markInFlight, stats,
 	applied, createMigrations, migrationDone, recordMigration string
 }
 
@@ -63,12 +64,16 @@ ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at`),
 		// The caller is live even with a ttl that has already run out, as
 		// in PostgreSQL, where it is returned from the upsert itself.
 		live:       r.Replace(`SELECT id FROM {p}relays WHERE expires_at > {now} OR id = ?1 ORDER BY id`),
-		leases:     r.Replace(`SELECT partition, coalesce(owner, ''), generation, expires_at, owner IS NULL OR expires_at <= {now}, {now} FROM {p}leases ORDER BY partition`),
+		leases:     r.Replace(`SELECT partition, coalesce(owner, ''), generation, expires_at, owner IS NULL OR expires_at <= {now}, {now}, crashed FROM {p}leases ORDER BY partition`),
 		unregister: r.Replace(`DELETE FROM {p}relays WHERE id = ?1 OR expires_at < {now} - 3600000`),
 		// SET reads the row as it was before the update, so the CASE sees
-		// the previous owner. IS is SQLite's IS NOT DISTINCT FROM.
+		// the previous owner. IS is SQLite's IS NOT DISTINCT FROM. crashed
+		// records whether the lease was taken from another owner, which the
+		// WHERE allows only once its lease ran out (a released lease has
+		// no owner).
 		acquire: r.Replace(`UPDATE {p}leases SET
   generation = CASE WHEN owner IS ?1 THEN generation ELSE generation + 1 END,
+  crashed = CASE WHEN owner IS ?1 THEN crashed ELSE owner IS NOT NULL END,
   owner = ?1,
   expires_at = {now} + ?3
 WHERE partition IN (SELECT value FROM json_each(?2)) AND (owner IS NULL OR owner = ?1 OR expires_at <= {now})
@@ -111,10 +116,30 @@ ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, topic = excluded.topic, key =
 RETURNING seq, attempts`),
 		unbury: r.Replace(`DELETE FROM {p}outbox WHERE seq IN (SELECT value FROM json_each(?1))`),
 		retry: r.Replace(`WITH f AS (SELECT value ->> 's' AS seq, value ->> 'e' AS err, value ->> 'b' AS backoff, value ->> 'd' AS dead FROM json_each(?1))
-UPDATE {p}outbox AS o SET attempts = o.attempts + 1, last_error = f.err, available_at = {now} + f.backoff
+UPDATE {p}outbox AS o SET attempts = o.attempts + 1, last_error = f.err, available_at = {now} + f.backoff, inflight = 0
 FROM f, {p}leases l
 WHERE o.seq = f.seq AND ` + fenced + ` AND o.attempts + 1 < ?4 AND NOT f.dead
 RETURNING seq, attempts`),
+		// ResolveCrashes: a row in flight alone when its relay died counts
+		// a crash, a row in flight with others becomes a suspect, a mark
+		// whose relay is live again is cleared; then the suspects and the
+		// rows counted before are read back.
+		anyMarked: r.Replace(`SELECT EXISTS (SELECT 1 FROM {p}outbox WHERE seq IN (SELECT value FROM json_each(?1)) AND inflight IN (1, 2))`),
+		markCrashes: r.Replace(`UPDATE {p}outbox AS o SET
+  crashes = o.crashes + (o.inflight = 2 AND NOT EXISTS (SELECT 1 FROM {p}relays r WHERE r.id = o.inflight_by AND r.expires_at > {now})),
+  inflight = CASE WHEN EXISTS (SELECT 1 FROM {p}relays r WHERE r.id = o.inflight_by AND r.expires_at > {now}) THEN 0 ELSE 3 END
+FROM {p}leases l
+WHERE o.seq IN (SELECT value FROM json_each(?1)) AND o.inflight IN (1, 2) AND ` + fenced),
+		suspects: r.Replace(`SELECT seq, crashes FROM {p}outbox
+WHERE seq IN (SELECT value FROM json_each(?1)) AND (inflight = 3 OR (inflight = 0 AND crashes > 0))
+ORDER BY seq`),
+		// The marks are fenced, the clears are not (Executor.MarkInFlight):
+		// one statement, so one commit, for both.
+		markInFlight: r.Replace(`UPDATE {p}outbox AS o SET inflight = CASE WHEN o.seq IN (SELECT value FROM json_each(?1)) THEN ?4 ELSE 0 END,
+  inflight_by = CASE WHEN o.seq IN (SELECT value FROM json_each(?1)) THEN ?2 ELSE o.inflight_by END
+WHERE (o.seq IN (SELECT value FROM json_each(?1))
+    AND EXISTS (SELECT 1 FROM {p}leases l WHERE ` + fenced + `))
+  OR (o.seq IN (SELECT value FROM json_each(?5)) AND o.seq NOT IN (SELECT value FROM json_each(?1)) AND o.inflight <> 0)`),
 		applied: r.Replace(`SELECT version FROM {p}migrations ORDER BY version`),
 		createMigrations: r.Replace(`CREATE TABLE IF NOT EXISTS {p}migrations (
   version    INTEGER PRIMARY KEY,
@@ -211,7 +236,7 @@ func (s *store) Coordinate(ctx context.Context, relayID string, ttl time.Duratio
 		m.Leases, err = queryAll(ctx, c, s.q.leases, nil, func(r *sql.Rows) (postboxdriver.Lease, error) {
 			var l postboxdriver.Lease
 			var exp, now int64
-			err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &exp, &l.Expired, &now)
+			err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &exp, &l.Expired, &now, &l.Crashed)
 			l.ExpiresAt, m.Now = time.UnixMilli(exp), time.UnixMilli(now)
 			return l, err
 		})
@@ -419,6 +444,57 @@ func (s *store) MarkFailed(ctx context.Context, f postboxdriver.Fence, failures 
 		return nil, err
 	}
 	return out, nil
+}
+
+// ResolveCrashes implements postboxdriver.Executor, in one write
+// transaction.
+func (s *store) ResolveCrashes(ctx context.Context, f postboxdriver.Fence, seqs []int64) ([]postboxdriver.Suspect, error) {
+	if len(seqs) == 0 {
+		return nil, nil
+	}
+	list := int64sJSON(seqs)
+	suspects := func(c conn) ([]postboxdriver.Suspect, error) {
+		return queryAll(ctx, c, s.q.suspects, []any{list}, func(r *sql.Rows) (postboxdriver.Suspect, error) {
+			var sp postboxdriver.Suspect
+			err := r.Scan(&sp.Seq, &sp.Crashes)
+			return sp, err
+		})
+	}
+	// Rows marked in flight are only found after a relay died: a look
+	// first, which in WAL mode takes no lock, spares the write lock
+	// otherwise.
+	var marked bool
+	if err := s.conn().QueryRowContext(ctx, s.q.anyMarked, list).Scan(&marked); err != nil {
+		return nil, s.wrap(err)
+	}
+	if !marked {
+		out, err := suspects(s.conn())
+		return out, s.wrap(err)
+	}
+	var out []postboxdriver.Suspect
+	err := s.write(ctx, func(c conn) error {
+		if _, err := c.ExecContext(ctx, s.q.markCrashes, list, f.Owner, generationsJSON(f)); err != nil {
+			return err
+		}
+		var err error
+		out, err = suspects(c)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// MarkInFlight implements postboxdriver.Executor. In WAL mode with
+// synchronous=FULL the commit waits for its fsync; only relays that took a
+// partition after an expiry mark rows.
+func (s *store) MarkInFlight(ctx context.Context, f postboxdriver.Fence, seqs []int64, mark postboxdriver.InFlight, clear []int64) (int, error) {
+	if len(seqs) == 0 && len(clear) == 0 {
+		return 0, nil
+	}
+	n, err := affected(s.conn().ExecContext(ctx, s.q.markInFlight, int64sJSON(seqs), f.Owner, generationsJSON(f), int(mark), int64sJSON(clear)))
+	return int(n), s.wrap(err)
 }
 
 // Stats implements postboxdriver.Executor.

@@ -12,11 +12,21 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/postboxdriver"
+	"github.com/postbox-go/postbox/postboxdriver/postboxdrivertest"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxsqlite"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	postboxdrivertest.Child(func(path string) (postboxdriver.Driver[*sql.Tx], error) {
+		db, err := postboxsqlite.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		return postboxsqlite.New(db)
+	})
+	goleak.VerifyTestMain(m)
+}
 
 const prefix = "pb_"
 

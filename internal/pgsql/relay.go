@@ -12,7 +12,7 @@ import (
 
 type queries struct {
 	insert, partitions, coordinate, unregister, acquire, release, fetch, fetchStrict, fetchRouted, fetchRoutedStrict,
-	markPublished, markFailed, expire, stats string
+	markPublished, markFailed, resolveCrashes, markInFlight, expire, stats string
 }
 
 func makeQueries(p string) queries {
@@ -28,6 +28,9 @@ SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[
 		// them and the old ones elsewhere; want and drop are disjoint, so
 		// no row is changed twice. A lease never taken expires at
 		// -infinity, which no time.Time holds: it is reported as the epoch.
+		// SET reads the row as it was, so crashed records whether the
+		// lease was taken from another owner, which the WHERE allows only
+		// once its lease ran out (a released lease has no owner).
 		coordinate: r.Replace(`WITH beat AS (
   INSERT INTO {p}relays (id, expires_at) VALUES ($1, now() + $2 * interval '1 millisecond')
   ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
@@ -39,25 +42,28 @@ SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[
 ), taken AS (
   UPDATE {p}leases SET
     generation = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN generation ELSE generation + 1 END,
+    crashed = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN crashed ELSE owner IS NOT NULL END,
     owner = $1,
     expires_at = now() + $2 * interval '1 millisecond'
   WHERE partition = ANY($3::int[]) AND NOT (partition = ANY($4::int[]))
     AND (owner IS NULL OR owner = $1 OR expires_at <= now())
-  RETURNING partition, owner, generation, expires_at
+  RETURNING partition, owner, generation, expires_at, crashed
 )
-SELECT -1, id, 0::bigint, now(), false FROM beat
+SELECT -1, id, 0::bigint, now(), false, false FROM beat
 UNION ALL
-SELECT -1, id, 0, now(), false FROM {p}relays WHERE expires_at > now() AND id <> $1
+SELECT -1, id, 0, now(), false, false FROM {p}relays WHERE expires_at > now() AND id <> $1
 UNION ALL
 SELECT l.partition,
   coalesce(t.owner, CASE WHEN r.partition IS NULL THEN l.owner END, ''),
   coalesce(t.generation, l.generation),
   greatest(coalesce(t.expires_at, CASE WHEN r.partition IS NULL THEN l.expires_at END, now()), 'epoch'),
-  t.partition IS NULL AND (r.partition IS NOT NULL OR l.expires_at <= now())
+  t.partition IS NULL AND (r.partition IS NOT NULL OR l.expires_at <= now()),
+  coalesce(t.crashed, l.crashed)
 FROM {p}leases l LEFT JOIN taken t USING (partition) LEFT JOIN released r USING (partition)`),
 		unregister: r.Replace(`DELETE FROM {p}relays WHERE id = $1 OR expires_at < now() - interval '1 hour'`),
 		acquire: r.Replace(`UPDATE {p}leases SET
   generation = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN generation ELSE generation + 1 END,
+  crashed = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN crashed ELSE owner IS NOT NULL END,
   owner = $1,
   expires_at = now() + $3 * interval '1 millisecond'
 WHERE partition = ANY($2::int[]) AND (owner IS NULL OR owner = $1 OR expires_at <= now())
@@ -114,7 +120,7 @@ SELECT count(*) FROM ins, (SELECT set_config('synchronous_commit', 'off', true))
   RETURNING seq, attempts
 ), retried AS (
   UPDATE {p}outbox o SET attempts = o.attempts + 1, last_error = f.err,
-    available_at = now() + f.backoff_ms * interval '1 millisecond'
+    available_at = now() + f.backoff_ms * interval '1 millisecond', inflight = 0
   FROM owned, f
   WHERE NOT owned.dies AND o.seq = owned.seq AND f.seq = o.seq
   RETURNING o.seq, o.attempts
@@ -122,6 +128,47 @@ SELECT count(*) FROM ins, (SELECT set_config('synchronous_commit', 'off', true))
 SELECT seq, attempts, true FROM buried
 UNION ALL
 SELECT seq, attempts, false FROM retried`),
+		// A relay that took the rows' partition after an expiry reads
+		// their crash marks before publishing them: a row in flight alone
+		// when its relay died counts a crash, a row in flight with others
+		// becomes a suspect; a mark whose relay is live again (it was
+		// paused or cut off, not dead) is cleared. Only marked rows are written; the rows
+		// counted before are read as they are (the CTE's update is not
+		// visible to the outer SELECT, which therefore takes the marked
+		// rows from the update's RETURNING and the others from the table).
+		resolveCrashes: r.Replace(`WITH marked AS (
+  SELECT o.seq, EXISTS (SELECT 1 FROM {p}relays r WHERE r.id = o.inflight_by AND r.expires_at > now()) AS live
+  FROM {p}outbox o JOIN {p}leases l
+    ON l.partition = o.partition AND l.owner = $1 AND l.generation = ($3::bigint[])[o.partition + 1]
+  WHERE o.seq = ANY($2::bigint[]) AND o.inflight IN (1, 2)
+), resolved AS (
+  UPDATE {p}outbox o SET crashes = o.crashes + (o.inflight = 2 AND NOT m.live)::int,
+    inflight = CASE WHEN m.live THEN 0 ELSE 3 END
+  FROM marked m WHERE o.seq = m.seq
+  RETURNING o.seq, o.crashes, o.inflight
+)
+SELECT seq, crashes FROM resolved WHERE inflight = 3 OR crashes > 0
+UNION ALL
+SELECT o.seq, o.crashes FROM {p}outbox o
+WHERE o.seq = ANY($2::bigint[]) AND (o.inflight = 3 OR (o.inflight = 0 AND o.crashes > 0))
+ORDER BY 1`),
+		// The mark must be committed before the publish it marks starts,
+		// but a process crash keeps a commit whose WAL is not flushed yet;
+		// what a database crash loses is only a crash left uncounted.
+		// The marks are fenced, the clears are not (Executor.MarkInFlight).
+		markInFlight: r.Replace(`WITH marked AS (
+  UPDATE {p}outbox o SET inflight = $4, inflight_by = $1
+  FROM {p}leases l
+  WHERE o.seq = ANY($2::bigint[])
+    AND l.partition = o.partition AND l.owner = $1 AND l.generation = ($3::bigint[])[o.partition + 1]
+  RETURNING 1
+), cleared AS (
+  UPDATE {p}outbox o SET inflight = 0
+  WHERE o.seq = ANY($5::bigint[]) AND NOT (o.seq = ANY($2::bigint[])) AND o.inflight <> 0
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM marked) + (SELECT count(*) FROM cleared)
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async`),
 		expire: r.Replace(`UPDATE {p}leases SET owner = $1, generation = generation + 1, expires_at = now() - interval '1 second'`),
 		stats: r.Replace(`SELECT
   (SELECT count(*) FROM {p}outbox),
@@ -221,7 +268,7 @@ func (c *Core) Coordinate(ctx context.Context, relayID string, ttl time.Duration
 	var m postboxdriver.Membership
 	rows, err := queryAll(ctx, c, c.q.coordinate, []any{relayID, ttl.Milliseconds(), int32s(want), int32s(drop)}, func(r Rows) (postboxdriver.Lease, error) {
 		var l postboxdriver.Lease
-		err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &l.ExpiresAt, &l.Expired)
+		err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &l.ExpiresAt, &l.Expired, &l.Crashed)
 		return l, err
 	})
 	if err != nil {
@@ -357,6 +404,32 @@ func (c *Core) MarkFailed(ctx context.Context, f postboxdriver.Fence, failures [
 		err := r.Scan(&fr.Seq, &fr.Attempts, &fr.Dead)
 		return fr, err
 	})
+}
+
+// ResolveCrashes implements postboxdriver.Executor.
+func (c *Core) ResolveCrashes(ctx context.Context, f postboxdriver.Fence, seqs []int64) ([]postboxdriver.Suspect, error) {
+	if len(seqs) == 0 {
+		return nil, nil
+	}
+	return queryAll(ctx, c, c.q.resolveCrashes, []any{f.Owner, seqs, generations(f)}, func(r Rows) (postboxdriver.Suspect, error) {
+		var s postboxdriver.Suspect
+		err := r.Scan(&s.Seq, &s.Crashes)
+		return s, err
+	})
+}
+
+// MarkInFlight implements postboxdriver.Executor.
+func (c *Core) MarkInFlight(ctx context.Context, f postboxdriver.Fence, seqs []int64, mark postboxdriver.InFlight, clear []int64) (int, error) {
+	if len(seqs) == 0 && len(clear) == 0 {
+		return 0, nil
+	}
+	if seqs == nil {
+		seqs = []int64{}
+	}
+	if clear == nil {
+		clear = []int64{}
+	}
+	return c.count(ctx, c.q.markInFlight, f.Owner, seqs, generations(f), int16(mark), clear)
 }
 
 // Stats implements postboxdriver.Executor.

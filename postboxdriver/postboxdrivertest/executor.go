@@ -27,6 +27,139 @@ func (s *suite[TTx]) runExecutor(t *testing.T) {
 	t.Run("SnapshotAndDurability", s.execSnapshotAndDurability)
 	t.Run("NotMigrated", s.execNotMigrated)
 	t.Run("MaintenanceClaims", s.execMaintenanceClaims)
+	t.Run("CrashMarks", s.execCrashMarks)
+}
+
+// A lease is Crashed when taken from an owner whose lease ran out, not
+// when taken free, released or renewed. Crash marks: a row in flight alone
+// when its relay died counts a crash, one in flight with others becomes a
+// suspect, each once, unless the relay that marked them is live again;
+// marks are fenced, clears are not; a failed publish clears the mark and
+// keeps the count.
+func (s *suite[TTx]) execCrashMarks(t *testing.T) {
+	e := s.setup(t)
+	ctx := context.Background()
+	ex := e.store
+	coordinate := func(id string, ttl time.Duration, want, drop []int) postboxdriver.Membership {
+		t.Helper()
+		m, err := ex.Coordinate(ctx, id, ttl, want, drop)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	crashed := func(m postboxdriver.Membership, owner string) (n int) {
+		for _, l := range m.Leases {
+			if l.Owner == owner && !l.Expired && l.Crashed {
+				n++
+			}
+		}
+		return n
+	}
+	m := coordinate("a", 300*time.Millisecond, []int{0, 1}, nil)
+	if owned(m, "a") != 2 || crashed(m, "a") != 0 {
+		t.Fatalf("free partitions taken: %d owned, %d crashed; want 2, 0", owned(m, "a"), crashed(m, "a"))
+	}
+	m = coordinate("a", 300*time.Millisecond, []int{0}, []int{1}) // renews 0, releases 1
+	if crashed(m, "a") != 0 {
+		t.Fatal("a renewal reported a crashed takeover")
+	}
+	time.Sleep(400 * time.Millisecond) // a's lease on 0 runs out: a "died"
+	m = coordinate("b", time.Minute, []int{0, 1}, nil)
+	if owned(m, "b") != 2 || crashed(m, "b") != 1 {
+		t.Fatalf("takeover: %d owned, %d crashed; want 2, 1 (partition 0 expired, 1 released)", owned(m, "b"), crashed(m, "b"))
+	}
+	for _, l := range m.Leases {
+		if l.Partition == 0 && !l.Crashed || l.Partition == 1 && l.Crashed {
+			t.Fatalf("lease %+v: only partition 0 was taken after an expiry", l)
+		}
+	}
+	m = coordinate("b", time.Minute, []int{0, 1}, nil)
+	if crashed(m, "b") != 1 {
+		t.Fatal("a renewal by the owner that took it after an expiry lost Crashed")
+	}
+
+	var rows []postboxdriver.Row
+	for range 4 {
+		rows = append(rows, row("t", ""))
+	}
+	if err := ex.Insert(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := ex.AcquireLeases(ctx, "b", allPartitions(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := fenceOf("b", ls)
+	recs, err := ex.Fetch(ctx, postboxdriver.FetchParams{Fence: b, Limit: 100})
+	if err != nil || len(recs) != 4 {
+		t.Fatalf("fetched %d rows, %v; want 4", len(recs), err)
+	}
+	var seqs []int64
+	for _, rec := range recs {
+		seqs = append(seqs, rec.Seq)
+	}
+	resolve := func(f postboxdriver.Fence) map[int64]int {
+		t.Helper()
+		got, err := ex.ResolveCrashes(ctx, f, seqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[int64]int{}
+		for _, sp := range got {
+			out[sp.Seq] = sp.Crashes
+		}
+		return out
+	}
+	if got := resolve(b); len(got) != 0 {
+		t.Fatalf("unmarked rows resolved as suspects: %v", got)
+	}
+	if n, err := ex.MarkInFlight(ctx, b, nil, postboxdriver.NotInFlight, nil); err != nil || n != 0 {
+		t.Fatalf("MarkInFlight of nothing = %d, %v", n, err)
+	}
+	markClear := func(f postboxdriver.Fence, mk postboxdriver.InFlight, want int, seqs, clear []int64) {
+		t.Helper()
+		if n, err := ex.MarkInFlight(ctx, f, seqs, mk, clear); err != nil || n != want {
+			t.Fatalf("MarkInFlight(%v, %d, clear %v) = %d, %v; want %d", seqs, mk, clear, n, err, want)
+		}
+	}
+	mark := func(f postboxdriver.Fence, mk postboxdriver.InFlight, want int, seqs ...int64) {
+		t.Helper()
+		markClear(f, mk, want, seqs, nil)
+	}
+	mark(postboxdriver.Fence{Owner: "a", Generations: b.Generations}, postboxdriver.InFlightAlone, 0, seqs...)
+	// b is live: its marks are a pause's, not a death's, and are cleared.
+	mark(b, postboxdriver.InFlightAlone, 1, seqs[2])
+	if got := resolve(b); len(got) != 0 {
+		t.Fatalf("marks of a live relay resolved as %v; want them cleared", got)
+	}
+	if err := ex.Unregister(ctx, "b"); err != nil { // b dies
+		t.Fatal(err)
+	}
+	mark(b, postboxdriver.InFlightWithOthers, 2, seqs[0], seqs[3])
+	// One statement marks the next and clears the one before.
+	markClear(b, postboxdriver.InFlightWithOthers, 2, []int64{seqs[1]}, []int64{seqs[3]})
+	mark(b, postboxdriver.InFlightAlone, 1, seqs[2])
+	// A relay dies here; the next owner resolves the marks.
+	got := resolve(b)
+	if len(got) != 3 || got[seqs[0]] != 0 || got[seqs[1]] != 0 || got[seqs[2]] != 1 {
+		t.Fatalf("after a crash: %v; want %d and %d suspects, %d with one crash", got, seqs[0], seqs[1], seqs[2])
+	}
+	if again := resolve(b); len(again) != 3 || again[seqs[2]] != 1 {
+		t.Fatalf("resolved twice: %v; one crash counts once", again)
+	}
+	mark(b, postboxdriver.InFlightAlone, 1, seqs[2])
+	if got := resolve(b); got[seqs[2]] != 2 {
+		t.Fatalf("a second crash alone: %v", got)
+	}
+	// seqs[0] published alone, failed: no longer a suspect. seqs[2] failed
+	// too, and keeps its count.
+	if _, err := ex.MarkFailed(ctx, b, []postboxdriver.Failure{{Seq: seqs[0], Error: "x"}, {Seq: seqs[2], Error: "x"}}, 25); err != nil {
+		t.Fatal(err)
+	}
+	if got := resolve(b); len(got) != 2 || got[seqs[1]] != 0 || got[seqs[2]] != 2 {
+		t.Fatalf("after failures: %v; want %d suspected, %d with two crashes", got, seqs[1], seqs[2])
+	}
 }
 
 // A maintenance claim has one holder while it lasts: taken when free,

@@ -32,6 +32,11 @@ type Harness[TTx any] struct {
 	// returns its error: the suite writes rows with SQL, as a service in
 	// another language would (the table contract).
 	Exec func(t *testing.T, d postboxdriver.Driver[TTx], query string, args ...any) error
+	// Locate names the database behind d for a relay in another process:
+	// the crash tests start the test binary again, and the driver's
+	// TestMain hands such a process to Child, which opens the database
+	// from this name.
+	Locate func(t *testing.T, d postboxdriver.Driver[TTx]) string
 	// Features declares what differs between databases.
 	Features Features
 }

@@ -42,6 +42,8 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Run("InfrastructureErrorSpendsNoAttempt", s.infraSpendsNoAttempt)
 	t.Run("StopReleasesLeases", s.stopReleases)
 	t.Run("CrashedRelayRecovered", s.crashedRelayRecovered)
+	t.Run("CrashLoopBounded", s.crashLoopBounded)
+	t.Run("UnrelatedKillsBuryNothing", s.unrelatedKillsBuryNothing)
 	t.Run("Failures", s.runFailures)
 	t.Run("Executor", s.runExecutor)
 	t.Run("Admin", s.runAdmin)

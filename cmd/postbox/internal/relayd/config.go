@@ -161,6 +161,7 @@ type Relay struct {
 	BackoffBase   Duration `yaml:"backoff_base"`
 	BackoffMax    Duration `yaml:"backoff_max"`
 	MaxAttempts   int      `yaml:"max_attempts"`
+	MaxCrashes    int      `yaml:"max_crashes"`
 	PollInterval  Duration `yaml:"poll_interval"`
 	BlockOnDead   bool     `yaml:"block_on_dead"`
 	Retention     Duration `yaml:"retention"`
@@ -361,7 +362,7 @@ func (c *Config) clientConfig(db Database) *postbox.Config {
 		BatchSize: r.BatchSize, PublishWindow: r.PublishWindow, Lanes: r.Lanes,
 		LeaseDuration: time.Duration(r.Lease), BatchDeadline: time.Duration(r.BatchDeadline),
 		BackoffBase: time.Duration(r.BackoffBase), BackoffMax: time.Duration(r.BackoffMax),
-		MaxAttempts: r.MaxAttempts, PollInterval: time.Duration(r.PollInterval), BlockOnDead: r.BlockOnDead,
+		MaxAttempts: r.MaxAttempts, MaxCrashes: r.MaxCrashes, PollInterval: time.Duration(r.PollInterval), BlockOnDead: r.BlockOnDead,
 		Retention: time.Duration(r.Retention), MaxPayloadBytes: r.MaxPayloadBytes,
 	}).WithDefaults()
 }

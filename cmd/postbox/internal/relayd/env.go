@@ -122,6 +122,7 @@ var EnvVars = []EnvVar{
 	{Name: "POSTBOX_BACKOFF_BASE", Setting: "relay.backoff_base", set: duration(func(c *Config) *Duration { return &c.Relay.BackoffBase })},
 	{Name: "POSTBOX_BACKOFF_MAX", Setting: "relay.backoff_max", set: duration(func(c *Config) *Duration { return &c.Relay.BackoffMax })},
 	{Name: "POSTBOX_MAX_ATTEMPTS", Setting: "relay.max_attempts", set: integer(func(c *Config) *int { return &c.Relay.MaxAttempts })},
+	{Name: "POSTBOX_MAX_CRASHES", Setting: "relay.max_crashes", Help: "relays that may die publishing one message before it is dead", set: integer(func(c *Config) *int { return &c.Relay.MaxCrashes })},
 	{Name: "POSTBOX_POLL_INTERVAL", Setting: "relay.poll_interval", set: duration(func(c *Config) *Duration { return &c.Relay.PollInterval })},
 	{Name: "POSTBOX_BLOCK_ON_DEAD", Setting: "relay.block_on_dead", Help: "true or false",
 		set: func(c *Config, v string) error {
