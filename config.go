@@ -105,6 +105,20 @@ type Config struct {
 	// handler runs per consumer: the failure that reaches it makes the
 	// message a dead message. Default 25.
 	MaxAttempts int
+	// MaxCrashes bounds the handler runs of one message that end with the
+	// consuming process gone (a panic in another goroutine, os.Exit, out of
+	// memory, a kill) before the handler returned: when the broker
+	// redelivers a message whose redeliveries ran and died MaxCrashes times
+	// in a row, with no failure or success recorded in between, the inbox
+	// writes it as a consumer dead message instead of running it again,
+	// and its key goes on (or holds, as the subscriber's BlockOnDead says).
+	// The count needs the broker's delivery count (Delivery.Delivered) to
+	// tell a redelivery: JetStream, RabbitMQ quorum queues and Redis
+	// streams keep one. A first delivery records nothing, so its own crash
+	// is not counted: a message that kills every run is dead-lettered on
+	// delivery MaxCrashes+2, after MaxCrashes+1 exits. Negative turns the
+	// bound (and its one write per redelivery) off. Default 3.
+	MaxCrashes int
 	// BackoffBase and BackoffMax bound the delay before the next try:
 	// base·2^(failures-1) capped at max, with equal jitter (half fixed,
 	// half random). Defaults 1s and 5m.
@@ -161,6 +175,7 @@ const (
 	DefaultBatchDeadline   = 10 * time.Second // the most; a third of the lease when that is shorter
 	DefaultPollInterval    = 100 * time.Millisecond
 	DefaultMaxAttempts     = 25
+	DefaultMaxCrashes      = 3
 	DefaultBackoffBase     = time.Second
 	DefaultBackoffMax      = 5 * time.Minute
 	DefaultRetention       = 7 * 24 * time.Hour
@@ -204,6 +219,7 @@ func (c *Config) WithDefaults() *Config {
 	def(&out.BatchDeadline, min(DefaultBatchDeadline, out.LeaseDuration/3))
 	def(&out.PollInterval, DefaultPollInterval)
 	def(&out.MaxAttempts, DefaultMaxAttempts)
+	def(&out.MaxCrashes, DefaultMaxCrashes)
 	def(&out.BackoffBase, DefaultBackoffBase)
 	def(&out.BackoffMax, DefaultBackoffMax)
 	def(&out.Retention, DefaultRetention)
@@ -251,6 +267,9 @@ func (c *Config) Validate() error {
 	between("Lanes", c.Lanes, 64)
 	between("MaxAttempts", c.MaxAttempts, 1_000_000)
 	between("PruneBatch", c.PruneBatch, 100_000)
+	if c.MaxCrashes > 1_000_000 {
+		bad("MaxCrashes", c.MaxCrashes, "must be at most 1000000 (or negative for no bound)")
+	}
 	atLeast := func(field string, v, least time.Duration) {
 		if v < least {
 			bad(field, v, "must be at least %s", least)
