@@ -24,6 +24,11 @@ type Delivery struct {
 	// Delivered counts the broker's deliveries of this message, this one
 	// included, where the broker keeps such a count (JetStream does); else 0.
 	Delivered int
+	// Redelivered, with Delivered 0, says the broker may have delivered
+	// this message before although it keeps no count (a RabbitMQ classic
+	// queue's redelivered flag). The inbox bounds crashes (MaxCrashes)
+	// only on deliveries it can tell are redeliveries.
+	Redelivered bool
 }
 
 // Handler applies a delivery inside the consumer's transaction tx, together
@@ -177,12 +182,13 @@ func (in *Inbox[TTx]) run(ctx context.Context, consumer string, d *Delivery, h H
 // RetryAfter asks for a redelivery after its delay, counted or not as it
 // says. A store failure counts nothing and asks for a redelivery.
 //
-// A redelivery (d.Delivered above 1) is counted before its handler runs,
-// in one statement of its own, and the count is cleared by any outcome
-// recorded after it; a message whose redeliveries ended MaxCrashes times
-// in a row with no outcome, that is with the process gone before the
-// handler returned, is written as a dead message (a *CrashLoopError)
-// instead of running again. A first delivery writes nothing for it.
+// A redelivery (d.Delivered above 1, or 0 with d.Redelivered) is
+// counted before its handler runs, in one statement of its own, and the
+// count is cleared by any outcome recorded after it; a message whose
+// redeliveries ended MaxCrashes times in a row with no outcome, that is
+// with the process gone before the handler returned, is written as a
+// dead message (a *CrashLoopError) instead of running again. A first
+// delivery writes nothing for it.
 func (in *Inbox[TTx]) Handle(ctx context.Context, consumer string, d *Delivery, h Handler[TTx]) Verdict {
 	var end func(Verdict)
 	if in.cfg.Tracer != nil {
@@ -227,10 +233,12 @@ func (in *Inbox[TTx]) handle(ctx context.Context, consumer string, d *Delivery, 
 // (InboxStart) before it begins, so that a message whose runs keep ending
 // with the process gone is bounded by MaxCrashes: only a redelivery, as
 // the broker's delivery count says, so that a first delivery writes
-// nothing more than its inbox record. A broker without a count (Delivered
-// 0) gives no bound.
+// nothing more than its inbox record. A delivery with neither a count
+// nor the Redelivered sign is taken for a first one: a broker that gives
+// neither gives no bound.
 func (in *Inbox[TTx]) countsCrashes(consumer string, d *Delivery) bool {
-	return in.cfg.MaxCrashes > 0 && d.Delivered > 1 && validateConsumer(consumer, d.ID) == nil
+	redelivery := d.Delivered > 1 || d.Delivered == 0 && d.Redelivered
+	return in.cfg.MaxCrashes > 0 && redelivery && validateConsumer(consumer, d.ID) == nil
 }
 
 // settle records that a run counted by InboxStart ended with an outcome
