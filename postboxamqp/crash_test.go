@@ -1,8 +1,6 @@
 package postboxamqp_test
 
 import (
-	"context"
-	"database/sql"
 	"testing"
 	"time"
 
@@ -10,10 +8,7 @@ import (
 	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/internal/sqlitetest"
 	"github.com/postbox-go/postbox/postboxamqp"
-	"github.com/postbox-go/postbox/postboxdriver"
 )
-
-func openSQLite(t testing.TB, path string) postboxdriver.Driver[*sql.Tx] { return sqlitetest.DriverAt(t, path) }
 
 // TestInboxCrashLoopIsBounded: a consumer process exits (os.Exit, with the
 // handler's transaction open) whenever it runs one poison message. The
@@ -34,31 +29,18 @@ func TestInboxCrashLoopIsBounded(t *testing.T) {
 			x := uniqueName()
 			ensure(t, admin(t, url), postboxamqp.Topology{Exchange: x, Queue: x + ".billing", Bindings: []string{"orders.*"}})
 			c := pubtest.CrashCase{DB: db, Vars: map[string]string{"url": url, "queue": x + ".billing"}}
-			ci := pubtest.OpenCrashInbox(t, &c, openSQLite)
+			ci := pubtest.OpenCrashInbox(t, &c, sqlitetest.DriverAt)
 			pub := publisher(t, postboxamqp.URL(url), &postboxamqp.Config{Exchange: x})
-			send := func(msgs []postbox.Message) []string {
-				ids := make([]string, len(msgs))
-				for i, m := range msgs {
-					env := envelope(m.Topic, string(m.Payload))
-					env.Key = m.Key
-					env.Headers[postbox.HeaderPartitionKey] = m.Key
-					if err := publish(t, pub, context.Background(), env); err != nil {
-						t.Fatal(err)
-					}
-					ids[i] = env.ID
-				}
-				return ids
-			}
 			// RabbitMQ redelivers at once when a consumer's connection
 			// closes: there is no wait to set.
-			pubtest.CheckCrashLoop(t, ci, c, send, nil)
+			pubtest.CheckCrashLoop(t, ci, c, pub, func(m postbox.Message) *postbox.Envelope { return envelope(m.Topic, string(m.Payload)) }, nil)
 		})
 	}
 }
 
 // amqpCrashChild is the consuming process of TestInboxCrashLoopIsBounded.
 func amqpCrashChild(t *testing.T, c pubtest.CrashCase) {
-	ci := pubtest.OpenCrashInbox(t, &c, openSQLite)
+	ci := pubtest.OpenCrashInbox(t, &c, sqlitetest.DriverAt)
 	sub := subscriber(t, c.Vars["url"], c.Vars["queue"], &postboxamqp.SubscriberConfig{PerKey: true, ReconnectBackoff: 50 * time.Millisecond, ReconnectBackoffMax: 500 * time.Millisecond})
 	pubtest.RunCrashChild(t, ci, c, sub)
 }

@@ -2,7 +2,6 @@ package postboxnats_test
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 	"time"
 
@@ -11,11 +10,8 @@ import (
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/internal/sqlitetest"
-	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxnats"
 )
-
-func openSQLite(t testing.TB, path string) postboxdriver.Driver[*sql.Tx] { return sqlitetest.DriverAt(t, path) }
 
 // TestInboxCrashLoopIsBounded: a consumer process exits (os.Exit, with the
 // handler's transaction open) whenever it runs one poison message. The
@@ -44,21 +40,8 @@ func TestInboxCrashLoopIsBounded(t *testing.T) {
 					_, js := connect(t, url)
 					_, base := stream(t, js, nil)
 					c := pubtest.CrashCase{DB: db, Batch: batch, Vars: map[string]string{"url": url, "stream": base}}
-					ci := pubtest.OpenCrashInbox(t, &c, openSQLite)
+					ci := pubtest.OpenCrashInbox(t, &c, sqlitetest.DriverAt)
 					pub := publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."})
-					send := func(msgs []postbox.Message) []string {
-						ids := make([]string, len(msgs))
-						for i, m := range msgs {
-							env := envelope(m.Topic, string(m.Payload))
-							env.Key = m.Key
-							env.Headers[postbox.HeaderPartitionKey] = m.Key
-							if err := publish(t, pub, context.Background(), env); err != nil {
-								t.Fatal(err)
-							}
-							ids[i] = env.ID
-						}
-						return ids
-					}
 					ackWait := func(long bool) {
 						// Long while first deliveries are counted, so that none
 						// is redelivered; short for the poison's redeliveries.
@@ -68,7 +51,7 @@ func TestInboxCrashLoopIsBounded(t *testing.T) {
 						}
 						ensureConsumer(t, js, base, pubtest.CrashConsumer, func(cc *jetstream.ConsumerConfig) { cc.AckWait = wait })
 					}
-					pubtest.CheckCrashLoop(t, ci, c, send, ackWait)
+					pubtest.CheckCrashLoop(t, ci, c, pub, func(m postbox.Message) *postbox.Envelope { return envelope(m.Topic, string(m.Payload)) }, ackWait)
 				})
 			}
 		}
@@ -77,7 +60,7 @@ func TestInboxCrashLoopIsBounded(t *testing.T) {
 
 // natsCrashChild is the consuming process of TestInboxCrashLoopIsBounded.
 func natsCrashChild(t *testing.T, c pubtest.CrashCase) {
-	ci := pubtest.OpenCrashInbox(t, &c, openSQLite)
+	ci := pubtest.OpenCrashInbox(t, &c, sqlitetest.DriverAt)
 	_, js := connect(t, c.Vars["url"])
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

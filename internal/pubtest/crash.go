@@ -82,7 +82,7 @@ type CrashInbox struct {
 // OpenCrashInbox opens c's database, on PostgreSQL or on SQLite (opened
 // by sqlite, sqlitetest.DriverAt), with a fresh prefix or file in the
 // test when c names none (which it then names), and returns its consumer.
-func OpenCrashInbox(t testing.TB, c *CrashCase, sqlite func(t testing.TB, path string) postboxdriver.Driver[*sql.Tx]) *CrashInbox {
+func OpenCrashInbox[D postboxdriver.Driver[*sql.Tx]](t testing.TB, c *CrashCase, sqlite func(t testing.TB, path string) D) *CrashInbox {
 	t.Helper()
 	switch c.DB {
 	case "postgres":
@@ -101,8 +101,8 @@ func OpenCrashInbox(t testing.TB, c *CrashCase, sqlite func(t testing.TB, path s
 		}
 		c.Prefix = postbox.DefaultPrefix
 		d := sqlite(t, c.Path)
-		db := d.(interface{ DB() *sql.DB }).DB()
-		return newCrashInbox(t, d, *c, func(ctx context.Context, table string) (n int, err error) {
+		db := any(d).(interface{ DB() *sql.DB }).DB()
+		return newCrashInbox[*sql.Tx](t, d, *c, func(ctx context.Context, table string) (n int, err error) {
 			err = db.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n)
 			return n, err
 		})
@@ -233,7 +233,7 @@ func RunCrashChildren(t testing.TB, c CrashCase, maxStarts int) int {
 	crashes := 0
 	for start := 1; start <= maxStarts; start++ {
 		ctx, cancel := context.WithTimeout(context.Background(), crashBound+time.Minute)
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+regexp.QuoteMeta(top)+"$", "-test.count=1", "-test.v")
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+regexp.QuoteMeta(top)+"$", "-test.count=1", "-test.v") //nolint:gosec // this test binary, run again
 		cmd.Env = append(os.Environ(), crashEnv+"="+string(env))
 		out, err := cmd.CombinedOutput()
 		cancel()
@@ -282,10 +282,11 @@ func (ci *CrashInbox) Dead(t testing.TB, id string) postbox.DeadMessage {
 	return d
 }
 
-// CheckCrashLoop runs the whole case against a broker: publish sends
-// messages (topic, key, payload) and returns their ids; setAckWait, when
-// the broker redelivers after a wait, sets it (long while first
-// deliveries are counted, short while the poison is redelivered).
+// CheckCrashLoop runs the whole case against a broker: pub publishes the
+// envelopes envelope makes of messages (topic, key, payload; the key also
+// in ce-partitionkey); setAckWait, when the broker redelivers after a
+// wait, sets it (long while first deliveries are counted, short while the
+// poison is redelivered).
 //
 // First, good messages of three keys are consumed by one child, and the
 // inbox's attempt table must stay empty: a first delivery writes nothing
@@ -294,7 +295,20 @@ func (ci *CrashInbox) Dead(t testing.TB, id string) postbox.DeadMessage {
 // until the poison is a consumer dead message, which takes exactly
 // CrashLimit+1 crashes (the first delivery's crash is not counted, as it
 // wrote nothing), and every other message is applied once.
-func CheckCrashLoop(t *testing.T, ci *CrashInbox, c CrashCase, publish func(msgs []postbox.Message) []string, setAckWait func(long bool)) {
+func CheckCrashLoop(t *testing.T, ci *CrashInbox, c CrashCase, pub postbox.Publisher, envelope func(m postbox.Message) *postbox.Envelope, setAckWait func(long bool)) {
+	publish := func(msgs []postbox.Message) []string {
+		ids := make([]string, len(msgs))
+		for i, m := range msgs {
+			env := envelope(m)
+			env.Key = m.Key
+			env.Headers[postbox.HeaderPartitionKey] = m.Key
+			if err := Publish(t, context.Background(), pub, env, 20*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			ids[i] = env.ID
+		}
+		return ids
+	}
 	t.Helper()
 	keys := []string{"k1", "k2", "k3"}
 	var first []postbox.Message
