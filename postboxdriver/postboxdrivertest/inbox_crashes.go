@@ -18,6 +18,7 @@ func (s *suite[TTx]) runInboxCrashes(t *testing.T) {
 	t.Run("CountsOnlyRunsWithNoOutcome", s.crashCount)
 	t.Run("CrashLoopDeadLettered", s.crashLoopDead)
 	t.Run("OrdinaryRedeliveriesNeverCrashes", s.crashOrdinaryRedeliveries)
+	t.Run("SlowRunThatCommitsNeverDead", s.crashSlowRun)
 	t.Run("BatchHonoursTheBound", s.crashBatch)
 }
 
@@ -152,6 +153,54 @@ func (s *suite[TTx]) crashOrdinaryRedeliveries(t *testing.T) {
 		committed = true
 		return ie.effect(ctx, tx, d)
 	}, postbox.Ack)
+}
+
+// A handler slower than the broker's redelivery wait: a redelivery
+// counted its start and waits behind the run still in progress, and the
+// next redelivery finds the bound reached. It waits for the running
+// transaction (at the inbox record; on SQLite, for the write lock) and,
+// once that commits, is a copy: a message that was applied is never also
+// dead.
+func (s *suite[TTx]) crashSlowRun(t *testing.T) {
+	ie := s.inboxSetup(t, postbox.Config{MaxCrashes: 1})
+	ctx := context.Background()
+	d := delivery(postbox.NewID())
+	// The second delivery's start, counted before it met the first run's
+	// transaction (a SQLite writer could not count it during that
+	// transaction).
+	ie.crashed(t, "billing", d.ID)
+	entered, release := make(chan struct{}), make(chan struct{})
+	first := make(chan postbox.Verdict, 1)
+	go func() {
+		first <- ie.inbox.Handle(ctx, "billing", d, func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+			close(entered)
+			<-release
+			return ie.effect(ctx, tx, d)
+		})
+	}()
+	<-entered
+	late := *d
+	late.Delivered = 3
+	third := make(chan postbox.Verdict, 1)
+	go func() {
+		third <- ie.inbox.Handle(ctx, "billing", &late, func(context.Context, TTx, *postbox.Delivery) error {
+			t.Error("the third delivery ran the handler")
+			return nil
+		})
+	}()
+	close(release)
+	if v := <-first; v.Action != postbox.Ack || v.Duplicate {
+		t.Fatalf("first delivery: %+v (err %v)", v, v.Err)
+	}
+	if v := <-third; v.Action != postbox.Ack || !v.Duplicate {
+		t.Fatalf("third delivery: %+v (err %v), want a copy", v, v.Err)
+	}
+	if _, err := ie.inbox.GetDead(ctx, "billing", d.ID); err == nil {
+		t.Fatal("an applied message is also dead")
+	}
+	if n := ie.effects(t); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
 }
 
 // A BatchProcessor runs a redelivery on its own, under the same bound.
