@@ -116,8 +116,8 @@ type Config struct {
 	// tell a redelivery: JetStream, RabbitMQ quorum queues and Redis
 	// streams keep one. A first delivery records nothing, so its own crash
 	// is not counted: a message that kills every run is dead-lettered on
-	// delivery MaxCrashes+2, after MaxCrashes+1 exits. Negative turns the
-	// bound (and its one write per redelivery) off. Default 3.
+	// delivery MaxCrashes+2, after MaxCrashes+1 exits. Between 1 and
+	// 1000; default 3.
 	MaxCrashes int
 	// BackoffBase and BackoffMax bound the delay before the next try:
 	// base·2^(failures-1) capped at max, with equal jitter (half fixed,
@@ -266,10 +266,8 @@ func (c *Config) Validate() error {
 	between("PublishWindow", c.PublishWindow, 100_000)
 	between("Lanes", c.Lanes, 64)
 	between("MaxAttempts", c.MaxAttempts, 1_000_000)
+	between("MaxCrashes", c.MaxCrashes, 1000)
 	between("PruneBatch", c.PruneBatch, 100_000)
-	if c.MaxCrashes > 1_000_000 {
-		bad("MaxCrashes", c.MaxCrashes, "must be at most 1000000 (or negative for no bound)")
-	}
 	atLeast := func(field string, v, least time.Duration) {
 		if v < least {
 			bad(field, v, "must be at least %s", least)
@@ -317,6 +315,6 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) String() string {
-	return fmt.Sprintf("prefix=%s batch=%d window=%d lanes=%d lease=%s deadline=%s backoff=%s..%s attempts=%d poll=%s",
-		c.Prefix, c.BatchSize, c.PublishWindow, c.Lanes, c.LeaseDuration, c.BatchDeadline, c.BackoffBase, c.BackoffMax, c.MaxAttempts, c.PollInterval)
+	return fmt.Sprintf("prefix=%s batch=%d window=%d lanes=%d lease=%s deadline=%s backoff=%s..%s attempts=%d crashes=%d poll=%s",
+		c.Prefix, c.BatchSize, c.PublishWindow, c.Lanes, c.LeaseDuration, c.BatchDeadline, c.BackoffBase, c.BackoffMax, c.MaxAttempts, c.MaxCrashes, c.PollInterval)
 }

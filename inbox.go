@@ -238,7 +238,7 @@ func (in *Inbox[TTx]) handle(ctx context.Context, consumer string, d *Delivery, 
 // neither gives no bound.
 func (in *Inbox[TTx]) countsCrashes(consumer string, d *Delivery) bool {
 	redelivery := d.Delivered > 1 || d.Delivered == 0 && d.Redelivered
-	return in.cfg.MaxCrashes > 0 && redelivery && validateConsumer(consumer, d.ID) == nil
+	return redelivery && validateConsumer(consumer, d.ID) == nil
 }
 
 // settle records that a run counted by InboxStart ended with an outcome

@@ -557,8 +557,8 @@ func configCases() []configCase {
 		{name: "MaxAttempts negative", edit: func(c *postbox.Config) { c.MaxAttempts = -1 }, field: "MaxAttempts"},
 
 		{name: "MaxCrashes 1", edit: func(c *postbox.Config) { c.MaxCrashes = 1 }},
-		{name: "MaxCrashes negative: no bound", edit: func(c *postbox.Config) { c.MaxCrashes = -1 }},
-		{name: "MaxCrashes 1000001", edit: func(c *postbox.Config) { c.MaxCrashes = 1_000_001 }, field: "MaxCrashes", reason: "must be at most 1000000 (or negative for no bound)"},
+		{name: "MaxCrashes 1001", edit: func(c *postbox.Config) { c.MaxCrashes = 1001 }, field: "MaxCrashes", reason: "must be between 1 and 1000"},
+		{name: "MaxCrashes negative", edit: func(c *postbox.Config) { c.MaxCrashes = -1 }, field: "MaxCrashes"},
 
 		{name: "LeaseDuration 100ms", edit: func(c *postbox.Config) { c.LeaseDuration, c.BatchDeadline = 100*time.Millisecond, 50*time.Millisecond }},
 		{name: "LeaseDuration 99ms", edit: func(c *postbox.Config) { c.LeaseDuration, c.BatchDeadline = 99*time.Millisecond, 50*time.Millisecond }, field: "LeaseDuration", reason: "must be at least 100ms"},
