@@ -110,9 +110,9 @@ type Config struct {
 	// memory, a kill) before the handler returned: when the broker
 	// redelivers a message whose redeliveries ran and died MaxCrashes times
 	// in a row, with no failure or success recorded in between, the inbox
-	// writes it as a consumer dead message instead of running it again,
-	// and its key goes on (or holds, as the subscriber's BlockOnDead says).
-	// The count needs the broker's delivery count (Delivery.Delivered) to
+	// writes it as a consumer dead message instead of running it again
+	// and the subscriber acknowledges it: its key's next message goes on,
+	// as after any consumer dead message. The count needs the broker's delivery count (Delivery.Delivered) to
 	// tell a redelivery: JetStream, RabbitMQ quorum queues and Redis
 	// streams keep one. A first delivery records nothing, so its own crash
 	// is not counted: a message that kills every run is dead-lettered on
