@@ -147,7 +147,7 @@ type CrashLoopError struct {
 }
 
 func (e *CrashLoopError) Error() string {
-	return fmt.Sprintf("postbox: the handler never returned: %d redeliveries in a row ended with the consuming process gone while it ran (MaxCrashes), after the first delivery", e.Crashes)
+	return fmt.Sprintf("postbox: the handler never returned: %d redeliveries in a row ended with the consuming process gone while it ran (Config.MaxCrashes)", e.Crashes)
 }
 
 // RetryAfterError is a failure that names when to try again. RetryAfter
