@@ -105,17 +105,30 @@ type Config struct {
 	// handler runs per consumer: the failure that reaches it makes the
 	// message a dead message. Default 25.
 	MaxAttempts int
-	// MaxCrashes is how many relays may die publishing one message before
-	// it becomes a dead message (its error names the count) and its key
-	// moves on, or holds with BlockOnDead. A message whose publish kills
-	// the process (a publisher that panics or exits on it, the broker
-	// client running out of memory) would otherwise kill every relay that
-	// takes it up, and hold its key back for ever. A crash counts against
-	// a message only when it was the one publish in flight in its relay,
-	// which a relay arranges only for the messages in flight when an
-	// earlier relay died (design §4, "A message that kills the relay");
-	// unrelated kills (a deploy's SIGKILL) must land inside such a publish
-	// MaxCrashes times in a row to bury a message. Default 3.
+	// MaxCrashes bounds, on both sides, the times one message may take
+	// its process down before it becomes a dead message (its error names
+	// the count) and its key moves on, as after any dead message (or
+	// holds, with BlockOnDead on the relay). Without it, a message whose
+	// publish or handler kills the process (a panic past recovery,
+	// os.Exit, out of memory) would be taken up again for ever. Default
+	// 3, between 1 and 1000.
+	//
+	// The relay: a crash counts against a message only when it was the
+	// one publish in flight in its relay, which a relay arranges only for
+	// the messages in flight when an earlier relay died (design §4, "A
+	// message that kills the relay"); unrelated kills (a deploy's SIGKILL)
+	// must land inside such a publish MaxCrashes times in a row to bury a
+	// message.
+	//
+	// The inbox: when the broker redelivers a message whose redeliveries
+	// ran and died MaxCrashes times in a row, with no failure or success
+	// recorded in between, the inbox writes it as a consumer dead message
+	// instead of running it again and the subscriber acknowledges it. The
+	// count needs the broker's delivery count (Delivery.Delivered) to tell
+	// a redelivery: JetStream, RabbitMQ quorum queues and Redis streams
+	// keep one. A first delivery records nothing, so its own crash is not
+	// counted: a message that kills every run is dead-lettered on delivery
+	// MaxCrashes+2, after MaxCrashes+1 exits.
 	MaxCrashes int
 	// BackoffBase and BackoffMax bound the delay before the next try:
 	// base·2^(failures-1) capped at max, with equal jitter (half fixed,

@@ -139,6 +139,17 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &pe)
 }
 
+// CrashLoopError is the error of a consumer dead message whose handler
+// never returned: Crashes redeliveries in a row began running it and
+// ended with the consuming process gone (Config.MaxCrashes).
+type CrashLoopError struct {
+	Crashes int
+}
+
+func (e *CrashLoopError) Error() string {
+	return fmt.Sprintf("postbox: the handler never returned: %d redeliveries in a row ended with the consuming process gone while it ran (Config.MaxCrashes)", e.Crashes)
+}
+
 // RetryAfterError is a failure that names when to try again. RetryAfter
 // makes one.
 type RetryAfterError struct {

@@ -24,6 +24,11 @@ type Delivery struct {
 	// Delivered counts the broker's deliveries of this message, this one
 	// included, where the broker keeps such a count (JetStream does); else 0.
 	Delivered int
+	// Redelivered, with Delivered 0, says the broker may have delivered
+	// this message before although it keeps no count (a RabbitMQ classic
+	// queue's redelivered flag). The inbox bounds crashes (MaxCrashes)
+	// only on deliveries it can tell are redeliveries.
+	Redelivered bool
 }
 
 // Handler applies a delivery inside the consumer's transaction tx, together
@@ -176,6 +181,14 @@ func (in *Inbox[TTx]) run(ctx context.Context, consumer string, d *Delivery, h H
 // wrapped with Permanent writes the dead message at once; one wrapped with
 // RetryAfter asks for a redelivery after its delay, counted or not as it
 // says. A store failure counts nothing and asks for a redelivery.
+//
+// A redelivery (d.Delivered above 1, or 0 with d.Redelivered) is
+// counted before its handler runs, in one statement of its own, and the
+// count is cleared by any outcome recorded after it; a message whose
+// redeliveries ended MaxCrashes times in a row with no outcome, that is
+// with the process gone before the handler returned, is written as a
+// dead message (a *CrashLoopError) instead of running again. A first
+// delivery writes nothing for it.
 func (in *Inbox[TTx]) Handle(ctx context.Context, consumer string, d *Delivery, h Handler[TTx]) Verdict {
 	var end func(Verdict)
 	if in.cfg.Tracer != nil {
@@ -191,6 +204,18 @@ func (in *Inbox[TTx]) Handle(ctx context.Context, consumer string, d *Delivery, 
 }
 
 func (in *Inbox[TTx]) handle(ctx context.Context, consumer string, d *Delivery, h Handler[TTx]) Verdict {
+	started := false
+	if in.countsCrashes(consumer, d) {
+		a, err := in.store.InboxStart(ctx, consumer, d.ID)
+		if err != nil {
+			in.log.Warn("postbox inbox: store failure; redelivering", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", err))
+			return Verdict{Action: Retry, Delay: inboxInfraRetryDelay, Err: err}
+		}
+		if a.Crashes >= in.cfg.MaxCrashes {
+			return in.buryCrashed(ctx, consumer, d, a)
+		}
+		started = true
+	}
 	dup, err := in.run(ctx, consumer, d, h, nil)
 	if err == nil {
 		return Verdict{Action: Ack, Duplicate: dup}
@@ -198,15 +223,82 @@ func (in *Inbox[TTx]) handle(ctx context.Context, consumer string, d *Delivery, 
 	var he *handlerError
 	if !errors.As(err, &he) {
 		in.log.Warn("postbox inbox: store failure; redelivering", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", err))
+		in.settle(ctx, consumer, d, started)
 		return Verdict{Action: Retry, Delay: inboxInfraRetryDelay, Err: err}
 	}
-	return in.failed(ctx, consumer, d, he)
+	return in.failed(ctx, consumer, d, he, started)
+}
+
+// countsCrashes reports whether a delivery's handler run is counted
+// (InboxStart) before it begins, so that a message whose runs keep ending
+// with the process gone is bounded by MaxCrashes: only a redelivery, as
+// the broker's delivery count says, so that a first delivery writes
+// nothing more than its inbox record. A delivery with neither a count
+// nor the Redelivered sign is taken for a first one: a broker that gives
+// neither gives no bound.
+func (in *Inbox[TTx]) countsCrashes(consumer string, d *Delivery) bool {
+	redelivery := d.Delivered > 1 || d.Delivered == 0 && d.Redelivered
+	return redelivery && validateConsumer(consumer, d.ID) == nil
+}
+
+// settle records that a run counted by InboxStart ended with an outcome
+// that records nothing else (an uncounted retry, a store failure), so that
+// it is not taken for a crash. It runs even when ctx has ended (a
+// shutdown is no crash either), within releaseBudget; if the store fails
+// it too, the run stays counted.
+func (in *Inbox[TTx]) settle(ctx context.Context, consumer string, d *Delivery, started bool) {
+	if !started {
+		return
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBudget)
+	defer cancel()
+	if err := in.store.InboxSettle(sctx, consumer, d.ID); err != nil {
+		in.log.Warn("postbox inbox: could not settle a counted run; it counts towards MaxCrashes", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", err))
+	}
+}
+
+// buryCrashed writes the dead message of a delivery whose earlier runs
+// ended MaxCrashes times with the process gone, without running its
+// handler. It does so in a transaction that first takes the message's
+// inbox record: a run still in progress (a handler slower than the
+// broker's redelivery wait, whose start counted too) holds the record
+// until it ends, and one that committed makes this delivery a copy, so a
+// message that was applied is never also dead. The record is then deleted
+// again in the same transaction: the dead message alone keeps late copies
+// out, and a requeue runs the handler.
+func (in *Inbox[TTx]) buryCrashed(ctx context.Context, consumer string, d *Delivery, a postboxdriver.Attempts) Verdict {
+	cerr := &CrashLoopError{Crashes: a.Crashes}
+	a.Attempts += a.Crashes
+	dm := deadMessage(consumer, d, cerr, a)
+	dup := false
+	err := in.store.InTx(ctx, func(tx TTx) error {
+		ex := in.store.UnwrapExecutor(tx)
+		first, err := ex.InboxInsert(ctx, consumer, d.ID)
+		if err != nil || !first {
+			dup = err == nil
+			return err
+		}
+		if err := ex.InboxDelete(ctx, consumer, []string{d.ID}); err != nil {
+			return err
+		}
+		return ex.BuryConsumerDead(ctx, dm)
+	})
+	switch {
+	case err != nil:
+		in.log.Warn("postbox inbox: could not write a dead message; redelivering", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", err))
+		return Verdict{Action: Retry, Delay: inboxInfraRetryDelay, Attempts: a.Attempts, Err: cerr}
+	case dup:
+		return Verdict{Action: Ack, Duplicate: true}
+	}
+	in.log.Warn("postbox inbox: message dead-lettered: its handler runs keep ending with the process gone", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Int("crashes", a.Crashes))
+	return Verdict{Action: DeadLettered, Attempts: a.Attempts, Err: cerr}
 }
 
 // failed settles a delivery whose handler run (or whose recording) failed
 // and was rolled back: it counts the attempt and asks for a redelivery
-// with backoff, or buries the message once its budget is spent.
-func (in *Inbox[TTx]) failed(ctx context.Context, consumer string, d *Delivery, he *handlerError) Verdict {
+// with backoff, or buries the message once its budget is spent. started
+// says the run was counted by InboxStart.
+func (in *Inbox[TTx]) failed(ctx context.Context, consumer string, d *Delivery, he *handlerError, started bool) Verdict {
 	var ve *ValidationError
 	if errors.As(he.err, &ve) {
 		// A delivery postbox cannot even record (an empty or oversized id)
@@ -216,12 +308,15 @@ func (in *Inbox[TTx]) failed(ctx context.Context, consumer string, d *Delivery, 
 	ra, retry := retryAfter(he.err)
 	if retry && !ra.Counted {
 		// The handler asks for a later delivery without spending an
-		// attempt: nothing is recorded.
+		// attempt: nothing is recorded but the end of a counted run.
+		in.settle(ctx, consumer, d, started)
 		return Verdict{Action: Retry, Delay: ra.Delay, Err: he.err}
 	}
+	// The failure's record settles a counted run too.
 	a, rerr := in.store.RecordFailure(ctx, consumer, d.ID, errorText(he.err))
 	if rerr != nil {
 		in.log.Warn("postbox inbox: could not count a failed attempt; redelivering", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", rerr))
+		in.settle(ctx, consumer, d, started)
 		return Verdict{Action: Retry, Delay: inboxInfraRetryDelay, Err: he.err}
 	}
 	if a.Attempts >= in.cfg.MaxAttempts || IsPermanent(he.err) {
@@ -234,7 +329,8 @@ func (in *Inbox[TTx]) failed(ctx context.Context, consumer string, d *Delivery, 
 	return Verdict{Action: Retry, Delay: delay, Attempts: a.Attempts, Err: he.err}
 }
 
-func (in *Inbox[TTx]) bury(ctx context.Context, consumer string, d *Delivery, herr error, a postboxdriver.Attempts) Verdict {
+// deadMessage is the consumer dead message of d after herr.
+func deadMessage(consumer string, d *Delivery, herr error, a postboxdriver.Attempts) DeadMessage {
 	headers, err := json.Marshal(d.Headers)
 	if err != nil || d.Headers == nil {
 		headers = []byte("{}")
@@ -251,7 +347,11 @@ func (in *Inbox[TTx]) bury(ctx context.Context, consumer string, d *Delivery, he
 		dm.ID = "invalid-id:" + NewID()
 		dm.Error = errorText(fmt.Errorf("%s (delivered with id %q)", dm.Error, truncate(d.ID, 64)))
 	}
-	if err := in.store.BuryConsumerDead(ctx, dm); err != nil {
+	return dm
+}
+
+func (in *Inbox[TTx]) bury(ctx context.Context, consumer string, d *Delivery, herr error, a postboxdriver.Attempts) Verdict {
+	if err := in.store.BuryConsumerDead(ctx, deadMessage(consumer, d, herr, a)); err != nil {
 		in.log.Warn("postbox inbox: could not write a dead message; redelivering", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", err))
 		return Verdict{Action: Retry, Delay: inboxInfraRetryDelay, Attempts: a.Attempts, Err: herr}
 	}

@@ -152,8 +152,11 @@ type batchItem struct {
 
 // Process implements Processor.
 func (p *batchProcessor[TTx]) Process(ctx context.Context, d *Delivery) Verdict {
-	if validateConsumer(p.consumer, d.ID) != nil {
-		// An id the inbox cannot record: Handle buries it.
+	if validateConsumer(p.consumer, d.ID) != nil || p.in.countsCrashes(p.consumer, d) {
+		// An id the inbox cannot record: Handle buries it. A redelivery
+		// is counted before its run (MaxCrashes) and runs on its own, so
+		// that the message that keeps killing the process takes no batch
+		// down with it, and a batch's first deliveries write nothing more.
 		return p.in.Handle(ctx, p.consumer, d, p.h)
 	}
 	it := &batchItem{ctx: ctx, d: d, start: time.Now(), lead: make(chan struct{}), done: make(chan struct{})}
@@ -278,7 +281,7 @@ func (p *batchProcessor[TTx]) run(batch []*batchItem) {
 		case it.herr == nil:
 			it.v = Verdict{Action: Ack}
 		default:
-			it.v = p.in.failed(it.hctx, p.consumer, it.d, &handlerError{it.herr})
+			it.v = p.in.failed(it.hctx, p.consumer, it.d, &handlerError{it.herr}, false)
 		}
 		inboxHandled(p.in.cfg.Metrics, p.consumer, it.d.Topic, it.v, time.Since(it.start))
 		if it.end != nil {

@@ -556,6 +556,10 @@ func configCases() []configCase {
 		{name: "MaxAttempts 1000001", edit: func(c *postbox.Config) { c.MaxAttempts = 1_000_001 }, field: "MaxAttempts", reason: "must be between 1 and 1000000"},
 		{name: "MaxAttempts negative", edit: func(c *postbox.Config) { c.MaxAttempts = -1 }, field: "MaxAttempts"},
 
+		{name: "MaxCrashes 1", edit: func(c *postbox.Config) { c.MaxCrashes = 1 }},
+		{name: "MaxCrashes 1001", edit: func(c *postbox.Config) { c.MaxCrashes = 1001 }, field: "MaxCrashes", reason: "must be between 1 and 1000"},
+		{name: "MaxCrashes negative", edit: func(c *postbox.Config) { c.MaxCrashes = -1 }, field: "MaxCrashes"},
+
 		{name: "LeaseDuration 100ms", edit: func(c *postbox.Config) { c.LeaseDuration, c.BatchDeadline = 100*time.Millisecond, 50*time.Millisecond }},
 		{name: "LeaseDuration 99ms", edit: func(c *postbox.Config) { c.LeaseDuration, c.BatchDeadline = 99*time.Millisecond, 50*time.Millisecond }, field: "LeaseDuration", reason: "must be at least 100ms"},
 		{name: "LeaseDuration negative", edit: func(c *postbox.Config) { c.LeaseDuration = -time.Minute; c.BatchDeadline = -2 * time.Minute }, field: "LeaseDuration,BatchDeadline"},
@@ -673,7 +677,7 @@ func TestConfigDefaults(t *testing.T) {
 		c.PublishWindow != postbox.DefaultPublishWindow || c.LeaseDuration != postbox.DefaultLeaseDuration ||
 		c.BatchDeadline != min(postbox.DefaultBatchDeadline, postbox.DefaultLeaseDuration/3) || c.BackoffBase != postbox.DefaultBackoffBase ||
 		c.BackoffMax != postbox.DefaultBackoffMax || c.MaxAttempts != postbox.DefaultMaxAttempts ||
-		c.PollInterval != postbox.DefaultPollInterval {
+		c.MaxCrashes != postbox.DefaultMaxCrashes || c.PollInterval != postbox.DefaultPollInterval {
 		t.Errorf("defaults: %s", c)
 	}
 	// A short lease brings the default deadline under it.

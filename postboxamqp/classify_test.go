@@ -31,7 +31,7 @@ func TestDeliveryMapping(t *testing.T) {
 	// A classic queue's redelivery carries no count; a message from
 	// elsewhere has no ce-type.
 	d = postboxamqp.DeliveryOf(&amqp.Delivery{MessageId: "m", Type: "", RoutingKey: "rk", Redelivered: true})
-	if d.ID != "m" || d.Topic != "rk" || d.Delivered != 0 {
+	if d.ID != "m" || d.Topic != "rk" || d.Delivered != 0 || !d.Redelivered {
 		t.Fatalf("delivery %+v", d)
 	}
 	d = postboxamqp.DeliveryOf(&amqp.Delivery{MessageId: "m", Type: "typed", RoutingKey: "rk"})

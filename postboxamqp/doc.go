@@ -157,7 +157,11 @@
 //
 // Delivery.Delivered is x-delivery-count + 1 on a quorum queue, 1 for a
 // first delivery from any queue, and 0 (unknown) for a redelivery from a
-// classic queue.
+// classic queue, which Delivery.Redelivered marks. Either way the inbox
+// tells a redelivery, and bounds a message that kills the consuming
+// process: the connection's end returns the delivery to the queue at
+// once, and after postbox.Config.MaxCrashes runs in a row that never
+// returned, its next delivery becomes a consumer dead message.
 //
 // The Subscriber does not promise per-key order (OrderPerKey in the
 // broker suite). With PerKey it processes one delivery per key at a time,

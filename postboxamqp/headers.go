@@ -154,6 +154,7 @@ func delivery(d *amqp.Delivery) *postbox.Delivery {
 	}
 	out := &postbox.Delivery{
 		ID: d.MessageId, Key: h[postbox.HeaderPartitionKey], Payload: d.Body, Headers: h, Delivered: delivered,
+		Redelivered: d.Redelivered,
 	}
 	if out.ID == "" {
 		out.ID = h[postbox.HeaderID]

@@ -194,8 +194,20 @@ type Executor interface {
 	InboxDelete(ctx context.Context, consumer string, ids []string) error
 	// RecordFailure counts a failed handler run for (consumer, messageID)
 	// and returns the running totals. It runs outside the handler's
-	// transaction, so the count survives its rollback.
+	// transaction, so the count survives its rollback. A failure is an
+	// outcome: it sets the message's Crashes count back to zero.
 	RecordFailure(ctx context.Context, consumer, messageID, errText string) (Attempts, error)
+	// InboxStart records, in one statement outside any transaction, that
+	// a handler run of a redelivery of (consumer, messageID) begins, and
+	// returns the counts as they stood before it: Crashes is the runs so
+	// recorded that ended with no outcome since the last one (a failure
+	// recorded by RecordFailure, a run settled by InboxSettle), that is
+	// runs whose process exited before the handler returned.
+	InboxStart(ctx context.Context, consumer, messageID string) (Attempts, error)
+	// InboxSettle records that a run begun with InboxStart ended with an
+	// outcome that records nothing else (a retry that spends no attempt, a
+	// store failure): the message's Crashes count starts again from zero.
+	InboxSettle(ctx context.Context, consumer, messageID string) error
 	// PruneInbox deletes at most limit inbox records (and attempt counts)
 	// older than age, and returns how many. The inbox runs it under the
 	// "inbox-prune" claim (ClaimMaintenance), one process at a time.

@@ -10,6 +10,10 @@ type Attempts struct {
 	Attempts       int
 	FirstFailureAt time.Time
 	LastFailureAt  time.Time
+	// Crashes counts the handler runs of redeliveries that began
+	// (InboxStart) since the message's last recorded outcome and ended
+	// with none: the process running them exited.
+	Crashes int
 }
 
 var savepointRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)

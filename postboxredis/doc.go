@@ -163,7 +163,11 @@
 // nothing pending.
 //
 // Delivery.Delivered is the group's delivery count of the entry: 1 for a
-// first read, raised by every claim and every retry.
+// first read, raised by every claim and every retry. With it the inbox
+// bounds an entry that kills the consuming process: another subscriber
+// claims the dead one's entry after MinIdle, and after
+// postbox.Config.MaxCrashes runs in a row that never returned, the
+// entry's next delivery becomes a consumer dead message.
 //
 // # Order per key
 //

@@ -15,7 +15,7 @@ const consumerDeadColumns = `consumer, message_id, topic, coalesce(key, ''), pay
 
 // inboxQueries are the consumer side's statements, bound to a prefix once.
 type inboxQueries struct {
-	insert, insertMany, deleteMany, take, failure, forget, bury, list, get, del, pruneInbox, pruneAttempts, pruneDead,
+	insert, insertMany, deleteMany, take, failure, start, settle, forget, bury, list, get, del, pruneInbox, pruneAttempts, pruneDead,
 	requestRequeue, listRequeues, failRequeue string
 }
 
@@ -39,8 +39,15 @@ RETURNING message_id`),
 		deleteMany: r.Replace(`DELETE FROM {p}inbox WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2))`),
 		take:       r.Replace(`DELETE FROM {p}consumer_dead WHERE consumer = ? AND message_id = ? RETURNING {dead}`),
 		failure: r.Replace(`INSERT INTO {p}inbox_attempts (consumer, message_id, attempts, last_error) VALUES (?1, ?2, 1, ?3)
-ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = attempts + 1, last_failure_at = {now}, last_error = excluded.last_error
+ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = attempts + 1, last_failure_at = {now}, last_error = excluded.last_error,
+  unsettled_runs = 0
 RETURNING attempts, first_failure_at, last_failure_at`),
+		// A start refreshes last_failure_at, so that the retention keeps the
+		// count of a message that is still being redelivered.
+		start: r.Replace(`INSERT INTO {p}inbox_attempts (consumer, message_id, attempts, last_error, unsettled_runs) VALUES (?1, ?2, 0, '', 1)
+ON CONFLICT (consumer, message_id) DO UPDATE SET unsettled_runs = unsettled_runs + 1, last_failure_at = {now}
+RETURNING attempts, first_failure_at, last_failure_at, unsettled_runs - 1`),
+		settle: r.Replace(`UPDATE {p}inbox_attempts SET unsettled_runs = 0 WHERE consumer = ?1 AND message_id = ?2 AND unsettled_runs <> 0`),
 		forget: r.Replace(`DELETE FROM {p}inbox_attempts WHERE consumer = ? AND message_id = ?`),
 		bury: r.Replace(`INSERT INTO {p}consumer_dead (consumer, message_id, topic, key, payload, headers, error, attempts, first_failure_at, last_failure_at)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
@@ -125,6 +132,21 @@ func (s *store) RecordFailure(ctx context.Context, consumer, messageID, errText 
 	err := s.conn().QueryRowContext(ctx, s.iq.failure, consumer, messageID, errText).Scan(&a.Attempts, &first, &last)
 	a.FirstFailureAt, a.LastFailureAt = time.UnixMilli(first), time.UnixMilli(last)
 	return a, s.wrap(err)
+}
+
+// InboxStart implements postboxdriver.Executor.
+func (s *store) InboxStart(ctx context.Context, consumer, messageID string) (postboxdriver.Attempts, error) {
+	var a postboxdriver.Attempts
+	var first, last int64
+	err := s.conn().QueryRowContext(ctx, s.iq.start, consumer, messageID).Scan(&a.Attempts, &first, &last, &a.Crashes)
+	a.FirstFailureAt, a.LastFailureAt = time.UnixMilli(first), time.UnixMilli(last)
+	return a, s.wrap(err)
+}
+
+// InboxSettle implements postboxdriver.Executor.
+func (s *store) InboxSettle(ctx context.Context, consumer, messageID string) error {
+	_, err := s.conn().ExecContext(ctx, s.iq.settle, consumer, messageID)
+	return s.wrap(err)
 }
 
 // PruneInbox implements postboxdriver.Executor: one bounded batch.

@@ -11,7 +11,7 @@ import (
 )
 
 type inboxQueries struct {
-	insert, insertMany, delete, recordFailure, bury, listDead, getDead, takeDead, deleteDead,
+	insert, insertMany, delete, recordFailure, start, settle, bury, listDead, getDead, takeDead, deleteDead,
 	pruneInbox, pruneDead, requestRequeue, listRequeues, failRequeue string
 }
 
@@ -37,8 +37,15 @@ ON CONFLICT DO NOTHING
 RETURNING message_id`),
 		delete: r.Replace(`DELETE FROM {p}inbox WHERE consumer = $1 AND message_id = ANY($2::text[])`),
 		recordFailure: r.Replace(`INSERT INTO {p}inbox_attempts (consumer, message_id, attempts, last_error) VALUES ($1, $2, 1, $3)
-ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = {p}inbox_attempts.attempts + 1, last_failure_at = now(), last_error = EXCLUDED.last_error
+ON CONFLICT (consumer, message_id) DO UPDATE SET attempts = {p}inbox_attempts.attempts + 1, last_failure_at = now(), last_error = EXCLUDED.last_error,
+  unsettled_runs = 0
 RETURNING attempts, first_failure_at, last_failure_at`),
+		// A start refreshes last_failure_at, so that the retention keeps the
+		// count of a message that is still being redelivered.
+		start: r.Replace(`INSERT INTO {p}inbox_attempts AS a (consumer, message_id, attempts, last_error, unsettled_runs) VALUES ($1, $2, 0, '', 1)
+ON CONFLICT (consumer, message_id) DO UPDATE SET unsettled_runs = a.unsettled_runs + 1, last_failure_at = now()
+RETURNING attempts, first_failure_at, last_failure_at, unsettled_runs - 1`),
+		settle: r.Replace(`UPDATE {p}inbox_attempts SET unsettled_runs = 0 WHERE consumer = $1 AND message_id = $2 AND unsettled_runs <> 0`),
 		bury: r.Replace(`WITH gone AS (
   DELETE FROM {p}inbox_attempts WHERE consumer = $1 AND message_id = $2
 )
@@ -130,6 +137,19 @@ func (c *Core) RecordFailure(ctx context.Context, consumer, messageID, errText s
 	var a postboxdriver.Attempts
 	err := c.queryRow(ctx, c.db, c.iq.recordFailure, []any{consumer, messageID, errText}, &a.Attempts, &a.FirstFailureAt, &a.LastFailureAt)
 	return a, err
+}
+
+// InboxStart implements postboxdriver.Executor.
+func (c *Core) InboxStart(ctx context.Context, consumer, messageID string) (postboxdriver.Attempts, error) {
+	var a postboxdriver.Attempts
+	err := c.queryRow(ctx, c.db, c.iq.start, []any{consumer, messageID}, &a.Attempts, &a.FirstFailureAt, &a.LastFailureAt, &a.Crashes)
+	return a, err
+}
+
+// InboxSettle implements postboxdriver.Executor.
+func (c *Core) InboxSettle(ctx context.Context, consumer, messageID string) error {
+	_, err := c.exec(ctx, c.iq.settle, consumer, messageID)
+	return err
 }
 
 // PruneInbox implements postboxdriver.Executor.

@@ -26,6 +26,7 @@ func (s *suite[TTx]) runInbox(t *testing.T) {
 	t.Run("ConfigRetentionHorizon", s.inboxConfig)
 	t.Run("Batch", s.runInboxBatch)
 	t.Run("Failures", s.runInboxFailures)
+	t.Run("Crashes", s.runInboxCrashes)
 }
 
 // inboxEnv is a consumer whose handler's effect is an outbox message
