@@ -69,7 +69,14 @@ type shard struct {
 	// consumer prefix.
 	consumers postboxadmin.ConsumerDead
 	deadStats postboxprom.DeadStats
-	close     func()
+	// retention prunes the consumers' dead messages past
+	// relay.consumer_dead_retention; nil when they are kept until handled.
+	retention interface {
+		Start(context.Context) error
+		Stop(context.Context) error
+		Prune(context.Context) (postbox.PruneResult, error)
+	}
+	close func()
 }
 
 // route is a configured route with its readiness limits resolved.
@@ -209,6 +216,11 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger) (_ *Daemon, err e
 		if err := sh.client.Start(ctx); err != nil {
 			return nil, fmt.Errorf("start relay on shard %s: %w", sh.name, err)
 		}
+		if sh.retention != nil {
+			if err := sh.retention.Start(context.WithoutCancel(ctx)); err != nil {
+				return nil, fmt.Errorf("start the consumers' retention on shard %s: %w", sh.name, err)
+			}
+		}
 	}
 	if cfg.Admin.Listen != "off" {
 		if err := d.serve(); err != nil {
@@ -326,7 +338,7 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 			var c, inbox *postbox.Client[*sql.Tx]
 			if c, err = postbox.NewClient(drv, ccfg); err == nil {
 				if inbox, err = consumerClient(drv, c, db); err == nil {
-					return &shard{client: c, admin: c.Admin(), consumers: inbox.Inbox(), deadStats: inbox.Inbox(), close: func() { _ = sdb.Close() }}, nil
+					return newShard(c, c.Admin(), inbox.Inbox(), func() { _ = sdb.Close() }), nil
 				}
 			}
 		}
@@ -358,22 +370,35 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 	if err == nil {
 		var inbox *postbox.Client[pgx.Tx]
 		if inbox, err = consumerClient(drv, c, db); err == nil {
-			return &shard{client: c, admin: c.Admin(), consumers: inbox.Inbox(), deadStats: inbox.Inbox(), close: pool.Close}, nil
+			return newShard(c, c.Admin(), inbox.Inbox(), pool.Close), nil
 		}
 	}
 	pool.Close()
 	return nil, err
 }
 
-// consumerClient returns the Client whose Inbox serves the consumers' dead
-// messages of db: the relay's own when the consumer prefix is the relay's,
-// else one over the consumer prefix's tables, which never starts a relay.
-func consumerClient[TTx any](drv postboxdriver.Driver[TTx], relay *postbox.Client[TTx], db Database) (*postbox.Client[TTx], error) {
-	if db.ConsumerPrefix == "" || db.ConsumerPrefix == db.Prefix {
-		return relay, nil
+// newShard is a shard over a relay's Client and the Inbox of its
+// consumers' tables.
+func newShard[TTx any](c *postbox.Client[TTx], admin *postbox.Admin, in *postbox.Inbox[TTx], closeFn func()) *shard {
+	sh := &shard{client: c, admin: admin, consumers: in, deadStats: in, close: closeFn}
+	if c.Config().DeadRetention >= 0 {
+		sh.retention = in
 	}
+	return sh
+}
+
+// consumerClient returns the Client whose Inbox serves the consumers' dead
+// messages of db (the tables of its consumer prefix, by default its
+// prefix) and prunes them past relay.consumer_dead_retention. It never
+// starts a relay, and never prunes the inbox records themselves: how long
+// those must be kept is the consumers' to say (their InboxRetention and
+// the replay horizon their messages carry).
+func consumerClient[TTx any](drv postboxdriver.Driver[TTx], relay *postbox.Client[TTx], db Database) (*postbox.Client[TTx], error) {
 	cfg := relay.Config()
-	cfg.Prefix, cfg.Routes, cfg.Publisher = db.ConsumerPrefix, nil, nil
+	if db.ConsumerPrefix != "" {
+		cfg.Prefix = db.ConsumerPrefix
+	}
+	cfg.Routes, cfg.Publisher, cfg.InboxRetention = nil, nil, -1
 	return postbox.NewClient(drv, &cfg)
 }
 
@@ -574,6 +599,25 @@ func (p *pauseLog) RelayBatch(r *postbox.BatchReport) {
 	}
 }
 
+// PruneConsumers runs one pass of the consumers' retention on every shard,
+// as the daemon does every minute (the library's PruneInterval): it deletes the consumers'
+// dead messages older than relay.consumer_dead_retention, none when that
+// is negative, and returns how many it deleted.
+func (d *Daemon) PruneConsumers(ctx context.Context) (int, error) {
+	n := 0
+	for _, sh := range d.shards {
+		if sh.retention == nil {
+			continue
+		}
+		res, err := sh.retention.Prune(ctx)
+		n += res.Dead
+		if err != nil {
+			return n, fmt.Errorf("shard %s: %w", sh.name, err)
+		}
+	}
+	return n, nil
+}
+
 // Stop stops the relays (each finishes or abandons its batch within ctx),
 // then the listener, the publisher and the connections.
 func (d *Daemon) Stop(ctx context.Context) error {
@@ -581,6 +625,11 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	for _, sh := range d.shards {
 		if err := sh.client.Stop(ctx); err != nil && !errors.Is(err, postbox.ErrNotStarted) {
 			errs = append(errs, fmt.Errorf("stop shard %s: %w", sh.name, err))
+		}
+		if sh.retention != nil {
+			if err := sh.retention.Stop(ctx); err != nil && !errors.Is(err, postbox.ErrNotStarted) {
+				errs = append(errs, fmt.Errorf("stop the consumers' retention on shard %s: %w", sh.name, err))
+			}
 		}
 	}
 	d.close(ctx)
