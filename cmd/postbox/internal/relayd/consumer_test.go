@@ -117,19 +117,11 @@ func TestDaemonConsumerDeadRetention(t *testing.T) {
 			if _, err := pool.Exec(ctx, `UPDATE `+consumerPrefix+`consumer_dead SET dead_at = now() - interval '40 days' WHERE message_id = 'old'`); err != nil {
 				t.Fatal(err)
 			}
-			cfg, err := relayd.Parse([]byte(`
+			d := startDaemon(t, `
 databases: [{url: "`+testdb.PostgresURL()+`", prefix: `+relayPrefix+`, consumer_prefix: `+consumerPrefix+`}]
 relay: {lease: 3s, `+tc.setting+`}
 admin: {listen: "off"}
-`), env(map[string]string{"POSTBOX_NATS_URL": url}))
-			if err != nil {
-				t.Fatal(err)
-			}
-			d, err := relayd.Start(ctx, cfg, quiet)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = d.Stop(ctx) }()
+`, map[string]string{"POSTBOX_NATS_URL": url})
 			dead := func() []string {
 				ds, err := service.Inbox().ListDead(ctx, postbox.DeadFilter{Consumer: "billing"})
 				if err != nil {

@@ -2,8 +2,6 @@ package relayd_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -11,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
 	"github.com/postbox-go/postbox/internal/testdb"
 )
 
@@ -34,20 +31,13 @@ func TestDaemonReplayHorizon(t *testing.T) {
 	} {
 		pool, prefix := testdb.Migrated(t)
 		stream := []string{"HFOREVER", "HDAYS"}[i]
-		cfg, err := relayd.Parse([]byte(`
+		d := startDaemon(t, `
 nats:
   subject_prefix: "`+stream+`."
   streams: [{name: `+stream+`, subjects: ["`+stream+`.>"]}]
 relay: {lease: 3s, poll_interval: 20ms, retention: "`+tc.retention+`"}
 admin: {listen: "off"}
-`), env(map[string]string{"POSTBOX_DATABASE_URL": testdb.PostgresURL(), "POSTBOX_PREFIX": prefix, "POSTBOX_NATS_URL": url}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := relayd.Start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-		if err != nil {
-			t.Fatal(err)
-		}
+`, map[string]string{"POSTBOX_DATABASE_URL": testdb.PostgresURL(), "POSTBOX_PREFIX": prefix, "POSTBOX_NATS_URL": url})
 		if _, err := pool.Exec(ctx, `INSERT INTO `+prefix+`outbox (id, topic, payload) VALUES (gen_random_uuid(), 'orders.created', '\x7b7d')`); err != nil {
 			t.Fatal(err)
 		}

@@ -120,10 +120,13 @@ func (d *Daemon) Shards() []postboxadmin.ShardStatus {
 }
 
 // keepStarting starts sh's relay, and its consumers' retention, retrying
-// with backoff until it starts or the daemon stops. Each shard has its
-// own: one database that is down never holds up the others.
-func (d *Daemon) keepStarting(ctx context.Context, sh *shard, log *slog.Logger) {
+// with backoff until it starts or the daemon stops; tried is closed once
+// its first attempt is over. Each shard has its own: one database that is
+// down never holds up the others.
+func (d *Daemon) keepStarting(ctx context.Context, sh *shard, log *slog.Logger, tried chan<- struct{}) {
 	defer d.startWG.Done()
+	once := sync.OnceFunc(func() { close(tried) })
+	defer once()
 	wait := shardRetryBase
 	for {
 		sctx, cancel := context.WithTimeout(ctx, shardStartTimeout)
@@ -153,6 +156,7 @@ func (d *Daemon) keepStarting(ctx context.Context, sh *shard, log *slog.Logger) 
 		}
 		sh.down = err
 		sh.mu.Unlock()
+		once()
 		log.Warn("postbox relay: shard down; the other shards relay, and this one is tried again",
 			slog.Any("error", err), slog.Duration("retry_in", wait))
 		t := time.NewTimer(wait)
@@ -306,9 +310,16 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger) (_ *Daemon, err e
 	// the others relay (/readyz and postbox_shard_up name it meanwhile).
 	runCtx, stopStarting := context.WithCancel(context.WithoutCancel(ctx))
 	d.stopStarting = stopStarting
+	// Start returns once every shard has had its first try, in parallel:
+	// the shards that are up then relay, the others are being retried.
+	tried := make([]chan struct{}, len(d.shards))
 	for i, sh := range d.shards {
+		tried[i] = make(chan struct{})
 		d.startWG.Add(1)
-		go d.keepStarting(runCtx, sh, log.With(slog.Int("shard", i)))
+		go d.keepStarting(runCtx, sh, log.With(slog.Int("shard", i)), tried[i])
+	}
+	for _, c := range tried {
+		<-c
 	}
 	if cfg.Admin.Listen != "off" {
 		if err := d.serve(); err != nil {

@@ -3,7 +3,6 @@ package relayd_test
 import (
 	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
@@ -15,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
@@ -45,7 +43,7 @@ func TestShardsFailAlone(t *testing.T) {
 		}
 	})
 
-	cfg, err := relayd.Parse([]byte(`
+	d := startDaemon(t, `
 databases:
   - {url: "`+testdb.PostgresURL()+`", prefix: `+prefixA+`}
   - {url: "`+urlB+`", prefix: shard_b_}
@@ -54,15 +52,7 @@ nats:
   streams: [{name: SHARDS, subjects: ["shards.>"]}]
 relay: {lease: 3s, poll_interval: 20ms}
 admin: {listen: "127.0.0.1:0"}
-`), env(map[string]string{"POSTBOX_NATS_URL": natsURL}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := relayd.Start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatalf("a daemon with one shard down did not start: %v", err)
-	}
-	defer func() { _ = d.Stop(ctx) }()
+`, map[string]string{"POSTBOX_NATS_URL": natsURL})
 
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
