@@ -141,7 +141,7 @@ func (c *Client[TTx]) rows(ctx context.Context, msgs []Message) ([]postboxdriver
 				return nil, invalid(fmt.Sprintf("messages[%d].topic", i), m.Topic, "matches no route: no relay of this client would publish it")
 			}
 			if mc, ok := pub.(MessageChecker); ok {
-				env := newEnvelope(id, m.Topic, m.Key, m.Payload, maps.Clone(h), c.cfg.Source, now, 1)
+				env := newEnvelope(id, m.Topic, m.Key, m.Payload, maps.Clone(h), c.cfg.Source, replayHorizon(c.cfg.Retention), now, 1)
 				if err := mc.CheckMessage(env); err != nil {
 					return nil, &ValidationError{Field: fmt.Sprintf("messages[%d]", i), Value: truncate(m.Topic, 64), Reason: "its publisher refuses it: " + err.Error()}
 				}

@@ -130,6 +130,7 @@ func TestEnvelope(t *testing.T) {
 		"ce-specversion": "1.0", "ce-id": id, "ce-type": "orders.created", "ce-source": "urn:svc:orders",
 		"ce-subject": "order-7", "ce-time": "2026-01-02T03:04:05.000006Z", "ce-partitionkey": "order-7",
 		"content-type": "application/json", "tenant": "acme",
+		"postbox-replay-horizon": "604800", // the default retention, 7 days
 	}
 	for k, v := range want {
 		if env.Headers[k] != v {
@@ -141,6 +142,45 @@ func TestEnvelope(t *testing.T) {
 	}
 	if env.ID != id || env.Key != "order-7" || string(env.Payload) != `{"total":3}` || env.Attempt != 1 {
 		t.Errorf("envelope = %+v", env)
+	}
+}
+
+// Every envelope carries the relay's replay horizon: its retention in
+// seconds, or "forever" when it keeps its history forever (never a
+// bounded horizon, which would let consumers forget ids a replay can
+// still send). A writer cannot set the header: the name is reserved.
+func TestReplayHorizonHeader(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		retention time.Duration
+		want      string
+	}{
+		{30 * 24 * time.Hour, "2592000"},
+		{-1, postbox.ReplayHorizonForever},
+	} {
+		d, prefix := newDriver(t)
+		var got []string
+		pub := postbox.PublisherFunc(func(_ context.Context, env *postbox.Envelope) error {
+			got = append(got, env.Headers[postbox.HeaderReplayHorizon])
+			return nil
+		})
+		c, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: pub, Retention: tc.retention, Lanes: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Write(ctx, postbox.Message{Topic: "orders.created", Payload: []byte("{}")}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Drain(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 1 || got[0] != tc.want {
+			t.Fatalf("retention %s: horizon headers %q, want [%s]", tc.retention, got, tc.want)
+		}
+		var ve *postbox.ValidationError
+		if err := c.Write(ctx, postbox.Message{Topic: "orders.created", Headers: map[string]string{postbox.HeaderReplayHorizon: "1"}}); !errors.As(err, &ve) {
+			t.Fatalf("a writer set the horizon: %v", err)
+		}
 	}
 }
 

@@ -145,13 +145,14 @@ type Config struct {
 	Retention time.Duration
 	// InboxRetention keeps inbox records this long. A copy that arrives
 	// after its record is gone runs its handler again, so it must outlast
-	// every way a copy can come: at least the producers' Retention plus a
-	// day (a replay, a relay's re-send). The default, Retention plus a
-	// day, assumes the producers keep their history as long as this
-	// service does; when they are other services that keep it longer, set
-	// it to their retention plus a day. It may not be shorter than
-	// Retention plus a day. Negative keeps records forever, and is
-	// required when Retention is negative.
+	// every way a copy can come: a replay, a relay's re-send. The
+	// default, Retention plus a day, covers producers that keep their
+	// history as long as this service does; a message from a producer
+	// that keeps it longer carries that producer's horizon
+	// (HeaderReplayHorizon), and its record is kept that long plus a day
+	// whatever this setting says. It may not be shorter than Retention
+	// plus a day. Negative keeps records forever, and is required when
+	// Retention is negative.
 	InboxRetention time.Duration
 	// DeadRetention keeps consumers' dead messages this long. Negative
 	// keeps them until they are requeued or deleted. Default 30 days.

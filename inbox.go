@@ -145,6 +145,36 @@ func (in *Inbox[TTx]) ProcessTx(ctx context.Context, tx TTx, consumer, messageID
 	return true, fn(ctx, tx)
 }
 
+// keepFor says how long from now d's inbox record must be kept for the
+// producer's replay horizon d carries (HeaderReplayHorizon; negative:
+// forever), and whether that needs writing. The record of a first copy is
+// kept InboxRetention anyway, so its hold is written only when the
+// horizon plus RedeliveryMargin reaches past that: when every service
+// keeps its history alike, a first copy costs no extra statement. A copy
+// always writes it: it may be a replay, after which the producer's
+// history keeps the message for another horizon. Nothing is written while
+// the inbox keeps every record forever, or for a delivery without the
+// header (a consumer of messages not sent by a postbox relay), whose
+// record InboxRetention alone governs.
+func (in *Inbox[TTx]) keepFor(d *Delivery, copied bool) (time.Duration, bool) {
+	if in.cfg.InboxRetention < 0 {
+		return 0, false
+	}
+	v, ok := d.Headers[HeaderReplayHorizon]
+	if !ok {
+		return 0, false
+	}
+	horizon, forever, ok := parseReplayHorizon(v)
+	switch {
+	case !ok:
+		return 0, false
+	case forever:
+		return -1, true
+	}
+	keep := horizon + RedeliveryMargin
+	return keep, copied || keep > in.cfg.InboxRetention
+}
+
 // handlerError marks an error that came from the user's handler, as
 // opposed to the store, inside the transaction closure.
 type handlerError struct{ err error }
@@ -164,6 +194,9 @@ func (in *Inbox[TTx]) run(ctx context.Context, consumer string, d *Delivery, h H
 		ran, err := in.ProcessTx(ctx, tx, consumer, d.ID, func(ctx context.Context, tx TTx) error {
 			return callHandler(ctx, h, tx, d)
 		})
+		if keep, ok := in.keepFor(d, !ran); ok && err == nil {
+			err = in.store.UnwrapExecutor(tx).InboxKeep(ctx, consumer, []string{d.ID}, keep)
+		}
 		dup = !ran && err == nil
 		var ve *ValidationError
 		if err != nil && ran || errors.As(err, &ve) {

@@ -326,7 +326,30 @@ func (p *batchProcessor[TTx]) apply(ctx context.Context, tx TTx, members []*batc
 			failed = append(failed, it.d.ID)
 		}
 	}
-	return ex.InboxDelete(ctx, p.consumer, failed)
+	if err := ex.InboxDelete(ctx, p.consumer, failed); err != nil {
+		return err
+	}
+	// The records kept past InboxRetention for the producers' replay
+	// horizon (Inbox.keepFor), in one statement per distinct horizon: in
+	// practice one, or none.
+	var keeps map[time.Duration][]string
+	for _, it := range members {
+		if it.herr != nil {
+			continue
+		}
+		if keep, ok := p.in.keepFor(it.d, !it.fresh); ok {
+			if keeps == nil {
+				keeps = map[time.Duration][]string{}
+			}
+			keeps[keep] = append(keeps[keep], it.d.ID)
+		}
+	}
+	for keep, ids := range keeps {
+		if err := ex.InboxKeep(ctx, p.consumer, ids, keep); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // batchContext returns the context a batch runs in: the values of its

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -65,7 +66,49 @@ const (
 	HeaderTime         = "ce-time"
 	HeaderPartitionKey = "ce-partitionkey"
 	HeaderContentType  = "content-type"
+	// HeaderReplayHorizon is the producer's replay horizon, which the
+	// relay sets on every envelope from its Config.Retention: how long its
+	// history keeps the message, so how long after a publish a replay
+	// under the message's id can still send it, in whole seconds, or
+	// "forever" when the history is kept forever. An Inbox keeps the
+	// message's record at least that long plus RedeliveryMargin, even past
+	// its own InboxRetention (design §5, "The dedupe horizon").
+	HeaderReplayHorizon = "postbox-replay-horizon"
 )
+
+// ReplayHorizonForever is HeaderReplayHorizon's value for a history kept
+// forever.
+const ReplayHorizonForever = "forever"
+
+// replayHorizon is HeaderReplayHorizon's value for a history kept for
+// retention (negative: forever).
+func replayHorizon(retention time.Duration) string {
+	if retention < 0 {
+		return ReplayHorizonForever
+	}
+	return strconv.FormatInt(int64(retention/time.Second), 10)
+}
+
+// maxHorizonSeconds is the longest horizon read as a duration (100
+// years); a longer one is read as forever.
+const maxHorizonSeconds = 100 * 365 * 24 * 3600
+
+// parseReplayHorizon reads a HeaderReplayHorizon value: the horizon, with
+// forever true for "forever" (or one beyond 100 years), and ok false for
+// a value that is neither a number of seconds nor "forever".
+func parseReplayHorizon(v string) (horizon time.Duration, forever, ok bool) {
+	if v == ReplayHorizonForever {
+		return 0, true, true
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	switch {
+	case err != nil || n < 0:
+		return 0, false, false
+	case n > maxHorizonSeconds:
+		return 0, true, true
+	}
+	return time.Duration(n) * time.Second, false, true
+}
 
 // ValidateTopic reports whether topic is a valid topic: 1 to 255 bytes of
 // letters, digits and . _ : -.
@@ -250,11 +293,14 @@ func storedHeaders(m *Message, source string, now time.Time, trace map[string]st
 
 // newEnvelope is the envelope the relay hands a publisher for a row: its
 // stored headers h (taken over) with the CloudEvents attributes derived
-// from the row itself. The relay and the write-time check
-// (MessageChecker) both build it here, so the check sees what the
-// publisher will.
-func newEnvelope(id, topic, key string, payload []byte, h map[string]string, source string, created time.Time, attempt int) *Envelope {
+// from the row itself and the replay horizon (HeaderReplayHorizon, from
+// replayHorizon: set at publish, never stored in the row, so it always
+// says the publishing relay's retention and costs the table nothing). The
+// relay and the write-time check (MessageChecker) both build it here, so
+// the check sees what the publisher will.
+func newEnvelope(id, topic, key string, payload []byte, h map[string]string, source, horizon string, created time.Time, attempt int) *Envelope {
 	h[HeaderSpecVersion] = "1.0"
+	h[HeaderReplayHorizon] = horizon
 	h[HeaderID] = id
 	h[HeaderType] = topic
 	if h[HeaderSource] == "" {

@@ -57,6 +57,8 @@ type relay struct {
 	lanes  []*lane
 	pub    Publisher // the routes, or the one publisher
 	topics []string  // what to fetch; nil for every topic
+	// horizon is HeaderReplayHorizon's value, from cfg.Retention.
+	horizon string
 	// window holds a token per publish awaiting the broker's ack, shared by
 	// the lanes: a lane publishing while others read or mark may use all
 	// of it.
@@ -123,7 +125,7 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs ro
 		id = cfg.RelayID + "-" + id[len(id)-12:]
 	}
 	r := &relay{
-		ex: ex, cfg: cfg, id: id, wake: wake, nparts: n, pub: rs, topics: rs.patterns(),
+		ex: ex, cfg: cfg, id: id, wake: wake, nparts: n, pub: rs, topics: rs.patterns(), horizon: replayHorizon(cfg.Retention),
 		log:  cfg.Logger.With(slog.String("relay", id)),
 		held: map[int]int64{}, leaving: map[int]int64{}, busy: map[int]int{}, crashed: map[int]int64{}, settled: map[int]int64{}, renew: make(chan struct{}, 1), maintTick: make(chan struct{}, 1),
 	}

@@ -228,7 +228,7 @@ func (r *relay) envelope(rec *postboxdriver.Record) (*Envelope, error) {
 		// strings.
 		return nil, Permanent(err)
 	}
-	return newEnvelope(rec.ID, rec.Topic, rec.Key, rec.Payload, h, r.cfg.Source, rec.CreatedAt, rec.Attempts+1), nil
+	return newEnvelope(rec.ID, rec.Topic, rec.Key, rec.Payload, h, r.cfg.Source, r.horizon, rec.CreatedAt, rec.Attempts+1), nil
 }
 
 // failure is the record of a message failure: dead at once when it is

@@ -76,6 +76,17 @@ const (
 	maxActorBytes  = 200
 )
 
+// ShardStatus is one shard's state (Config.Shards).
+type ShardStatus struct {
+	Shard string
+	// Up: its relay runs (a relay that runs retries its own failures).
+	Up bool
+	// Error is why it is down, while it is retried.
+	Error string
+	// Since is when it went up, or first failed to.
+	Since time.Time
+}
+
 // Config configures a Server. Zero fields take the defaults documented on
 // them; New checks the result and names every bad field at once in a
 // *postbox.ConfigError.
@@ -102,6 +113,11 @@ type Config struct {
 	// ("accept_dropped") or replays them as new messages ("as_new"). Nil:
 	// no broker is known to drop copies.
 	DedupeWindow postbox.DedupeWindow
+
+	// Shards, when set, reports the state of every shard of a program
+	// that relays several databases (postbox relay); GET /v1/status then
+	// lists them ("shards"), the down ones with why.
+	Shards func() []ShardStatus
 
 	// Tokens are the bearer tokens accepted. With none, every request is
 	// treated as admin: that is only allowed on a loopback address

@@ -32,6 +32,16 @@ type statusJSON struct {
 	// always on SQLite).
 	HeldSnapshot *heldSnapshotJSON `json:"held_snapshot"`
 	Partitions   partitionsJSON    `json:"partitions"`
+	// Shards is every shard's state, when the server has them
+	// (Config.Shards).
+	Shards []shardJSON `json:"shards,omitempty"`
+}
+
+type shardJSON struct {
+	Shard string    `json:"shard"`
+	Up    bool      `json:"up"`
+	Error string    `json:"error,omitempty"`
+	Since time.Time `json:"since"`
 }
 
 // partitionsJSON is the state of the partitions' leases.
@@ -70,6 +80,11 @@ func (s *Server) getStatus(w http.ResponseWriter, r *http.Request, _ principal) 
 		Partitions: partitionsJSON{Total: st.Partitions.Total, Unowned: st.Partitions.Unowned, Relays: st.Partitions.Relays}}
 	if h := st.HeldSnapshot; h != nil {
 		out.HeldSnapshot = &heldSnapshotJSON{AgeSeconds: h.Age.Seconds(), PID: h.PID, State: h.State}
+	}
+	if s.cfg.Shards != nil {
+		for _, sh := range s.cfg.Shards() {
+			out.Shards = append(out.Shards, shardJSON{Shard: sh.Shard, Up: sh.Up, Error: sh.Error, Since: sh.Since.UTC()})
+		}
 	}
 	for _, t := range st.Topics {
 		routed := s.routed(t.Topic)

@@ -209,9 +209,16 @@ type Executor interface {
 	// store failure): the message's Crashes count starts again from zero.
 	InboxSettle(ctx context.Context, consumer, messageID string) error
 	// PruneInbox deletes at most limit inbox records (and attempt counts)
-	// older than age, and returns how many. The inbox runs it under the
+	// older than age, and returns how many, leaving the records that
+	// InboxKeep holds past now. The inbox runs it under the
 	// "inbox-prune" claim (ClaimMaintenance), one process at a time.
 	PruneInbox(ctx context.Context, age time.Duration, limit int) (int, error)
+	// InboxKeep keeps the records of ids for consumer, in a transaction,
+	// at least keep from now on the database clock (forever when keep is
+	// negative), so that PruneInbox leaves them however old: the
+	// producer's replay horizon (postbox.HeaderReplayHorizon). It never
+	// shortens a hold, and ignores ids without a record.
+	InboxKeep(ctx context.Context, consumer string, ids []string, keep time.Duration) error
 
 	// Dead messages of consumers.
 

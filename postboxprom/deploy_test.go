@@ -46,6 +46,7 @@ func exported(t *testing.T) map[string]bool {
 	}
 	collect(postboxprom.NewStatusCollector(nil, time.Second).WithRouted(func(string) bool { return true }))
 	collect(postboxprom.NewConsumerCollector(noStats{}, time.Second))
+	collect(postboxprom.NewShardUp(func() bool { return true }))
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

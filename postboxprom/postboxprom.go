@@ -313,3 +313,19 @@ func (c *ConsumerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.requested, prometheus.GaugeValue, float64(s.RequeueRequested), s.Consumer, s.Topic)
 	}
 }
+
+// NewShardUp returns postbox_shard_up, a gauge read at scrape: 1 while up
+// reports true, else 0. A program relaying several databases (postbox
+// relay) registers one per database, under a shard label, with up true
+// while that database's relay runs and the database answers.
+func NewShardUp(up func() bool) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "postbox_shard_up",
+		Help: "1 while the shard's relay runs and its database answers, else 0 (a shard down at start is retried with backoff).",
+	}, func() float64 {
+		if up() {
+			return 1
+		}
+		return 0
+	})
+}

@@ -15,7 +15,7 @@ const consumerDeadColumns = `consumer, message_id, topic, coalesce(key, ''), pay
 
 // inboxQueries are the consumer side's statements, bound to a prefix once.
 type inboxQueries struct {
-	insert, insertMany, deleteMany, take, failure, start, settle, forget, bury, list, get, del, pruneInbox, pruneAttempts, pruneDead,
+	insert, insertMany, deleteMany, take, failure, start, settle, forget, bury, list, get, del, pruneInbox, keep, pruneAttempts, pruneDead,
 	requestRequeue, listRequeues, failRequeue string
 }
 
@@ -63,7 +63,13 @@ LIMIT ?7`),
 		get: r.Replace(`SELECT {dead} FROM {p}consumer_dead WHERE consumer = ? AND message_id = ?`),
 		del: r.Replace(`DELETE FROM {p}consumer_dead WHERE consumer = ? AND message_id = ?`),
 		pruneInbox: r.Replace(`DELETE FROM {p}inbox WHERE (consumer, message_id) IN (
-  SELECT consumer, message_id FROM {p}inbox WHERE received_at < {now} - ?1 LIMIT ?2)`),
+  SELECT consumer, message_id FROM {p}inbox WHERE received_at < {now} - ?1
+    AND (keep_until IS NULL OR keep_until < {now}) LIMIT ?2)`),
+		// Forever is the largest integer; max() of SQLite returns NULL
+		// when an argument is NULL, hence the coalesce.
+		keep: r.Replace(`UPDATE {p}inbox SET keep_until = CASE WHEN ?3 < 0 THEN 9223372036854775807
+  ELSE max(coalesce(keep_until, 0), {now} + ?3) END
+WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2))`),
 		pruneAttempts: r.Replace(`DELETE FROM {p}inbox_attempts WHERE (consumer, message_id) IN (
   SELECT consumer, message_id FROM {p}inbox_attempts WHERE last_failure_at < {now} - ?1 LIMIT ?2)`),
 		pruneDead: r.Replace(`DELETE FROM {p}consumer_dead WHERE (consumer, message_id) IN (
@@ -161,6 +167,19 @@ func (s *store) PruneInbox(ctx context.Context, age time.Duration, limit int) (i
 		return err
 	})
 	return int(n), err
+}
+
+// InboxKeep implements postboxdriver.Executor.
+func (s *store) InboxKeep(ctx context.Context, consumer string, ids []string, keep time.Duration) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	ms := keep.Milliseconds()
+	if keep < 0 {
+		ms = -1
+	}
+	_, err := s.conn().ExecContext(ctx, s.iq.keep, consumer, jsonList(ids), ms)
+	return s.wrap(err)
 }
 
 // BuryConsumerDead implements postboxdriver.Executor.

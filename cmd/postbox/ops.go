@@ -145,41 +145,120 @@ func offlineMigrator(dialect, prefix string) (*postboxmigrate.Migrator, error) {
 }
 
 func newStatus(f *dbFlags) *cobra.Command {
-	return &cobra.Command{
+	var config string
+	cmd := &cobra.Command{
 		Use: "status", Short: "Pending, oldest pending age, dead and recent publishes, overall and per topic; the oldest snapshot another session holds", Args: cobra.NoArgs,
-		RunE: withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
-			st, err := c.admin.Status(ctx)
-			if err != nil {
-				return err
+		Long: `status reports one database's outbox (--database), or with --config the
+databases (shards) of a postbox relay configuration, each on its own: a
+shard that cannot be read is reported down, with why, and the others are
+reported as usual; the command then exits 1.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if config != "" {
+				return shardsStatus(cmd, f, config)
 			}
-			if f.json {
-				var held any
-				if h := st.HeldSnapshot; h != nil {
-					held = map[string]any{"age_seconds": h.Age.Seconds(), "pid": h.PID, "state": h.State}
+			return withConn(f, func(ctx context.Context, c *conn, out io.Writer) error {
+				st, err := c.admin.Status(ctx)
+				if err != nil {
+					return err
 				}
-				return printJSON(out, map[string]any{
-					"pending": st.Pending, "dead": st.Dead, "published_kept": st.Published,
-					"oldest_pending_age_seconds": st.OldestPendingAge.Seconds(), "topics": topicsJSON(st.Topics),
-					"held_snapshot": held,
-					"partitions":    map[string]int{"total": st.Partitions.Total, "unowned": st.Partitions.Unowned, "relays": st.Partitions.Relays},
-				})
-			}
-			fmt.Fprintf(out, "pending %d (oldest %s)  dead %d  published kept %d\n",
-				st.Pending, st.OldestPendingAge.Round(time.Millisecond), st.Dead, st.Published)
-			fmt.Fprintf(out, "relays %d live; %d of %d partitions held by none\n", st.Partitions.Relays, st.Partitions.Unowned, st.Partitions.Total)
-			if h := st.HeldSnapshot; h != nil {
-				fmt.Fprintf(out, "oldest snapshot held by another session: pid %d (%s) for %s; the outbox's dead rows stay until it ends\n",
-					h.PID, h.State, h.Age.Round(time.Millisecond))
-			}
-			fmt.Fprintln(out)
-			var rows [][]string
-			for _, t := range st.Topics {
-				rows = append(rows, []string{t.Topic, strconv.FormatInt(t.Pending, 10), t.OldestPendingAge.Round(time.Millisecond).String(),
-					strconv.FormatInt(t.Dead, 10), fmt.Sprintf("%.1f", float64(t.PublishedLastMinute)/60)})
-			}
-			return table(out, "TOPIC\tPENDING\tOLDEST\tDEAD\tPUBLISHED/S (1 MIN)", rows)
-		}),
+				if f.json {
+					return printJSON(out, statusJSON(st))
+				}
+				return printStatus(out, st)
+			})(cmd, args)
+		},
 	}
+	cmd.Flags().StringVar(&config, "config", "", "a postbox relay configuration (YAML; POSTBOX_* applied): report each of its databases")
+	return cmd
+}
+
+// shardsStatus is status --config: every database of a relay's
+// configuration, one that is down reported with why.
+func shardsStatus(cmd *cobra.Command, f *dbFlags, path string) error {
+	cfg, err := relayd.Load(path, os.Getenv)
+	if err != nil {
+		return usagef("--config: %v", err)
+	}
+	if len(cfg.Databases) == 0 {
+		return usagef("--config %s: no databases", path)
+	}
+	ctx, out := cmd.Context(), cmd.OutOrStdout()
+	var shards []map[string]any
+	down := 0
+	for i, db := range cfg.Databases {
+		sf := *f
+		sf.url, sf.prefix = db.URL, db.Prefix
+		if sf.prefix == "" {
+			sf.prefix = postbox.DefaultPrefix
+		}
+		entry := map[string]any{"shard": strconv.Itoa(i), "database": relayd.Redact(db.URL), "up": false}
+		var st postbox.Status
+		c, err := sf.open(cmd)
+		if err == nil {
+			st, err = c.admin.Status(ctx)
+			c.close()
+		}
+		if err != nil {
+			down++
+			entry["error"] = err.Error()
+		} else {
+			entry["up"], entry["status"] = true, statusJSON(st)
+		}
+		shards = append(shards, entry)
+		if f.json {
+			continue
+		}
+		if err != nil {
+			fmt.Fprintf(out, "shard %d (%s): DOWN: %v\n\n", i, relayd.Redact(db.URL), err)
+			continue
+		}
+		fmt.Fprintf(out, "shard %d (%s): up\n", i, relayd.Redact(db.URL))
+		if err := printStatus(out, st); err != nil {
+			return err
+		}
+		fmt.Fprintln(out)
+	}
+	if f.json {
+		if err := printJSON(out, map[string]any{"shards": shards}); err != nil {
+			return err
+		}
+	}
+	if down > 0 {
+		return fmt.Errorf("%d of %d shard(s) down", down, len(cfg.Databases))
+	}
+	return nil
+}
+
+// statusJSON is status --json's rendering of st.
+func statusJSON(st postbox.Status) map[string]any {
+	var held any
+	if h := st.HeldSnapshot; h != nil {
+		held = map[string]any{"age_seconds": h.Age.Seconds(), "pid": h.PID, "state": h.State}
+	}
+	return map[string]any{
+		"pending": st.Pending, "dead": st.Dead, "published_kept": st.Published,
+		"oldest_pending_age_seconds": st.OldestPendingAge.Seconds(), "topics": topicsJSON(st.Topics),
+		"held_snapshot": held,
+		"partitions":    map[string]int{"total": st.Partitions.Total, "unowned": st.Partitions.Unowned, "relays": st.Partitions.Relays},
+	}
+}
+
+// printStatus is status's text rendering of st.
+func printStatus(out io.Writer, st postbox.Status) error {
+	fmt.Fprintf(out, "pending %d (oldest %s)  dead %d  published kept %d\n",
+		st.Pending, st.OldestPendingAge.Round(time.Millisecond), st.Dead, st.Published)
+	fmt.Fprintf(out, "relays %d live; %d of %d partitions held by none\n", st.Partitions.Relays, st.Partitions.Unowned, st.Partitions.Total)
+	if h := st.HeldSnapshot; h != nil {
+		fmt.Fprintf(out, "oldest snapshot held by another session: pid %d (%s) for %s; the outbox's dead rows stay until it ends\n",
+			h.PID, h.State, h.Age.Round(time.Millisecond))
+	}
+	fmt.Fprintln(out)
+	var rows [][]string
+	for _, t := range st.Topics {
+		rows = append(rows, []string{t.Topic, strconv.FormatInt(t.Pending, 10), t.OldestPendingAge.Round(time.Millisecond).String(),
+			strconv.FormatInt(t.Dead, 10), fmt.Sprintf("%.1f", float64(t.PublishedLastMinute)/60)})
+	}
+	return table(out, "TOPIC\tPENDING\tOLDEST\tDEAD\tPUBLISHED/S (1 MIN)", rows)
 }
 
 func topicsJSON(ts []postbox.TopicStats) []map[string]any {

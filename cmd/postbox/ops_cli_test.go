@@ -295,3 +295,43 @@ func TestCLIRelayListsEveryConfigProblem(t *testing.T) {
 		}
 	}
 }
+
+// status --config reports each database of a relay's configuration on its
+// own: one that does not exist is reported down with why, the other as
+// usual, and the command exits 1.
+func TestCLIStatusPerShard(t *testing.T) {
+	_, prefix := testdb.Migrated(t)
+	missing := strings.Replace(testdb.PostgresURL(), "/test?", "/postbox_no_such_database?", 1)
+	path := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(path, []byte(`databases:
+  - {url: "`+testdb.PostgresURL()+`", prefix: `+prefix+`}
+  - {url: "`+missing+`"}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, code := runSplit(t, "status", "--config", path, "--json")
+	var got struct {
+		Shards []struct {
+			Shard  string         `json:"shard"`
+			Up     bool           `json:"up"`
+			Error  string         `json:"error"`
+			Status map[string]any `json:"status"`
+		} `json:"shards"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &got); err != nil || code != 1 || len(got.Shards) != 2 {
+		t.Fatalf("status --config: exit %d, %v\n%s\n%s", code, err, stdout, stderr)
+	}
+	if s := got.Shards[0]; !s.Up || s.Status["pending"] != 0.0 {
+		t.Fatalf("shard 0: %+v", s)
+	}
+	if s := got.Shards[1]; s.Up || !strings.Contains(s.Error, "does not exist") {
+		t.Fatalf("shard 1: %+v", s)
+	}
+	if !strings.Contains(stderr, "1 of 2 shard(s) down") {
+		t.Fatalf("stderr %q", stderr)
+	}
+	text, _, code := runSplit(t, "status", "--config", path)
+	if code != 1 || !strings.Contains(text, "shard 0 (") || !strings.Contains(text, "): up") || !strings.Contains(text, "shard 1 (") || !strings.Contains(text, "DOWN") {
+		t.Fatalf("text: exit %d\n%s", code, text)
+	}
+}

@@ -12,7 +12,7 @@ import (
 
 type inboxQueries struct {
 	insert, insertMany, delete, recordFailure, start, settle, bury, listDead, getDead, takeDead, deleteDead,
-	pruneInbox, pruneDead, requestRequeue, listRequeues, failRequeue string
+	pruneInbox, keep, pruneDead, requestRequeue, listRequeues, failRequeue string
 }
 
 const consumerDeadColumns = `consumer, message_id, topic, coalesce(key, ''), payload, headers::text, error, attempts, first_failure_at, last_failure_at, dead_at`
@@ -66,7 +66,8 @@ LIMIT $7`),
 		// Each call deletes one bounded batch, so it never holds many locks
 		// or a long transaction.
 		pruneInbox: r.Replace(`WITH old AS (
-  SELECT consumer, message_id FROM {p}inbox WHERE received_at < now() - $1 * interval '1 millisecond' LIMIT $2
+  SELECT consumer, message_id FROM {p}inbox WHERE received_at < now() - $1 * interval '1 millisecond'
+    AND (keep_until IS NULL OR keep_until < now()) LIMIT $2
 ), del AS (
   DELETE FROM {p}inbox i USING old WHERE i.consumer = old.consumer AND i.message_id = old.message_id RETURNING 1
 ), stale AS (
@@ -74,6 +75,10 @@ LIMIT $7`),
     SELECT consumer, message_id FROM {p}inbox_attempts WHERE last_failure_at < now() - $1 * interval '1 millisecond' LIMIT $2)
 )
 SELECT count(*) FROM del`),
+		// greatest ignores a NULL: the first hold sets the column.
+		keep: r.Replace(`UPDATE {p}inbox SET keep_until = CASE WHEN $3::bigint < 0 THEN 'infinity'::timestamptz
+  ELSE greatest(keep_until, now() + $3::bigint * interval '1 millisecond') END
+WHERE consumer = $1 AND message_id = ANY($2::text[]) AND keep_until IS DISTINCT FROM 'infinity'::timestamptz`),
 		requestRequeue: r.Replace(`WITH marked AS (
   UPDATE {p}consumer_dead SET requeue_requested_at = coalesce(requeue_requested_at, now())
   WHERE ($1 = '' OR consumer = $1) AND (cardinality($2::text[]) = 0 OR message_id = ANY($2::text[]))
@@ -155,6 +160,21 @@ func (c *Core) InboxSettle(ctx context.Context, consumer, messageID string) erro
 // PruneInbox implements postboxdriver.Executor.
 func (c *Core) PruneInbox(ctx context.Context, age time.Duration, limit int) (int, error) {
 	return c.count(ctx, c.iq.pruneInbox, age.Milliseconds(), limit)
+}
+
+// InboxKeep implements postboxdriver.Executor.
+func (c *Core) InboxKeep(ctx context.Context, consumer string, ids []string, keep time.Duration) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	ids = slices.Clone(ids)
+	slices.Sort(ids) // the row locks in one order, whoever holds
+	ms := keep.Milliseconds()
+	if keep < 0 {
+		ms = -1
+	}
+	_, err := c.exec(ctx, c.iq.keep, consumer, ids, ms)
+	return err
 }
 
 // BuryConsumerDead implements postboxdriver.Executor.

@@ -3,6 +3,7 @@ package postboxdrivertest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +25,7 @@ func (s *suite[TTx]) runInbox(t *testing.T) {
 	t.Run("RequestedRequeue", s.inboxRequestedRequeue)
 	t.Run("Retention", s.inboxRetention)
 	t.Run("ConfigRetentionHorizon", s.inboxConfig)
+	t.Run("ReplayHorizon", s.inboxReplayHorizon)
 	t.Run("Batch", s.runInboxBatch)
 	t.Run("Failures", s.runInboxFailures)
 	t.Run("Crashes", s.runInboxCrashes)
@@ -450,6 +452,97 @@ func (s *suite[TTx]) inboxRetention(t *testing.T) {
 	}
 	if n := ie.effects(t); n != 20 {
 		t.Fatalf("retention touched the outbox: %d pending, want 20", n)
+	}
+}
+
+// A consumer keeping its inbox 8 days (its own history 7, plus the
+// margin) receives messages from producers that keep theirs longer: the
+// horizon each message carries keeps its record past the consumer's own
+// retention, so a replay on day 9 is still absorbed as a copy, and a
+// producer keeping its history forever makes the record never forgotten.
+// A copy extends the hold: a replay republishes the message, which the
+// producer's history then keeps for another horizon.
+func (s *suite[TTx]) inboxReplayHorizon(t *testing.T) {
+	ctx := context.Background()
+	for _, batch := range []bool{false, true} {
+		name := "Handle"
+		if batch {
+			name = "BatchProcessor"
+		}
+		t.Run(name, func(t *testing.T) {
+			ie := s.inboxSetup(t, postbox.Config{Retention: 7 * 24 * time.Hour})
+			p := ie.inbox.Processor("billing", ie.effect)
+			if batch {
+				var err error
+				if p, err = ie.inbox.BatchProcessor("billing", ie.effect, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			handle := func(d *postbox.Delivery) postbox.Verdict { return p.Process(ctx, d) }
+			with := func(id, horizon string) *postbox.Delivery {
+				d := delivery(id)
+				if horizon != "" {
+					d.Headers[postbox.HeaderReplayHorizon] = horizon
+				}
+				return d
+			}
+			month, week, none, forever, bad := postbox.NewID(), postbox.NewID(), postbox.NewID(), postbox.NewID(), postbox.NewID()
+			// At once, so that the batching processor records several
+			// horizons in one transaction.
+			var wg sync.WaitGroup
+			verdicts := make(chan string, 5)
+			for id, h := range map[string]string{month: "2592000", week: "604800", none: "", forever: postbox.ReplayHorizonForever, bad: "soon"} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if v := handle(with(id, h)); v.Action != postbox.Ack || v.Duplicate {
+						verdicts <- fmt.Sprintf("first copy of %s (horizon %q): %+v", id, h, v)
+					}
+				}()
+			}
+			wg.Wait()
+			close(verdicts)
+			for v := range verdicts {
+				t.Fatal(v)
+			}
+			// Day 9: past the consumer's 8 days. The records of the week's,
+			// the header-less and the unreadable horizon go; the month's and
+			// forever's stay.
+			s.h.Backdate(t, ie.d, ie.prefix, "inbox", "received_at", 9*24*time.Hour)
+			if res, err := ie.inbox.Prune(ctx); err != nil || res.Inbox != 3 {
+				t.Fatalf("prune on day 9 = %+v, %v; want the 3 records within the consumer's own retention", res, err)
+			}
+			for _, id := range []string{month, forever} {
+				if v := handle(with(id, "")); v.Action != postbox.Ack || !v.Duplicate {
+					t.Fatalf("a replay of %s on day 9 ran the handler again: %+v", id, v)
+				}
+			}
+			if n := ie.effects(t); n != 5 {
+				t.Fatalf("%d effects, want 5: one per message", n)
+			}
+			// The replay on day 9 came with the month's horizon again (a
+			// copy always extends the hold): day 40 is still within it.
+			if v := handle(with(month, "2592000")); v.Action != postbox.Ack || !v.Duplicate {
+				t.Fatalf("replay with its horizon: %+v", v)
+			}
+			s.h.Backdate(t, ie.d, ie.prefix, "inbox", "received_at", 31*24*time.Hour)
+			s.h.Backdate(t, ie.d, ie.prefix, "inbox", "keep_until", 29*24*time.Hour)
+			if res, err := ie.inbox.Prune(ctx); err != nil || res.Inbox != 0 {
+				t.Fatalf("prune within the extended hold = %+v, %v; want nothing", res, err)
+			}
+			// Past every horizon but forever.
+			s.h.Backdate(t, ie.d, ie.prefix, "inbox", "keep_until", 40*24*time.Hour)
+			if res, err := ie.inbox.Prune(ctx); err != nil || res.Inbox != 1 {
+				t.Fatalf("prune past the month's horizon = %+v, %v; want the month's record only", res, err)
+			}
+			s.h.Backdate(t, ie.d, ie.prefix, "inbox", "received_at", 100*365*24*time.Hour)
+			if v := handle(with(forever, "")); v.Action != postbox.Ack || !v.Duplicate {
+				t.Fatalf("a producer keeping its history forever: the record was forgotten: %+v", v)
+			}
+			if n := ie.effects(t); n != 5 {
+				t.Fatalf("%d effects, want 5", n)
+			}
+		})
 	}
 }
 

@@ -165,7 +165,13 @@ type Relay struct {
 	PollInterval  Duration `yaml:"poll_interval"`
 	BlockOnDead   bool     `yaml:"block_on_dead"`
 	Retention     Duration `yaml:"retention"`
-	Source        string   `yaml:"source"`
+	// ConsumerDeadRetention keeps the consumers' dead messages of the
+	// tables the daemon serves (databases[].consumer_prefix) this long:
+	// the daemon deletes older ones, one process at a time with the
+	// consumers' own Inbox passes. Negative keeps them until they are
+	// handled (requeued or deleted). Default 30 days, the library's.
+	ConsumerDeadRetention Duration `yaml:"consumer_dead_retention"`
+	Source                string   `yaml:"source"`
 	// MaxPayloadBytes caps a message's payload at write time; the daemon
 	// writes nothing, so it only matters for what the library checks.
 	MaxPayloadBytes int `yaml:"max_payload_bytes"`
@@ -363,7 +369,7 @@ func (c *Config) clientConfig(db Database) *postbox.Config {
 		LeaseDuration: time.Duration(r.Lease), BatchDeadline: time.Duration(r.BatchDeadline),
 		BackoffBase: time.Duration(r.BackoffBase), BackoffMax: time.Duration(r.BackoffMax),
 		MaxAttempts: r.MaxAttempts, MaxCrashes: r.MaxCrashes, PollInterval: time.Duration(r.PollInterval), BlockOnDead: r.BlockOnDead,
-		Retention: time.Duration(r.Retention), MaxPayloadBytes: r.MaxPayloadBytes,
+		Retention: time.Duration(r.Retention), DeadRetention: time.Duration(r.ConsumerDeadRetention), MaxPayloadBytes: r.MaxPayloadBytes,
 	}).WithDefaults()
 }
 
@@ -412,6 +418,9 @@ func (c *Config) Validate() error {
 		var ce *postbox.ConfigError
 		if err := c.clientConfig(Database{Prefix: postbox.DefaultPrefix}).Validate(); err != nil && asConfigError(err, &ce) {
 			for _, p := range ce.Problems {
+				if p.Field == "DeadRetention" {
+					p.Field = "ConsumerDeadRetention"
+				}
 				p.Field = "relay." + snake(p.Field)
 				ps = append(ps, p)
 			}

@@ -135,6 +135,8 @@ var EnvVars = []EnvVar{
 		}},
 	{Name: "POSTBOX_RETENTION", Setting: "relay.retention", Help: "published history kept for replay, e.g. 7d; negative keeps everything",
 		set: duration(func(c *Config) *Duration { return &c.Relay.Retention })},
+	{Name: "POSTBOX_CONSUMER_DEAD_RETENTION", Setting: "relay.consumer_dead_retention", Help: "consumers' dead messages kept, e.g. 30d; negative keeps them until handled",
+		set: duration(func(c *Config) *Duration { return &c.Relay.ConsumerDeadRetention })},
 	{Name: "POSTBOX_SOURCE", Setting: "relay.source", set: str(func(c *Config) *string { return &c.Relay.Source })},
 	{Name: "POSTBOX_MAX_PAYLOAD_BYTES", Setting: "relay.max_payload_bytes", set: integer(func(c *Config) *int { return &c.Relay.MaxPayloadBytes })},
 	{Name: "POSTBOX_READY_MAX_PENDING_AGE", Setting: "ready.max_pending_age", Help: "default 5m; negative for no limit",

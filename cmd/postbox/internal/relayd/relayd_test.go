@@ -223,12 +223,26 @@ func TestAdminRefusesOpenListenWithoutTokens(t *testing.T) {
 	}
 }
 
-func TestStartFailsOnUnmigratedDatabase(t *testing.T) {
+// A database that is not migrated is a shard that is down: the daemon
+// starts, says why it is not ready, and tries the shard again.
+func TestUnmigratedDatabaseIsAShardDown(t *testing.T) {
+	ctx := context.Background()
 	_, url := embeddedNATS(t)
 	cfg, _ := relayd.Load("", env(map[string]string{"POSTBOX_DATABASE_URL": testdb.PostgresURL(), "POSTBOX_PREFIX": "never_migrated_", "POSTBOX_NATS_URL": url, "POSTBOX_ADMIN_LISTEN": "off"}))
-	_, err := relayd.Start(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err == nil || !strings.Contains(err.Error(), "not migrated") {
-		t.Fatalf("err = %v", err)
+	d, err := relayd.Start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = d.Stop(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for st := d.Shards()[0]; !strings.Contains(st.Error, "not migrated"); st = d.Shards()[0] {
+		if time.Now().After(deadline) {
+			t.Fatalf("shard state %+v, want down, not migrated", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := d.Ready(ctx); err == nil || !strings.Contains(err.Error(), "shard 0: down") || !strings.Contains(err.Error(), "not migrated") {
+		t.Fatalf("ready: %v", err)
 	}
 }
 

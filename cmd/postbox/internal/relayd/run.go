@@ -55,6 +55,10 @@ type Daemon struct {
 	srv     *http.Server
 	ln      net.Listener
 	serveWG sync.WaitGroup
+	// stopStarting ends the shards' start loops (keepStarting), which
+	// startWG waits for.
+	stopStarting context.CancelFunc
+	startWG      sync.WaitGroup
 }
 
 // shard is one database with its relay.
@@ -69,7 +73,101 @@ type shard struct {
 	// consumer prefix.
 	consumers postboxadmin.ConsumerDead
 	deadStats postboxprom.DeadStats
-	close     func()
+	// retention prunes the consumers' dead messages past
+	// relay.consumer_dead_retention; nil when they are kept until handled.
+	retention interface {
+		Start(context.Context) error
+		Stop(context.Context) error
+		Prune(context.Context) (postbox.PruneResult, error)
+	}
+	close func()
+	// ping asks the database for an answer.
+	ping func(context.Context) error
+
+	mu      sync.Mutex
+	started bool  // the relay runs
+	down    error // the last failed start, while not started
+	since   time.Time
+}
+
+// Shard start retries: a database that is down at start (unreachable,
+// not created, not migrated) is tried again after 1 s, doubling up to
+// 30 s, on its own, while the other shards relay.
+const (
+	shardRetryBase    = time.Second
+	shardRetryMax     = 30 * time.Second
+	shardStartTimeout = 10 * time.Second
+)
+
+func (sh *shard) state() postboxadmin.ShardStatus {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st := postboxadmin.ShardStatus{Shard: sh.name, Up: sh.started, Since: sh.since}
+	if sh.down != nil {
+		st.Error = sh.down.Error()
+	}
+	return st
+}
+
+// Shards reports every shard's state, in the order of databases, as
+// GET /v1/status lists them.
+func (d *Daemon) Shards() []postboxadmin.ShardStatus {
+	out := make([]postboxadmin.ShardStatus, 0, len(d.shards))
+	for _, sh := range d.shards {
+		out = append(out, sh.state())
+	}
+	return out
+}
+
+// keepStarting starts sh's relay, and its consumers' retention, retrying
+// with backoff until it starts or the daemon stops; tried is closed once
+// its first attempt is over. Each shard has its own: one database that is
+// down never holds up the others.
+func (d *Daemon) keepStarting(ctx context.Context, sh *shard, log *slog.Logger, tried chan<- struct{}) {
+	defer d.startWG.Done()
+	once := sync.OnceFunc(func() { close(tried) })
+	defer once()
+	wait := shardRetryBase
+	for {
+		sctx, cancel := context.WithTimeout(ctx, shardStartTimeout)
+		err := sh.client.Start(sctx)
+		cancel()
+		if err == nil {
+			if sh.retention != nil {
+				if err := sh.retention.Start(context.WithoutCancel(ctx)); err != nil {
+					log.Warn("postbox relay: the consumers' retention did not start", slog.Any("error", err))
+				}
+			}
+			sh.mu.Lock()
+			wasDown := sh.down != nil
+			sh.started, sh.down, sh.since = true, nil, time.Now()
+			sh.mu.Unlock()
+			if wasDown {
+				log.Info("postbox relay: shard up, relaying")
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		sh.mu.Lock()
+		if sh.down == nil {
+			sh.since = time.Now()
+		}
+		sh.down = err
+		sh.mu.Unlock()
+		once()
+		log.Warn("postbox relay: shard down; the other shards relay, and this one is tried again",
+			slog.Any("error", err), slog.Duration("retry_in", wait))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		wait = min(2*wait, shardRetryMax)
+	}
 }
 
 // route is a configured route with its readiness limits resolved.
@@ -204,11 +302,24 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger) (_ *Daemon, err e
 		if err := wrapped.Register(postboxprom.NewConsumerCollector(sh.deadStats, 2*time.Second)); err != nil {
 			return nil, err
 		}
-	}
-	for _, sh := range d.shards {
-		if err := sh.client.Start(ctx); err != nil {
-			return nil, fmt.Errorf("start relay on shard %s: %w", sh.name, err)
+		if err := wrapped.Register(postboxprom.NewShardUp(sh.up)); err != nil {
+			return nil, err
 		}
+	}
+	// Each shard starts on its own, and one that is down is retried while
+	// the others relay (/readyz and postbox_shard_up name it meanwhile).
+	runCtx, stopStarting := context.WithCancel(context.WithoutCancel(ctx))
+	d.stopStarting = stopStarting
+	// Start returns once every shard has had its first try, in parallel:
+	// the shards that are up then relay, the others are being retried.
+	tried := make([]chan struct{}, len(d.shards))
+	for i, sh := range d.shards {
+		tried[i] = make(chan struct{})
+		d.startWG.Add(1)
+		go d.keepStarting(runCtx, sh, log.With(slog.Int("shard", i)), tried[i])
+	}
+	for _, c := range tried {
+		<-c
 	}
 	if cfg.Admin.Listen != "off" {
 		if err := d.serve(); err != nil {
@@ -326,7 +437,9 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 			var c, inbox *postbox.Client[*sql.Tx]
 			if c, err = postbox.NewClient(drv, ccfg); err == nil {
 				if inbox, err = consumerClient(drv, c, db); err == nil {
-					return &shard{client: c, admin: c.Admin(), consumers: inbox.Inbox(), deadStats: inbox.Inbox(), close: func() { _ = sdb.Close() }}, nil
+					sh := newShard(c, c.Admin(), inbox.Inbox(), func() { _ = sdb.Close() })
+					sh.ping = sdb.PingContext
+					return sh, nil
 				}
 			}
 		}
@@ -345,12 +458,10 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 	if !strings.Contains(db.URL, "pool_max_conns") {
 		pcfg.MaxConns = max(pcfg.MaxConns, int32(ccfg.Lanes)+4)
 	}
+	// The pool connects on first use: a database that is down is the
+	// shard's start loop's to retry (keepStarting), not an error here.
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, err
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
 		return nil, err
 	}
 	drv := postboxpgx.New(pool)
@@ -358,22 +469,51 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 	if err == nil {
 		var inbox *postbox.Client[pgx.Tx]
 		if inbox, err = consumerClient(drv, c, db); err == nil {
-			return &shard{client: c, admin: c.Admin(), consumers: inbox.Inbox(), deadStats: inbox.Inbox(), close: pool.Close}, nil
+			sh := newShard(c, c.Admin(), inbox.Inbox(), pool.Close)
+			sh.ping = pool.Ping
+			return sh, nil
 		}
 	}
 	pool.Close()
 	return nil, err
 }
 
-// consumerClient returns the Client whose Inbox serves the consumers' dead
-// messages of db: the relay's own when the consumer prefix is the relay's,
-// else one over the consumer prefix's tables, which never starts a relay.
-func consumerClient[TTx any](drv postboxdriver.Driver[TTx], relay *postbox.Client[TTx], db Database) (*postbox.Client[TTx], error) {
-	if db.ConsumerPrefix == "" || db.ConsumerPrefix == db.Prefix {
-		return relay, nil
+// up is postbox_shard_up's reading: the relay runs and the database
+// answers within a second.
+func (sh *shard) up() bool {
+	sh.mu.Lock()
+	started := sh.started
+	sh.mu.Unlock()
+	if !started {
+		return false
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return sh.ping(ctx) == nil
+}
+
+// newShard is a shard over a relay's Client and the Inbox of its
+// consumers' tables.
+func newShard[TTx any](c *postbox.Client[TTx], admin *postbox.Admin, in *postbox.Inbox[TTx], closeFn func()) *shard {
+	sh := &shard{client: c, admin: admin, consumers: in, deadStats: in, close: closeFn}
+	if c.Config().DeadRetention >= 0 {
+		sh.retention = in
+	}
+	return sh
+}
+
+// consumerClient returns the Client whose Inbox serves the consumers' dead
+// messages of db (the tables of its consumer prefix, by default its
+// prefix) and prunes them past relay.consumer_dead_retention. It never
+// starts a relay, and never prunes the inbox records themselves: how long
+// those must be kept is the consumers' to say (their InboxRetention and
+// the replay horizon their messages carry).
+func consumerClient[TTx any](drv postboxdriver.Driver[TTx], relay *postbox.Client[TTx], db Database) (*postbox.Client[TTx], error) {
 	cfg := relay.Config()
-	cfg.Prefix, cfg.Routes, cfg.Publisher = db.ConsumerPrefix, nil, nil
+	if db.ConsumerPrefix != "" {
+		cfg.Prefix = db.ConsumerPrefix
+	}
+	cfg.Routes, cfg.Publisher, cfg.InboxRetention = nil, nil, -1
 	return postbox.NewClient(drv, &cfg)
 }
 
@@ -387,7 +527,7 @@ func (d *Daemon) serve() error {
 	mux := http.NewServeMux()
 	for i, sh := range d.shards {
 		srv, err := postboxadmin.New(&postboxadmin.Config{Admin: sh.admin, ConsumerDead: sh.consumers, Routed: d.Routed, DedupeWindow: d.DedupeWindow,
-			Tokens: tokens, Ready: d.Ready, Metrics: metrics, Logger: d.log})
+			Shards: d.Shards, Tokens: tokens, Ready: d.Ready, Metrics: metrics, Logger: d.log})
 		if err != nil {
 			return err
 		}
@@ -444,6 +584,10 @@ func (d *Daemon) Ready(ctx context.Context) error {
 		problems = append(problems, err.Error())
 	}
 	for _, sh := range d.shards {
+		if st := sh.state(); !st.Up {
+			problems = append(problems, fmt.Sprintf("shard %s: down, its relay not started (%s); retried with backoff while the other shards relay", sh.name, st.Error))
+			continue
+		}
 		st, err := sh.admin.Status(ctx)
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("shard %s: the database did not answer: %v", sh.name, err))
@@ -574,13 +718,41 @@ func (p *pauseLog) RelayBatch(r *postbox.BatchReport) {
 	}
 }
 
+// PruneConsumers runs one pass of the consumers' retention on every shard,
+// as the daemon does every minute (the library's PruneInterval): it deletes the consumers'
+// dead messages older than relay.consumer_dead_retention, none when that
+// is negative, and returns how many it deleted.
+func (d *Daemon) PruneConsumers(ctx context.Context) (int, error) {
+	n := 0
+	for _, sh := range d.shards {
+		if sh.retention == nil {
+			continue
+		}
+		res, err := sh.retention.Prune(ctx)
+		n += res.Dead
+		if err != nil {
+			return n, fmt.Errorf("shard %s: %w", sh.name, err)
+		}
+	}
+	return n, nil
+}
+
 // Stop stops the relays (each finishes or abandons its batch within ctx),
 // then the listener, the publisher and the connections.
 func (d *Daemon) Stop(ctx context.Context) error {
+	if d.stopStarting != nil {
+		d.stopStarting()
+		d.startWG.Wait()
+	}
 	var errs []error
 	for _, sh := range d.shards {
 		if err := sh.client.Stop(ctx); err != nil && !errors.Is(err, postbox.ErrNotStarted) {
 			errs = append(errs, fmt.Errorf("stop shard %s: %w", sh.name, err))
+		}
+		if sh.retention != nil {
+			if err := sh.retention.Stop(ctx); err != nil && !errors.Is(err, postbox.ErrNotStarted) {
+				errs = append(errs, fmt.Errorf("stop the consumers' retention on shard %s: %w", sh.name, err))
+			}
 		}
 	}
 	d.close(ctx)

@@ -1,0 +1,26 @@
+package relayd_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
+)
+
+// startDaemon starts a daemon from a YAML configuration and the POSTBOX_*
+// variables vars, quiet, and stops it when the test ends.
+func startDaemon(t *testing.T, yaml string, vars map[string]string) *relayd.Daemon {
+	t.Helper()
+	cfg, err := relayd.Parse([]byte(yaml), env(vars))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := relayd.Start(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	return d
+}
