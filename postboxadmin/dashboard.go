@@ -57,15 +57,28 @@ var pageFuncs = template.FuncMap{
 		}
 		return t.UTC().Format(time.RFC3339)
 	},
-	"cut":   func(s string) string { return configcheck.ShortenTo(s, 120) },
-	"chart": chartSVG,
-	"join": func(ps []int) string {
-		out := make([]string, len(ps))
-		for i, p := range ps {
-			out[i] = strconv.Itoa(p)
+	"cut":     func(s string) string { return configcheck.ShortenTo(s, 120) },
+	"chart":   chartSVG,
+	"ranges":  ranges,
+	"summary": chartSummary,
+}
+
+// ranges writes sorted partition numbers as ranges: "0-3, 7, 9-10".
+func ranges(ps []int) string {
+	var out []string
+	for i := 0; i < len(ps); {
+		j := i
+		for j+1 < len(ps) && ps[j+1] == ps[j]+1 {
+			j++
 		}
-		return strings.Join(out, ", ")
-	},
+		if j == i {
+			out = append(out, strconv.Itoa(ps[i]))
+		} else {
+			out = append(out, strconv.Itoa(ps[i])+"-"+strconv.Itoa(ps[j]))
+		}
+		i = j + 1
+	}
+	return strings.Join(out, ", ")
 }
 
 // pages are the dashboard's templates: each page's file with the layout
@@ -219,7 +232,13 @@ func basePath(r *http.Request) string {
 	if err != nil || r.RequestURI == "" {
 		return ""
 	}
-	return strings.TrimSuffix(u.Path, r.URL.Path)
+	base := strings.TrimSuffix(u.Path, r.URL.Path)
+	// Links and redirects start with it: never a scheme-relative or
+	// odd path that a browser could read as another host.
+	if base != "" && (!strings.HasPrefix(base, "/") || strings.HasPrefix(base, "//") || strings.ContainsAny(base, "\\\r\n\"'<>")) {
+		return ""
+	}
+	return base
 }
 
 // errorView is an error page's data.
@@ -281,7 +300,7 @@ func (s *Server) static(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Type", ctype)
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Content-Type-Options", "nosniff")
-	_, _ = w.Write(b)
+	_, _ = w.Write(b) //nolint:gosec // an embedded file, served with its own type and nosniff
 }
 
 // signInView is the sign-in form's data.
@@ -293,7 +312,7 @@ type signInView struct {
 func (s *Server) signInForm(w http.ResponseWriter, r *http.Request) {
 	v := &view{Title: "Sign in", Base: basePath(r), Now: time.Now()}
 	if len(s.tokens) == 0 {
-		http.Redirect(w, r, v.Base+"/", http.StatusSeeOther)
+		http.Redirect(w, r, v.Base+"/", http.StatusSeeOther) //nolint:gosec // basePath keeps Base a local path
 		return
 	}
 	v.Data = signInView{Next: safeNext(r.URL.Query().Get("next"), v.Base)}
@@ -304,7 +323,7 @@ func (s *Server) signInForm(w http.ResponseWriter, r *http.Request) {
 func (s *Server) signIn(w http.ResponseWriter, r *http.Request) {
 	v := &view{Title: "Sign in", Base: basePath(r), Now: time.Now()}
 	if len(s.tokens) == 0 {
-		http.Redirect(w, r, v.Base+"/", http.StatusSeeOther)
+		http.Redirect(w, r, v.Base+"/", http.StatusSeeOther) //nolint:gosec // basePath keeps Base a local path
 		return
 	}
 	if err := s.cop.Check(r); err != nil {
@@ -327,7 +346,7 @@ func (s *Server) signIn(w http.ResponseWriter, r *http.Request) {
 	id, sess := s.sessions.create(t.name, t.scope)
 	s.setSessionCookie(w, r, id, sess)
 	s.log.Info("postboxadmin: dashboard sign-in", slog.String("actor", t.name), slog.String("scope", string(t.scope)))
-	http.Redirect(w, r, next, http.StatusSeeOther)
+	http.Redirect(w, r, next, http.StatusSeeOther) //nolint:gosec // safeNext keeps next a local path
 }
 
 func (s *Server) signOut(w http.ResponseWriter, r *http.Request, v *view) error {
@@ -414,11 +433,7 @@ func chartSVG(c chartView) template.HTML {
 	for _, x := range c.Values {
 		hi = math.Max(hi, x)
 	}
-	last := 0.0
-	if n := len(c.Values); n > 0 {
-		last = c.Values[n-1]
-	}
-	summary := fmt.Sprintf("%s: now %s%s, highest %s%s over %d samples", c.Label, num(last), c.Unit, num(hi), c.Unit, len(c.Values))
+	summary := c.Label + ": " + chartSummary(c)
 	fmt.Fprintf(&b, `<svg class="chart" id="chart-%s" viewBox="0 0 %g %g" role="img" aria-label="%s" preserveAspectRatio="none">`,
 		template.HTMLEscapeString(c.ID), wd, ht, template.HTMLEscapeString(summary))
 	fmt.Fprintf(&b, `<title>%s</title>`, template.HTMLEscapeString(summary))
@@ -440,6 +455,18 @@ func chartSVG(c chartView) template.HTML {
 	}
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String()) //nolint:gosec // built from numbers and escaped text only
+}
+
+// chartSummary says a chart's latest and highest values in words.
+func chartSummary(c chartView) string {
+	last, hi := 0.0, 0.0
+	for _, x := range c.Values {
+		hi = math.Max(hi, x)
+	}
+	if n := len(c.Values); n > 0 {
+		last = c.Values[n-1]
+	}
+	return fmt.Sprintf("now %s%s, highest %s%s over %d samples", num(last), c.Unit, num(hi), c.Unit, len(c.Values))
 }
 
 // num formats a chart value briefly.

@@ -151,12 +151,14 @@ func (s *Server) sessionOf(r *http.Request) (*session, string, bool) {
 // request came over TLS or Config.SecureCookies says a proxy terminates
 // TLS, and an expiry no later than the session's.
 func (s *Server) setSessionCookie(w http.ResponseWriter, r *http.Request, id string, sess *session) {
+	//nolint:gosec // Secure where TLS is on: a loopback dashboard over plain HTTP must work
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/", Expires: sess.expires,
 		MaxAge: int(time.Until(sess.expires).Seconds()), HttpOnly: true, Secure: s.secureCookies(r), SameSite: http.SameSiteStrictMode})
 }
 
 // clearSessionCookie tells the browser to forget the session cookie.
 func (s *Server) clearSessionCookie(w http.ResponseWriter, r *http.Request) {
+	//nolint:gosec // as setSessionCookie
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1,
 		HttpOnly: true, Secure: s.secureCookies(r), SameSite: http.SameSiteStrictMode})
 }

@@ -17,6 +17,17 @@
     var m = Math.floor(s / 60);
     return m + "m" + Math.round(s - m * 60) + "s";
   }
+  // ranges writes sorted partition numbers as ranges: "0-3, 7, 9-10".
+  function ranges(ps) {
+    var out = [];
+    for (var i = 0; i < ps.length;) {
+      var j = i;
+      while (j + 1 < ps.length && ps[j + 1] === ps[j] + 1) { j++; }
+      out.push(j === i ? String(ps[i]) : ps[i] + "-" + ps[j]);
+      i = j + 1;
+    }
+    return out.join(", ");
+  }
   function text(id, v) { var el = document.getElementById(id); if (el) { el.textContent = v; } }
   function cell(tr, tag, v, cls) {
     var c = document.createElement(tag);
@@ -64,8 +75,10 @@
       line.setAttribute("points", pts);
       var cap = document.getElementById("cap-" + id);
       var last = vals.length ? vals[vals.length - 1] : 0;
-      var label = (cap ? cap.textContent.split(":")[0] : id) + ": now " + (+last.toPrecision(4)) + units[id] +
+      var summary = "now " + (+last.toPrecision(4)) + units[id] +
         ", highest " + (+Math.max.apply(null, [0].concat(vals)).toPrecision(4)) + units[id] + " over " + vals.length + " samples";
+      var label = (cap ? cap.textContent : id) + ": " + summary;
+      text("sum-" + id, summary);
       svg.setAttribute("aria-label", label);
       var title = svg.querySelector("title");
       if (title) { title.textContent = label; }
@@ -96,7 +109,7 @@
     rows("relays-body", st.partitions.holders, 4, "No relay holds a partition.", function (tr, h) {
       cell(tr, "th", h.relay);
       cell(tr, "td", h.partitions.length, "n");
-      cell(tr, "td", h.partitions.join(", "));
+      cell(tr, "td", ranges(h.partitions));
       cell(tr, "td", secs(h.lease_expires_in_seconds), "n");
     });
     var rate = 0, lag = 0;
