@@ -1,6 +1,7 @@
 package postboxadmin
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"slices"
@@ -57,26 +58,95 @@ func messageViewOf(d *postbox.DeadMessage) messageView {
 	return messageView{DeadMessage: *d, Payload: payloadViewOf(d.Payload), Headers: h, HeaderKeys: keys}
 }
 
-func (s *Server) deadListPage(w http.ResponseWriter, r *http.Request, v *view) error {
-	q, err := query(r, "topic", "key", "since", "until", "limit")
-	if err != nil {
-		return err
+// deadSide is one side's dead messages as the dashboard lists and acts
+// on them: the outbox's (Admin) or the consumers' (ConsumerDead). Both
+// go through the functions of the API's handlers.
+type deadSide struct {
+	// page is the list's template and path; consumer marks the consumers'
+	// side, whose filter and selection name a consumer too.
+	page     string
+	consumer bool
+	list     func(ctx context.Context, f postbox.DeadFilter) ([]postbox.DeadMessage, error)
+	// selection checks a selection as the API's body would be checked.
+	selection func(ids []string, fv filterView, all bool) (postbox.DeadSelection, error)
+	// requeue and remove change a selection for who, and say what they did.
+	requeue, remove func(ctx context.Context, who principal, sel postbox.DeadSelection) (string, error)
+}
+
+func (s *Server) outboxSide() (*deadSide, error) {
+	return &deadSide{page: "dead", list: s.cfg.Admin.ListDead,
+		selection: func(ids []string, fv filterView, all bool) (postbox.DeadSelection, error) {
+			return selectionOf(ids, fv.Topic, fv.Key, fv.Since, fv.Until, all)
+		},
+		requeue: func(ctx context.Context, who principal, sel postbox.DeadSelection) (string, error) {
+			n, err := s.applyBulk(ctx, who, "requeue", (*postbox.Admin).RequeueDead, sel)
+			return plural(n, "dead message") + " requeued: the relay publishes them again, in order among their keys' messages.", err
+		},
+		remove: func(ctx context.Context, who principal, sel postbox.DeadSelection) (string, error) {
+			n, err := s.applyBulk(ctx, who, "delete", (*postbox.Admin).DeleteDead, sel)
+			return plural(n, "dead message") + " deleted.", err
+		}}, nil
+}
+
+func (s *Server) consumerSide() (*deadSide, error) {
+	if s.cfg.ConsumerDead == nil {
+		return nil, errNoConsumerDead
 	}
-	fv := filterOf(q)
-	f, err := deadFilter(fv.Topic, fv.Key, fv.Since, fv.Until)
-	if err != nil {
-		return err
+	return &deadSide{page: "consumers", consumer: true, list: s.cfg.ConsumerDead.ListDead,
+		selection: func(ids []string, fv filterView, all bool) (postbox.DeadSelection, error) {
+			return consumerSelectionOf(ids, fv.Consumer, fv.Topic, fv.Key, fv.Since, fv.Until, all)
+		},
+		requeue: func(ctx context.Context, who principal, sel postbox.DeadSelection) (string, error) {
+			n, err := s.applyConsumerBulk(ctx, who, "requeue requested", ConsumerDead.RequestRequeue, sel)
+			return "Requeue asked for " + plural(n, "dead message") +
+				": each consumer's running Inbox runs its handler on them at its next poll, and they leave this list once handled.", err
+		},
+		remove: func(ctx context.Context, who principal, sel postbox.DeadSelection) (string, error) {
+			n, err := s.applyConsumerBulk(ctx, who, "deleted", ConsumerDead.DeleteDeadSelected, sel)
+			return plural(n, "consumer dead message") + " deleted.", err
+		}}, nil
+}
+
+// filterParams are the query parameters of a side's list.
+func (d *deadSide) filterParams() []string {
+	ps := []string{"topic", "key", "since", "until"}
+	if d.consumer {
+		ps = append(ps, "consumer")
 	}
-	if f.Limit, err = parseLimit(fv.Limit, defaultDeadLimit); err != nil {
-		return err
+	return ps
+}
+
+// listPage lists a side's dead messages by the filter of the query.
+func (s *Server) listPage(side func() (*deadSide, error)) pageHandler {
+	return func(w http.ResponseWriter, r *http.Request, v *view) error {
+		d, err := side()
+		if err != nil {
+			return err
+		}
+		q, err := query(r, append(d.filterParams(), "limit")...)
+		if err != nil {
+			return err
+		}
+		fv := filterOf(q)
+		sel, err := d.selection(nil, fv, false)
+		if err != nil {
+			return err
+		}
+		f := sel.DeadFilter
+		if f.Limit, err = parseLimit(fv.Limit, defaultDeadLimit); err != nil {
+			return err
+		}
+		ds, err := d.list(r.Context(), f)
+		if err != nil {
+			return err
+		}
+		v.Title, v.Data = "Dead messages", listOf(fv, ds, f.Limit)
+		if d.consumer {
+			v.Title = "Consumers' dead messages"
+		}
+		s.render(w, http.StatusOK, d.page, v)
+		return nil
 	}
-	ds, err := s.cfg.Admin.ListDead(r.Context(), f)
-	if err != nil {
-		return err
-	}
-	v.Title, v.Data = "Dead messages", listOf(fv, ds, f.Limit)
-	s.render(w, http.StatusOK, "dead", v)
-	return nil
 }
 
 func listOf(fv filterView, ds []postbox.DeadMessage, limit int) listView {
@@ -98,6 +168,27 @@ func (s *Server) deadShowPage(w http.ResponseWriter, r *http.Request, v *view) e
 	}
 	v.Title, v.Data = "Dead message "+d.ID, messageViewOf(&d)
 	s.render(w, http.StatusOK, "dead_show", v)
+	return nil
+}
+
+func (s *Server) consumerShowPage(w http.ResponseWriter, r *http.Request, v *view) error {
+	if s.cfg.ConsumerDead == nil {
+		return errNoConsumerDead
+	}
+	q, err := query(r, "consumer", "id")
+	if err != nil {
+		return err
+	}
+	consumer, id := q.Get("consumer"), q.Get("id")
+	if _, err := consumerSelectionOf([]string{id}, consumer, "", "", "", "", false); err != nil {
+		return err
+	}
+	d, err := s.cfg.ConsumerDead.GetDead(r.Context(), consumer, id)
+	if err != nil {
+		return err
+	}
+	v.Title, v.Data = "Consumer "+d.Consumer+": dead message "+d.ID, messageViewOf(&d)
+	s.render(w, http.StatusOK, "consumer_show", v)
 	return nil
 }
 
@@ -150,41 +241,48 @@ func confirmAction(q url.Values) (action, verb string, err error) {
 	return "", "", badRequest("action", `action must be "requeue" or "delete"`)
 }
 
-func (s *Server) deadConfirmPage(w http.ResponseWriter, r *http.Request, v *view) error {
-	q, err := queryList(r, "ids", "action", "ids", "topic", "key", "since", "until", "all")
-	if err != nil {
-		return err
+// confirmPage counts what a requeue or delete of a side's selection will
+// change, and shows the form that does it.
+func (s *Server) confirmPage(side func() (*deadSide, error)) pageHandler {
+	return func(w http.ResponseWriter, r *http.Request, v *view) error {
+		d, err := side()
+		if err != nil {
+			return err
+		}
+		q, err := queryList(r, "ids", append(d.filterParams(), "action", "ids", "all")...)
+		if err != nil {
+			return err
+		}
+		action, verb, err := confirmAction(q)
+		if err != nil {
+			return err
+		}
+		ids, fv, all := selectionForm(q)
+		sel, err := d.selection(ids, fv, all)
+		if err != nil {
+			return err
+		}
+		if len(ids) == 0 && fv.Empty() && !all {
+			return errNothingSelected
+		}
+		f := sel.DeadFilter
+		f.Limit = confirmCountLimit
+		ds, err := d.list(r.Context(), f)
+		if err != nil {
+			return err
+		}
+		fixTimes(&fv, &sel)
+		c := confirmView{Action: action, Verb: verb, Count: len(ds), AtLeast: len(ds) >= confirmCountLimit, IDs: ids, Filter: fv, All: all, Consumer: d.consumer}
+		for i := range ds[:min(len(ds), dashboardRows)] {
+			c.Sample = append(c.Sample, messageViewOf(&ds[i]))
+		}
+		v.Title, v.Data = verb+" dead messages", c
+		if d.consumer {
+			v.Title = verb + " consumers' dead messages"
+		}
+		s.render(w, http.StatusOK, "confirm", v)
+		return nil
 	}
-	action, verb, err := confirmAction(q)
-	if err != nil {
-		return err
-	}
-	ids, fv, all := selectionForm(q)
-	sel, err := selectionOf(ids, fv.Topic, fv.Key, fv.Since, fv.Until, all)
-	if err != nil {
-		return err
-	}
-	if len(ids) == 0 && fv.Empty() && !all {
-		return errNothingSelected
-	}
-	f := sel.DeadFilter
-	f.Limit = confirmCountLimit
-	ds, err := s.cfg.Admin.ListDead(r.Context(), f)
-	if err != nil {
-		return err
-	}
-	fixTimes(&fv, &sel)
-	v.Title, v.Data = verb+" dead messages", confirmOf(action, verb, ds, ids, fv, all, false)
-	s.render(w, http.StatusOK, "confirm", v)
-	return nil
-}
-
-func confirmOf(action, verb string, ds []postbox.DeadMessage, ids []string, fv filterView, all, consumer bool) confirmView {
-	c := confirmView{Action: action, Verb: verb, Count: len(ds), AtLeast: len(ds) >= confirmCountLimit, IDs: ids, Filter: fv, All: all, Consumer: consumer}
-	for i := range ds[:min(len(ds), dashboardRows)] {
-		c.Sample = append(c.Sample, messageViewOf(&ds[i]))
-	}
-	return c
 }
 
 // resultView is an action's result page.
@@ -193,140 +291,30 @@ type resultView struct {
 	Back    string // the list to go back to, under Base
 }
 
-func (s *Server) deadActPage(w http.ResponseWriter, r *http.Request, v *view) error {
-	ids, fv, all := selectionForm(r.PostForm)
-	sel, err := selectionOf(ids, fv.Topic, fv.Key, fv.Since, fv.Until, all)
-	if err != nil {
-		return err
-	}
-	who := v.Who
-	var res resultView
-	if strings.HasSuffix(r.URL.Path, "/requeue") {
-		n, err := s.applyBulk(r.Context(), who, "requeue", (*postbox.Admin).RequeueDead, sel)
+// actPage requeues or deletes a side's selection, as the confirmation's
+// form posts it.
+func (s *Server) actPage(side func() (*deadSide, error)) pageHandler {
+	return func(w http.ResponseWriter, r *http.Request, v *view) error {
+		d, err := side()
 		if err != nil {
 			return err
 		}
-		res.Message = plural(n, "dead message") + " requeued: the relay publishes them again, in order among their keys' messages."
-	} else {
-		n, err := s.applyBulk(r.Context(), who, "delete", (*postbox.Admin).DeleteDead, sel)
+		sel, err := d.selection(selectionForm(r.PostForm))
 		if err != nil {
 			return err
 		}
-		res.Message = plural(n, "dead message") + " deleted."
-	}
-	res.Back = "/dead"
-	v.Title, v.Data = "Done", res
-	s.render(w, http.StatusOK, "result", v)
-	return nil
-}
-
-func (s *Server) consumerListPage(w http.ResponseWriter, r *http.Request, v *view) error {
-	if s.cfg.ConsumerDead == nil {
-		return errNoConsumerDead
-	}
-	q, err := query(r, "consumer", "topic", "key", "since", "until", "limit")
-	if err != nil {
-		return err
-	}
-	fv := filterOf(q)
-	sel, err := consumerSelectionOf(nil, fv.Consumer, fv.Topic, fv.Key, fv.Since, fv.Until, false)
-	if err != nil {
-		return err
-	}
-	f := sel.DeadFilter
-	if f.Limit, err = parseLimit(fv.Limit, defaultDeadLimit); err != nil {
-		return err
-	}
-	ds, err := s.cfg.ConsumerDead.ListDead(r.Context(), f)
-	if err != nil {
-		return err
-	}
-	v.Title, v.Data = "Consumers' dead messages", listOf(fv, ds, f.Limit)
-	s.render(w, http.StatusOK, "consumers", v)
-	return nil
-}
-
-func (s *Server) consumerShowPage(w http.ResponseWriter, r *http.Request, v *view) error {
-	if s.cfg.ConsumerDead == nil {
-		return errNoConsumerDead
-	}
-	q, err := query(r, "consumer", "id")
-	if err != nil {
-		return err
-	}
-	consumer, id := q.Get("consumer"), q.Get("id")
-	if _, err := consumerSelectionOf([]string{id}, consumer, "", "", "", "", false); err != nil {
-		return err
-	}
-	d, err := s.cfg.ConsumerDead.GetDead(r.Context(), consumer, id)
-	if err != nil {
-		return err
-	}
-	v.Title, v.Data = "Consumer "+d.Consumer+": dead message "+d.ID, messageViewOf(&d)
-	s.render(w, http.StatusOK, "consumer_show", v)
-	return nil
-}
-
-func (s *Server) consumerConfirmPage(w http.ResponseWriter, r *http.Request, v *view) error {
-	if s.cfg.ConsumerDead == nil {
-		return errNoConsumerDead
-	}
-	q, err := queryList(r, "ids", "action", "ids", "consumer", "topic", "key", "since", "until", "all")
-	if err != nil {
-		return err
-	}
-	action, verb, err := confirmAction(q)
-	if err != nil {
-		return err
-	}
-	ids, fv, all := selectionForm(q)
-	sel, err := consumerSelectionOf(ids, fv.Consumer, fv.Topic, fv.Key, fv.Since, fv.Until, all)
-	if err != nil {
-		return err
-	}
-	if len(ids) == 0 && fv.Empty() && !all {
-		return errNothingSelected
-	}
-	f := sel.DeadFilter
-	f.Limit = confirmCountLimit
-	ds, err := s.cfg.ConsumerDead.ListDead(r.Context(), f)
-	if err != nil {
-		return err
-	}
-	fixTimes(&fv, &sel)
-	v.Title, v.Data = verb+" consumers' dead messages", confirmOf(action, verb, ds, ids, fv, all, true)
-	s.render(w, http.StatusOK, "confirm", v)
-	return nil
-}
-
-func (s *Server) consumerActPage(w http.ResponseWriter, r *http.Request, v *view) error {
-	if s.cfg.ConsumerDead == nil {
-		return errNoConsumerDead
-	}
-	ids, fv, all := selectionForm(r.PostForm)
-	sel, err := consumerSelectionOf(ids, fv.Consumer, fv.Topic, fv.Key, fv.Since, fv.Until, all)
-	if err != nil {
-		return err
-	}
-	var res resultView
-	if strings.HasSuffix(r.URL.Path, "/requeue") {
-		n, err := s.applyConsumerBulk(r.Context(), v.Who, "requeue requested", ConsumerDead.RequestRequeue, sel)
+		act := d.remove
+		if strings.HasSuffix(r.URL.Path, "/requeue") {
+			act = d.requeue
+		}
+		msg, err := act(r.Context(), v.Who, sel)
 		if err != nil {
 			return err
 		}
-		res.Message = "Requeue asked for " + plural(n, "dead message") +
-			": each consumer's running Inbox runs its handler on them at its next poll, and they leave this list once handled."
-	} else {
-		n, err := s.applyConsumerBulk(r.Context(), v.Who, "deleted", ConsumerDead.DeleteDeadSelected, sel)
-		if err != nil {
-			return err
-		}
-		res.Message = plural(n, "consumer's dead message") + " deleted."
+		v.Title, v.Data = "Done", resultView{Message: msg, Back: "/" + d.page}
+		s.render(w, http.StatusOK, "result", v)
+		return nil
 	}
-	res.Back = "/consumers"
-	v.Title, v.Data = "Done", res
-	s.render(w, http.StatusOK, "result", v)
-	return nil
 }
 
 // replayView is the replay pages' data.
@@ -360,43 +348,33 @@ func replayForm(f url.Values) replayInput {
 		asNew: f.Get("mode") == "new", acceptDropped: f.Get("accept_dropped") == "on"}
 }
 
-// replayPreviewPage runs the dry run: the count, per topic, and what the
-// brokers' duplicate windows will do, before the confirmation.
-func (s *Server) replayPreviewPage(w http.ResponseWriter, r *http.Request, v *view) error {
-	in := replayForm(r.PostForm)
-	in.dryRun, in.asNew, in.acceptDropped = true, false, false
-	p, err := s.runReplay(r.Context(), v.Who, in)
-	if err != nil {
-		return err
+// replayPage runs a replay from the form: a dry run (the count, per
+// topic, and what the brokers' duplicate windows will do) before the
+// confirmation, or the replay the confirmation asks for.
+func (s *Server) replayPage(dryRun bool) pageHandler {
+	return func(w http.ResponseWriter, r *http.Request, v *view) error {
+		in := replayForm(r.PostForm)
+		if dryRun {
+			in.dryRun, in.asNew, in.acceptDropped = true, false, false
+		}
+		out, err := s.runReplay(r.Context(), v.Who, in)
+		if err != nil {
+			return err
+		}
+		d := replayView{Since: out.Since.Format(time.RFC3339Nano), Until: out.Until.Format(time.RFC3339Nano), Topic: out.Topic, Key: out.Key}
+		if dryRun {
+			v.Title, d.Preview = "Replay: dry run", &out
+		} else {
+			v.Title, d.Result = "Replay: done", &out
+		}
+		v.Data = d
+		s.render(w, http.StatusOK, "replay", v)
+		return nil
 	}
-	v.Title = "Replay: dry run"
-	v.Data = replayView{Since: p.Since.Format(time.RFC3339Nano), Until: p.Until.Format(time.RFC3339Nano), Topic: p.Topic, Key: p.Key, Preview: &p}
-	s.render(w, http.StatusOK, "replay", v)
-	return nil
-}
-
-func (s *Server) replayRunPage(w http.ResponseWriter, r *http.Request, v *view) error {
-	in := replayForm(r.PostForm)
-	res, err := s.runReplay(r.Context(), v.Who, in)
-	if err != nil {
-		return err
-	}
-	v.Title = "Replay: done"
-	v.Data = replayView{Since: res.Since.Format(time.RFC3339Nano), Until: res.Until.Format(time.RFC3339Nano), Topic: res.Topic, Key: res.Key, Result: &res}
-	s.render(w, http.StatusOK, "replay", v)
-	return nil
 }
 
 func (s *Server) replaysPage(w http.ResponseWriter, r *http.Request, v *view) error {
-	q, err := query(r, "limit")
-	if err != nil {
-		return err
-	}
-	limit, err := parseLimit(q.Get("limit"), defaultReplaysLimit)
-	if err != nil {
-		return err
-	}
-	as, err := s.cfg.Admin.Replays(r.Context(), limit)
+	as, err := s.replays(r)
 	if err != nil {
 		return err
 	}

@@ -95,6 +95,17 @@ func (p *page) csrf(t *testing.T) string {
 	return m[1]
 }
 
+// signedIn is a fixture, its server with tokens, and a browser signed in
+// with token.
+func signedIn(t *testing.T, token string) (*fixture, *api, *browser) {
+	t.Helper()
+	f := postgresFixture(t)
+	a := serve(t, &postboxadmin.Config{Admin: f.admin, ConsumerDead: f.inbox, Tokens: tokens()})
+	b := newBrowser(t, a.ts)
+	b.signIn(t, token)
+	return f, a, b
+}
+
 // signIn signs b in with token.
 func (b *browser) signIn(t *testing.T, token string) {
 	t.Helper()
@@ -194,10 +205,7 @@ func TestDashboardSignInSetsASafeCookie(t *testing.T) {
 // Every change made from the dashboard needs the session's CSRF token: a
 // form without it, or with another session's, changes nothing.
 func TestDashboardRefusesActionsWithoutTheCSRFToken(t *testing.T) {
-	f := postgresFixture(t)
-	a := serve(t, &postboxadmin.Config{Admin: f.admin, ConsumerDead: f.inbox, Tokens: tokens()})
-	b := newBrowser(t, a.ts)
-	b.signIn(t, adminToken)
+	f, a, b := signedIn(t, adminToken)
 	other := newBrowser(t, a.ts)
 	other.signIn(t, adminToken)
 	othersToken := other.get(t, "/dead").csrf(t)
@@ -248,10 +256,7 @@ func TestDashboardRefusesActionsWithoutTheCSRFToken(t *testing.T) {
 // A read token's session sees every page but acts on none, and is told
 // why.
 func TestDashboardReadScopeSeesButCannotAct(t *testing.T) {
-	f := postgresFixture(t)
-	a := serve(t, &postboxadmin.Config{Admin: f.admin, ConsumerDead: f.inbox, Tokens: tokens()})
-	b := newBrowser(t, a.ts)
-	b.signIn(t, readToken)
+	f, _, b := signedIn(t, readToken)
 	id := f.dead["o3"]
 
 	for _, path := range []string{"/", "/dead", "/dead/show?id=" + id, "/consumers", "/consumers/show?consumer=billing&id=m-1", "/replay", "/replays"} {
@@ -282,10 +287,7 @@ func TestDashboardReadScopeSeesButCannotAct(t *testing.T) {
 // A payload, header, error, key or consumer name is data from outside:
 // every page shows it as text.
 func TestDashboardShowsHostileMessagesAsText(t *testing.T) {
-	f := postgresFixture(t)
-	a := serve(t, &postboxadmin.Config{Admin: f.admin, ConsumerDead: f.inbox, Tokens: tokens()})
-	b := newBrowser(t, a.ts)
-	b.signIn(t, adminToken)
+	f, _, b := signedIn(t, adminToken)
 	const hostile = `<script>alert(1)</script>`
 	id := f.kill(t, postbox.Message{Topic: "orders.created", Key: `k"><img src=x onerror=alert(2)>`,
 		Payload: []byte("poison " + hostile), Headers: map[string]string{"x-evil": `"><img src=x onerror=alert(3)>`}})
@@ -348,3 +350,70 @@ func TestDashboardWithoutTokensNeedsNoSignInButChecksCSRF(t *testing.T) {
 }
 
 func base64Of(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+
+// A filtered set is counted on the confirmation, with relative times
+// fixed, and changed as counted: the outbox's dead messages, the
+// consumers', and a replay after its dry run, which warns of the broker's
+// duplicate window.
+func TestDashboardActsOnAFilteredSet(t *testing.T) {
+	f := postgresFixture(t)
+	window := func(_ context.Context, topic string) (time.Duration, string, error) {
+		return time.Hour, "JetStream stream ORDERS", nil
+	}
+	a := serve(t, &postboxadmin.Config{Admin: f.admin, ConsumerDead: f.inbox, Tokens: tokens(), DedupeWindow: window})
+	b := newBrowser(t, a.ts)
+	b.signIn(t, adminToken)
+	ctx := context.Background()
+
+	confirm := b.get(t, "/dead/confirm?action=requeue&topic=orders.refunded&since=1h")
+	if confirm.status != 200 || !strings.Contains(confirm.body, "Requeue 2 dead messages?") || strings.Contains(confirm.body, `value="1h"`) {
+		t.Fatalf("confirmation: %d\n%s", confirm.status, confirm.body)
+	}
+	since := regexp.MustCompile(`name="since" value="([^"]+)"`).FindStringSubmatch(confirm.body)[1]
+	p := b.post(t, "/dead/requeue", url.Values{"topic": {"orders.refunded"}, "since": {since}, "csrf_token": {confirm.csrf(t)}})
+	if p.status != 200 || !strings.Contains(p.body, "2 dead messages requeued") {
+		t.Fatalf("requeue: %d\n%s", p.status, p.body)
+	}
+	if left, err := f.admin.ListDead(ctx, postbox.DeadFilter{}); err != nil || len(left) != 1 || left[0].Topic != "orders.created" {
+		t.Fatalf("dead after the requeue: %v %v", left, err)
+	}
+	if p := b.get(t, "/dead/confirm?action=delete"); p.status != http.StatusBadRequest || !strings.Contains(p.body, "no messages selected") {
+		t.Fatalf("empty selection: %d\n%s", p.status, p.body)
+	}
+
+	confirm = b.get(t, "/consumers/confirm?action=delete&consumer=billing")
+	if !strings.Contains(confirm.body, "Delete 1 consumer dead message?") {
+		t.Fatalf("consumers' confirmation:\n%s", confirm.body)
+	}
+	if p := b.post(t, "/consumers/delete", url.Values{"consumer": {"billing"}, "csrf_token": {confirm.csrf(t)}}); !strings.Contains(p.body, "1 consumer dead message deleted") {
+		t.Fatalf("consumers' delete: %d\n%s", p.status, p.body)
+	}
+	if left, err := f.inbox.ListDead(ctx, postbox.DeadFilter{}); err != nil || len(left) != 1 || left[0].Consumer != "shipping/eu" {
+		t.Fatalf("consumers' dead after the delete: %v %v", left, err)
+	}
+
+	form := b.get(t, "/replay")
+	preview := b.post(t, "/replay/preview", url.Values{"since": {"1h"}, "topic": {"orders.paid"}, "csrf_token": {form.csrf(t)}})
+	if preview.status != 200 || !strings.Contains(preview.body, "A dry run selects 1 published message") ||
+		!strings.Contains(preview.body, "1 of them would be dropped by the broker as copies") || !strings.Contains(preview.body, "JetStream stream ORDERS") {
+		t.Fatalf("dry run: %d\n%s", preview.status, preview.body)
+	}
+	run := url.Values{"csrf_token": {preview.csrf(t)}, "topic": {"orders.paid"}, "mode": {"own"}}
+	for _, k := range []string{"since", "until"} {
+		run.Set(k, regexp.MustCompile(`name="` + k + `" value="([^"]+)"`).FindStringSubmatch(preview.body)[1])
+	}
+	if p := b.post(t, "/replay/run", run); p.status != http.StatusConflict || !strings.Contains(p.body, "not replayed: 1 of the 1 message(s) would be dropped") {
+		t.Fatalf("replay into the duplicate window: %d\n%s", p.status, p.body)
+	}
+	run.Set("mode", "new")
+	if p := b.post(t, "/replay/run", run); p.status != 200 || !strings.Contains(p.body, "Replayed 1 message as new messages") {
+		t.Fatalf("replay as new: %d\n%s", p.status, p.body)
+	}
+	audit, err := f.admin.Replays(ctx, 10)
+	if err != nil || len(audit) != 2 || !audit[1].DryRun || audit[0].DryRun || !audit[0].AsNew || audit[0].Actor != adminName {
+		t.Fatalf("audit: %+v %v", audit, err)
+	}
+	if p := b.get(t, "/replays"); !strings.Contains(p.body, "dry run") || !strings.Contains(p.body, "replay, as new") {
+		t.Fatalf("audit page:\n%s", p.body)
+	}
+}

@@ -442,17 +442,28 @@ func (s *Server) runReplay(ctx context.Context, who principal, b replayInput) (r
 }
 
 func (s *Server) listReplays(w http.ResponseWriter, r *http.Request, _ principal) error {
-	q, err := query(r, "limit")
+	as, err := s.replays(r)
 	if err != nil {
 		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"replays": as})
+	return nil
+}
+
+// replays reads the replay audit, newest first, as many entries as the
+// query's limit says, times in UTC.
+func (s *Server) replays(r *http.Request) ([]postbox.ReplayAudit, error) {
+	q, err := query(r, "limit")
+	if err != nil {
+		return nil, err
 	}
 	limit, err := parseLimit(q.Get("limit"), defaultReplaysLimit)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	as, err := s.cfg.Admin.Replays(r.Context(), limit)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for i := range as {
 		as[i].At, as[i].Since, as[i].Until = as[i].At.UTC(), as[i].Since.UTC(), as[i].Until.UTC()
@@ -460,8 +471,7 @@ func (s *Server) listReplays(w http.ResponseWriter, r *http.Request, _ principal
 	if as == nil {
 		as = []postbox.ReplayAudit{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"replays": as})
-	return nil
+	return as, nil
 }
 
 func (s *Server) prune(w http.ResponseWriter, r *http.Request, who principal) error {
