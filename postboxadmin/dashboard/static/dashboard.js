@@ -12,6 +12,7 @@
   var base = url.replace(/\/v1\/status$/, "");
 
   function secs(s) {
+    if (s === 0) { return "0s"; }
     if (s < 1) { return Math.round(s * 1000) + "ms"; }
     if (s < 60) { return (Math.round(s * 1000) / 1000) + "s"; }
     var m = Math.floor(s / 60);

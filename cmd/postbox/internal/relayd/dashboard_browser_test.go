@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -254,8 +255,14 @@ admin:
 		}
 		run(t, chromedp.Navigate(base+"/replays"), chromedp.WaitVisible(chromedp.CSS("table")))
 		shot(t, "replays")
-		// The overview again, its charts a few samples longer.
+		// The overview again, its charts a few samples longer; its script
+		// reads the status on its own and redraws.
 		run(t, chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("#overview")))
+		before := read(t, "#sum-pending")
+		run(t, chromedp.Poll[chromedp.Void](`document.getElementById("sum-pending").textContent !== `+strconv.Quote(before), chromedp.WithPollingMutation()))
+		if relays := read(t, "#relays-body"); !strings.Contains(relays, "0-63") {
+			t.Fatalf("relays after the refresh: %q", relays)
+		}
 		shot(t, "overview")
 	})
 
