@@ -37,7 +37,7 @@ func makeAdminQueries(prefix string) adminQueries {
 		partitionStats: r.Replace(`SELECT count(*)::int, (count(*) FILTER (WHERE owner IS NULL OR expires_at <= now()))::int,
   (SELECT count(*) FROM {p}relays WHERE expires_at > now())::int
 FROM {p}leases`),
-		leaseList: r.Replace(`SELECT partition, coalesce(owner, ''), generation, expires_at, owner IS NULL OR expires_at <= now(), now()
+		leaseList: r.Replace(`SELECT partition, coalesce(owner, ''), generation, greatest(expires_at, 'epoch'), owner IS NULL OR expires_at <= now(), now()
 FROM {p}leases ORDER BY partition`),
 		consumerDeadStats: r.Replace(`SELECT consumer, topic, count(*), count(requeue_requested_at) FROM {p}consumer_dead
 GROUP BY consumer, topic ORDER BY consumer, topic`),
