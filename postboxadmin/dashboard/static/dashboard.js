@@ -110,7 +110,7 @@
     rows("relays-body", st.partitions.holders, 4, "No relay holds a partition.", function (tr, h) {
       cell(tr, "th", h.relay);
       cell(tr, "td", h.partitions.length, "n");
-      cell(tr, "td", ranges(h.partitions));
+      cell(tr, "td", ranges(h.partitions), "wrap");
       cell(tr, "td", secs(h.lease_expires_in_seconds), "n");
     });
     var rate = 0, lag = 0;
