@@ -125,6 +125,21 @@ type Config struct {
 	// come from, and address, a loopback host.
 	Tokens []Token
 
+	// Sessions holds the dashboard's sign-ins (see the package
+	// documentation). Nil: the server keeps its own, lasting
+	// DefaultSessionLifetime. Share one between Servers mounted in one
+	// process to let one sign-in serve them all.
+	Sessions *Sessions
+	// SecureCookies marks the session cookie Secure even on a request
+	// that did not come over TLS: set it when a proxy terminates TLS in
+	// front of the server. A request over TLS always gets a Secure cookie.
+	SecureCookies bool
+
+	// Dashboards lists the dashboards of other databases served beside
+	// this one, for the overview's links (the relay daemon serves one per
+	// database). Optional.
+	Dashboards []DashboardLink
+
 	// Ready reports whether the process is ready, for /readyz; its error
 	// text is shown to unauthenticated callers, so keep secrets out of it.
 	// Default: a read of the replay audit through Admin, which fails when

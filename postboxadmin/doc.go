@@ -64,7 +64,6 @@
 //	POST    /v1/consumers/dead/delete           admin   200 {"count": n}
 //	GET     /v1/consumers/{consumer}/dead/{id}  read    200 one dead message
 //	DELETE  /v1/consumers/{consumer}/dead/{id}  admin   200 {"count": 1}
-//	GET     /                                   read    200 the dashboard (HTML)
 //	GET     /v1/openapi.json                    none    200 the OpenAPI 3.1 document of this API
 //	GET     /healthz                            none    200 {"status": "ok"}
 //	GET     /readyz                             none    200 {"status": "ready"}, or 503
@@ -168,13 +167,64 @@
 //
 // # Dashboard
 //
-// GET / is a small read-only HTML page: the status per topic and the
-// latest dead messages, the outbox's and the consumers'. It has no scripts and loads
-// nothing else (a strict Content-Security-Policy). It needs the read scope
-// like the API, and a token travels only in the Authorization header, so
-// a browser shows it when the server runs without tokens on loopback
-// (postboxadmin on 127.0.0.1, then open http://127.0.0.1:PORT/), or
-// through a proxy that adds the header; curl works with any token:
+// The server also serves an HTML dashboard, for working from a browser
+// (screenshots in docs/dashboard.md). It is embedded: server-rendered
+// pages, one style sheet and one small script under /static/, nothing
+// from anywhere else (Content-Security-Policy: 'self' only). Every page
+// reads and works without JavaScript; the script only keeps the overview
+// current.
 //
-//	curl -H "Authorization: Bearer $POSTBOX_READ_TOKEN" http://host:8081/
+//	path                      scope  what
+//	------------------------  -----  ------------------------------------------------------
+//	/                         read   overview: pending, oldest pending age, unrouted, dead,
+//	                                 charts over time, topics (routed or not), the relays with
+//	                                 the partitions each holds and their lease expiry, shards
+//	/dead                     read   the outbox's dead messages: filter (topic, key, dead since,
+//	                                 dead before), tick, open one (/dead/show?id=)
+//	/dead/confirm             admin  what a requeue or delete will do, with the count
+//	/consumers                read   consumers' dead messages: the same, by consumer too
+//	/replay                   read   the replay form; a dry run (admin) comes before the replay
+//	/replays                  read   the replay audit
+//	/signin, /signout                a token for a session, and back
+//
+// Sign-in. With tokens configured, a page opened without a session goes
+// to /signin, where one posts one of the API's tokens. A good one starts
+// a session held in memory (Sessions; one per server unless
+// Config.Sessions shares one, as the relay daemon does across its
+// databases) and sets the cookie postbox_session: a random 256-bit id,
+// HttpOnly, SameSite=Strict, Path=/, Secure on a request over TLS or with
+// Config.SecureCookies (for a proxy that terminates TLS), expiring with
+// the session after DefaultSessionLifetime (8 h; NewSessions sets
+// another). Sign-out ends the session on the server. A restart ends every
+// session. A session has the token's name (the actor of its changes) and
+// scope: a read token's session sees every page and is shown no action;
+// a request for one answers 403 saying that the scope can see but not
+// act.
+//
+// Actions. Every change goes: a GET confirmation page that states the
+// count of messages it will change (and fixes relative times such as "2h"
+// into the times they mean), then a POST carrying the session's CSRF token
+// (the hidden field csrf_token, or the X-CSRF-Token header), compared in
+// constant time; a POST without it, with another session's, or from a
+// page of another origin (http.CrossOriginProtection) changes nothing and
+// answers 403. The pages call the functions the API's handlers call:
+// requeue and delete of the outbox's dead messages (Admin), requeue
+// requests and deletes of the consumers' (ConsumerDead: the consuming
+// service's running Inbox carries a requeue out), and replay (a dry run
+// first, with the brokers' duplicate windows, then under the original ids
+// or as new messages).
+//
+// The session also reads the API's GET endpoints (the overview's script
+// reads GET /v1/status every 5 seconds); it never authorizes a change
+// through the API, which stays bearer-token only.
+//
+// Without tokens (loopback only), there is no sign-in: the first page
+// gives the browser an anonymous session, as the carrier of its CSRF
+// token.
+//
+// Charts. The overview draws pending, oldest pending age, publish rate and
+// commit-to-ack lag (the longest in the last minute) as inline SVG from
+// samples the server keeps: one per status read (the dashboard's, its
+// script's, or any GET /v1/status), at most one per 2 seconds, the last
+// 180. Nothing samples when no one looks.
 package postboxadmin

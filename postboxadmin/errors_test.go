@@ -127,7 +127,7 @@ func TestAuth(t *testing.T) {
 	f := postgresFixture(t)
 	a := serve(t, &postboxadmin.Config{Admin: f.admin, ConsumerDead: f.inbox, Tokens: tokens()})
 	read := []string{"GET /v1/status", "GET /v1/dead", "GET /v1/dead/" + f.dead["o3"], "GET /v1/replays",
-		"GET /v1/consumers/dead", "GET /v1/consumers/billing/dead/m-1", "GET /"}
+		"GET /v1/consumers/dead", "GET /v1/consumers/billing/dead/m-1"}
 	admin := map[string]string{"POST /v1/dead/requeue": `{"ids":["` + postbox.NewID() + `"]}`, "POST /v1/dead/delete": `{"ids":["` + postbox.NewID() + `"]}`,
 		"POST /v1/replay": `{"since":"1m","dry_run":true}`, "POST /v1/prune": ``, "DELETE /v1/consumers/billing/dead/nope": ``}
 	type call struct{ method, path, body string }
@@ -257,7 +257,7 @@ func TestStoreFailures(t *testing.T) {
 	b := serve(t, &postboxadmin.Config{Admin: dead, Tokens: tokens()})
 	for _, c := range []struct{ method, path, body string }{
 		{"GET", "/v1/status", ""}, {"GET", "/v1/dead", ""}, {"POST", "/v1/dead/delete", `{"all":true}`},
-		{"POST", "/v1/replay", `{"since":"1h"}`}, {"POST", "/v1/prune", ""}, {"GET", "/", ""},
+		{"POST", "/v1/replay", `{"since":"1h"}`}, {"POST", "/v1/prune", ""},
 	} {
 		r := b.do(t, c.method, c.path, adminToken, c.body)
 		if r.status != 500 || r.errText() != "internal error; the server log has the detail" || len(r.json["request_id"].(string)) != 16 ||

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -46,9 +47,41 @@ type shardJSON struct {
 
 // partitionsJSON is the state of the partitions' leases.
 type partitionsJSON struct {
-	Total   int `json:"total"`
-	Unowned int `json:"unowned"`
-	Relays  int `json:"relays"`
+	Total   int          `json:"total"`
+	Unowned int          `json:"unowned"`
+	Relays  int          `json:"relays"`
+	Holders []holderJSON `json:"holders"`
+}
+
+// holderJSON is a relay holding live leases.
+type holderJSON struct {
+	Relay      string `json:"relay"`
+	Partitions []int  `json:"partitions"`
+	// ExpiresIn is the time until the first of its leases expires unless
+	// renewed, on the database clock.
+	ExpiresIn float64 `json:"lease_expires_in_seconds"`
+}
+
+// holdersOf groups the live leases by relay, in relay order.
+func holdersOf(p *postbox.PartitionStats) []holderJSON {
+	out := []holderJSON{}
+	at := map[string]int{}
+	for _, l := range p.Leases {
+		if l.Expired || l.Owner == "" {
+			continue
+		}
+		left := max(l.ExpiresAt.Sub(p.Now).Seconds(), 0)
+		i, ok := at[l.Owner]
+		if !ok {
+			i = len(out)
+			at[l.Owner] = i
+			out = append(out, holderJSON{Relay: l.Owner, ExpiresIn: left})
+		}
+		out[i].Partitions = append(out[i].Partitions, l.Partition)
+		out[i].ExpiresIn = min(out[i].ExpiresIn, left)
+	}
+	slices.SortFunc(out, func(a, b holderJSON) int { return strings.Compare(a.Relay, b.Relay) })
+	return out
 }
 
 type heldSnapshotJSON struct {
@@ -63,6 +96,7 @@ type topicJSON struct {
 	Dead                    int64   `json:"dead"`
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 	PublishedLastMinute     int64   `json:"published_last_minute"`
+	PublishLagSeconds       float64 `json:"publish_lag_seconds"`
 	// Routed is false for a topic no route of the relay takes.
 	Routed bool `json:"routed"`
 }
@@ -71,13 +105,30 @@ func (s *Server) getStatus(w http.ResponseWriter, r *http.Request, _ principal) 
 	if _, err := query(r); err != nil {
 		return err
 	}
-	st, err := s.cfg.Admin.Status(r.Context())
+	st, err := s.status(r.Context())
 	if err != nil {
 		return err
 	}
+	writeJSON(w, http.StatusOK, s.statusOf(&st))
+	return nil
+}
+
+// status reads the status and keeps a sample of it for the dashboard's
+// charts.
+func (s *Server) status(ctx context.Context) (postbox.Status, error) {
+	st, err := s.cfg.Admin.Status(ctx)
+	if err != nil {
+		return st, err
+	}
+	s.samples.add(&st, time.Now())
+	return st, nil
+}
+
+// statusOf is the status as the API answers it.
+func (s *Server) statusOf(st *postbox.Status) statusJSON {
 	out := statusJSON{Pending: st.Pending, Dead: st.Dead, PublishedKept: st.Published,
 		OldestPendingAgeSeconds: st.OldestPendingAge.Seconds(), Topics: make([]topicJSON, 0, len(st.Topics)),
-		Partitions: partitionsJSON{Total: st.Partitions.Total, Unowned: st.Partitions.Unowned, Relays: st.Partitions.Relays}}
+		Partitions: partitionsJSON{Total: st.Partitions.Total, Unowned: st.Partitions.Unowned, Relays: st.Partitions.Relays, Holders: holdersOf(&st.Partitions)}}
 	if h := st.HeldSnapshot; h != nil {
 		out.HeldSnapshot = &heldSnapshotJSON{AgeSeconds: h.Age.Seconds(), PID: h.PID, State: h.State}
 	}
@@ -92,10 +143,10 @@ func (s *Server) getStatus(w http.ResponseWriter, r *http.Request, _ principal) 
 			out.UnroutedPending += t.Pending
 		}
 		out.Topics = append(out.Topics, topicJSON{Topic: t.Topic, Pending: t.Pending, Dead: t.Dead,
-			OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(), PublishedLastMinute: t.PublishedLastMinute, Routed: routed})
+			OldestPendingAgeSeconds: t.OldestPendingAge.Seconds(), PublishedLastMinute: t.PublishedLastMinute,
+			PublishLagSeconds: t.PublishLagLastMinute.Seconds(), Routed: routed})
 	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return out
 }
 
 // routed reports whether a relay routes topic (Config.Routed).
@@ -233,12 +284,18 @@ func selection(r *http.Request) (postbox.DeadSelection, error) {
 	if err != nil {
 		return postbox.DeadSelection{}, err
 	}
-	f, err := deadFilter(b.topic, b.key, b.since, b.until)
+	return selectionOf(b.ids, b.topic, b.key, b.since, b.until, b.all)
+}
+
+// selectionOf checks and converts a selection of the outbox's dead
+// messages, from the API's body or the dashboard's form.
+func selectionOf(ids []string, topic, key, since, until string, all bool) (postbox.DeadSelection, error) {
+	f, err := deadFilter(topic, key, since, until)
 	if err != nil {
 		return postbox.DeadSelection{}, err
 	}
-	f.IDs = b.ids
-	return postbox.DeadSelection{DeadFilter: f, All: b.all}, nil
+	f.IDs = ids
+	return postbox.DeadSelection{DeadFilter: f, All: all}, nil
 }
 
 func (s *Server) requeueDead(w http.ResponseWriter, r *http.Request, who principal) error {
@@ -258,15 +315,26 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request, who principal, ver
 	if err != nil {
 		return err
 	}
-	n, err := op(s.cfg.Admin, r.Context(), sel)
+	n, err := s.applyBulk(r.Context(), who, verb, op, sel)
 	if err != nil {
 		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"count": n})
+	return nil
+}
+
+// applyBulk runs a requeue or delete of the outbox's dead messages for
+// who, and logs it: the API's and the dashboard's one way to do either.
+func (s *Server) applyBulk(ctx context.Context, who principal, verb string,
+	op func(*postbox.Admin, context.Context, postbox.DeadSelection) (int, error), sel postbox.DeadSelection) (int, error) {
+	n, err := op(s.cfg.Admin, ctx, sel)
+	if err != nil {
+		return 0, err
 	}
 	s.log.Info("postboxadmin: dead messages "+verb+"d", slog.String("actor", who.name), slog.Int("count", n),
 		slog.Int("ids", len(sel.IDs)), slog.String("topic", sel.Topic), slog.String("key", sel.Key),
 		slog.Time("since", sel.Since), slog.Time("until", sel.Until), slog.Bool("all", sel.All))
-	writeJSON(w, http.StatusOK, map[string]int{"count": n})
-	return nil
+	return n, nil
 }
 
 type replayJSON struct {
@@ -295,35 +363,51 @@ type replayTopicJSON struct {
 	Dropped             int     `json:"dropped"`
 }
 
+// replayInput is a replay request as the API's body and the dashboard's
+// form give it.
+type replayInput struct {
+	since, until, topic, key     string
+	dryRun, asNew, acceptDropped bool
+}
+
 func (s *Server) replay(w http.ResponseWriter, r *http.Request, who principal) error {
 	if _, err := query(r); err != nil {
 		return err
 	}
-	var b struct {
-		since, until, topic, key     string
-		dryRun, asNew, acceptDropped bool
-	}
+	var b replayInput
 	if err := decodeBody(r, fields{"since": &b.since, "until": &b.until, "topic": &b.topic, "key": &b.key, "dry_run": &b.dryRun,
 		"as_new": &b.asNew, "accept_dropped": &b.acceptDropped}, false); err != nil {
 		return err
 	}
+	out, err := s.runReplay(r.Context(), who, b)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// runReplay checks and runs a replay for who: the preview of what the
+// brokers will drop, the refusal while any would be, the replay (or its
+// dry run) and the log line. The API and the dashboard both replay here.
+func (s *Server) runReplay(ctx context.Context, who principal, b replayInput) (replayJSON, error) {
 	if b.since == "" {
-		return badRequest("since", `since is required: an RFC 3339 time or a duration ago ("2h", "7d")`)
+		return replayJSON{}, badRequest("since", `since is required: an RFC 3339 time or a duration ago ("2h", "7d")`)
 	}
 	if err := checkTopic(b.topic); err != nil {
-		return err
+		return replayJSON{}, err
 	}
 	if err := checkKey(b.key); err != nil {
-		return err
+		return replayJSON{}, err
 	}
 	now := time.Now()
 	since, err := parseTime("since", b.since, now)
 	if err != nil {
-		return err
+		return replayJSON{}, err
 	}
 	until, err := parseTime("until", b.until, now)
 	if err != nil {
-		return err
+		return replayJSON{}, err
 	}
 	if until.IsZero() {
 		until = now
@@ -334,9 +418,9 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request, who principal) e
 	if !b.asNew {
 		// Before anything changes: what the brokers will do with copies
 		// under the same ids.
-		p, err := s.cfg.Admin.ReplayPreview(r.Context(), req, s.cfg.DedupeWindow)
+		p, err := s.cfg.Admin.ReplayPreview(ctx, req, s.cfg.DedupeWindow)
 		if err != nil {
-			return err
+			return replayJSON{}, err
 		}
 		out.Dropped = p.Dropped()
 		for _, t := range p.Topics {
@@ -349,14 +433,14 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request, who principal) e
 			}
 		}
 		if out.Dropped > 0 && !b.dryRun && !b.acceptDropped {
-			return &apiError{status: http.StatusConflict, field: "as_new", msg: fmt.Sprintf("not replayed: %d of the %d message(s) would be dropped by the broker "+
+			return replayJSON{}, &apiError{status: http.StatusConflict, field: "as_new", msg: fmt.Sprintf("not replayed: %d of the %d message(s) would be dropped by the broker "+
 				"as copies (%s); set \"as_new\": true to send them as new messages, or \"accept_dropped\": true to replay under their own ids anyway",
 				out.Dropped, p.Count, strings.Join(out.Notes, "; "))}
 		}
 	}
-	n, err := s.cfg.Admin.Replay(r.Context(), req)
+	n, err := s.cfg.Admin.Replay(ctx, req)
 	if err != nil {
-		return err
+		return replayJSON{}, err
 	}
 	out.Count = n
 	switch {
@@ -369,22 +453,32 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request, who principal) e
 	}
 	s.log.Info("postboxadmin: replay", slog.String("actor", who.name), slog.Int("count", n), slog.Bool("dry_run", b.dryRun), slog.Bool("as_new", b.asNew),
 		slog.Int("dropped", out.Dropped), slog.Time("since", since), slog.Time("until", until), slog.String("topic", b.topic), slog.String("key", b.key))
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return out, nil
 }
 
 func (s *Server) listReplays(w http.ResponseWriter, r *http.Request, _ principal) error {
-	q, err := query(r, "limit")
+	as, err := s.replays(r)
 	if err != nil {
 		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"replays": as})
+	return nil
+}
+
+// replays reads the replay audit, newest first, as many entries as the
+// query's limit says, times in UTC.
+func (s *Server) replays(r *http.Request) ([]postbox.ReplayAudit, error) {
+	q, err := query(r, "limit")
+	if err != nil {
+		return nil, err
 	}
 	limit, err := parseLimit(q.Get("limit"), defaultReplaysLimit)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	as, err := s.cfg.Admin.Replays(r.Context(), limit)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for i := range as {
 		as[i].At, as[i].Since, as[i].Until = as[i].At.UTC(), as[i].Since.UTC(), as[i].Until.UTC()
@@ -392,8 +486,7 @@ func (s *Server) listReplays(w http.ResponseWriter, r *http.Request, _ principal
 	if as == nil {
 		as = []postbox.ReplayAudit{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"replays": as})
-	return nil
+	return as, nil
 }
 
 func (s *Server) prune(w http.ResponseWriter, r *http.Request, who principal) error {
@@ -534,23 +627,29 @@ func consumerSelection(r *http.Request) (postbox.DeadSelection, error) {
 	if err != nil {
 		return postbox.DeadSelection{}, err
 	}
-	if err := checkText("consumer", b.consumer, postbox.MaxConsumerNameBytes, true); err != nil {
+	return consumerSelectionOf(b.ids, b.consumer, b.topic, b.key, b.since, b.until, b.all)
+}
+
+// consumerSelectionOf checks and converts a selection of consumers' dead
+// messages, from the API's body or the dashboard's form.
+func consumerSelectionOf(ids []string, consumer, topic, key, since, until string, all bool) (postbox.DeadSelection, error) {
+	if err := checkText("consumer", consumer, postbox.MaxConsumerNameBytes, true); err != nil {
 		return postbox.DeadSelection{}, err
 	}
-	for i, id := range b.ids {
+	for i, id := range ids {
 		if err := checkText(fmt.Sprintf("ids[%d]", i), id, postbox.MaxDeliveryIDBytes, false); err != nil {
 			return postbox.DeadSelection{}, err
 		}
 	}
-	if len(b.ids) > 0 && b.consumer == "" {
+	if len(ids) > 0 && consumer == "" {
 		return postbox.DeadSelection{}, badRequest("consumer", `"consumer" is required with "ids": a message id is unique per consumer only`)
 	}
-	f, err := deadFilter(b.topic, b.key, b.since, b.until)
+	f, err := deadFilter(topic, key, since, until)
 	if err != nil {
 		return postbox.DeadSelection{}, err
 	}
-	f.IDs, f.Consumer = b.ids, b.consumer
-	return postbox.DeadSelection{DeadFilter: f, All: b.all}, nil
+	f.IDs, f.Consumer = ids, consumer
+	return postbox.DeadSelection{DeadFilter: f, All: all}, nil
 }
 
 // requeueConsumerDead asks for a requeue of the selected consumers' dead
@@ -576,13 +675,24 @@ func (s *Server) consumerBulk(w http.ResponseWriter, r *http.Request, who princi
 	if err != nil {
 		return err
 	}
-	n, err := op(s.cfg.ConsumerDead, r.Context(), sel)
+	n, err := s.applyConsumerBulk(r.Context(), who, done, op, sel)
 	if err != nil {
 		return err
+	}
+	writeJSON(w, status, map[string]int{"count": n})
+	return nil
+}
+
+// applyConsumerBulk runs a requeue request or delete of consumers' dead
+// messages for who, and logs it.
+func (s *Server) applyConsumerBulk(ctx context.Context, who principal, done string,
+	op func(ConsumerDead, context.Context, postbox.DeadSelection) (int, error), sel postbox.DeadSelection) (int, error) {
+	n, err := op(s.cfg.ConsumerDead, ctx, sel)
+	if err != nil {
+		return 0, err
 	}
 	s.log.Info("postboxadmin: consumers' dead messages "+done, slog.String("actor", who.name), slog.Int("count", n),
 		slog.String("consumer", sel.Consumer), slog.Int("ids", len(sel.IDs)), slog.String("topic", sel.Topic), slog.String("key", sel.Key),
 		slog.Time("since", sel.Since), slog.Time("until", sel.Until), slog.Bool("all", sel.All))
-	writeJSON(w, status, map[string]int{"count": n})
-	return nil
+	return n, nil
 }

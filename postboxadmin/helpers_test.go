@@ -61,6 +61,9 @@ type fixture struct {
 	agePublished func(t *testing.T)
 	// bury dead-letters a delivery at consumer.
 	bury func(t *testing.T, consumer, id string)
+	// kill writes m, whose payload must start with "poison", and drains
+	// it dead; it returns its id.
+	kill func(t *testing.T, m postbox.Message) string
 }
 
 // The dead messages' payloads: the publisher rejects any payload that
@@ -178,7 +181,21 @@ func newFixture[TTx any](t testing.TB, d postboxdriver.Driver[TTx], prefix strin
 	}
 	admin := adminClient.Admin()
 	return &fixture{admin: admin, inbox: inbox, dead: populate(t, client, inbox, admin),
-		bury: func(t *testing.T, consumer, id string) { bury(t, inbox, consumer, id) }}
+		bury: func(t *testing.T, consumer, id string) { bury(t, inbox, consumer, id) },
+		kill: func(t *testing.T, m postbox.Message) string {
+			t.Helper()
+			m.ID = postbox.NewID()
+			if err := client.Write(ctx, m); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := client.Drain(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := admin.GetDead(ctx, m.ID); err != nil {
+				t.Fatalf("message %s is not dead: %v", m.ID, err)
+			}
+			return m.ID
+		}}
 }
 
 // api is a running server and a client for it.

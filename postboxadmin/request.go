@@ -29,6 +29,12 @@ func badRequest(field, format string, args ...any) *apiError {
 // query parses r's query string, refusing parameters not in allowed and
 // parameters given twice, so that a typo never widens a selection.
 func query(r *http.Request, allowed ...string) (url.Values, error) {
+	return queryList(r, "", allowed...)
+}
+
+// queryList is query where the parameter list (if not "") may be given
+// any number of times: the dashboard's ticked ids.
+func queryList(r *http.Request, list string, allowed ...string) (url.Values, error) {
 	v, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
 		return nil, badRequest("", "malformed query string: %v", err)
@@ -37,7 +43,7 @@ func query(r *http.Request, allowed ...string) (url.Values, error) {
 		if !slices.Contains(allowed, k) {
 			return nil, badRequest(configcheck.ShortenTo(k, 64), "unknown query parameter %q; allowed: %s", configcheck.ShortenTo(k, 64), strings.Join(allowed, ", "))
 		}
-		if len(v[k]) > 1 {
+		if len(v[k]) > 1 && k != list {
 			return nil, badRequest(k, "query parameter %s is given %d times; give it once", k, len(v[k]))
 		}
 	}

@@ -43,6 +43,8 @@ type Server struct {
 	mux      *http.ServeMux
 	cop      *http.CrossOriginProtection
 	ready    func(ctx context.Context) error
+	sessions *Sessions
+	samples  *samples
 }
 
 type tokenEntry struct {
@@ -53,7 +55,8 @@ type tokenEntry struct {
 
 // principal is who a request runs as; its name is the actor of changes.
 type principal struct {
-	name string
+	name  string
+	scope Scope
 }
 
 // handlerFunc is an endpoint: it writes its response, or returns an error
@@ -67,7 +70,11 @@ func New(cfg *Config) (*Server, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: c, log: c.Logger, mux: http.NewServeMux(), cop: http.NewCrossOriginProtection(), ready: c.Ready}
+	s := &Server{cfg: c, log: c.Logger, mux: http.NewServeMux(), cop: http.NewCrossOriginProtection(), ready: c.Ready,
+		sessions: c.Sessions, samples: newSamples(sampleCount)}
+	if s.sessions == nil {
+		s.sessions = NewSessions(0)
+	}
 	for _, t := range c.Tokens {
 		s.tokens = append(s.tokens, tokenEntry{digest: sha256.Sum256([]byte(t.Value)), name: t.Name, scope: t.Scope})
 	}
@@ -92,7 +99,7 @@ func (s *Server) routes() {
 	s.route("POST /v1/consumers/dead/delete", ScopeAdmin, s.deleteConsumerDeadSelected)
 	s.route("GET /v1/consumers/{consumer}/dead/{id}", ScopeRead, s.getConsumerDead)
 	s.route("DELETE /v1/consumers/{consumer}/dead/{id}", ScopeAdmin, s.deleteConsumerDead)
-	s.route("GET /{$}", ScopeRead, s.dashboard)
+	s.dashboardRoutes()
 
 	s.open("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -219,11 +226,17 @@ func (s *Server) authenticate(r *http.Request, need Scope) (principal, error) {
 			return principal{}, &apiError{status: http.StatusForbidden,
 				msg: "no tokens are configured, so only loopback clients addressing a loopback host (127.0.0.1, [::1], localhost) are served"}
 		}
-		return principal{name: AnonymousActor}, nil
+		return principal{name: AnonymousActor, scope: ScopeAdmin}, nil
 	}
 	const challenge = `Bearer realm="postbox"`
 	vals := r.Header.Values("Authorization")
 	if len(vals) == 0 {
+		// The dashboard's script reads the API with the page's session
+		// cookie; a session never authorizes a change through the API,
+		// only through the dashboard's forms, which check its CSRF token.
+		if sess, _, ok := s.sessionOf(r); ok && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+			return s.allow(principal{name: sess.name, scope: sess.scope}, need, "")
+		}
 		return principal{}, &apiError{status: http.StatusUnauthorized, msg: "missing Authorization: Bearer <token>", challenge: challenge}
 	}
 	scheme, tok, ok := strings.Cut(vals[0], " ")
@@ -232,9 +245,30 @@ func (s *Server) authenticate(r *http.Request, need Scope) (principal, error) {
 		return principal{}, &apiError{status: http.StatusUnauthorized, msg: "malformed Authorization header: want one header, Bearer <token>",
 			challenge: challenge + `, error="invalid_request"`}
 	}
-	// Compare digests, so the time taken does not depend on the presented
-	// token's length, and compare with every token, so it does not depend
-	// on which one matched, if any.
+	t, ok := s.matchToken(tok)
+	if !ok {
+		return principal{}, &apiError{status: http.StatusUnauthorized, msg: "invalid token", challenge: challenge + `, error="invalid_token"`}
+	}
+	return s.allow(principal{name: t.name, scope: t.scope}, need, challenge)
+}
+
+// allow checks that who may call an endpoint of scope need.
+func (s *Server) allow(who principal, need Scope, challenge string) (principal, error) {
+	if !who.scope.allows(need) {
+		e := &apiError{status: http.StatusForbidden, msg: fmt.Sprintf("this endpoint needs the %s scope; the token has %s", need, who.scope)}
+		if challenge != "" {
+			e.challenge = challenge + fmt.Sprintf(`, error="insufficient_scope", scope=%q`, need)
+		}
+		return principal{}, e
+	}
+	return who, nil
+}
+
+// matchToken finds the configured token tok is. It compares digests, so
+// the time taken does not depend on the presented token's length, and
+// compares with every token, so it does not depend on which one matched,
+// if any.
+func (s *Server) matchToken(tok string) (tokenEntry, bool) {
 	digest := sha256.Sum256([]byte(tok))
 	match := 0
 	for i := range s.tokens {
@@ -242,14 +276,9 @@ func (s *Server) authenticate(r *http.Request, need Scope) (principal, error) {
 		match = subtle.ConstantTimeSelect(eq, i+1, match)
 	}
 	if match == 0 {
-		return principal{}, &apiError{status: http.StatusUnauthorized, msg: "invalid token", challenge: challenge + `, error="invalid_token"`}
+		return tokenEntry{}, false
 	}
-	t := s.tokens[match-1]
-	if !t.scope.allows(need) {
-		return principal{}, &apiError{status: http.StatusForbidden, msg: fmt.Sprintf("this endpoint needs the %s scope; the token has %s", need, t.scope),
-			challenge: challenge + fmt.Sprintf(`, error="insufficient_scope", scope=%q`, need)}
-	}
-	return principal{name: t.name}, nil
+	return s.tokens[match-1], true
 }
 
 func loopbackAddr(remote string) bool {
@@ -289,6 +318,21 @@ type errorBody struct {
 // fail answers r with err: a 4xx naming the field where the request was at
 // fault, else a 5xx whose detail goes to the log only.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	ae, id := s.classify(r, err)
+	if id != "" {
+		writeJSON(w, http.StatusInternalServerError, errorBody{Error: ae.msg, RequestID: id})
+		return
+	}
+	if ae.challenge != "" {
+		w.Header().Set("WWW-Authenticate", ae.challenge)
+	}
+	writeJSON(w, ae.status, errorBody{Error: ae.msg, Field: ae.field})
+}
+
+// classify turns err into the answer to r. An error that is not the
+// request's fault is logged with a request id, which it returns with a
+// 500 (else the id is "").
+func (s *Server) classify(r *http.Request, err error) (*apiError, string) {
 	var (
 		ae *apiError
 		ve *postbox.ValidationError
@@ -323,13 +367,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		id := requestID()
 		s.log.Error("postboxadmin: request failed", slog.String("method", r.Method), slog.String("path", r.URL.Path),
 			slog.String("request_id", id), slog.Any("error", err))
-		writeJSON(w, http.StatusInternalServerError, errorBody{Error: "internal error; the server log has the detail", RequestID: id})
-		return
+		return &apiError{status: http.StatusInternalServerError, msg: "internal error; the server log has the detail"}, id
 	}
-	if ae.challenge != "" {
-		w.Header().Set("WWW-Authenticate", ae.challenge)
-	}
-	writeJSON(w, ae.status, errorBody{Error: ae.msg, Field: ae.field})
+	return ae, ""
 }
 
 func requestID() string {

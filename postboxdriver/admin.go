@@ -9,6 +9,10 @@ type TopicStats struct {
 	Dead                int64
 	OldestPendingAge    time.Duration // database clock
 	PublishedLastMinute int64
+	// PublishLagLastMinute is the longest commit-to-ack time of the
+	// messages published in the last minute: from the row's creation to
+	// the relay's record of the broker's acknowledgement.
+	PublishLagLastMinute time.Duration
 }
 
 // DeadMessage is a message postbox gave up on: on the outbox side, one the

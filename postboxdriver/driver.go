@@ -108,7 +108,7 @@ type Lease struct {
 	Generation int64
 	ExpiresAt  time.Time // database clock, informational
 	// Expired is true when any relay may take the lease: it is free, or
-	// it ran out. Only Coordinate reports such leases.
+	// it ran out. Only Coordinate and PartitionStats report such leases.
 	Expired bool
 	// Crashed is true when the owner took the partition after the
 	// previous owner's lease ran out instead of being released: that
@@ -215,6 +215,12 @@ type PartitionStats struct {
 	Total   int // partitions
 	Unowned int // partitions no relay holds a live lease on
 	Relays  int // relays whose heartbeat is live
+	// Leases is every partition's lease, in partition order, Expired set
+	// where no relay holds it live.
+	Leases []Lease
+	// Now is the database's clock when it answered, to read
+	// Leases[i].ExpiresAt against.
+	Now time.Time
 }
 
 // ConsumerDeadStat counts one consumer's dead messages of one topic.

@@ -52,11 +52,11 @@ GROUP BY consumer, topic ORDER BY consumer, topic`),
 ), dead AS (
   SELECT topic, count(*) AS n FROM {p}dead GROUP BY topic
 ), recent AS (
-  SELECT topic, count(*) AS n FROM {p}published WHERE published_at > {now} - 60000 GROUP BY topic
+  SELECT topic, count(*) AS n, max(published_at - created_at) AS lag FROM {p}published WHERE published_at > {now} - 60000 GROUP BY topic
 ), t AS (
   SELECT topic FROM pending UNION SELECT topic FROM dead UNION SELECT topic FROM recent
 )
-SELECT t.topic, coalesce(pending.n, 0), coalesce(dead.n, 0), coalesce(pending.age, 0), coalesce(recent.n, 0)
+SELECT t.topic, coalesce(pending.n, 0), coalesce(dead.n, 0), coalesce(pending.age, 0), coalesce(recent.n, 0), max(coalesce(recent.lag, 0), 0)
 FROM t LEFT JOIN pending USING (topic) LEFT JOIN dead USING (topic) LEFT JOIN recent USING (topic)
 ORDER BY t.topic`),
 		listDead: r.Replace(`SELECT ` + deadMessageColumns + ` FROM {p}dead d WHERE ` + deadWhere + `
@@ -157,7 +157,17 @@ func (s *store) notFound(err error) error {
 // PartitionStats implements postboxdriver.Executor.
 func (s *store) PartitionStats(ctx context.Context) (postboxdriver.PartitionStats, error) {
 	var p postboxdriver.PartitionStats
-	err := s.conn().QueryRowContext(ctx, s.aq.partitionStats).Scan(&p.Total, &p.Unowned, &p.Relays)
+	if err := s.conn().QueryRowContext(ctx, s.aq.partitionStats).Scan(&p.Total, &p.Unowned, &p.Relays); err != nil {
+		return p, s.wrap(err)
+	}
+	var err error
+	p.Leases, err = queryAll(ctx, s.conn(), s.q.leases, nil, func(r *sql.Rows) (postboxdriver.Lease, error) {
+		var l postboxdriver.Lease
+		var exp, now int64
+		err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &exp, &l.Expired, &now)
+		l.ExpiresAt, p.Now = time.UnixMilli(exp), time.UnixMilli(now)
+		return l, err
+	})
 	return p, s.wrap(err)
 }
 
@@ -175,9 +185,10 @@ func (s *store) ConsumerDeadStats(ctx context.Context) ([]postboxdriver.Consumer
 func (s *store) TopicStats(ctx context.Context) ([]postboxdriver.TopicStats, error) {
 	out, err := queryAll(ctx, s.conn(), s.aq.topicStats, nil, func(r *sql.Rows) (postboxdriver.TopicStats, error) {
 		var t postboxdriver.TopicStats
-		var age int64
-		err := r.Scan(&t.Topic, &t.Pending, &t.Dead, &age, &t.PublishedLastMinute)
+		var age, lag int64
+		err := r.Scan(&t.Topic, &t.Pending, &t.Dead, &age, &t.PublishedLastMinute, &lag)
 		t.OldestPendingAge = time.Duration(age) * time.Millisecond
+		t.PublishLagLastMinute = time.Duration(lag) * time.Millisecond
 		return t, err
 	})
 	return out, s.wrap(err)

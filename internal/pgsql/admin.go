@@ -9,7 +9,7 @@ import (
 )
 
 type adminQueries struct {
-	partitionStats, consumerDeadStats,
+	partitionStats, leaseList, consumerDeadStats,
 	topicStats, listDead, getDead, requeueDead, deleteDead, prunePublished,
 	replay, replayCount, replayAudit, horizon, listReplays string
 	replayNew, replayNewCount, replayNewAudit, replayCounts string
@@ -37,6 +37,8 @@ func makeAdminQueries(prefix string) adminQueries {
 		partitionStats: r.Replace(`SELECT count(*)::int, (count(*) FILTER (WHERE owner IS NULL OR expires_at <= now()))::int,
   (SELECT count(*) FROM {p}relays WHERE expires_at > now())::int
 FROM {p}leases`),
+		leaseList: r.Replace(`SELECT partition, coalesce(owner, ''), generation, greatest(expires_at, 'epoch'), owner IS NULL OR expires_at <= now(), now()
+FROM {p}leases ORDER BY partition`),
 		consumerDeadStats: r.Replace(`SELECT consumer, topic, count(*), count(requeue_requested_at) FROM {p}consumer_dead
 GROUP BY consumer, topic ORDER BY consumer, topic`),
 		topicStats: r.Replace(`WITH pending AS (
@@ -44,9 +46,11 @@ GROUP BY consumer, topic ORDER BY consumer, topic`),
 ), dead AS (
   SELECT topic, count(*) AS n FROM {p}dead GROUP BY topic
 ), recent AS (
-  SELECT topic, count(*) AS n FROM {p}published WHERE published_at > now() - interval '1 minute' GROUP BY topic
+  SELECT topic, count(*) AS n, extract(epoch FROM max(published_at - created_at)) AS lag
+  FROM {p}published WHERE published_at > now() - interval '1 minute' GROUP BY topic
 )
-SELECT t.topic, coalesce(pending.n, 0), coalesce(dead.n, 0), coalesce(pending.age, 0)::float8, coalesce(recent.n, 0)
+SELECT t.topic, coalesce(pending.n, 0), coalesce(dead.n, 0), coalesce(pending.age, 0)::float8, coalesce(recent.n, 0),
+  greatest(coalesce(recent.lag, 0), 0)::float8
 FROM (SELECT topic FROM pending UNION SELECT topic FROM dead UNION SELECT topic FROM recent) t
 LEFT JOIN pending USING (topic) LEFT JOIN dead USING (topic) LEFT JOIN recent USING (topic)
 ORDER BY t.topic`),
@@ -155,7 +159,15 @@ func scanDeadMessage(r Rows) (postboxdriver.DeadMessage, error) {
 // PartitionStats implements postboxdriver.Executor.
 func (c *Core) PartitionStats(ctx context.Context) (postboxdriver.PartitionStats, error) {
 	var p postboxdriver.PartitionStats
-	err := c.queryRow(ctx, c.db, c.aq.partitionStats, nil, &p.Total, &p.Unowned, &p.Relays)
+	if err := c.queryRow(ctx, c.db, c.aq.partitionStats, nil, &p.Total, &p.Unowned, &p.Relays); err != nil {
+		return p, err
+	}
+	var err error
+	p.Leases, err = queryAll(ctx, c, c.aq.leaseList, nil, func(r Rows) (postboxdriver.Lease, error) {
+		var l postboxdriver.Lease
+		err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &l.ExpiresAt, &l.Expired, &p.Now)
+		return l, err
+	})
 	return p, err
 }
 
@@ -172,9 +184,10 @@ func (c *Core) ConsumerDeadStats(ctx context.Context) ([]postboxdriver.ConsumerD
 func (c *Core) TopicStats(ctx context.Context) ([]postboxdriver.TopicStats, error) {
 	return queryAll(ctx, c, c.aq.topicStats, nil, func(r Rows) (postboxdriver.TopicStats, error) {
 		var t postboxdriver.TopicStats
-		var age float64
-		err := r.Scan(&t.Topic, &t.Pending, &t.Dead, &age, &t.PublishedLastMinute)
+		var age, lag float64
+		err := r.Scan(&t.Topic, &t.Pending, &t.Dead, &age, &t.PublishedLastMinute, &lag)
 		t.OldestPendingAge = time.Duration(age * float64(time.Second))
+		t.PublishLagLastMinute = time.Duration(lag * float64(time.Second))
 		return t, err
 	})
 }

@@ -70,14 +70,22 @@ func (s *suite[TTx]) adminStatus(t *testing.T) {
 	}
 	// No relay runs (Drain holds no heartbeat): every partition is
 	// unowned, or held by Drain's leases until they end.
-	if p := st.Partitions; p.Total != 64 || p.Unowned < 0 || p.Unowned > p.Total || p.Relays != 0 {
+	if p := st.Partitions; p.Total != 64 || p.Unowned < 0 || p.Unowned > p.Total || p.Relays != 0 || len(p.Leases) != 64 || p.Now.IsZero() {
 		t.Fatalf("partitions %+v", p)
+	}
+	for i, l := range st.Partitions.Leases {
+		if l.Partition != i || l.Owner == "" && !l.Expired {
+			t.Fatalf("lease %d: %+v", i, l)
+		}
 	}
 	got := map[string]string{}
 	for _, ts := range st.Topics {
 		got[ts.Topic] = fmt.Sprintf("pending=%d dead=%d recent=%d", ts.Pending, ts.Dead, ts.PublishedLastMinute)
 		if ts.OldestPendingAge < 0 || ts.OldestPendingAge > time.Minute || ts.Pending == 0 && ts.OldestPendingAge != 0 {
 			t.Errorf("topic %s: oldest pending age %s", ts.Topic, ts.OldestPendingAge)
+		}
+		if ts.PublishLagLastMinute < 0 || ts.PublishLagLastMinute > time.Minute || ts.PublishedLastMinute == 0 && ts.PublishLagLastMinute != 0 {
+			t.Errorf("topic %s: publish lag %s", ts.Topic, ts.PublishLagLastMinute)
 		}
 	}
 	want := map[string]string{

@@ -130,7 +130,7 @@ admin: {listen: "127.0.0.1:0"}
 	if body := get("/v1/consumers/dead"); !strings.Contains(body, `"dead_letters": []`) {
 		t.Errorf("consumers' dead messages not served: %s", body)
 	}
-	if page := get("/"); !strings.Contains(page, "unknown.thing <span class=\"muted\">(unrouted") {
+	if page := get("/"); !strings.Contains(page, `<th scope="row">unknown.thing</th><td>unrouted (waits)</td>`) {
 		t.Errorf("dashboard does not mark the unrouted topic")
 	}
 

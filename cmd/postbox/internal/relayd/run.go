@@ -525,9 +525,17 @@ func (d *Daemon) serve() error {
 	tokens := d.tokens()
 	metrics := promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
+	// One sign-in serves the dashboards of every database.
+	sessions := postboxadmin.NewSessions(0)
 	for i, sh := range d.shards {
+		var shards []postboxadmin.DashboardLink
+		if len(d.shards) > 1 {
+			for j := range d.shards {
+				shards = append(shards, postboxadmin.DashboardLink{Name: fmt.Sprintf("database %d", j), Path: fmt.Sprintf("/shards/%d/", j), Current: i == j})
+			}
+		}
 		srv, err := postboxadmin.New(&postboxadmin.Config{Admin: sh.admin, ConsumerDead: sh.consumers, Routed: d.Routed, DedupeWindow: d.DedupeWindow,
-			Shards: d.Shards, Tokens: tokens, Ready: d.Ready, Metrics: metrics, Logger: d.log})
+			Shards: d.Shards, Tokens: tokens, Ready: d.Ready, Metrics: metrics, Logger: d.log, Sessions: sessions, Dashboards: shards})
 		if err != nil {
 			return err
 		}
