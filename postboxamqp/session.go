@@ -173,10 +173,18 @@ func (s *session) publish(ctx context.Context, f *flight, msg amqp.Publishing) e
 		// settling here would report the client's 504 instead. The
 		// client took f's delivery tag back, so no publish may reuse
 		// it meanwhile: dead turns the next ones away.
+		//
+		// Either way the client closes the channel itself, which ends
+		// the reader with the cause. Closing the connection here at
+		// once would race the broker's channel.close still on its way
+		// in, and the channel would end with our close instead of the
+		// broker's 406: the message never seen as a suspect. Only if
+		// the reader has not ended the session by then is the
+		// connection closed, after a grace.
 		s.mu.Lock()
 		s.dead = true
 		s.mu.Unlock()
-		go closeConn(s.conn)
+		time.AfterFunc(closeWait, func() { closeConn(s.conn) })
 		return nil
 	}
 	if dc != nil && dc.DeliveryTag != f.tag {

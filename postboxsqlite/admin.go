@@ -164,7 +164,7 @@ func (s *store) PartitionStats(ctx context.Context) (postboxdriver.PartitionStat
 	p.Leases, err = queryAll(ctx, s.conn(), s.q.leases, nil, func(r *sql.Rows) (postboxdriver.Lease, error) {
 		var l postboxdriver.Lease
 		var exp, now int64
-		err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &exp, &l.Expired, &now)
+		err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &exp, &l.Expired, &now, &l.Crashed)
 		l.ExpiresAt, p.Now = time.UnixMilli(exp), time.UnixMilli(now)
 		return l, err
 	})
