@@ -114,6 +114,8 @@ func (r *relay) publishMarked(ctx context.Context, deadline, until time.Time, fe
 	found, err := r.ex.ResolveCrashes(sctx, fence, seqs)
 	cancel()
 	if err != nil {
+		// A database this busy gets no more marks from this takeover.
+		m.complete = true
 		return r.unmarked(ctx, deadline, recs, fmt.Errorf("read: %w", err)), m
 	}
 	crashes := make(map[int64]int, len(found))
@@ -190,6 +192,7 @@ func (r *relay) publishMarked(ctx context.Context, deadline, until time.Time, fe
 				}
 			}
 			res.add(r.unmarked(ctx, deadline, rest, err))
+			m.complete = true // a database this busy gets no more marks from this takeover
 			return res, m
 		}
 		if len(marks) > 0 {

@@ -56,7 +56,7 @@ func runChild[TTx any](open func(string) (postboxdriver.Driver[TTx], error), loc
 	if err != nil {
 		return err
 	}
-	log, err := os.OpenFile(os.Getenv(childLog), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	log, err := os.OpenFile(os.Getenv(childLog), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600) //nolint:gosec // the test's own file
 	if err != nil {
 		return err
 	}
@@ -64,7 +64,7 @@ func runChild[TTx any](open func(string) (postboxdriver.Driver[TTx], error), loc
 	delay, _ := strconv.Atoi(os.Getenv(childDelay))
 	pub := &childPublisher{log: log, poison: os.Getenv(childPoison), delay: time.Duration(delay) * time.Millisecond}
 	c, err := postbox.NewClient(d, &postbox.Config{
-		Prefix: os.Getenv(childPrefix), Publisher: pub, LeaseDuration: time.Second,
+		Prefix: os.Getenv(childPrefix), Publisher: pub, LeaseDuration: 2 * time.Second,
 		PollInterval: 10 * time.Millisecond, MaxCrashes: childCrashes,
 	})
 	if err != nil {
@@ -126,11 +126,24 @@ func (s *suite[TTx]) newCrashRun(t *testing.T) *crashRun[TTx] {
 	return &crashRun[TTx]{s: s, e: s.setup(t), log: t.TempDir() + "/acks"}
 }
 
+// childProc is a relay process of a crash test.
+type childProc struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed once it exited and err is set
+	err  error
+}
+
+// wait waits for the relay to exit and returns how it did.
+func (c *childProc) wait() error {
+	<-c.done
+	return c.err
+}
+
 // child starts a relay process; poison is the payload it dies on, delay
-// what each publish takes.
-func (r *crashRun[TTx]) child(t *testing.T, poison string, delay time.Duration) *exec.Cmd {
+// what each publish takes. It is killed when the test ends.
+func (r *crashRun[TTx]) child(t *testing.T, poison string, delay time.Duration) *childProc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := exec.Command(os.Args[0], "-test.run=^$") //nolint:gosec // the test binary itself
 	cmd.Env = append(os.Environ(), childDB+"="+r.s.h.Locate(t, r.e.d), childPrefix+"="+r.e.prefix,
 		childPoison+"="+poison, childLog+"="+r.log, childDelay+"="+strconv.Itoa(int(delay.Milliseconds())))
 	cmd.Stderr = os.Stderr
@@ -138,13 +151,16 @@ func (r *crashRun[TTx]) child(t *testing.T, poison string, delay time.Duration) 
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	c := &childProc{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		c.err = cmd.Wait()
+		close(c.done)
+	}()
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
+		_ = cmd.Process.Kill()
+		<-c.done
 	})
-	return cmd
+	return c
 }
 
 // acks reads the children's acknowledgements in the order they were made.
@@ -243,11 +259,10 @@ func (s *suite[TTx]) crashLoopBounded(t *testing.T) {
 	r := s.newCrashRun(t)
 	want := r.writeCrashRows(t, keys(6), 5)
 	const poison = "key-3:2"
-	const most = 4 * (childCrashes + 2)
+	const most = 50 // a bound on the loop, far above what a loaded machine takes
 	deaths := 0
 	for {
-		cmd := r.child(t, poison, 0)
-		err := cmd.Wait()
+		err := r.child(t, poison, 0).wait()
 		var exit *exec.ExitError
 		if err == nil {
 			break
@@ -290,32 +305,31 @@ func (s *suite[TTx]) unrelatedKillsBuryNothing(t *testing.T) {
 	want := r.writeCrashRows(t, keys(8), 300)
 	const kills = 6
 	for range kills {
-		cmd := r.child(t, "", 2*time.Millisecond)
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
+		c := r.child(t, "", 2*time.Millisecond)
 		before := len(r.acks(t))
-		var err error
-		done := false
-		eventually(t, 30*time.Second, "a relay to publish", func() bool {
+		exited := false
+		eventually(t, time.Minute, "a relay to publish", func() bool {
 			select {
-			case err = <-exited:
-				done = true
+			case <-c.done:
+				exited = true
 				return true
 			default:
 				return len(r.acks(t)) > before
 			}
 		})
-		if done {
-			if err != nil {
-				t.Fatalf("relay process: %v", err)
+		if exited {
+			if c.err != nil {
+				t.Fatalf("relay process: %v", c.err)
 			}
 			break // it published everything before its kill
 		}
 		time.Sleep(time.Duration(rand.N(400)) * time.Millisecond) //nolint:gosec // kills at times of their own
-		_ = cmd.Process.Kill()
-		<-exited
+		_ = c.cmd.Process.Kill()
+		if c.wait() == nil {
+			break // it finished before the kill
+		}
 	}
-	if err := r.child(t, "", 0).Wait(); err != nil {
+	if err := r.child(t, "", 0).wait(); err != nil {
 		t.Fatalf("last relay: %v", err)
 	}
 	dead, err := r.e.store.ListDeadMessages(context.Background(), postboxdriver.DeadFilter{})
