@@ -235,9 +235,28 @@ func startPG(t *testing.T, ctx context.Context) *pgCluster {
 		}
 		bindir = dirs[len(dirs)-1]
 	}
-	// Not under the test's temporary directory: that one is private to
-	// root, and the server runs as postgres.
-	base, err := os.MkdirTemp("", "postbox-faults-pg-")
+	var runAs *user.User
+	if os.Geteuid() == 0 {
+		var err error
+		if runAs, err = user.Lookup("postgres"); err != nil {
+			t.Fatalf("running as root needs a postgres user to run the server: %v", err)
+		}
+	}
+	c := newPGCluster(t, bindir, runAs, "postbox-faults-pg-")
+	if out, err := c.run(ctx, "initdb", "-D", c.data, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"); err != nil {
+		t.Fatalf("initdb: %v\n%s", err, out)
+	}
+	c.startFirst(t, ctx)
+	return c
+}
+
+// newPGCluster lays out a cluster's directories and picks its port; its
+// data directory is still to be made (initdb, pg_basebackup). Not under
+// the test's temporary directory: that one is private to root, and the
+// server runs as postgres.
+func newPGCluster(t *testing.T, bindir string, runAs *user.User, pattern string) *pgCluster {
+	t.Helper()
+	base, err := os.MkdirTemp("", pattern)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,12 +265,7 @@ func startPG(t *testing.T, ctx context.Context) *pgCluster {
 		t.Fatal(err)
 	}
 	c := &pgCluster{bindir: bindir, data: filepath.Join(base, "data"), sock: filepath.Join(base, "sock"),
-		log: filepath.Join(base, "postgresql.log"), port: port, base: base}
-	if os.Geteuid() == 0 {
-		if c.runAs, err = user.Lookup("postgres"); err != nil {
-			t.Fatalf("running as root needs a postgres user to run the server: %v", err)
-		}
-	}
+		log: filepath.Join(base, "postgresql.log"), port: port, base: base, runAs: runAs}
 	for _, d := range []string{base, c.sock} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			t.Fatal(err)
@@ -260,17 +274,20 @@ func startPG(t *testing.T, ctx context.Context) *pgCluster {
 			t.Fatal(err)
 		}
 	}
-	if out, err := c.run(ctx, "initdb", "-D", c.data, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"); err != nil {
-		t.Fatalf("initdb: %v\n%s", err, out)
-	}
+	return c
+}
+
+// startFirst starts the cluster for the first time, and has it stopped
+// and removed when t ends.
+func (c *pgCluster) startFirst(t *testing.T, ctx context.Context) {
+	t.Helper()
 	t.Cleanup(func() {
 		_ = c.stop("immediate")
 		_ = os.RemoveAll(c.base)
 	})
 	if err := c.start(ctx); err != nil {
-		t.Fatalf("start PostgreSQL: %v", err)
+		t.Fatalf("start PostgreSQL at %s: %v", c.data, err)
 	}
-	return c
 }
 
 func pgMajor(bindir string) int {
@@ -354,24 +371,7 @@ func (c *pgCluster) restart(ctx context.Context, mode string, hold time.Duration
 // the replica fall behind).
 func startReplica(t *testing.T, ctx context.Context, primary *pgCluster, via string) *pgCluster {
 	t.Helper()
-	base, err := os.MkdirTemp("", "postbox-faults-replica-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port, err := freePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &pgCluster{bindir: primary.bindir, data: filepath.Join(base, "data"), sock: filepath.Join(base, "sock"),
-		log: filepath.Join(base, "postgresql.log"), port: port, base: base, runAs: primary.runAs}
-	for _, d := range []string{base, c.sock} {
-		if err := os.MkdirAll(d, 0o750); err != nil {
-			t.Fatal(err)
-		}
-		if err := chown(d, c.runAs); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c := newPGCluster(t, primary.bindir, primary.runAs, "postbox-faults-replica-")
 	viaHost, viaPort, err := net.SplitHostPort(via)
 	if err != nil {
 		t.Fatal(err)
@@ -380,13 +380,7 @@ func startReplica(t *testing.T, ctx context.Context, primary *pgCluster, via str
 		"-D", c.data, "-R", "-X", "stream", "--no-sync", "-c", "fast"); err != nil {
 		t.Fatalf("pg_basebackup: %v\n%s", err, out)
 	}
-	t.Cleanup(func() {
-		_ = c.stop("immediate")
-		_ = os.RemoveAll(c.base)
-	})
-	if err := c.start(ctx); err != nil {
-		t.Fatalf("start the replica: %v", err)
-	}
+	c.startFirst(t, ctx)
 	return c
 }
 

@@ -349,6 +349,28 @@ func TestDashboardWithoutTokensNeedsNoSignInButChecksCSRF(t *testing.T) {
 	}
 }
 
+// The overview lists the process's databases with their state, a down
+// one with why, as GET /v1/status does.
+func TestDashboardShowsDatabasesUpAndDown(t *testing.T) {
+	f := postgresFixture(t)
+	since := time.Now().Add(-time.Minute)
+	a := serve(t, &postboxadmin.Config{Admin: f.admin, ConsumerDead: f.inbox, Shards: func() []postboxadmin.ShardStatus {
+		return []postboxadmin.ShardStatus{
+			{Shard: "0", Up: true, Since: since},
+			{Shard: "1", Error: "connect: connection refused <b>", Since: since},
+		}
+	}})
+	p := newBrowser(t, a.ts).get(t, "/")
+	if p.status != 200 {
+		t.Fatalf("overview: %d\n%s", p.status, p.body)
+	}
+	for _, want := range []string{"<h2>Databases</h2>", `<th scope="row">1</th><td><strong>down</strong>`, "connection refused &lt;b&gt;"} {
+		if !strings.Contains(p.body, want) {
+			t.Errorf("overview lacks %q:\n%s", want, p.body)
+		}
+	}
+}
+
 func base64Of(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 
 // A filtered set is counted on the confirmation, with relative times

@@ -113,6 +113,19 @@
       cell(tr, "td", ranges(h.partitions), "wrap");
       cell(tr, "td", secs(h.lease_expires_in_seconds), "n");
     });
+    if (st.shards) {
+      rows("shards-body", st.shards, 4, "", function (tr, sh) {
+        cell(tr, "th", sh.shard);
+        var state = cell(tr, "td", "");
+        if (sh.up) { state.textContent = "up"; } else {
+          var strong = document.createElement("strong");
+          strong.textContent = "down";
+          state.appendChild(strong);
+        }
+        cell(tr, "td", sh.since.replace(/\.\d+Z$/, "Z"));
+        cell(tr, "td", sh.error || "", "wrap");
+      });
+    }
     var rate = 0, lag = 0;
     st.topics.forEach(function (t) { rate += t.published_last_minute; lag = Math.max(lag, t.publish_lag_seconds); });
     samples.push({ at: new Date().toISOString(), pending: st.pending, oldest_age: st.oldest_pending_age_seconds, rate: rate / 60, lag: lag });
