@@ -48,12 +48,35 @@ func sharedEmbedded(t testing.TB) string {
 			return
 		}
 		shared.srv, shared.url, shared.err = natsembed.Start(shared.dir)
+		if shared.err == nil {
+			// The server's warnings and errors say why a request failed
+			// (a stream whose store could not be made), which its API
+			// answers only in general terms.
+			shared.srv.SetLogger(stderrLogger{}, false, false)
+		}
 	})
 	if shared.err != nil {
 		t.Fatalf("embedded NATS: %v", shared.err)
 	}
 	return shared.url
 }
+
+// stderrLogger writes the embedded server's warnings and errors to the
+// test's output.
+type stderrLogger struct{}
+
+func (stderrLogger) Noticef(string, ...any) {}
+func (stderrLogger) Warnf(format string, v ...any) {
+	fmt.Fprintf(os.Stderr, "embedded nats-server: warning: "+format+"\n", v...)
+}
+func (stderrLogger) Fatalf(format string, v ...any) {
+	fmt.Fprintf(os.Stderr, "embedded nats-server: fatal: "+format+"\n", v...)
+}
+func (stderrLogger) Errorf(format string, v ...any) {
+	fmt.Fprintf(os.Stderr, "embedded nats-server: error: "+format+"\n", v...)
+}
+func (stderrLogger) Debugf(string, ...any) {}
+func (stderrLogger) Tracef(string, ...any) {}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
