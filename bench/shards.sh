@@ -8,7 +8,9 @@
 #   bench/shards.sh [databases=8] [messages per database=20000] [daemons=1|2] [slow=0|1]
 #
 # Needs the machine's PostgreSQL (127.0.0.1:5432, trust) and NATS
-# (127.0.0.1:4222). Uses `postbox` from PATH or $POSTBOX.
+# (127.0.0.1:4222). Uses `postbox` from PATH or $POSTBOX. The databases
+# are dropped at the end; the JetStream stream PBSHARDS that the daemon
+# made is left (`nats stream rm PBSHARDS`).
 set -euo pipefail
 n=${1:-8}; per=${2:-20000}; daemons=${3:-1}; slow=${4:-0}
 postbox=${POSTBOX:-postbox}
