@@ -53,4 +53,6 @@ end=$(date +%s.%N)
 for i in $(seq 1 "$n"); do printf "database %d drained in %.1f s\n" "$i" "$(echo "${done_at[$i]} - $start" | bc)"; done
 printf "all %d databases (%d messages) in %.1f s: %.0f msg/s with %d daemon(s); load %s\n" "$n" "$((n * per))" \
   "$(echo "$end - $start" | bc)" "$(echo "$n * $per / ($end - $start)" | bc -l)" "$daemons" "$(cut -d' ' -f1-3 /proc/loadavg)"
+kill $(jobs -p) 2>/dev/null || true
+wait 2>/dev/null || true
 for i in $(seq 1 "$n"); do psql_ -d postgres -c "DROP DATABASE IF EXISTS pbshard$i WITH (FORCE)"; done
