@@ -219,18 +219,11 @@ func (c *Core) PrunePublished(ctx context.Context, age time.Duration, limit int)
 
 // Replay implements postboxdriver.Executor.
 func (c *Core) Replay(ctx context.Context, r postboxdriver.ReplayParams) (int, error) {
+	run, counted, audit := c.aq.replay, c.aq.replayCount, c.aq.replayAudit
 	if r.AsNew {
-		if !r.DryRun {
-			return c.count(ctx, c.aq.replayNew, r.Since, r.Until, r.Topic, r.Key, r.Actor)
-		}
-		n, err := c.count(ctx, c.aq.replayNewCount, r.Since, r.Until, r.Topic, r.Key)
-		if err != nil {
-			return 0, err
-		}
-		_, err = c.exec(ctx, c.aq.replayNewAudit, r.Actor, r.Since, r.Until, r.Topic, r.Key, n)
-		return n, err
-	}
-	if r.Horizon > 0 {
+		// Copies under fresh ids: no consumer has seen them, so no horizon.
+		run, counted, audit = c.aq.replayNew, c.aq.replayNewCount, c.aq.replayNewAudit
+	} else if r.Horizon > 0 {
 		var tooOld bool
 		if err := c.queryRow(ctx, c.db, c.aq.horizon, []any{r.Since, r.Horizon.Milliseconds()}, &tooOld); err != nil {
 			return 0, err
@@ -240,13 +233,13 @@ func (c *Core) Replay(ctx context.Context, r postboxdriver.ReplayParams) (int, e
 		}
 	}
 	if !r.DryRun {
-		return c.count(ctx, c.aq.replay, r.Since, r.Until, r.Topic, r.Key, r.Actor)
+		return c.count(ctx, run, r.Since, r.Until, r.Topic, r.Key, r.Actor)
 	}
-	n, err := c.count(ctx, c.aq.replayCount, r.Since, r.Until, r.Topic, r.Key)
+	n, err := c.count(ctx, counted, r.Since, r.Until, r.Topic, r.Key)
 	if err != nil {
 		return 0, err
 	}
-	_, err = c.exec(ctx, c.aq.replayAudit, r.Actor, r.Since, r.Until, r.Topic, r.Key, n)
+	_, err = c.exec(ctx, audit, r.Actor, r.Since, r.Until, r.Topic, r.Key, n)
 	return n, err
 }
 
