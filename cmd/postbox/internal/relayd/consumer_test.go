@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
@@ -25,19 +24,11 @@ func TestDaemonConsumerRequeue(t *testing.T) {
 	pool, relayPrefix := testdb.Migrated(t)
 	_, consumerPrefix := testdb.Migrated(t)
 	_, url := embeddedNATS(t)
-	cfg, err := relayd.Parse([]byte(`
+	d := startDaemon(t, `
 databases: [{url: "`+testdb.PostgresURL()+`", prefix: `+relayPrefix+`, consumer_prefix: `+consumerPrefix+`}]
 relay: {lease: 3s}
 admin: {listen: "127.0.0.1:0"}
-`), env(map[string]string{"POSTBOX_NATS_URL": url}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := relayd.Start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = d.Stop(ctx) }()
+`, map[string]string{"POSTBOX_NATS_URL": url})
 
 	service, err := postbox.NewClient(postboxpgx.New(pool), &postbox.Config{Prefix: consumerPrefix, MaxAttempts: 1, RequeueInterval: 10 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})

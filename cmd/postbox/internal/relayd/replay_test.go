@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -26,21 +24,13 @@ func TestReplayKnowsTheDuplicateWindow(t *testing.T) {
 	ctx := context.Background()
 	pool, prefix := testdb.Migrated(t)
 	_, url := embeddedNATS(t)
-	cfg, err := relayd.Parse([]byte(`
+	d := startDaemon(t, `
 nats:
   streams: [{name: RPL, subjects: ["orders.>"], duplicates: 10m}]
 routes: [{topics: "orders.*", publisher: nats}]
 relay: {lease: 3s, poll_interval: 20ms}
 admin: {listen: "127.0.0.1:0"}
-`), env(map[string]string{"POSTBOX_DATABASE_URL": testdb.PostgresURL(), "POSTBOX_PREFIX": prefix, "POSTBOX_NATS_URL": url}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := relayd.Start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = d.Stop(ctx) }()
+`, map[string]string{"POSTBOX_DATABASE_URL": testdb.PostgresURL(), "POSTBOX_PREFIX": prefix, "POSTBOX_NATS_URL": url})
 	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
