@@ -64,10 +64,10 @@ ORDER BY d.dead_at DESC, d.seq DESC LIMIT $6`),
 		requeueDead: r.Replace(`WITH moved AS (
   DELETE FROM {p}dead d WHERE ` + deadWhere + `
     AND NOT EXISTS (SELECT 1 FROM {p}outbox o WHERE o.id = d.id)
-  RETURNING d.seq, d.id, d.topic, d.key, d.payload, d.headers, d.created_at
+  RETURNING d.seq, d.id, d.topic, d.key, d.payload, d.headers, d.created_at, d.partition
 ), back AS (
-  INSERT INTO {p}outbox (seq, id, topic, key, payload, headers, created_at) OVERRIDING SYSTEM VALUE
-  SELECT seq, id, topic, key, payload, headers, created_at FROM moved
+  INSERT INTO {p}outbox (seq, id, topic, key, payload, headers, created_at, partition) OVERRIDING SYSTEM VALUE
+  SELECT seq, id, topic, key, payload, headers, created_at, partition FROM moved
   RETURNING 1
 )
 SELECT count(*) FROM back`),
@@ -84,10 +84,10 @@ SELECT count(*) FROM del`),
 		// id, so they leave it until they are published again.
 		replay: r.Replace(`WITH moved AS (
   DELETE FROM {p}published p WHERE ` + replayWhere + `
-  RETURNING p.seq, p.id, p.topic, p.key, p.payload, p.headers
+  RETURNING p.seq, p.id, p.topic, p.key, p.payload, p.headers, p.partition
 ), staged AS (
-  INSERT INTO {p}outbox (id, topic, key, payload, headers)
-  SELECT id, topic, key, payload, headers FROM moved ORDER BY seq
+  INSERT INTO {p}outbox (id, topic, key, payload, headers, partition)
+  SELECT id, topic, key, payload, headers, partition FROM moved ORDER BY seq
   RETURNING 1
 ), n AS (
   SELECT count(*) AS n FROM staged

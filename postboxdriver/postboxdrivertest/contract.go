@@ -13,7 +13,8 @@ import (
 
 // sqlRow is a row as a service in another language inserts it.
 type sqlRow struct {
-	key     any // nil for NULL
+	topic   string // "" for contract.t
+	key     any    // nil for NULL
 	payload []byte
 	headers string
 }
@@ -23,13 +24,16 @@ type sqlRow struct {
 func (s *suite[TTx]) insertSQL(t *testing.T, e *env[TTx], r sqlRow) error {
 	t.Helper()
 	id := postbox.NewID()
+	if r.topic == "" {
+		r.topic = "contract.t"
+	}
 	if e.store.Dialect() == "sqlite" {
 		key, _ := r.key.(string)
 		q := fmt.Sprintf("INSERT INTO %soutbox (id, topic, key, payload, headers, partition) VALUES (?, ?, ?, ?, ?, ?)", e.prefix)
-		return s.h.Exec(t, e.d, q, id, "contract.t", r.key, r.payload, r.headers, postboxdriver.PartitionOf(key, id, 64))
+		return s.h.Exec(t, e.d, q, id, r.topic, r.key, r.payload, r.headers, postboxdriver.PartitionOf(key, id, 64))
 	}
 	q := fmt.Sprintf("INSERT INTO %soutbox (id, topic, key, payload, headers) VALUES ($1, $2, $3, $4, $5::jsonb)", e.prefix)
-	return s.h.Exec(t, e.d, q, id, "contract.t", r.key, r.payload, r.headers)
+	return s.h.Exec(t, e.d, q, id, r.topic, r.key, r.payload, r.headers)
 }
 
 func jsonObject(t *testing.T, h map[string]string) string {
@@ -90,6 +94,24 @@ func (s *suite[TTx]) tableContractRules(t *testing.T) {
 		want := e.prefix + "outbox_" + b.rule + "_check"
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("headers %.60s: err = %v, want one naming %s", b.headers, err, want)
+		}
+	}
+	// The rules of the topic, the key and the headers' shape.
+	for _, b := range []struct {
+		rule string
+		row  sqlRow
+	}{
+		{"topic", sqlRow{topic: "a topic", headers: `{}`}},
+		{"topic", sqlRow{topic: strings.Repeat("t", 256), headers: `{}`}},
+		{"key", sqlRow{key: "", headers: `{}`}},
+		{"key", sqlRow{key: strings.Repeat("k", 256), headers: `{}`}},
+		{"headers", sqlRow{headers: `["a"]`}},
+	} {
+		b.row.payload = []byte("p")
+		err := s.insertSQL(t, e, b.row)
+		want := e.prefix + "outbox_" + b.rule + "_check"
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("topic %.20q key %.20v headers %s: err = %v, want one naming %s", b.row.topic, b.row.key, b.row.headers, err, want)
 		}
 	}
 	// An update of the headers is held to the same rules.
