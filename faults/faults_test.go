@@ -63,6 +63,12 @@ func (p profile) lease() time.Duration {
 	return postbox.DefaultLeaseDuration
 }
 
+// crashKinds counts the crash-looping messages of each kind (crashRelay,
+// crashConsumer) one round of the mix writes.
+func (p profile) crashKinds() map[string]int {
+	return map[string]int{crashRelay: p.Mix[faultCrashRelay], crashConsumer: p.Mix[faultCrashConsumer]}
+}
+
 func (p profile) relays() int {
 	if p.Relays > 0 {
 		return p.Relays
@@ -76,6 +82,7 @@ var profiles = map[string]profile{
 		Mix: map[string]int{
 			faultKill: 4, faultStop: 2, faultPGTerm: 2, faultBlackhole: 1, faultReset: 1, faultXmin: 1,
 			faultBrokerRestart: 1, faultPGRestart: 1, faultPGBlackhole: 1, faultPGReset: 1,
+			faultCrashRelay: 1, faultCrashConsumer: 1,
 		},
 		Writers: 4, Keys: 40, Pace: 40 * time.Millisecond, Rollback: 0.15, Poison: 0.01,
 		DrainLimit: 60 * time.Second, Lease: 3 * time.Second, BatchDeadline: time.Second,
@@ -85,6 +92,7 @@ var profiles = map[string]profile{
 		Mix: map[string]int{
 			faultKill: 4, faultStop: 2, faultPGTerm: 2, faultBlackhole: 1, faultReset: 1, faultXmin: 1,
 			faultBrokerRestart: 1, faultPGRestart: 1, faultPGBlackhole: 1, faultPGReset: 1,
+			faultCrashRelay: 1, faultCrashConsumer: 1,
 		},
 		Writers: 4, Keys: 200, Pace: 40 * time.Millisecond, Rollback: 0.15, Poison: 0.005,
 		DrainLimit: 3 * time.Minute, Lease: 3 * time.Second, BatchDeadline: time.Second,
