@@ -111,7 +111,7 @@ func TestFaultsChecker(t *testing.T) {
 	deaths := func(id, proc string, n int) []crashRec {
 		out := make([]crashRec, n)
 		for i := range out {
-			out[i] = crashRec{ID: id, Proc: proc, At: at(100 + i)}
+			out[i] = crashRec{ID: id, Proc: proc, Life: fmt.Sprintf("fx%ss%d", proc, i), At: at(100 + i)}
 		}
 		return out
 	}
@@ -135,17 +135,20 @@ func TestFaultsChecker(t *testing.T) {
 			effects:      []effectRow{eff(a, 20), eff(b, 21), eff(d, 22), eff(r2, 23), eff(c2, 24), eff(x2, 110), eff(x1, 111)},
 			consumerDead: []string{"p", "ck"},
 			relayDead:    []string{"rk"},
-			crashes:      append(append(deaths("rk", "relay0", 2), deaths("rk", "relay2", relayCrashBound-2)...), deaths("ck", "consumer", consumerCrashBound)...),
+			// One death more than the bound, in a relay that had given
+			// up its crash marks before.
+			crashes: append(append(deaths("rk", "relay0", 3), deaths("rk", "relay2", relayCrashBound-2)...), deaths("ck", "consumer", consumerCrashBound)...),
+			giveUps: map[string][]time.Time{"fxrelay0s2": {at(99)}},
 		}
 		r := judge(o, nil)
 		if r.ViolationCount != 0 {
 			t.Fatalf("%d violations: %+v", r.ViolationCount, r.Violations)
 		}
 		c := r.Counts
-		if c.RelayCrashMessages != 1 || c.ConsumerCrashMessages != 1 || c.RelayCrashKills != relayCrashBound || c.ConsumerCrashExits != consumerCrashBound || c.ApplyOrderAcrossRestart != 1 {
+		if c.RelayCrashMessages != 1 || c.ConsumerCrashMessages != 1 || c.RelayCrashKills != relayCrashBound+1 || c.ConsumerCrashExits != consumerCrashBound || c.ApplyOrderAcrossRestart != 1 {
 			t.Errorf("counts: %+v", c)
 		}
-		if len(r.Crashes) != 2 || r.Crashes[0].ID != "ck" || r.Crashes[0].LaterApplied != 1 || r.Crashes[1].Deaths != relayCrashBound || !r.Crashes[1].Dead {
+		if len(r.Crashes) != 2 || r.Crashes[0].ID != "ck" || r.Crashes[0].LaterApplied != 1 || r.Crashes[1].Deaths != relayCrashBound+1 || r.Crashes[1].Unmarked != 1 || !r.Crashes[1].Dead {
 			t.Errorf("crash outcomes: %+v", r.Crashes)
 		}
 	})
@@ -171,6 +174,8 @@ func TestFaultsChecker(t *testing.T) {
 			consumerDead: []string{"c1"},
 			relayDead:    []string{"r2", "r3"},
 			crashes:      append(append(deaths("r1", "relay0", 1), deaths("r2", "relay1", relayCrashBound+1)...), append(deaths("c1", "consumer", 1), deaths("zz", "relay2", 1)...)...),
+			// Given up after the deaths: excuses none.
+			giveUps: map[string][]time.Time{"fxrelay1s0": {at(200)}},
 		}
 		r := judge(o, nil)
 		want := []string{"apply_order", "crash_applied", "crash_bound", "crash_key_stuck", "crash_not_dead", "crash_published", "crash_unknown", "crash_untested", "not_applied"}

@@ -3,7 +3,11 @@
 package faults
 
 import (
+	"bufio"
+	"os"
 	"regexp"
+	"strings"
+	"time"
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/tcpproxy"
@@ -39,8 +43,11 @@ const maxCrashes = postbox.DefaultMaxCrashes
 // one publishing it in a batch with no crash marks (its partition was
 // not taken after an expiry), one publishing it marked with others, and
 // maxCrashes publishing it alone (design §4, "A message that kills the
-// relay"). The consumer: the first delivery's run, which counts nothing,
-// and maxCrashes redeliveries' (design §5).
+// relay"); and one more for each death of a relay that had given up its
+// crash marks because the database did not take them in time, which it
+// says in its log (giveUps): that takeover publishes without marks, and
+// its crash goes uncounted. The consumer: the first delivery's run, which
+// counts nothing, and maxCrashes redeliveries' (design §5).
 const (
 	relayCrashBound    = maxCrashes + 2
 	consumerCrashBound = maxCrashes + 1
@@ -68,4 +75,39 @@ func crashInspector(r *proc) tcpproxy.Inspector {
 		tail = append([]byte(nil), buf[max(0, len(buf)-crashTail):]...)
 		return true
 	}
+}
+
+// giveUpLine is what a relay logs when it publishes a batch without crash
+// marks, and its time and relay id.
+var giveUpLine = regexp.MustCompile(`^time=(\S+) .*msg="postbox relay publishes a batch without crash marks.* relay=(fxr\d+s\d+)-`)
+
+// giveUps reads the relays' logs: for each relay life (fxr<N>s<start>),
+// when it gave up crash marks.
+func giveUps(paths []string) (map[string][]time.Time, error) {
+	out := map[string][]time.Time{}
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			return nil, err
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if !strings.Contains(line, "without crash marks") {
+				continue
+			}
+			if m := giveUpLine.FindStringSubmatch(line); m != nil {
+				if at, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
+					out[m[2]] = append(out[m[2]], at)
+				}
+			}
+		}
+		err = sc.Err()
+		_ = f.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }

@@ -91,6 +91,7 @@ type proc struct {
 type crashRec struct {
 	ID   string    `json:"id"`
 	Proc string    `json:"proc"` // relay<N> or consumer
+	Life string    `json:"life"` // the relay id of the process that died, for a relay
 	At   time.Time `json:"at"`
 }
 
@@ -170,7 +171,11 @@ func (r *proc) wait(cmd *exec.Cmd, done chan struct{}, l *life) {
 	unexpected := !r.expect && !r.closing
 	switch crash := r.crashed(cmd); {
 	case crash != "":
-		r.crashes = append(r.crashes, crashRec{ID: crash, Proc: r.name(), At: l.Ended})
+		rec := crashRec{ID: crash, Proc: r.name(), At: l.Ended}
+		if r.idVar != "" {
+			rec.Life = l.ID
+		}
+		r.crashes = append(r.crashes, rec)
 	case unexpected:
 		r.exits = append(r.exits, fmt.Sprintf("%s: exited on its own: %v", time.Now().Format(time.RFC3339Nano), err))
 	}
