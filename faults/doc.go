@@ -12,8 +12,9 @@
 // proxy sees its payload), and crash_consumer, whose handler ends the
 // consumer process (os.Exit). The checker counts the deaths each caused
 // from the supervisors' records and holds each to its bound: a dead
-// message after at most MaxCrashes+2 relay deaths or MaxCrashes+1
-// consumer exits, its key moving on.
+// message after at most MaxCrashes+2 relay deaths (one more for each relay
+// killed for it that had logged giving up its crash marks) or
+// MaxCrashes+1 consumer exits, its key moving on.
 //
 //	go test -tags faults -run TestFaults -v ./faults/
 //
