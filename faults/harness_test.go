@@ -51,9 +51,9 @@ type harness struct {
 	client   *postbox.Client[pgx.Tx]
 	pg       *pgCluster
 	broker   broker
-	// The relays reach the broker and PostgreSQL each through proxies of
-	// its own; the writers, the consumer and the watcher connect
-	// directly.
+	// Each relay reaches the broker and PostgreSQL through proxies of its
+	// own (the broker's shows the relay's bytes to crashInspector); the
+	// writers, the consumer and the watcher connect directly.
 	proxies  []*tcpproxy.Proxy // relay i ↔ broker
 	dbProx   []*tcpproxy.Proxy // relay i ↔ PostgreSQL
 	relays   []*proc
