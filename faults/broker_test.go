@@ -98,16 +98,11 @@ func (b *natsBroker) consumerVars() map[string]string {
 	return map[string]string{"url": b.urls, "stream": b.stream, "subj": b.subj}
 }
 
-// consumerAckWait is the consumer's JetStream AckWait: how long after a
-// consumer process died its deliveries come back (RabbitMQ returns them
-// when the connection ends). Well above a handler run, short enough that
-// a message that kills the consumer reaches MaxCrashes within a run.
-const consumerAckWait = 5 * time.Second
-
 // consumerSubscriber is the consumer process's subscriber to the broker
 // brokerName named, as vars (broker.consumerVars) say, and what closes
-// its connection.
-func consumerSubscriber(ctx context.Context, kind string, vars map[string]string, log *slog.Logger) (postbox.Subscriber, func(), error) {
+// its connection. ackWait is JetStream's (profile.AckWait); RabbitMQ
+// returns a dead consumer's deliveries when its connection ends.
+func consumerSubscriber(ctx context.Context, kind string, vars map[string]string, ackWait time.Duration, log *slog.Logger) (postbox.Subscriber, func(), error) {
 	if kind == "rabbitmq" {
 		sub, err := postboxamqp.NewSubscriber(postboxamqp.URL(vars["url"]), vars["queue"], &postboxamqp.SubscriberConfig{PerKey: true, Logger: log})
 		return sub, func() {}, err
@@ -123,7 +118,7 @@ func consumerSubscriber(ctx context.Context, kind string, vars map[string]string
 	}
 	cons, err := postboxnats.EnsureConsumer(ctx, js, vars["stream"], jetstream.ConsumerConfig{
 		Durable: "fxconsumer", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1,
-		AckWait: consumerAckWait, MaxAckPending: 20_000,
+		AckWait: ackWait, MaxAckPending: 20_000,
 	})
 	if err == nil {
 		var sub postbox.Subscriber

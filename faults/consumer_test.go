@@ -34,6 +34,8 @@ type consumerCase struct {
 	Prefix string            `json:"prefix"`
 	Broker string            `json:"broker"` // brokerName's
 	Vars   map[string]string `json:"vars"`   // the broker's (broker.consumerVars)
+	// AckWait is JetStream's (profile.AckWait).
+	AckWait time.Duration `json:"ack_wait"`
 	// CrashFile is where it writes the id of a crash-looping message
 	// before it exits with crashExit.
 	CrashFile string `json:"crash_file"`
@@ -78,7 +80,7 @@ func consumeChild(v string) error {
 	if err != nil {
 		return err
 	}
-	sub, closeSub, err := consumerSubscriber(ctx, c.Broker, c.Vars, log)
+	sub, closeSub, err := consumerSubscriber(ctx, c.Broker, c.Vars, c.AckWait, log)
 	if err != nil {
 		return err
 	}

@@ -227,7 +227,7 @@ log:
 	}
 	h.consumer = newConsumerProc(t, consumerCase{
 		DB:     withAppName(h.dbURL, appName(run, "consumer")),
-		Prefix: p, Broker: brokerKind, Vars: h.broker.consumerVars(),
+		Prefix: p, Broker: brokerKind, Vars: h.broker.consumerVars(), AckWait: prof.ackWait(),
 		CrashFile: filepath.Join(dir, "consumer.crash"),
 	}, base, filepath.Join(dir, "consumer.log"))
 	t.Cleanup(func() { h.consumer.close(2 * time.Second) })
