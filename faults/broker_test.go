@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxamqp"
 	"github.com/postbox-go/postbox/postboxnats"
 )
 
@@ -34,8 +35,9 @@ type broker interface {
 	// the environment that points them at proxy (host:port).
 	relayConfig() string
 	relayEnv(proxy string) []string
-	// subscriber is the consumer's, on a connection of its own.
-	subscriber(ctx context.Context, log *slog.Logger) (postbox.Subscriber, error)
+	// consumerVars tell the consumer process (consumerSubscriber) how to
+	// subscribe, on a connection of its own.
+	consumerVars() map[string]string
 	// watch reads every stored copy into w until ctx ends.
 	watch(ctx context.Context, w *watcher) error
 	// caughtUp reports whether w has read everything stored so far.
@@ -51,6 +53,7 @@ type broker interface {
 // natsBroker is a nats-server of the run's own with one JetStream stream.
 type natsBroker struct {
 	srv    *natsServer
+	urls   string // the servers, comma-separated
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	stream string
@@ -60,8 +63,9 @@ type natsBroker struct {
 func newNATSBroker(t *testing.T, ctx context.Context, dir, run string, dupWindow time.Duration) *natsBroker {
 	t.Helper()
 	b := &natsBroker{srv: startNATS(t, ctx, dir), stream: "FX" + run, subj: "fx" + run + "."}
+	b.urls = b.srv.url()
 	var err error
-	b.nc, err = nats.Connect(b.srv.url(), nats.Name("postbox faults harness"), nats.MaxReconnects(-1))
+	b.nc, err = nats.Connect(b.urls, nats.Name("postbox faults harness"), nats.MaxReconnects(-1))
 	if err != nil {
 		t.Fatalf("NATS at %s: %v", b.srv.url(), err)
 	}
@@ -90,15 +94,41 @@ func (b *natsBroker) relayEnv(proxy string) []string {
 	return []string{"POSTBOX_NATS_URL=nats://" + proxy}
 }
 
-func (b *natsBroker) subscriber(ctx context.Context, log *slog.Logger) (postbox.Subscriber, error) {
-	cons, err := postboxnats.EnsureConsumer(ctx, b.js, b.stream, jetstream.ConsumerConfig{
-		Durable: "fxconsumer", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1,
-		AckWait: 30 * time.Second, MaxAckPending: 20_000,
-	})
-	if err != nil {
-		return nil, err
+func (b *natsBroker) consumerVars() map[string]string {
+	return map[string]string{"url": b.urls, "stream": b.stream, "subj": b.subj}
+}
+
+// consumerSubscriber is the consumer process's subscriber to the broker
+// brokerName named, as vars (broker.consumerVars) say, and what closes
+// its connection. ackWait is JetStream's (profile.AckWait); RabbitMQ
+// returns a dead consumer's deliveries when its connection ends.
+func consumerSubscriber(ctx context.Context, kind string, vars map[string]string, ackWait time.Duration, log *slog.Logger) (postbox.Subscriber, func(), error) {
+	if kind == "rabbitmq" {
+		sub, err := postboxamqp.NewSubscriber(postboxamqp.URL(vars["url"]), vars["queue"], &postboxamqp.SubscriberConfig{PerKey: true, Logger: log})
+		return sub, func() {}, err
 	}
-	return postboxnats.NewSubscriber(cons, &postboxnats.SubscriberConfig{PerKey: true, SubjectPrefix: b.subj, Logger: log})
+	nc, err := nats.Connect(vars["url"], nats.Name("postbox faults consumer"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	cons, err := postboxnats.EnsureConsumer(ctx, js, vars["stream"], jetstream.ConsumerConfig{
+		Durable: "fxconsumer", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1,
+		AckWait: ackWait, MaxAckPending: 20_000,
+	})
+	if err == nil {
+		var sub postbox.Subscriber
+		sub, err = postboxnats.NewSubscriber(cons, &postboxnats.SubscriberConfig{PerKey: true, SubjectPrefix: vars["subj"], Logger: log})
+		if err == nil {
+			return sub, nc.Close, nil
+		}
+	}
+	nc.Close()
+	return nil, nil, err
 }
 
 // watch reads the stream from the start with an ordered consumer, on the

@@ -3,6 +3,8 @@
 package faults
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -99,6 +101,93 @@ func TestFaultsChecker(t *testing.T) {
 			t.Errorf("rules fired:\n got %v\nwant %v", got, want)
 		}
 	})
+	// The crash-looping messages: rk kills every relay publishing it,
+	// ck the consumer whenever its handler runs.
+	crash := func(id, key string, seq int, kind string, ms int) histRec {
+		h := rec(id, key, seq, committed, false, ms)
+		h.Crash = kind
+		return h
+	}
+	deaths := func(id, proc string, n int) []crashRec {
+		out := make([]crashRec, n)
+		for i := range out {
+			out[i] = crashRec{ID: id, Proc: proc, Life: fmt.Sprintf("fx%ss%d", proc, i), At: at(100 + i)}
+		}
+		return out
+	}
+
+	t.Run("crashes", func(t *testing.T) {
+		// Each crash-looping message dead after its bound of deaths, or
+		// fewer; its key's later message applied. x1 and x2, in the
+		// stream before the consumer's deaths, applied out of order
+		// after them: excused.
+		rk := crash("rk", "k3", 1, crashRelay, 5)
+		r2 := rec("r2", "k3", 2, committed, false, 6)
+		ck := crash("ck", "k4", 1, crashConsumer, 7)
+		c2 := rec("c2", "k4", 2, committed, false, 8)
+		x1 := rec("x1", "k9", 1, committed, false, 9)
+		x2 := rec("x2", "k9", 2, committed, false, 10)
+		h := maps.Clone(hist)
+		h["rk"], h["r2"], h["ck"], h["c2"], h["x1"], h["x2"] = rk, r2, ck, c2, x1, x2
+		o := observed{
+			hist:         h,
+			stream:       []seen{msg(1, "a", a, 10), msg(2, "b", b, 11), msg(3, "p", p, 12), msg(4, "d", d, 13), msg(5, "r2", r2, 14), msg(6, "ck", ck, 15), msg(7, "c2", c2, 16), msg(8, "x1", x1, 90), msg(9, "x2", x2, 91)},
+			effects:      []effectRow{eff(a, 20), eff(b, 21), eff(d, 22), eff(r2, 23), eff(c2, 24), eff(x2, 110), eff(x1, 111)},
+			consumerDead: []string{"p", "ck"},
+			relayDead:    []string{"rk"},
+			// One death more than the bound, in a relay that had given
+			// up its crash marks before.
+			crashes: append(append(deaths("rk", "relay0", 3), deaths("rk", "relay2", relayCrashBound-2)...), deaths("ck", "consumer", consumerCrashBound)...),
+			giveUps: map[string][]time.Time{"fxrelay0s2": {at(99)}},
+		}
+		r := judge(o, nil)
+		if r.ViolationCount != 0 {
+			t.Fatalf("%d violations: %+v", r.ViolationCount, r.Violations)
+		}
+		c := r.Counts
+		if c.RelayCrashMessages != 1 || c.ConsumerCrashMessages != 1 || c.RelayCrashKills != relayCrashBound+1 || c.ConsumerCrashExits != consumerCrashBound || c.ApplyOrderAcrossRestart != 1 {
+			t.Errorf("counts: %+v", c)
+		}
+		if len(r.Crashes) != 2 || r.Crashes[0].ID != "ck" || r.Crashes[0].LaterApplied != 1 || r.Crashes[1].Deaths != relayCrashBound+1 || r.Crashes[1].Unmarked != 1 || !r.Crashes[1].Dead {
+			t.Errorf("crash outcomes: %+v", r.Crashes)
+		}
+	})
+
+	t.Run("crashes broken", func(t *testing.T) {
+		// r1 reached the broker and is not dead; r2 killed one relay too
+		// many and its key's next message was never applied; r3 is dead
+		// without a death; c1 was applied; a relay died for an id nobody
+		// wrote; y1 and y2, in the stream after the consumer's death,
+		// applied out of order.
+		y1 := rec("y1", "k9", 1, committed, false, 10)
+		y2 := rec("y2", "k9", 2, committed, false, 11)
+		r1 := crash("r1", "k5", 1, crashRelay, 5)
+		r2 := crash("r2", "k6", 1, crashRelay, 6)
+		l2 := rec("l2", "k6", 2, committed, false, 7)
+		r3 := crash("r3", "k7", 1, crashRelay, 8)
+		c1 := crash("c1", "k8", 1, crashConsumer, 9)
+		h := map[string]histRec{"r1": r1, "r2": r2, "l2": l2, "r3": r3, "c1": c1, "y1": y1, "y2": y2}
+		o := observed{
+			hist:         h,
+			stream:       []seen{msg(1, "r1", r1, 10), msg(2, "l2", l2, 11), msg(3, "c1", c1, 12), msg(4, "y1", y1, 105), msg(5, "y2", y2, 106)},
+			effects:      []effectRow{eff(c1, 20), eff(y2, 110), eff(y1, 111)},
+			consumerDead: []string{"c1"},
+			relayDead:    []string{"r2", "r3"},
+			crashes:      append(append(deaths("r1", "relay0", 1), deaths("r2", "relay1", relayCrashBound+1)...), append(deaths("c1", "consumer", 1), deaths("zz", "relay2", 1)...)...),
+			// Given up after the deaths: excuses none.
+			giveUps: map[string][]time.Time{"fxrelay1s0": {at(200)}},
+		}
+		r := judge(o, nil)
+		want := []string{"apply_order", "crash_applied", "crash_bound", "crash_key_stuck", "crash_not_dead", "crash_published", "crash_unknown", "crash_untested", "not_applied"}
+		var got []string
+		for rule := range r.ByRule {
+			got = append(got, rule)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("rules fired:\n got %v\nwant %v\n%+v", got, want, r.Violations)
+		}
+	})
 }
 
 // TestFaultsSchedule checks that a seed reproduces its schedule.
@@ -118,6 +207,36 @@ func TestFaultsSchedule(t *testing.T) {
 		}
 		if a == c {
 			t.Errorf("%s: seeds 42 and 43 drew the same schedule", p.Name)
+		}
+	}
+}
+
+// TestFaultsCrashInspector checks that a relay's bytes holding a payload
+// that kills it are stopped, also when the payload is split between two
+// chunks, and that other payloads go through.
+func TestFaultsCrashInspector(t *testing.T) {
+	body := func(crash string) []byte {
+		b, err := json.Marshal(payload{ID: "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", Key: "k0001", Seq: 7, Crash: crash})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append([]byte("HPUB fx.changed 40 140\r\nNATS/1.0\r\nNats-Msg-Id: x\r\n\r\n"), append(b, "\r\n"...)...)
+	}
+	look := crashInspector(&proc{})
+	for _, c := range [][]byte{body(""), body(crashConsumer)} {
+		if !look(c) {
+			t.Fatalf("stopped %q", c)
+		}
+	}
+	bad := body(crashRelay)
+	end := bytes.Index(bad, []byte(`"crash"`)) + len(`"crash":"relay"}`)
+	for cut := 1; cut < len(bad); cut++ {
+		look := crashInspector(&proc{})
+		// Stopped at the chunk that holds the payload's end.
+		if first := look(bad[:cut]); first != (cut < end) {
+			t.Errorf("split at %d: first chunk forwarded %v", cut, first)
+		} else if first && look(bad[cut:]) {
+			t.Errorf("split at %d: second chunk forwarded", cut)
 		}
 	}
 }

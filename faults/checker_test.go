@@ -20,10 +20,12 @@ import (
 
 // The checker judges a run from what the harness recorded on its own: the
 // history file (every message and the fate of its transaction), the
-// stream as the watcher read it, and the consumer's effects table. Of
-// postbox's tables it reads only the consumer's dead letters and the
-// relay's dead table, to check who is dead, never to decide what was
-// committed, published or applied.
+// stream as the watcher read it, the consumer's effects table, and the
+// process deaths each crash-looping message caused, as the supervisors
+// recorded them. Of postbox's tables it reads only the consumer's dead
+// letters and the relay's dead table, to check who is dead, never to
+// decide what was committed, published or applied, nor how often a
+// message crashed.
 
 // violation is one broken rule.
 type violation struct {
@@ -72,6 +74,33 @@ type counts struct {
 	ConsumerDead     int   `json:"consumer_dead_letters"`
 	RelayDead        int   `json:"relay_dead"`
 	OutboxPending    int   `json:"outbox_pending_at_end"`
+	// The crash-looping messages committed, and the process deaths they
+	// caused (relays killed, consumer exits).
+	RelayCrashMessages    int `json:"relay_crash_messages"`
+	ConsumerCrashMessages int `json:"consumer_crash_messages"`
+	RelayCrashKills       int `json:"relay_crash_kills"`
+	ConsumerCrashExits    int `json:"consumer_crash_exits"`
+	// ApplyOrderAcrossRestart counts the per-key inversions of effects
+	// that a consumer process's death excuses (apply_order).
+	ApplyOrderAcrossRestart int `json:"apply_order_across_restart"`
+}
+
+// crashOutcome is what became of one crash-looping message.
+type crashOutcome struct {
+	ID   string `json:"id"`
+	Kind string `json:"kind"` // relay or consumer
+	Key  string `json:"key"`
+	Seq  int    `json:"seq"`
+	// Deaths counts the process deaths it caused; Bound is the most it
+	// may cause, Unmarked of them in relays that had given up their
+	// crash marks.
+	Deaths   int  `json:"deaths"`
+	Bound    int  `json:"bound"`
+	Unmarked int  `json:"unmarked,omitempty"`
+	Dead     bool `json:"dead"`
+	// LaterApplied counts its key's later committed messages applied:
+	// the key moved on.
+	LaterApplied int `json:"later_applied"`
 }
 
 type lagStats struct {
@@ -80,10 +109,11 @@ type lagStats struct {
 	MaxMs int64 `json:"max_ms"`
 }
 
-type relayStats struct {
-	Starts          int      `json:"starts"`
-	UnexpectedExits []string `json:"unexpected_exits,omitempty"`
-	CleanStop       bool     `json:"clean_stop"`
+type procStats struct {
+	Starts          int        `json:"starts"`
+	UnexpectedExits []string   `json:"unexpected_exits,omitempty"`
+	Crashes         []crashRec `json:"crashes,omitempty"` // deaths a crash-looping message caused
+	CleanStop       bool       `json:"clean_stop"`
 }
 
 type report struct {
@@ -104,7 +134,9 @@ type report struct {
 	Lag            lagStats        `json:"lag"`
 	FaultsByKind   map[string]int  `json:"faults_by_kind"`
 	Faults         []*fault        `json:"faults"`
-	Relays         []relayStats    `json:"relays"`
+	Relays         []procStats     `json:"relays"`
+	Consumer       procStats       `json:"consumer"`
+	Crashes        []crashOutcome  `json:"crashes,omitempty"`
 	ByRule         map[string]int  `json:"violations_by_rule"`
 	ViolationCount int             `json:"violation_count"`
 	Violations     []violation     `json:"violations"` // at most 20 per rule
@@ -137,6 +169,10 @@ func (r *report) Summary() string {
 		starts += rs.Starts
 		exits += len(rs.UnexpectedExits)
 	}
+	worst := map[string]int{}
+	for _, co := range r.Crashes {
+		worst[co.Kind] = max(worst[co.Kind], co.Deaths)
+	}
 	var fo string
 	if f := r.Failover; f != nil {
 		fo = fmt.Sprintf(" | failover (%s): promoted %dms after the kill, first commit %dms and first publish %dms after the promotion, forgotten commits %d (published %d), effects lost %d, async warning %v",
@@ -144,9 +180,11 @@ func (r *report) Summary() string {
 	}
 	return fmt.Sprintf("%s seed=%d profile=%s broker=%s dedupe=%s elapsed=%s | tx %d: committed %d (poison %d), rolled back %d (aborted %d), unknown resolved %d | "+
 		"stream %d stored, %d distinct, %d duplicates | effects %d, double applications %d, consumer dead letters %d, relay dead %d | "+
+		"crash-looping: relay %d (%d kills, at most %d for one, bound %d plus one per kill of a relay that gave up its crash marks), consumer %d (%d exits, at most %d for one, bound %d; order inversions across its restarts %d) | "+
 		"faults %d [%s], relay starts %d, unexpected exits %d | lag p50 %dms p99 %dms max %dms, worst backlog drain %dms, worst drain after a lift %dms, settled %v in %dms | violations %d %v",
 		verdict, r.Seed, r.Profile.Name, r.Broker, r.Dedupe, r.Elapsed, c.Transactions, c.Committed, c.CommittedPoison, c.RolledBack, c.Aborted, c.UnknownResolved,
 		c.StreamMessages, c.StreamDistinct, c.StreamDuplicates, c.Effects, c.DupEffects, c.ConsumerDead, c.RelayDead,
+		c.RelayCrashMessages, c.RelayCrashKills, worst[crashRelay], relayCrashBound, c.ConsumerCrashMessages, c.ConsumerCrashExits, worst[crashConsumer], consumerCrashBound, c.ApplyOrderAcrossRestart,
 		len(r.Faults), strings.Join(kinds, " "), starts, exits, r.Lag.P50Ms, r.Lag.P99Ms, r.Lag.MaxMs, maxBacklog, maxLift, r.Settled, r.SettleMs,
 		r.ViolationCount, r.ByRule) + fo
 }
@@ -171,6 +209,12 @@ type observed struct {
 	// forgotten: commits a writer saw that the database no longer has
 	// (a failover to a replica that had not received them).
 	forgotten map[string]bool
+	// crashes: the process deaths crash-looping messages caused, as the
+	// harness recorded them (relays it killed, consumer exits).
+	crashes []crashRec
+	// giveUps: per relay life, when it gave up its crash marks, from its
+	// log.
+	giveUps map[string][]time.Time
 }
 
 // check gathers what the run left behind and judges it.
@@ -229,6 +273,17 @@ func (h *harness) check(ctx context.Context) *report {
 			}
 		}
 	}
+	var logs []string
+	for _, r := range append(append([]*proc(nil), h.relays...), h.consumer) {
+		_, _, crashes := r.stats()
+		o.crashes = append(o.crashes, crashes...)
+		if r.idVar != "" {
+			logs = append(logs, r.logs)
+		}
+	}
+	if o.giveUps, err = giveUps(logs); err != nil {
+		t.Fatalf("checker: relay logs: %v", err)
+	}
 	rep := judge(o, faults)
 	h.judgeFailover(o, rep)
 	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM `+p+`outbox`).Scan(&rep.Counts.OutboxPending)
@@ -238,9 +293,9 @@ func (h *harness) check(ctx context.Context) *report {
 	rep.Settled, rep.SettleMs = h.settled, h.settledAt.Sub(h.writersDone).Milliseconds()
 	rep.Prefix, rep.Stream, rep.Dir, rep.Broker = p, h.broker.where(), h.dir, h.broker.name()
 	for i, r := range h.relays {
-		starts, exits := r.stats()
+		starts, exits, crashes := r.stats()
 		clean := i < len(h.cleanStops) && h.cleanStops[i]
-		rep.Relays = append(rep.Relays, relayStats{Starts: starts, UnexpectedExits: exits, CleanStop: clean})
+		rep.Relays = append(rep.Relays, procStats{Starts: starts, UnexpectedExits: exits, Crashes: crashes, CleanStop: clean})
 		if len(exits) > 0 {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("relay %d exited on its own %d times (see relay%d.log)", i, len(exits), i))
 		}
@@ -248,8 +303,13 @@ func (h *harness) check(ctx context.Context) *report {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("relay %d did not stop cleanly on SIGTERM", i))
 		}
 	}
-	if h.consumerErr != nil {
-		rep.add("harness", "-", "", "", "the consumer stopped: %v", h.consumerErr)
+	starts, exits, crashes := h.consumer.stats()
+	rep.Consumer = procStats{Starts: starts, UnexpectedExits: exits, Crashes: crashes, CleanStop: h.consumerClean}
+	for _, e := range exits {
+		rep.add("harness", "-", "", "", "the consumer process %s (see consumer.log)", e)
+	}
+	if !h.consumerClean {
+		rep.add("harness", "-", "", "", "the consumer did not stop cleanly on SIGTERM (see consumer.log)")
 	}
 	if h.watcherErr != nil {
 		rep.add("harness", "-", "", "", "the stream watcher stopped: %v", h.watcherErr)
@@ -343,6 +403,12 @@ func judge(o observed, faults []*fault) *report {
 			if h.Poison {
 				c.CommittedPoison++
 			}
+			switch h.Crash {
+			case crashRelay:
+				c.RelayCrashMessages++
+			case crashConsumer:
+				c.ConsumerCrashMessages++
+			}
 		case rolledBack:
 			c.RolledBack++
 			if strings.HasPrefix(h.Note, "aborted") {
@@ -372,6 +438,8 @@ func judge(o observed, faults []*fault) *report {
 			r.add("unknown_published", "G1", s.MsgID, s.P.Key, "stream seq %d: no writer wrote this id", s.StreamSeq)
 		case h.Outcome == rolledBack:
 			r.add("rolled_back_published", "G1", s.MsgID, h.Key, "stream seq %d: published, but its transaction rolled back (%s)", s.StreamSeq, h.Note)
+		case h.Crash == crashRelay:
+			r.add("crash_published", "G2", s.MsgID, h.Key, "stream seq %d: a message that kills every relay publishing it reached the broker", s.StreamSeq)
 		}
 		if _, dup := first[s.MsgID]; dup {
 			c.StreamDuplicates++
@@ -388,7 +456,7 @@ func judge(o observed, faults []*fault) *report {
 	}
 	c.StreamDistinct = len(first)
 	for id := range commitAt {
-		if _, ok := first[id]; !ok {
+		if _, ok := first[id]; !ok && o.hist[id].Crash != crashRelay {
 			h := o.hist[id]
 			r.add("committed_not_published", "G2", id, h.Key, "key %s seq %d committed at %s, never stored in the stream", h.Key, h.Seq, h.At.Format(time.RFC3339Nano))
 		}
@@ -411,6 +479,8 @@ func judge(o observed, faults []*fault) *report {
 			r.add("rolled_back_applied", "G1", e.ID, h.Key, "applied, but its transaction rolled back")
 		case h.Poison:
 			r.add("poison_applied", "G6", e.ID, h.Key, "a poison message was applied")
+		case h.Crash != "":
+			r.add("crash_applied", "G6", e.ID, h.Key, "a crash-looping message (%s) was applied: a run that never returned committed", h.Crash)
 		}
 		if e.Key != h.Key || e.Seq != h.Seq {
 			r.add("effect_mismatch", "G6", e.ID, h.Key, "effect says key %s seq %d, history key %s seq %d", e.Key, e.Seq, h.Key, h.Seq)
@@ -426,7 +496,7 @@ func judge(o observed, faults []*fault) *report {
 		r.add("applied_twice", "G6", id, o.hist[id].Key, "the handler's effect committed a second time")
 	}
 	for id := range commitAt {
-		if h := o.hist[id]; !h.Poison && !applied[id] {
+		if h := o.hist[id]; !h.Poison && h.Crash == "" && !applied[id] {
 			r.add("not_applied", "G2 G6", id, h.Key, "key %s seq %d committed, never applied", h.Key, h.Seq)
 		}
 	}
@@ -434,9 +504,34 @@ func judge(o observed, faults []*fault) *report {
 		r.Notes = append(r.Notes, "apply_order not checked: "+o.noApplyOrder)
 		byKey = nil
 	}
+	// The subscriber keeps a key's order within one consumer process
+	// (postboxnats: "Nor does it hold across a restart"): what a process
+	// that died had pulled comes back after AckWait, behind what the next
+	// one received meanwhile. An inversion is excused when both messages
+	// were applied after a death of the consumer and the earlier one was
+	// in the stream before it, so that the dead process may have held it.
+	var restarts []time.Time
+	for _, cr := range o.crashes {
+		if cr.Proc == "consumer" {
+			restarts = append(restarts, cr.At)
+		}
+	}
+	slices.SortFunc(restarts, func(a, b time.Time) int { return a.Compare(b) })
+	acrossRestart := func(lower, higher effectRow) bool {
+		s, ok := first[lower.ID]
+		if !ok {
+			return false
+		}
+		i, _ := slices.BinarySearchFunc(restarts, s.Stored, func(a, b time.Time) int { return a.Compare(b) })
+		return i < len(restarts) && restarts[i].Before(higher.At)
+	}
 	for key, es := range byKey {
 		sort.SliceStable(es, func(i, j int) bool { return es[i].At.Before(es[j].At) })
 		for i := 1; i < len(es); i++ {
+			if es[i].Seq <= es[i-1].Seq && acrossRestart(es[i], es[i-1]) {
+				c.ApplyOrderAcrossRestart++
+				continue
+			}
 			if es[i].Seq <= es[i-1].Seq {
 				r.add("apply_order", "G4", es[i].ID, key, "key %s seq %d applied at %s, after seq %d at %s",
 					key, es[i].Seq, es[i].At.Format(time.RFC3339Nano), es[i-1].Seq, es[i-1].At.Format(time.RFC3339Nano))
@@ -444,15 +539,17 @@ func judge(o observed, faults []*fault) *report {
 		}
 	}
 
-	// Dead letters: every committed poison message, and nothing else, in
-	// the consumer's dead letters; nothing dead at the relay.
+	// Dead letters: every committed poison message and every message
+	// that kills the consumer, and nothing else, in the consumer's dead
+	// letters; nothing but the messages that kill the relay dead at the
+	// relay.
 	c.ConsumerDead, c.RelayDead = len(o.consumerDead), len(o.relayDead)
 	dead := map[string]bool{}
 	for _, id := range o.consumerDead {
 		dead[id] = true
 		h, ok := o.hist[id]
-		if !ok || h.Outcome != committed || !h.Poison {
-			r.add("unexpected_dead_letter", "G2 G6", id, h.Key, "dead-lettered by the consumer but not a committed poison message (outcome %q)", h.Outcome)
+		if !ok || h.Outcome != committed || !h.Poison && h.Crash != crashConsumer {
+			r.add("unexpected_dead_letter", "G2 G6", id, h.Key, "dead-lettered by the consumer but not a committed poison message nor one that kills the consumer (outcome %q)", h.Outcome)
 		}
 	}
 	for id := range commitAt {
@@ -460,11 +557,17 @@ func judge(o observed, faults []*fault) *report {
 			r.add("poison_not_dead", "G2", id, h.Key, "a committed poison message is not in the consumer's dead letters")
 		}
 	}
+	relayDead := map[string]bool{}
 	for _, id := range o.relayDead {
-		r.add("relay_dead", "G2", id, o.hist[id].Key, "the relay buried a message no broker rejected")
+		relayDead[id] = true
+		if h := o.hist[id]; h.Outcome != committed || h.Crash != crashRelay {
+			r.add("relay_dead", "G2", id, h.Key, "the relay buried a message no broker rejected and no relay died publishing")
+		}
 	}
+	judgeCrashes(r, o, commitAt, applied, map[string]map[string]bool{crashRelay: relayDead, crashConsumer: dead})
 
 	// Latency from commit to the stream, overall and around each fault.
+	// A message that kills the relay never reaches it.
 	var lags []int64
 	for id, at := range commitAt {
 		if s, ok := first[id]; ok {
@@ -525,4 +628,71 @@ func judge(o observed, faults []*fault) *report {
 		f.Recovery = rec
 	}
 	return r
+}
+
+// judgeCrashes holds each committed crash-looping message to its bound:
+// dead where its kind says (dead[kind]), after no more process deaths
+// than the bound and at least one (else the fault tested nothing), never
+// applied, its key's later messages applied. Every death the harness
+// recorded must be a committed crash-looping message's of that kind.
+func judgeCrashes(r *report, o observed, commitAt map[string]time.Time, applied map[string]bool, dead map[string]map[string]bool) {
+	c := &r.Counts
+	proc := map[string]string{crashRelay: "relay", crashConsumer: "consumer"}
+	deaths, unmarked := map[string]int{}, map[string]int{}
+	for _, cr := range o.crashes {
+		h, ok := o.hist[cr.ID]
+		kind := crashRelay
+		if cr.Proc == "consumer" {
+			kind = crashConsumer
+			c.ConsumerCrashExits++
+		} else {
+			c.RelayCrashKills++
+		}
+		if !ok || h.Outcome != committed || h.Crash != kind {
+			r.add("crash_unknown", "-", cr.ID, h.Key, "%s died at %s for %q, not a committed message that kills the %s", cr.Proc, cr.At.Format(time.RFC3339Nano), cr.ID, proc[kind])
+			continue
+		}
+		deaths[cr.ID]++
+		if cr.Life != "" && slices.ContainsFunc(o.giveUps[cr.Life], func(at time.Time) bool { return at.Before(cr.At) }) {
+			unmarked[cr.ID]++
+		}
+	}
+	// Per key, its committed messages, to see that the key moved on.
+	byKey := map[string][]histRec{}
+	for id := range commitAt {
+		h := o.hist[id]
+		byKey[h.Key] = append(byKey[h.Key], h)
+	}
+	var ids []string
+	for id := range commitAt {
+		if o.hist[id].Crash != "" {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		h := o.hist[id]
+		bound := map[string]int{crashRelay: relayCrashBound, crashConsumer: consumerCrashBound}[h.Crash]
+		co := crashOutcome{ID: id, Kind: h.Crash, Key: h.Key, Seq: h.Seq, Deaths: deaths[id], Bound: bound + unmarked[id], Unmarked: unmarked[id], Dead: dead[h.Crash][id]}
+		bound = co.Bound
+		switch {
+		case !co.Dead:
+			r.add("crash_not_dead", "G2", id, h.Key, "a message that kills the %s (%d deaths) is not a dead message there", proc[h.Crash], co.Deaths)
+		case co.Deaths > bound:
+			r.add("crash_bound", "G2", id, h.Key, "a message that kills the %s caused %d deaths before it was dead; the bound is %d (%d of them in relays that had given up crash marks)", proc[h.Crash], co.Deaths, bound, co.Unmarked)
+		case co.Deaths == 0:
+			r.add("crash_untested", "-", id, h.Key, "a message that kills the %s is dead without having killed one", proc[h.Crash])
+		}
+		for _, later := range byKey[h.Key] {
+			if later.Seq <= h.Seq || later.Poison || later.Crash != "" {
+				continue
+			}
+			if applied[later.ID] {
+				co.LaterApplied++
+			} else {
+				r.add("crash_key_stuck", "G2", later.ID, h.Key, "key %s seq %d, after the message that kills the %s (seq %d), was never applied", h.Key, later.Seq, proc[h.Crash], h.Seq)
+			}
+		}
+		r.Crashes = append(r.Crashes, co)
+	}
 }

@@ -100,9 +100,9 @@ cluster { name: "fx%s", listen: "127.0.0.1:%d", routes: [%s] }
 		b.names = append(b.names, name)
 		urls = append(urls, s.url())
 	}
-	nb := &natsBroker{stream: "FX" + run, subj: "fx" + run + "."}
+	nb := &natsBroker{stream: "FX" + run, subj: "fx" + run + ".", urls: strings.Join(urls, ",")}
 	var err error
-	nb.nc, err = nats.Connect(strings.Join(urls, ","), nats.Name("postbox faults harness"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nb.nc, err = nats.Connect(nb.urls, nats.Name("postbox faults harness"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatalf("NATS cluster: %v", err)
 	}

@@ -1,10 +1,20 @@
 // Package faults is the fault-injection harness: real relay processes
 // against a PostgreSQL cluster and a nats-server or RabbitMQ node that the
 // run starts for itself, writers that commit and roll back keyed
-// messages, a consumer that applies them through the inbox, faults on a
-// schedule drawn from a seed, and a checker that judges the recorded
-// history on its own. See RELIABILITY.md. The checker names each
+// messages, a consumer process that applies them through the inbox,
+// faults on a schedule drawn from a seed, and a checker that judges the
+// recorded history on its own. See RELIABILITY.md. The checker names each
 // violation after the guarantee it breaks (G1 to G9, docs/design.md §1).
+//
+// Two faults write crash-looping messages (crash_test.go): crash_relay,
+// whose publish ends the relay process (the harness SIGKILLs the relay,
+// as the kernel kills a process out of memory, when the relay's broker
+// proxy sees its payload), and crash_consumer, whose handler ends the
+// consumer process (os.Exit). The checker counts the deaths each caused
+// from the supervisors' records and holds each to its bound: a dead
+// message after at most MaxCrashes+2 relay deaths (one more for each relay
+// killed for it that had logged giving up its crash marks) or
+// MaxCrashes+1 consumer exits, its key moving on.
 //
 //	go test -tags faults -run TestFaults -v ./faults/
 //

@@ -41,6 +41,13 @@ type profile struct {
 	BatchDeadline time.Duration `json:"batch_deadline"`
 	// Relays counts the relay processes; default 3.
 	Relays int `json:"relays"`
+	// AckWait is the consumer's JetStream AckWait; default 30s. A
+	// consumer process that dies leaves what it had pulled to it, and
+	// postboxnats gives up waiting for a retried message after twice it,
+	// moving its key on: short enough for a message that kills the
+	// consumer to reach its bound within a run, long enough for the
+	// broker's outages in the profile.
+	AckWait time.Duration `json:"ack_wait,omitempty"`
 	// MinGap is the least time between one fault's lift and the next
 	// fault's start, however late the first ran.
 	MinGap time.Duration `json:"min_gap,omitempty"`
@@ -63,6 +70,19 @@ func (p profile) lease() time.Duration {
 	return postbox.DefaultLeaseDuration
 }
 
+// crashKinds counts the crash-looping messages of each kind (crashRelay,
+// crashConsumer) one round of the mix writes.
+func (p profile) crashKinds() map[string]int {
+	return map[string]int{crashRelay: p.Mix[faultCrashRelay], crashConsumer: p.Mix[faultCrashConsumer]}
+}
+
+func (p profile) ackWait() time.Duration {
+	if p.AckWait > 0 {
+		return p.AckWait
+	}
+	return 30 * time.Second
+}
+
 func (p profile) relays() int {
 	if p.Relays > 0 {
 		return p.Relays
@@ -76,18 +96,22 @@ var profiles = map[string]profile{
 		Mix: map[string]int{
 			faultKill: 4, faultStop: 2, faultPGTerm: 2, faultBlackhole: 1, faultReset: 1, faultXmin: 1,
 			faultBrokerRestart: 1, faultPGRestart: 1, faultPGBlackhole: 1, faultPGReset: 1,
+			faultCrashRelay: 1, faultCrashConsumer: 1,
 		},
 		Writers: 4, Keys: 40, Pace: 40 * time.Millisecond, Rollback: 0.15, Poison: 0.01,
 		DrainLimit: 60 * time.Second, Lease: 3 * time.Second, BatchDeadline: time.Second,
+		AckWait: 5 * time.Second,
 	},
 	"soak": {
 		Name: "soak", WriteFor: 20 * time.Minute, Rounds: 0,
 		Mix: map[string]int{
 			faultKill: 4, faultStop: 2, faultPGTerm: 2, faultBlackhole: 1, faultReset: 1, faultXmin: 1,
 			faultBrokerRestart: 1, faultPGRestart: 1, faultPGBlackhole: 1, faultPGReset: 1,
+			faultCrashRelay: 1, faultCrashConsumer: 1,
 		},
 		Writers: 4, Keys: 200, Pace: 40 * time.Millisecond, Rollback: 0.15, Poison: 0.005,
 		DrainLimit: 3 * time.Minute, Lease: 3 * time.Second, BatchDeadline: time.Second,
+		AckWait: 5 * time.Second,
 	},
 }
 

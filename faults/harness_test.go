@@ -48,33 +48,33 @@ type harness struct {
 	replLink *tcpproxy.Proxy
 	pooler   string        // "" or pgbouncer (POSTBOX_FAULTS_POOLER)
 	pool     *pgxpool.Pool // writers and the harness (application_name fx<run>writer)
-	cpool    *pgxpool.Pool // the consumer (fx<run>consumer)
 	client   *postbox.Client[pgx.Tx]
 	pg       *pgCluster
 	broker   broker
-	// The relays reach the broker through proxy, and PostgreSQL each
-	// through a proxy of its own; the writers, the consumer and the
-	// watcher connect directly.
-	proxy  *tcpproxy.Proxy   // relays ↔ broker
-	dbProx []*tcpproxy.Proxy // relay i ↔ PostgreSQL
-	relays []*relayProc
-	hist   *history
-	watch  *watcher
-	sched  []*fault
+	// Each relay reaches the broker and PostgreSQL through proxies of its
+	// own (the broker's shows the relay's bytes to crashInspector); the
+	// writers, the consumer and the watcher connect directly.
+	proxies  []*tcpproxy.Proxy // relay i ↔ broker
+	dbProx   []*tcpproxy.Proxy // relay i ↔ PostgreSQL
+	relays   []*proc
+	consumer *proc
+	hist     *history
+	watch    *watcher
+	sched    []*fault
 	// monitor, when set, runs beside the watcher for the whole run.
 	monitor func(ctx context.Context)
 
-	killedAt    time.Time // when the failover killed the primary
-	promotedAt  time.Time // when the failover's promotion returned
-	writeErrs   atomic.Int64
-	injecting   atomic.Bool
-	started     time.Time
-	writersDone time.Time
-	settledAt   time.Time
-	settled     bool
-	cleanStops  []bool
-	consumerErr error
-	watcherErr  error
+	killedAt      time.Time // when the failover killed the primary
+	promotedAt    time.Time // when the failover's promotion returned
+	writeErrs     atomic.Int64
+	injecting     atomic.Bool
+	started       time.Time
+	writersDone   time.Time
+	settledAt     time.Time
+	settled       bool
+	cleanStops    []bool
+	consumerClean bool
+	watcherErr    error
 }
 
 func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, dir, brokerKind string, dupWindow time.Duration) *harness {
@@ -125,7 +125,6 @@ func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, di
 	h.dbURL = pgURL(hosts, params)
 
 	h.pool = h.openPool(ctx, "writer", int32(prof.Writers+4))
-	h.cpool = h.openPool(ctx, "consumer", 8)
 	m, err := postboxmigrate.New(postboxpgx.New(h.pool), &postboxmigrate.Config{Prefix: h.prefix})
 	if err != nil {
 		t.Fatal(err)
@@ -165,12 +164,9 @@ func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, di
 		h.broker = newNATSBroker(t, ctx, dir, run, dupWindow)
 	}
 
-	h.proxy, err = tcpproxy.New(h.broker.addr())
-	if err != nil {
-		t.Fatal(err)
+	if kinds := prof.crashKinds(); kinds[crashRelay] > 0 && brokerKind == "nats-cluster" {
+		t.Fatalf("faults: the %s fault needs the relays to reach the broker through the harness's proxies, which nats-cluster does not do", faultCrashRelay)
 	}
-	t.Cleanup(h.proxy.Close)
-
 	bin := buildPostbox(t, dir)
 	cfg := filepath.Join(dir, "relay.yaml")
 	// A profile without a lease runs the relays at the defaults.
@@ -184,6 +180,7 @@ func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, di
   poll_interval: 50ms
   batch_size: 200
   lanes: 2
+  max_crashes: ` + fmt.Sprint(maxCrashes) + `
 log:
   level: info
 `
@@ -217,9 +214,23 @@ log:
 			"POSTBOX_PREFIX="+p,
 			"POSTBOX_ADMIN_LISTEN=off",
 		)
-		env = append(env, h.broker.relayEnv(h.proxy.Addr())...)
-		h.relays = append(h.relays, &relayProc{n: i, bin: bin, env: env, logs: filepath.Join(dir, fmt.Sprintf("relay%d.log", i))})
+		bp, err := tcpproxy.New(h.broker.addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(bp.Close)
+		h.proxies = append(h.proxies, bp)
+		env = append(env, h.broker.relayEnv(bp.Addr())...)
+		r := newRelayProc(i, bin, env, filepath.Join(dir, fmt.Sprintf("relay%d.log", i)))
+		bp.Inspect(func() tcpproxy.Inspector { return crashInspector(r) })
+		h.relays = append(h.relays, r)
 	}
+	h.consumer = newConsumerProc(t, consumerCase{
+		DB:     withAppName(h.dbURL, appName(run, "consumer")),
+		Prefix: p, Broker: brokerKind, Vars: h.broker.consumerVars(), AckWait: prof.ackWait(),
+		CrashFile: filepath.Join(dir, "consumer.crash"),
+	}, base, filepath.Join(dir, "consumer.log"))
+	t.Cleanup(func() { h.consumer.close(2 * time.Second) })
 	t.Cleanup(func() {
 		for _, r := range h.relays {
 			r.close(2 * time.Second)
@@ -231,7 +242,7 @@ log:
 		t.Fatal(err)
 	}
 	h.watch = &watcher{first: map[string]time.Time{}}
-	t.Logf("faults: prefix %s, %s %s, proxy %s, files in %s", p, h.broker.name(), h.broker.where(), h.proxy.Addr(), dir)
+	t.Logf("faults: prefix %s, %s %s, files in %s", p, h.broker.name(), h.broker.where(), dir)
 	return h
 }
 
@@ -261,7 +272,7 @@ func (h *harness) run(ctx context.Context, sched []*fault) {
 	bg, stopBG := context.WithCancel(ctx)
 	defer stopBG()
 	var bgWG sync.WaitGroup
-	bgWG.Add(2)
+	bgWG.Add(1)
 	if h.monitor != nil {
 		bgWG.Add(1)
 		go func() {
@@ -273,12 +284,9 @@ func (h *harness) run(ctx context.Context, sched []*fault) {
 		defer bgWG.Done()
 		h.watcherErr = h.broker.watch(bg, h.watch)
 	}()
-	consumerCtx, stopConsumer := context.WithCancel(ctx)
-	defer stopConsumer()
-	go func() {
-		defer bgWG.Done()
-		h.consumerErr = h.consume(consumerCtx)
-	}()
+	if err := h.consumer.start(); err != nil {
+		t.Fatalf("start the consumer: %v", err)
+	}
 	for _, r := range h.relays {
 		if err := r.start(); err != nil {
 			t.Fatalf("start relay %d: %v", r.n, err)
@@ -320,7 +328,7 @@ func (h *harness) run(ctx context.Context, sched []*fault) {
 	// The watcher reads the whole stream before it stops, so the checker
 	// sees every copy that was ever stored.
 	h.catchUp(ctx)
-	stopConsumer()
+	h.consumerClean = h.consumer.close(20 * time.Second)
 	stopBG()
 	bgWG.Wait()
 	if err := h.hist.close(); err != nil {
@@ -329,12 +337,26 @@ func (h *harness) run(ctx context.Context, sched []*fault) {
 }
 
 // waitSettled waits until every committed message is in the stream, every
-// committed non-poison message applied and every poison one dead-lettered,
-// or the drain limit passes.
+// committed message applied, and every poison or crash-looping one dead
+// where it must be, or the drain limit passes. A message that kills the
+// relay never reaches the stream.
 func (h *harness) waitSettled(ctx context.Context) bool {
 	deadline := time.Now().Add(h.prof.DrainLimit)
-	committed, poison := h.hist.committedIDs()
-	want := len(committed) - poison
+	committed := map[string]bool{}
+	var poison, relayCrash, consumerCrash int
+	for id, r := range h.hist.committedRecs() {
+		switch {
+		case r.Crash == crashRelay:
+			relayCrash++
+			continue
+		case r.Crash == crashConsumer:
+			consumerCrash++
+		case r.Poison:
+			poison++
+		}
+		committed[id] = true
+	}
+	want := len(committed) - poison - consumerCrash
 	lossy := h.prof.Replica == "async"
 	if lossy {
 		// After an asynchronous failover, what the new primary does not
@@ -363,10 +385,11 @@ func (h *harness) waitSettled(ctx context.Context) bool {
 				missing++
 			}
 		}
-		var effects, dead int
+		var effects, dead, relayDead int
 		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.prefix+`effects`).Scan(&effects)
 		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.prefix+`consumer_dead`).Scan(&dead)
-		if missing == 0 && effects >= want && dead >= poison {
+		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.prefix+`dead`).Scan(&relayDead)
+		if missing == 0 && effects >= want && dead >= poison+consumerCrash && relayDead >= relayCrash {
 			return true
 		}
 		if effects != lastEffects {
@@ -428,11 +451,22 @@ func (h *harness) inject(ctx context.Context, sched []*fault) {
 		case faultPGTerm:
 			f.Note = fmt.Sprintf("terminated %d backends", h.terminateLoop(ctx, f.Hold, f.Consumer))
 		case faultBlackhole:
-			lift := h.proxy.Blackhole()
+			lifts := make([]func(), len(h.proxies))
+			for i, p := range h.proxies {
+				lifts[i] = p.Blackhole()
+			}
 			sleep(ctx, f.Hold)
-			lift()
+			for _, lift := range lifts {
+				lift()
+			}
 		case faultReset:
-			f.Note = fmt.Sprintf("reset %d connections", h.proxy.Reset())
+			n := 0
+			for _, p := range h.proxies {
+				n += p.Reset()
+			}
+			f.Note = fmt.Sprintf("reset %d connections", n)
+		case faultCrashRelay, faultCrashConsumer:
+			f.Note = h.writeCrash(ctx, f.Key, map[string]string{faultCrashRelay: crashRelay, faultCrashConsumer: crashConsumer}[f.Kind])
 		case faultPGBlackhole, faultPGStall:
 			lift := h.dbProx[f.Relay].Blackhole()
 			sleep(ctx, f.Hold)

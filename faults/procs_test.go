@@ -55,23 +55,51 @@ func buildNATSServer(t *testing.T, dir string) string {
 	return bin
 }
 
-// relayProc is one `postbox relay` process, restarted by its supervisor
-// when it exits on its own, and killed, stopped and restarted by faults.
-type relayProc struct {
+// proc is one supervised process: a `postbox relay`, or the consumer
+// (the test binary run again as consumeChild). It is restarted by its
+// supervisor when it exits on its own, and killed, stopped and
+// restarted by faults.
+type proc struct {
 	n    int
 	bin  string
+	args []string
 	env  []string
 	logs string
+	// idVar names the variable that gives each start its relay id; the
+	// consumer has none.
+	idVar string
+	// crashFile is where a consumer that exits on a crash-looping
+	// message wrote its id (consumeChild); empty for a relay.
+	crashFile string
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
 	done    chan struct{} // closed when the current process has exited
 	expect  bool          // the current process is being ended on purpose
 	closing bool
-	stopped bool // SIGSTOPped
+	stopped bool   // SIGSTOPped
+	killing string // the crash-looping message the harness is killing it for
 	starts  int
-	exits   []string // unexpected exits
-	lives   []*life  // one per start, in order
+	exits   []string   // unexpected exits
+	crashes []crashRec // exits a crash-looping message caused
+	lives   []*life    // one per start, in order
+}
+
+// crashRec is one process exit a crash-looping message caused, as the
+// harness recorded it: the relay it killed for the message's bytes on
+// their way to the broker, or the consumer's exit with crashExit.
+type crashRec struct {
+	ID   string    `json:"id"`
+	Proc string    `json:"proc"` // relay<N> or consumer
+	Life string    `json:"life"` // the relay id of the process that died, for a relay
+	At   time.Time `json:"at"`
+}
+
+// crashExit is the status of a consumer that met a crash-looping message.
+const crashExit = 3
+
+func newRelayProc(n int, bin string, env []string, logs string) *proc {
+	return &proc{n: n, bin: bin, args: []string{"relay"}, env: env, logs: logs, idVar: "POSTBOX_RELAY_ID"}
 }
 
 // life is one process of a relay: its relay id (the owner of its leases
@@ -82,11 +110,28 @@ type life struct {
 	Ended   time.Time // zero while it runs
 }
 
-func (r *relayProc) start() error {
+// name is the process's name in the harness's records.
+func (r *proc) name() string {
+	if r.idVar == "" {
+		return "consumer"
+	}
+	return fmt.Sprintf("relay%d", r.n)
+}
+
+// start starts the process, unless it runs already (a crash's restart
+// and a fault's may meet).
+func (r *proc) start() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closing {
 		return errors.New("closing")
+	}
+	if r.done != nil {
+		select {
+		case <-r.done:
+		default:
+			return nil
+		}
 	}
 	f, err := os.OpenFile(r.logs, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -95,16 +140,19 @@ func (r *relayProc) start() error {
 	defer f.Close()
 	fmt.Fprintf(f, "=== harness: start %d at %s\n", r.starts+1, time.Now().Format(time.RFC3339Nano))
 	id := fmt.Sprintf("fxr%02ds%d", r.n, r.starts+1)
-	cmd := exec.Command(r.bin, "relay")
-	cmd.Env = append(append([]string(nil), r.env...), "POSTBOX_RELAY_ID="+id)
+	cmd := exec.Command(r.bin, r.args...)
+	cmd.Env = append([]string(nil), r.env...)
+	if r.idVar != "" {
+		cmd.Env = append(cmd.Env, r.idVar+"="+id)
+	}
 	cmd.Stdout, cmd.Stderr = f, f
-	// The relay dies with the harness, whatever ends it.
+	// The process dies with the harness, whatever ends it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return err
 	}
 	r.starts++
-	r.cmd, r.expect, r.stopped = cmd, false, false
+	r.cmd, r.expect, r.stopped, r.killing = cmd, false, false, ""
 	l := &life{ID: id, Started: time.Now()}
 	r.lives = append(r.lives, l)
 	done := make(chan struct{})
@@ -113,29 +161,85 @@ func (r *relayProc) start() error {
 	return nil
 }
 
-// wait reaps the process; an exit nobody asked for is recorded and the
-// relay started again after a second, as a service manager would.
-func (r *relayProc) wait(cmd *exec.Cmd, done chan struct{}, l *life) {
+// wait reaps the process; an exit nobody asked for is recorded, as a
+// crash when a crash-looping message caused it, and the process started
+// again after a second, as a service manager would.
+func (r *proc) wait(cmd *exec.Cmd, done chan struct{}, l *life) {
 	err := cmd.Wait()
 	r.mu.Lock()
 	l.Ended = time.Now()
-	r.mu.Unlock()
-	close(done)
-	r.mu.Lock()
 	unexpected := !r.expect && !r.closing
-	if unexpected {
+	switch crash := r.crashed(cmd); {
+	case crash != "":
+		rec := crashRec{ID: crash, Proc: r.name(), At: l.Ended}
+		if r.idVar != "" {
+			rec.Life = l.ID
+		}
+		r.crashes = append(r.crashes, rec)
+	case unexpected:
 		r.exits = append(r.exits, fmt.Sprintf("%s: exited on its own: %v", time.Now().Format(time.RFC3339Nano), err))
 	}
+	restart := unexpected || r.killing != ""
 	r.mu.Unlock()
-	if unexpected {
+	close(done)
+	if restart && !r.isClosing() {
 		time.Sleep(time.Second)
 		_ = r.start()
 	}
 }
 
+// crashed is the crash-looping message that ended cmd, if one did: the
+// one the harness killed the relay for, or the one the consumer wrote
+// before it exited with crashExit. r.mu is held.
+func (r *proc) crashed(cmd *exec.Cmd) string {
+	if r.killing != "" {
+		return r.killing
+	}
+	if r.crashFile == "" || cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != crashExit {
+		return ""
+	}
+	b, err := os.ReadFile(r.crashFile)
+	if err != nil {
+		return "unreadable: " + err.Error()
+	}
+	_ = os.Remove(r.crashFile)
+	return string(b)
+}
+
+func (r *proc) isClosing() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closing
+}
+
+// crashKill ends the relay as a crash-looping message would: SIGKILL, as
+// the kernel kills a process out of memory, recorded against id, the
+// message whose bytes it was sending. It returns once the process is
+// gone; its supervisor starts it again.
+func (r *proc) crashKill(id string) {
+	r.mu.Lock()
+	if r.cmd == nil || r.cmd.Process == nil {
+		r.mu.Unlock()
+		return
+	}
+	done := r.done
+	select {
+	case <-done:
+		r.mu.Unlock()
+		return
+	default:
+	}
+	if !r.expect {
+		r.killing = id
+	}
+	_ = r.cmd.Process.Signal(syscall.SIGKILL)
+	r.mu.Unlock()
+	<-done
+}
+
 // signal sends sig to the current process, marking its exit as expected
 // when the signal ends it.
-func (r *relayProc) signal(sig syscall.Signal) (chan struct{}, error) {
+func (r *proc) signal(sig syscall.Signal) (chan struct{}, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cmd == nil || r.cmd.Process == nil {
@@ -152,8 +256,8 @@ func (r *relayProc) signal(sig syscall.Signal) (chan struct{}, error) {
 	return r.done, r.cmd.Process.Signal(sig)
 }
 
-// kill SIGKILLs the relay and waits until it is gone.
-func (r *relayProc) kill() error {
+// kill SIGKILLs the process and waits until it is gone.
+func (r *proc) kill() error {
 	done, err := r.signal(syscall.SIGKILL)
 	if err != nil {
 		return err
@@ -162,9 +266,9 @@ func (r *relayProc) kill() error {
 	return nil
 }
 
-// close stops the relay for good: SIGTERM (a clean stop), SIGKILL after
+// close stops the process for good: SIGTERM (a clean stop), SIGKILL after
 // grace. It reports whether the clean stop finished in time.
-func (r *relayProc) close(grace time.Duration) (clean bool) {
+func (r *proc) close(grace time.Duration) (clean bool) {
 	r.mu.Lock()
 	r.closing = true
 	r.mu.Unlock()
@@ -173,7 +277,7 @@ func (r *relayProc) close(grace time.Duration) (clean bool) {
 
 // term stops the current process as a deploy does: SIGTERM, SIGKILL
 // after grace. It reports whether the clean stop finished in time.
-func (r *relayProc) term(grace time.Duration) (clean bool) {
+func (r *proc) term(grace time.Duration) (clean bool) {
 	r.mu.Lock()
 	stopped := r.stopped
 	r.mu.Unlock()
@@ -197,14 +301,14 @@ func (r *relayProc) term(grace time.Duration) (clean bool) {
 }
 
 // current is the running process's relay id.
-func (r *relayProc) current() string {
+func (r *proc) current() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.lives[len(r.lives)-1].ID
 }
 
 // history copies the relay's lives.
-func (r *relayProc) history() []life {
+func (r *proc) history() []life {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]life, len(r.lives))
@@ -214,8 +318,8 @@ func (r *relayProc) history() []life {
 	return out
 }
 
-func (r *relayProc) stats() (starts int, exits []string) {
+func (r *proc) stats() (starts int, exits []string, crashes []crashRec) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.starts, append([]string(nil), r.exits...)
+	return r.starts, append([]string(nil), r.exits...), append([]crashRec(nil), r.crashes...)
 }

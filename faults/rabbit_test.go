@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"os/user"
@@ -18,7 +17,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/postboxamqp"
 )
 
@@ -184,8 +182,8 @@ func (b *rabbitBroker) relayEnv(proxy string) []string {
 	return []string{"POSTBOX_AMQP_URL=amqp://guest:guest@" + proxy + "/"}
 }
 
-func (b *rabbitBroker) subscriber(_ context.Context, log *slog.Logger) (postbox.Subscriber, error) {
-	return postboxamqp.NewSubscriber(postboxamqp.URL(b.node.url()), b.queue, &postboxamqp.SubscriberConfig{PerKey: true, Logger: log})
+func (b *rabbitBroker) consumerVars() map[string]string {
+	return map[string]string{"url": b.node.url(), "queue": b.queue}
 }
 
 // watch consumes the watcher's queue, which receives a copy of every

@@ -21,6 +21,8 @@ const (
 	faultPGRestart     = "pg_restart"       // stop PostgreSQL (Mode fast or immediate, a crash), start it again after Hold
 	faultPGBlackhole   = "pg_blackhole"     // the proxy between one relay and PostgreSQL forwards nothing for Hold (past its lease)
 	faultPGReset       = "pg_reset"         // the proxy resets every connection between one relay and PostgreSQL (RST)
+	faultCrashRelay    = "crash_relay"      // commit a message whose publish ends the relay process (crash.go)
+	faultCrashConsumer = "crash_consumer"   // commit a message whose handler ends the consumer process
 
 	// The fleet's (TestFleet).
 	faultRolling  = "rolling_deploy" // SIGTERM each relay in turn and start its replacement, waiting until it holds a lease
@@ -41,6 +43,8 @@ var guarantees = map[string]string{
 	faultPGRestart:     "G1 G2 G5 G6: the database stops or crashes and recovers from its WAL; every committed row survives, no rolled-back one appears, relays and the consumer reconnect",
 	faultPGBlackhole:   "G4 G2 G3: one relay is cut off from the database past its lease while its broker link works; its stalled fetch, mark and renewal arrive after the partitions moved on and must change nothing",
 	faultPGReset:       "G2 G3 G6: one relay's database connections reset mid-statement (a mark whose outcome it never hears); it reconnects, loses nothing, and what it re-sends is absorbed",
+	faultCrashRelay:    "G2 G4: a message that kills every relay publishing it is a dead message after a bounded number of deaths; its key moves on, the other keys never wait",
+	faultCrashConsumer: "G2 G6: a message that kills the consumer whenever its handler runs is a consumer dead message after a bounded number of exits; its key moves on, nothing else is lost or applied twice",
 	faultRolling:       "G2 G3 G4: every relay replaced in turn; each hands its partitions on when its batches are marked, so nothing waits for a lease and little is sent twice",
 	faultKillMany:      "G2 G3 G4: several relays crash at once; their partitions are taken within about a lease, and only what they had in flight is sent again",
 	faultPause:         "G4: a relay paused for less than its lease keeps its partitions; nobody takes them early",
@@ -54,14 +58,16 @@ type fault struct {
 	// Relays lists the relays a kill_many ends.
 	Relays []int `json:"relays,omitempty"`
 	// Consumer: pg_terminate also kills the consumer's connections.
-	Consumer bool          `json:"consumer,omitempty"`
-	At       time.Duration `json:"at"` // from the start of the writers
-	Hold     time.Duration `json:"hold"`
-	Mode     string        `json:"mode,omitempty"` // pg_restart: fast or immediate
-	Tests    string        `json:"tests"`
-	Start    time.Time     `json:"start"`
-	Lifted   time.Time     `json:"lifted"`
-	Note     string        `json:"note,omitempty"`
+	Consumer bool `json:"consumer,omitempty"`
+	// Key: the crash-looping message's (crash_relay, crash_consumer).
+	Key    string        `json:"key,omitempty"`
+	At     time.Duration `json:"at"` // from the start of the writers
+	Hold   time.Duration `json:"hold"`
+	Mode   string        `json:"mode,omitempty"` // pg_restart: fast or immediate
+	Tests  string        `json:"tests"`
+	Start  time.Time     `json:"start"`
+	Lifted time.Time     `json:"lifted"`
+	Note   string        `json:"note,omitempty"`
 	// Filled in by the checker.
 	Recovery *recovery `json:"recovery,omitempty"`
 }
@@ -76,6 +82,9 @@ func (f *fault) String() string {
 	}
 	if len(f.Relays) > 0 {
 		target = fmt.Sprintf("relays %v", f.Relays)
+	}
+	if f.Key != "" {
+		target = "key " + f.Key
 	}
 	kind := f.Kind
 	if f.Mode != "" {
@@ -131,6 +140,11 @@ func schedule(rng *rand.Rand, p profile) []*fault {
 				f.Hold = p.Lease + jitter(rng, time.Second, 2*time.Second)
 			case faultPGReset:
 				// One relay, no hold.
+			case faultCrashRelay, faultCrashConsumer:
+				// One message, written at once; its crashes go on
+				// under the faults after it.
+				f.Relay = -1
+				f.Key = fmt.Sprintf("k%04d", rng.IntN(p.Keys))
 			case faultNATSLeaderKill:
 				f.Relay = -1
 				f.Hold = jitter(rng, time.Second, 3*time.Second)

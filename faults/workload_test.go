@@ -9,29 +9,34 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // payload is what every message carries: its own id (to check that the
 // broker's message id is the one made before the insert, G7), its key,
-// its per-key sequence number in write order, and whether the consumer
-// must reject it.
+// its per-key sequence number in write order, whether the consumer must
+// reject it, and whether it is a crash-looping message: one whose publish
+// ends the relay process (crashRelay) or whose handler ends the consumer
+// process (crashConsumer). The crash marker is the last field, so that
+// the relays' broker proxies find the whole payload before it.
 type payload struct {
 	ID     string `json:"id"`
 	Key    string `json:"key"`
 	Seq    int    `json:"seq"`
 	Poison bool   `json:"poison,omitempty"`
+	Crash  string `json:"crash,omitempty"`
 }
+
+// The crash-looping messages (payload.Crash).
+const (
+	crashRelay    = "relay"
+	crashConsumer = "consumer"
+)
 
 // Outcomes in the history.
 const (
@@ -47,6 +52,7 @@ type histRec struct {
 	Key      string    `json:"key"`
 	Seq      int       `json:"seq"`
 	Poison   bool      `json:"poison,omitempty"`
+	Crash    string    `json:"crash,omitempty"`
 	Outcome  string    `json:"outcome"`
 	At       time.Time `json:"at"` // when the writer saw the outcome
 	Writer   int       `json:"writer"`
@@ -100,19 +106,17 @@ func (h *history) transactions() int64 {
 	return h.txs
 }
 
-func (h *history) committedIDs() (ids map[string]bool, poison int) {
+// committedRecs returns the committed messages.
+func (h *history) committedRecs() map[string]histRec {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	ids = map[string]bool{}
+	out := map[string]histRec{}
 	for id, r := range h.mem {
 		if r.Outcome == committed {
-			ids[id] = true
-			if r.Poison {
-				poison++
-			}
+			out[id] = r
 		}
 	}
-	return ids, poison
+	return out
 }
 
 func (h *history) unknownIDs() []histRec {
@@ -172,25 +176,43 @@ func (h *harness) writer(ctx context.Context, n int, until time.Time) {
 		}
 		rollback := rng.Float64() < h.prof.Rollback
 		pause := time.Duration(rng.Int64N(int64(h.prof.Pace) + 1))
-		h.writeTx(ctx, n, key, poison, rollback)
+		h.writeTx(ctx, n, key, poison, "", rollback)
 		sleep(ctx, pause)
 	}
 }
 
-func (h *harness) writeTx(ctx context.Context, n int, key string, poison []bool, rollback bool) {
+// writeCrash commits one crash-looping message of kind (crashRelay or
+// crashConsumer) on key, trying again for a while when the database is
+// down, and says how it went.
+func (h *harness) writeCrash(ctx context.Context, key, kind string) string {
+	var out string
+	for try := time.Now(); time.Since(try) < 20*time.Second && ctx.Err() == nil; {
+		var id string
+		if id, out = h.writeTx(ctx, -1, key, []bool{false}, kind, false); out == committed {
+			return "committed " + id
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
+	return "not written: " + out
+}
+
+// writeTx writes one transaction of len(poison) messages on key, marked
+// crash (all of them) when that is set, and commits it unless rollback.
+// It returns the last message's id and the outcome.
+func (h *harness) writeTx(ctx context.Context, n int, key string, poison []bool, crash string, rollback bool) (string, string) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	count := len(poison)
 	tx, err := h.pool.Begin(ctx)
 	if err != nil {
 		h.writeErrs.Add(1)
-		return
+		return "", "begin: " + err.Error()
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var last int
 	if err := tx.QueryRow(ctx, `UPDATE `+h.prefix+`entities SET seq = seq + $2 WHERE key = $1 RETURNING seq`, key, count).Scan(&last); err != nil {
 		h.writeErrs.Add(1)
-		return
+		return "", "lock: " + err.Error()
 	}
 	recs := make([]histRec, count)
 	msgs := make([]postbox.Message, count)
@@ -198,9 +220,9 @@ func (h *harness) writeTx(ctx context.Context, n int, key string, poison []bool,
 	for i := range count {
 		seq := last - count + 1 + i
 		id := postbox.NewID()
-		body, _ := json.Marshal(payload{ID: id, Key: key, Seq: seq, Poison: poison[i]})
+		body, _ := json.Marshal(payload{ID: id, Key: key, Seq: seq, Poison: poison[i], Crash: crash})
 		msgs[i] = postbox.Message{ID: id, Topic: topic, Key: key, Payload: body, ContentType: "application/json"}
-		recs[i] = histRec{ID: id, Key: key, Seq: seq, Poison: poison[i], Writer: n}
+		recs[i] = histRec{ID: id, Key: key, Seq: seq, Poison: poison[i], Crash: crash, Writer: n}
 		ids[i], seqs[i] = id, seq
 	}
 	outcome, note := rolledBack, ""
@@ -230,6 +252,7 @@ func (h *harness) writeTx(ctx context.Context, n int, key string, poison []bool,
 		recs[i].Outcome, recs[i].Note, recs[i].At = outcome, note, now
 	}
 	h.hist.add(recs...)
+	return ids[count-1], outcome
 }
 
 // resolveUnknown settles commits whose outcome the writer could not see,
@@ -248,51 +271,6 @@ func (h *harness) resolveUnknown(ctx context.Context) {
 		}
 		h.hist.resolve(r)
 	}
-}
-
-// consume applies the stream through the inbox: the effect row and the
-// inbox record commit together; poison messages are always rejected.
-func (h *harness) consume(ctx context.Context) error {
-	logf, err := os.Create(filepath.Join(h.dir, "consumer.log"))
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	log := slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	inboxClient, err := postbox.NewClient(postboxpgx.New(h.cpool), &postbox.Config{
-		Prefix: h.prefix, Logger: log,
-		MaxAttempts: 3, BackoffBase: 50 * time.Millisecond, BackoffMax: 250 * time.Millisecond,
-	})
-	if err != nil {
-		return err
-	}
-	inbox := inboxClient.Inbox()
-	sub, err := h.broker.subscriber(ctx, log)
-	if err != nil {
-		return err
-	}
-	return sub.Run(ctx, inbox.Processor(consumerName, h.apply))
-}
-
-func (h *harness) apply(ctx context.Context, tx pgx.Tx, d *postbox.Delivery) error {
-	var p payload
-	if err := json.Unmarshal(d.Payload, &p); err != nil {
-		return fmt.Errorf("undecodable payload: %w", err)
-	}
-	if p.Poison {
-		return errPoison
-	}
-	tag, err := tx.Exec(ctx, `INSERT INTO `+h.prefix+`effects (message_id, key, seq, applied_at)
-		VALUES ($1, $2, $3, clock_timestamp()) ON CONFLICT (message_id) DO NOTHING`, d.ID, p.Key, p.Seq)
-	if err != nil {
-		return err
-	}
-	if tag.RowsAffected() == 0 {
-		// The inbox let a copy through: record the second application
-		// instead of failing, so the checker counts it.
-		_, err = tx.Exec(ctx, `INSERT INTO `+h.prefix+`dup_effects (message_id, applied_at) VALUES ($1, clock_timestamp())`, d.ID)
-	}
-	return err
 }
 
 // seen is one message as stored in the stream.

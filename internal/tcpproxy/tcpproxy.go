@@ -1,8 +1,9 @@
 // Package tcpproxy is a TCP proxy on loopback for tests that break the
 // network between a client and a server: it can black-hole the traffic
 // (the bytes are held, as a stalled network holds them, and flow again
-// when the hole is lifted), reset every connection, or refuse new ones
-// (a server that is down).
+// when the hole is lifted), reset every connection, refuse new ones (a
+// server that is down), or show what clients send to an inspector before
+// it is forwarded.
 package tcpproxy
 
 import (
@@ -20,6 +21,7 @@ type Proxy struct {
 	conns   map[net.Conn]struct{}
 	hole    chan struct{} // non-nil while black-holed; closed to lift
 	refuse  bool
+	inspect func() Inspector
 	closed  bool
 	accepts int
 	wg      sync.WaitGroup
@@ -68,15 +70,20 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.conns[c], p.conns[u] = struct{}{}, struct{}{}
+		var look Inspector
+		if p.inspect != nil {
+			look = p.inspect()
+		}
 		p.mu.Unlock()
 		p.wg.Add(2)
-		go p.pipe(c, u)
-		go p.pipe(u, c)
+		go p.pipe(c, u, look)
+		go p.pipe(u, c, nil)
 	}
 }
 
-// pipe copies src to dst, holding each chunk while the hole is open.
-func (p *Proxy) pipe(src, dst net.Conn) {
+// pipe copies src to dst, holding each chunk while the hole is open and
+// showing it to look, when set, before it is forwarded.
+func (p *Proxy) pipe(src, dst net.Conn, look Inspector) {
 	defer p.wg.Done()
 	defer p.drop(src, dst)
 	buf := make([]byte, 32<<10)
@@ -88,6 +95,10 @@ func (p *Proxy) pipe(src, dst net.Conn) {
 			p.mu.Unlock()
 			if hole != nil {
 				<-hole
+			}
+			if look != nil && !look(buf[:n]) {
+				p.cut(src, dst)
+				return
 			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
@@ -146,6 +157,42 @@ func (p *Proxy) Accepts() int {
 	return p.accepts
 }
 
+// An Inspector sees the bytes one client sends, chunk by chunk in the
+// order sent, each before it is forwarded; it may keep what it needs of
+// earlier chunks (a message can span two). Returning false drops the
+// chunk and resets the connection, both sides. It runs on the
+// connection's copying goroutine: while it runs, nothing more of that
+// client's is read.
+type Inspector func(chunk []byte) (forward bool)
+
+// Inspect has each connection accepted from now on shown to an Inspector
+// of its own, made by newInspector; nil stops inspecting new ones.
+func (p *Proxy) Inspect(newInspector func() Inspector) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inspect = newInspector
+}
+
+// cut closes both sides of one connection with an RST.
+func (p *Proxy) cut(cs ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range cs {
+		if _, ok := p.conns[c]; ok {
+			p.rst(c)
+		}
+	}
+}
+
+// rst closes c with an RST; p.mu is held.
+func (p *Proxy) rst(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
+	delete(p.conns, c)
+}
+
 // Reset closes every connection with an RST and reports how many
 // client connections it cut.
 func (p *Proxy) Reset() int {
@@ -153,11 +200,7 @@ func (p *Proxy) Reset() int {
 	defer p.mu.Unlock()
 	n := 0
 	for c := range p.conns {
-		if tc, ok := c.(*net.TCPConn); ok {
-			_ = tc.SetLinger(0)
-		}
-		_ = c.Close()
-		delete(p.conns, c)
+		p.rst(c)
 		n++
 	}
 	return n / 2

@@ -102,3 +102,43 @@ func TestRefuse(t *testing.T) {
 		t.Fatalf("Accepts = %d, want 1", p.Accepts())
 	}
 }
+
+// An inspector sees what the client sends before it is forwarded, chunk
+// by chunk, and one that refuses a chunk keeps it from the server and
+// resets the connection; other connections, with inspectors of their
+// own, go on.
+func TestInspectDropsAndResets(t *testing.T) {
+	p, err := tcpproxy.New(echo(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Inspect(func() tcpproxy.Inspector {
+		return func(b []byte) bool { return string(b) != "!" }
+	})
+	bad, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	if err := roundTrip(t, bad, 5*time.Second); err != nil {
+		t.Fatalf("an inspected byte the inspector let through: %v", err)
+	}
+	if _, err := bad.Write([]byte("!")); err != nil {
+		t.Fatal(err)
+	}
+	if err := bad.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := bad.Read(make([]byte, 1)); err == nil || n != 0 {
+		t.Fatalf("after a refused chunk: read %d bytes, %v; want the connection reset", n, err)
+	}
+	good, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	if err := roundTrip(t, good, 5*time.Second); err != nil {
+		t.Fatalf("a second connection: %v", err)
+	}
+}
