@@ -6,6 +6,9 @@
 //	// write domain rows with tx, then:
 //	err = client.WriteTx(ctx, tx, postbox.Message{Topic: "orders.created", Key: orderID, Payload: body})
 //	tx.Commit(ctx)
+//
+// A transaction begun with Begin (a *Tx) sends the messages with its
+// COMMIT, in one round trip, instead of in a statement of their own.
 package postboxpgx
 
 import (
@@ -48,6 +51,9 @@ type store struct {
 }
 
 func (s *store) UnwrapExecutor(tx pgx.Tx) postboxdriver.Executor {
+	if t, ok := tx.(*Tx); ok {
+		return s.WithTx(deferring{querier[pgx.Tx]{t}, t})
+	}
 	return s.WithTx(querier[pgx.Tx]{tx})
 }
 

@@ -250,9 +250,8 @@ func likePatterns(ps []string) []string {
 func (c *Core) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 	if len(rows) == 1 {
 		r := &rows[0]
-		_, err := c.exec(ctx, c.q.insertOne, r.ID, r.Topic, nullable(r.Key), notNil(r.Payload), string(r.Headers),
+		return c.insert(ctx, c.q.insertOne, r.ID, r.Topic, nullable(r.Key), notNil(r.Payload), string(r.Headers),
 			int32(postboxdriver.PartitionOf(r.Key, r.ID, Partitions)))
-		return err
 	}
 	n := len(rows)
 	ids, topics, payloads, headers := make([]string, n), make([]string, n), make([][]byte, n), make([]string, n)
@@ -263,7 +262,23 @@ func (c *Core) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 		keys[i] = nullable(r.Key)
 		parts[i] = int32(postboxdriver.PartitionOf(r.Key, r.ID, Partitions))
 	}
-	_, err := c.exec(ctx, c.q.insert, ids, topics, keys, payloads, headers, parts)
+	return c.insert(ctx, c.q.insert, ids, topics, keys, payloads, headers, parts)
+}
+
+// Deferrer is a transaction's Querier that can send the outbox insert in
+// the same round trip as its COMMIT (postboxpgx.Begin): Insert offers it the
+// statement, which the transaction's commit runs if Defer took it.
+type Deferrer interface {
+	Defer(sql string, args ...any) bool
+}
+
+func (c *Core) insert(ctx context.Context, sql string, args ...any) error {
+	if t, ok := c.db.(InTx); ok {
+		if d, ok := t.Querier.(Deferrer); ok && d.Defer(sql, args...) {
+			return nil
+		}
+	}
+	_, err := c.exec(ctx, sql, args...)
 	return err
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // WriteOptions configure the write-overhead benchmark: domain transactions
@@ -41,6 +42,9 @@ type WriteOptions struct {
 	// connections and prepared statements exist; default 1s, negative
 	// skips it.
 	Warmup time.Duration
+	// Pipeline makes the postbox phase's transactions postboxpgx.Tx, whose
+	// messages go with the COMMIT in one round trip.
+	Pipeline bool
 }
 
 // Validate reports the first bad option, naming its command-line flag.
@@ -152,7 +156,7 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	if err != nil {
 		return res, err
 	}
-	w := &writeBench{pool: pool, client: client, orders: orders, payload: makePayload(opts.PayloadBytes)}
+	w := &writeBench{pool: pool, client: client, orders: orders, payload: makePayload(opts.PayloadBytes), opts: opts}
 
 	type shape struct{ writers, rows int }
 	var shapes []shape
@@ -238,6 +242,7 @@ type writeBench struct {
 	client  *postbox.Client[pgx.Tx]
 	orders  string
 	payload []byte
+	opts    WriteOptions
 }
 
 // phase runs writers for d, each committing transactions of rows domain
@@ -299,8 +304,9 @@ func collect(errs <-chan error) []error {
 
 // tx is one domain transaction: the order rows, with one statement, and
 // with set, the messages through WriteTx (one more statement).
+// With Pipeline, the messages go with the COMMIT instead.
 func (w *writeBench) tx(ctx context.Context, customers []string, amounts []int64, msgs []postbox.Message, with bool) error {
-	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+	body := func(tx pgx.Tx) error {
 		var err error
 		if len(customers) == 1 {
 			_, err = tx.Exec(ctx, "INSERT INTO "+w.orders+" (customer, amount_cents, status) VALUES ($1, $2, 'new')", customers[0], amounts[0])
@@ -311,7 +317,19 @@ func (w *writeBench) tx(ctx context.Context, customers []string, amounts []int64
 			return err
 		}
 		return w.client.WriteTx(ctx, tx, msgs...)
-	})
+	}
+	if !with || !w.opts.Pipeline {
+		return pgx.BeginFunc(ctx, w.pool, body)
+	}
+	tx, err := postboxpgx.Begin(ctx, w.pool)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := body(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // medianOf returns the median of f over xs; 0 for none.
