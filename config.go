@@ -68,9 +68,15 @@ type Config struct {
 	// PublishWindow is the most publishes awaiting the broker's ack at
 	// once, across the relay's lanes. Default 256.
 	PublishWindow int
-	// Lanes is how many batches the relay works on at once, each lane over
-	// its own share of the relay's partitions, so that one lane's database
-	// round trips overlap another's publishing. Each lane uses a database
+	// Lanes is how many batches a relay holding every partition works on
+	// at once, each lane over its own share of the relay's partitions, so
+	// that one lane's database round trips overlap another's publishing.
+	// A relay holding part of the partitions reads with that part of
+	// Lanes, rounded up and at least one (two relays with the default 4
+	// read with 2 each), and follows its share as relays join and leave:
+	// relays sharing a table bring about Lanes to it together rather than
+	// Lanes each, since past what the database and the cores serve more
+	// concurrent batches drain more slowly. Each lane uses a database
 	// connection while it reads or marks; with the renewals, the idle
 	// probe and the maintenance pass, a relay uses up to Lanes+3 at once,
 	// and a pool smaller than that delays renewals. Default 4.

@@ -27,8 +27,10 @@ import (
 //     while it was publishing changes nothing. That cycle is step
 //     (relay_batch.go), run by the lanes and by Drain alike.
 //   - Lanes work on disjoint shares of the relay's partitions, so one
-//     lane's database round trips overlap another's publishing
-//     (relay_lane.go).
+//     lane's database round trips overlap another's publishing; a relay
+//     runs as many as its share of the partitions calls for, so that
+//     relays sharing a table bring no more lanes to it together than one
+//     relay alone (relay_lane.go).
 //   - A relay that takes a partition after its owner's lease ran out
 //     publishes its first batch with crash marks, so that a message whose
 //     publish kills relays is counted and dies after MaxCrashes
@@ -72,8 +74,11 @@ type relay struct {
 	maintTick chan struct{}
 	maint     maintenance // the maintenance goroutine's only
 
-	mu         sync.Mutex
-	target     []int         // this relay's share, as last worked out
+	mu     sync.Mutex
+	target []int // this relay's share, as last worked out
+	// active is how many of the lanes read: the first active ones
+	// (laneCount of the share); the others wait for the share to grow.
+	active     int
 	held       map[int]int64 // partitions the lanes read: partition -> generation
 	leaving    map[int]int64 // partitions out of the share, held until no batch is in flight on them
 	busy       map[int]int   // batches in flight per partition
@@ -102,6 +107,7 @@ type relay struct {
 }
 
 type relayRun struct {
+	r          *relay
 	soft, hard context.CancelFunc
 	done       chan struct{}
 }
@@ -133,13 +139,14 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs ro
 	for i := range min(cfg.Lanes, n) {
 		r.lanes = append(r.lanes, &lane{r: r, n: i, wake: make(chan struct{}, 1)})
 	}
+	r.active = len(r.lanes)
 	return r, nil
 }
 
 func (r *relay) start() *relayRun {
 	hard, hardCancel := context.WithCancel(context.Background())
 	soft, softCancel := context.WithCancel(hard)
-	run := &relayRun{soft: softCancel, hard: hardCancel, done: make(chan struct{})}
+	run := &relayRun{r: r, soft: softCancel, hard: hardCancel, done: make(chan struct{})}
 	go func() {
 		defer close(run.done)
 		r.run(soft, hard)
@@ -256,8 +263,10 @@ func (r *relay) run(soft, hard context.Context) {
 // and a crashed relay's are taken within a lease and an eighth.
 func (r *relay) renewEvery() time.Duration { return max(r.cfg.LeaseDuration/8, minPoll) }
 
+// notifyLanes wakes the lanes that read; the others wait for the share
+// to grow, and the renewal that grows it wakes them.
 func (r *relay) notifyLanes() {
-	for _, l := range r.lanes {
+	for _, l := range r.lanes[:r.activeLanes()] {
 		l.notify()
 	}
 }

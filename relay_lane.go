@@ -14,6 +14,17 @@ import (
 // A lane runs the relay's cycle (step) over its own share of the relay's
 // partitions, so one lane's database round trips overlap another's
 // publishing. Lanes never share a partition, and so never a key.
+//
+// A relay has min(Lanes, P) lanes, of which the first laneCount read: as
+// many as its share of the table's partitions calls for. Relays that share
+// a table then bring about Lanes to it together, as one relay holding
+// every partition does; more concurrent cycles on one database and one
+// machine cost more than they give. The count follows the share at each
+// renewal (coordinate). A partition that passes from one lane to another
+// when it changes is handed over as when the held set changes: claim
+// leaves it out of the new lane's batch while the old lane's batch on it
+// is in flight, and the new lane reads it from the start, after that
+// batch's marks.
 type lane struct {
 	r          *relay
 	n          int
@@ -34,10 +45,34 @@ func (l *lane) notify() {
 	}
 }
 
+// laneCount is how many lanes a relay with lanes lanes reads with when
+// its share is share of the table's nparts partitions: lanes for the
+// whole table, in proportion for part of it, rounded up, and at least one.
+func laneCount(lanes, share, nparts int) int {
+	return min(max((lanes*share+nparts-1)/nparts, 1), lanes)
+}
+
+// activeLanes is how many lanes read now.
+func (r *relay) activeLanes() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.active
+}
+
 func (l *lane) run(soft, hard context.Context) {
 	r := l.r
 	poll := minPoll
 	for soft.Err() == nil {
+		if l.n >= r.activeLanes() {
+			// Not needed for the relay's share: wait for the renewal
+			// that grows it (notifyLanes).
+			select {
+			case <-l.wake:
+			case <-soft.Done():
+			}
+			poll = minPoll
+			continue
+		}
 		fence, until := r.claim(time.Now(), l.n)
 		if len(fence.Generations) == 0 {
 			// Nothing to read.
@@ -89,7 +124,7 @@ func (l *lane) run(soft, hard context.Context) {
 // wake-up.
 func (l *lane) sleep(ctx context.Context, d time.Duration) bool {
 	r := l.r
-	if d < r.cfg.PollInterval || len(r.lanes) == 1 {
+	if d < r.cfg.PollInterval || r.activeLanes() == 1 {
 		return l.idle(ctx, d)
 	}
 	l.asleep.Store(true)

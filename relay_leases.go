@@ -89,6 +89,10 @@ func (r *relay) coordinate(ctx context.Context) (pending bool, err error) {
 		}
 	}
 	r.target = target
+	if n := laneCount(len(r.lanes), len(target), r.nparts); n != r.active {
+		r.log.Info("postbox relay lanes", slog.Int("lanes", n), slog.Int("share", len(target)), slog.Int("partitions", r.nparts))
+		r.active = n
+	}
 	r.stale = false
 	// The database set the expiries from its clock after start; ending
 	// our use of the leases a tenth early leaves room for clock rate
@@ -194,16 +198,17 @@ func (r *relay) fencedOut() {
 	r.mu.Unlock()
 }
 
-// fence returns lane n's share of the held partitions: every len(lanes)-th
-// of them in partition order, so the shares stay even whichever partitions
-// the relay holds; n < 0 returns all of them. The second result is when
-// the leases stop being usable; an empty fence is returned once that is
-// too close to start a read, and while the relay's view is stale.
+// fence returns lane n's share of the held partitions: every active-th of
+// them in partition order, so the shares stay even whichever partitions
+// the relay holds; none for a lane that does not read (n >= active), and
+// all of them for n < 0. The second result is when the leases stop being
+// usable; an empty fence is returned once that is too close to start a
+// read, and while the relay's view is stale.
 func (r *relay) fence(now time.Time, n int) (postboxdriver.Fence, time.Time) {
 	f := postboxdriver.Fence{Owner: r.id, Generations: map[int]int64{}}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.stale || r.validUntil.Sub(now) < minPoll*5 {
+	if r.stale || r.validUntil.Sub(now) < minPoll*5 || n >= r.active {
 		return f, r.validUntil
 	}
 	parts := make([]int, 0, len(r.held))
@@ -211,7 +216,7 @@ func (r *relay) fence(now time.Time, n int) (postboxdriver.Fence, time.Time) {
 		parts = append(parts, p)
 	}
 	sort.Ints(parts)
-	start, step := n, len(r.lanes)
+	start, step := n, r.active
 	if n < 0 {
 		start, step = 0, 1
 	}
@@ -226,9 +231,10 @@ func (r *relay) fence(now time.Time, n int) (postboxdriver.Fence, time.Time) {
 // which releases a partition leaving the share only once no batch is in
 // flight on it, cannot release one under a batch. It leaves out the
 // partitions another lane has a batch in flight on: a lane's share is by
-// position among the held partitions, which shifts when the held set
-// changes, and two lanes reading one partition at once would send its rows
-// twice and out of order. The lane calls done with the fence when its
+// position among the held partitions and by the number of lanes reading,
+// which shift when the held set or the share changes, and two lanes
+// reading one partition at once would send its rows twice and out of
+// order. The lane calls done with the fence when its
 // batch is marked.
 func (r *relay) claim(now time.Time, n int) (postboxdriver.Fence, time.Time) {
 	f, until := r.fence(now, n)

@@ -20,16 +20,21 @@ import (
 const (
 	faultNATSLeaderKill = "nats_leader_kill" // SIGKILL the node leading the stream, start it again after Hold
 	faultNATSFreeze     = "nats_node_freeze" // SIGSTOP the node leading the stream for Hold, then SIGCONT
+	faultNATSCut        = "nats_node_cut"    // cut the node leading the stream off the network (routes and clients) for Hold
 )
 
 func init() {
 	guarantees[faultNATSLeaderKill] = "G2 G3 G4 G6: the stream's leader dies mid-drain; the two others elect a new one, the relays' unacknowledged publishes are sent again and the stream's duplicate window (replicated with it) or the inbox absorbs them; nothing acknowledged is lost"
 	guarantees[faultNATSFreeze] = "G2 G3 G4: the stream's leader stops answering anyone (its routes and its clients) for longer than an election; the others go on without it, and when it wakes it follows them; publishes it held are timed out and sent again"
+	guarantees[faultNATSCut] = "G2 G3 G4: the stream's leader is cut off from the other nodes and from its clients while it keeps running; the others elect a leader without it, a publish it cannot replicate is never acknowledged and is sent again, and when the network heals it follows the new leader"
 	profiles["cluster"] = profile{
 		Name: "cluster", WriteFor: 75 * time.Second, Rounds: 1,
-		Mix:     map[string]int{faultNATSLeaderKill: 3, faultNATSFreeze: 2, faultKill: 2},
+		Mix:     map[string]int{faultNATSLeaderKill: 3, faultNATSFreeze: 1, faultNATSCut: 2, faultKill: 2},
 		Writers: 4, Keys: 40, Pace: 40 * time.Millisecond, Rollback: 0.15, Poison: 0.01,
-		DrainLimit: 90 * time.Second, Lease: 3 * time.Second, BatchDeadline: time.Second,
+		// Deliveries that a killed or cut-off node handed out wait for
+		// the consumer's AckWait (30 s) before another node sends them
+		// again, after each such fault.
+		DrainLimit: 120 * time.Second, Lease: 3 * time.Second, BatchDeadline: time.Second,
 	}
 }
 
@@ -39,10 +44,17 @@ func init() {
 // POSTBOX_FAULTS_NATS_SYNC=always runs the nodes with JetStream's
 // sync_interval: always (an fsync before each acknowledgement); the
 // default syncs every two minutes and relies on the replicas.
+//
+// Each node runs with a group id of its own, by which the network cut
+// (netcut_test.go) knows its sockets; without root or nft the nodes run as
+// the harness does and a scheduled cut fails the run (cutErr).
 type natsClusterBroker struct {
 	*natsBroker
-	nodes []*natsServer
-	names []string
+	nodes  []*natsServer
+	names  []string
+	cports []int // the nodes' cluster ports
+	cut    *netCut
+	cutErr error
 }
 
 func newNATSClusterBroker(t *testing.T, ctx context.Context, dir, run string, dupWindow time.Duration) *natsClusterBroker {
@@ -67,7 +79,22 @@ func newNATSClusterBroker(t *testing.T, ctx context.Context, dir, run string, du
 			t.Fatal(err)
 		}
 	}
-	b := &natsClusterBroker{}
+	b := &natsClusterBroker{cports: cports}
+	groups := make([]uint32, n)
+	for i := range n {
+		groups[i] = nodeGroup(cports[i])
+	}
+	// Before the nodes start, so that every connection of theirs is
+	// marked from its first packet.
+	if b.cut, b.cutErr = newNetCut(ctx, run, groups); b.cutErr == nil {
+		t.Cleanup(func() {
+			if err := b.cut.close(); err != nil {
+				t.Errorf("faults: remove the network cut's rules: %v", err)
+			}
+		})
+	} else {
+		t.Logf("faults: no network cut of a node in this run: %v", b.cutErr)
+	}
 	var urls []string
 	for i := range n {
 		var routes []string
@@ -78,6 +105,9 @@ func newNATSClusterBroker(t *testing.T, ctx context.Context, dir, run string, du
 		}
 		name := fmt.Sprintf("fx%s-n%d", run, i)
 		s := &natsServer{bin: bin, dir: filepath.Join(dir, name), log: filepath.Join(dir, name+".log"), port: ports[i], conf: filepath.Join(dir, name+".conf")}
+		if b.cut != nil {
+			s.gid = groups[i]
+		}
 		conf := fmt.Sprintf(`server_name: %q
 listen: "127.0.0.1:%d"
 log_file: %q
@@ -232,6 +262,24 @@ func (b *natsClusterBroker) freezeLeader(ctx context.Context, hold time.Duration
 	return b.names[i], cmd.Process.Signal(syscall.SIGCONT)
 }
 
+// cutLeader cuts the stream's leader off the network, its routes and its
+// client port, for hold, the process running on.
+func (b *natsClusterBroker) cutLeader(ctx context.Context, hold time.Duration) (string, error) {
+	if b.cut == nil {
+		return "", fmt.Errorf("no network cut: %w", b.cutErr)
+	}
+	i, err := b.leader(ctx)
+	if err != nil {
+		return "", err
+	}
+	lift, err := b.cut.cut(ctx, nodeGroup(b.cports[i]), []int{b.nodes[i].port, b.cports[i]}, hold)
+	if err != nil {
+		return b.names[i], err
+	}
+	sleep(ctx, hold)
+	return b.names[i], lift()
+}
+
 // clusterFault runs one of the cluster's faults.
 func (h *harness) clusterFault(ctx context.Context, f *fault) {
 	c, ok := h.broker.(*natsClusterBroker)
@@ -246,6 +294,11 @@ func (h *harness) clusterFault(ctx context.Context, f *fault) {
 		node, err = c.killLeader(ctx, f.Hold)
 	case faultNATSFreeze:
 		node, err = c.freezeLeader(ctx, f.Hold)
+	case faultNATSCut:
+		node, err = c.cutLeader(ctx, f.Hold)
+		if c.cut == nil {
+			h.t.Errorf("faults: %s scheduled, but %v", f.Kind, err)
+		}
 	}
 	f.Note = "leader " + node
 	if err != nil {

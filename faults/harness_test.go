@@ -477,7 +477,7 @@ func (h *harness) inject(ctx context.Context, sched []*fault) {
 			f.Note = h.rollingDeploy(ctx, f.Hold)
 		case faultKillMany:
 			f.Note = h.killMany(ctx, f.Relays, f.Hold)
-		case faultNATSLeaderKill, faultNATSFreeze:
+		case faultNATSLeaderKill, faultNATSFreeze, faultNATSCut:
 			h.clusterFault(ctx, f)
 		case faultFailover:
 			if err := h.failover(ctx, f, f.Hold); err != nil {

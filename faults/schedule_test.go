@@ -151,6 +151,9 @@ func schedule(rng *rand.Rand, p profile) []*fault {
 			case faultNATSFreeze:
 				f.Relay = -1
 				f.Hold = jitter(rng, 3*time.Second, 6*time.Second)
+			case faultNATSCut:
+				f.Relay = -1
+				f.Hold = jitter(rng, 4*time.Second, 8*time.Second)
 			case faultPGRestart:
 				f.Relay = -1
 				f.Mode = []string{"fast", "immediate"}[rng.IntN(2)]

@@ -157,6 +157,10 @@ type natsServer struct {
 	// conf, when set, is a configuration file that says everything
 	// (a cluster node's); else flags do.
 	conf string
+	// gid, when set, is the group the server runs as, the user staying
+	// the harness's: a cluster node's, by which a network cut knows its
+	// sockets (netcut_test.go).
+	gid uint32
 }
 
 func startNATS(t *testing.T, ctx context.Context, dir string) *natsServer {
@@ -192,6 +196,9 @@ func (s *natsServer) start(ctx context.Context) error {
 	cmd := exec.Command(s.bin, "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-js", "-sd", s.dir, "-l", s.log)
 	if s.conf != "" {
 		cmd = exec.Command(s.bin, "-c", s.conf)
+	}
+	if s.gid != 0 {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(os.Getuid()), Gid: s.gid, NoSetGroups: true}}
 	}
 	if _, err := s.proc.launch(cmd, ""); err != nil {
 		return err

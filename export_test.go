@@ -1,0 +1,17 @@
+package postbox
+
+// RelayLanes reports, for c's running relay, how many lanes read, the
+// size of its share, how many partitions it holds, and the table's
+// partition count; ok is false when c runs no relay.
+func RelayLanes[TTx any](c *Client[TTx]) (lanes, share, held, partitions int, ok bool) {
+	c.mu.Lock()
+	run := c.running
+	c.mu.Unlock()
+	if run == nil {
+		return 0, 0, 0, 0, false
+	}
+	r := run.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.active, len(r.target), len(r.held), r.nparts, true
+}

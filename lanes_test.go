@@ -1,0 +1,119 @@
+package postbox_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxtest"
+)
+
+// A relay reads with as many lanes as its share of the partitions calls
+// for: Config.Lanes alone, half of them each when a second relay joins,
+// all of them again when it leaves. Keys written all along keep their
+// order across both changes, as partitions move between relays and
+// between the lanes of one relay.
+func TestRelayLanesFollowItsShare(t *testing.T) {
+	driver, prefix := newDriver(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	broker := postboxtest.NewBroker(nil)
+	cfg := &postbox.Config{Prefix: prefix, Publisher: broker, PollInterval: 10 * time.Millisecond, Lanes: 4}
+	a, err := postbox.NewClient(driver, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := postbox.NewClient(driver, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = a.Stop(context.WithoutCancel(ctx)) }()
+
+	// Writes go on through both changes: a few keys, each with its own
+	// count, written in order.
+	const keys = 8
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	written := 0 // the writer's until wg.Wait
+	var werr error
+	wg.Go(func() {
+		for i := 0; !stop.Load(); i++ {
+			msg := postbox.Message{Topic: "orders.paid", Key: fmt.Sprintf("k%d", i%keys), Payload: []byte(strconv.Itoa(i / keys))}
+			if werr = a.Write(ctx, msg); werr != nil {
+				return
+			}
+			written++
+		}
+	})
+	stopWriting := func() { stop.Store(true); wg.Wait() }
+	defer stopWriting()
+
+	lanesAre := func(c *postbox.Client[pgx.Tx], lanes int, whole bool) func() bool {
+		return func() bool {
+			n, share, held, parts, ok := postbox.RelayLanes(c)
+			want := parts
+			if !whole {
+				want = parts / 2
+			}
+			return ok && n == lanes && share == want && held == want
+		}
+	}
+	waitFor(t, ctx, lanesAre(a, 4, true))
+	published := func(n int) func() bool { return func() bool { return countKeyPrefix(broker, "k") >= n } }
+	waitFor(t, ctx, published(100))
+
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, lanesAre(a, 2, false))
+	waitFor(t, ctx, lanesAre(b, 2, false))
+	waitFor(t, ctx, published(countKeyPrefix(broker, "k")+100))
+
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, lanesAre(a, 4, true))
+	waitFor(t, ctx, published(countKeyPrefix(broker, "k")+100))
+
+	stopWriting()
+	if werr != nil {
+		t.Fatal(werr)
+	}
+	// Every message written is published; each key's messages first
+	// reach the broker in the order written (copies of one already sent
+	// may come again later).
+	waitFor(t, ctx, func() bool { return distinctIDs(broker) == written })
+	for k := range keys {
+		next := 0
+		for _, p := range payloadsOf(broker, fmt.Sprintf("k%d", k)) {
+			n, err := strconv.Atoi(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case n == next:
+				next++
+			case n > next:
+				t.Fatalf("key k%d: message %d published before message %d", k, n, next)
+			}
+		}
+	}
+}
+
+func distinctIDs(b *postboxtest.Broker) int {
+	seen := map[string]bool{}
+	for _, m := range b.Messages() {
+		seen[m.ID] = true
+	}
+	return len(seen)
+}

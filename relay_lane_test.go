@@ -1,0 +1,99 @@
+package postbox
+
+import (
+	"testing"
+	"time"
+)
+
+func TestLaneCountFollowsTheShare(t *testing.T) {
+	for _, c := range []struct{ lanes, share, nparts, want int }{
+		{4, 64, 64, 4}, // the whole table: Config.Lanes
+		{4, 32, 64, 2}, // two relays: together as many as one
+		{4, 22, 64, 2}, // three relays: rounded up
+		{4, 21, 64, 2},
+		{4, 16, 64, 1},
+		{4, 1, 64, 1}, // at least one
+		{4, 0, 64, 1},
+		{8, 32, 64, 4},
+		{1, 64, 64, 1},
+		{64, 64, 64, 64},
+		{64, 1, 64, 1},
+	} {
+		if got := laneCount(c.lanes, c.share, c.nparts); got != c.want {
+			t.Errorf("laneCount(%d, %d, %d) = %d, want %d", c.lanes, c.share, c.nparts, got, c.want)
+		}
+	}
+}
+
+// newLaneRelay is a relay holding every one of nparts partitions, with
+// lanes lanes, all reading, and no database behind it: enough for fence
+// and claim.
+func newLaneRelay(lanes, nparts int) *relay {
+	r := &relay{nparts: nparts, held: map[int]int64{}, busy: map[int]int{}, validUntil: time.Now().Add(time.Hour)}
+	for i := range lanes {
+		r.lanes = append(r.lanes, &lane{r: r, n: i, wake: make(chan struct{}, 1)})
+	}
+	r.active = lanes
+	for p := range nparts {
+		r.held[p] = 1
+	}
+	return r
+}
+
+// Whatever the number of lanes reading, their fences split the held
+// partitions between them, and the lanes that do not read get none.
+func TestLaneFencesSplitTheHeldPartitions(t *testing.T) {
+	r := newLaneRelay(4, 64)
+	now := time.Now()
+	for active := 1; active <= 4; active++ {
+		r.active = active
+		seen := map[int]int{}
+		for n := range r.lanes {
+			f, _ := r.fence(now, n)
+			if n >= active && len(f.Generations) > 0 {
+				t.Fatalf("%d lanes reading: lane %d, not reading, got %d partitions", active, n, len(f.Generations))
+			}
+			for p := range f.Generations {
+				if m, dup := seen[p]; dup {
+					t.Fatalf("%d lanes reading: partition %d in lanes %d and %d", active, p, m, n)
+				}
+				seen[p] = n
+			}
+		}
+		if len(seen) != 64 {
+			t.Fatalf("%d lanes reading: %d of 64 partitions in a fence", active, len(seen))
+		}
+	}
+}
+
+// A partition that passes to another lane when the number of lanes
+// reading changes is not read by the new lane while the old lane's batch
+// on it is in flight: the new lane takes it after that batch is done.
+func TestLaneChangeWaitsForTheBatchInFlight(t *testing.T) {
+	r := newLaneRelay(4, 64)
+	now := time.Now()
+	old, _ := r.claim(now, 3) // partitions 3, 7, 11, …
+	if _, ok := old.Generations[7]; !ok {
+		t.Fatalf("lane 3 of 4 claimed %v, want partition 7 among them", sortedKeys(old.Generations))
+	}
+	r.active = 2 // the share halved: lane 1 now reads 1, 3, 5, 7, …
+	f, _ := r.claim(now, 1)
+	for p := range f.Generations {
+		if p%4 == 3 {
+			t.Fatalf("lane 1 claimed partition %d while lane 3's batch on it is in flight", p)
+		}
+	}
+	if len(f.Generations) != 16 {
+		t.Fatalf("lane 1 claimed %d partitions, want the 16 not in flight elsewhere", len(f.Generations))
+	}
+	if g, _ := r.claim(now, 3); len(g.Generations) > 0 {
+		t.Fatalf("lane 3, no longer reading, claimed %v", sortedKeys(g.Generations))
+	}
+	r.done(f)
+	r.done(old)
+	f, _ = r.claim(now, 1)
+	if len(f.Generations) != 32 {
+		t.Fatalf("lane 1 claimed %d partitions once lane 3's batch was done, want 32", len(f.Generations))
+	}
+	r.done(f)
+}
