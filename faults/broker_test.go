@@ -65,7 +65,7 @@ func newNATSBroker(t *testing.T, ctx context.Context, dir, run string, dupWindow
 	b := &natsBroker{srv: startNATS(t, ctx, dir), stream: "FX" + run, subj: "fx" + run + "."}
 	b.urls = b.srv.url()
 	var err error
-	b.nc, err = nats.Connect(b.urls, nats.Name("postbox faults harness"), nats.MaxReconnects(-1))
+	b.nc, err = nats.Connect(b.urls, nats.Name("postbox faults harness"), nats.MaxReconnects(-1), nats.PingInterval(2*time.Second), nats.MaxPingsOutstanding(3))
 	if err != nil {
 		t.Fatalf("NATS at %s: %v", b.srv.url(), err)
 	}
@@ -107,7 +107,10 @@ func consumerSubscriber(ctx context.Context, kind string, vars map[string]string
 		sub, err := postboxamqp.NewSubscriber(postboxamqp.URL(vars["url"]), vars["queue"], &postboxamqp.SubscriberConfig{PerKey: true, Logger: log})
 		return sub, func() {}, err
 	}
-	nc, err := nats.Connect(vars["url"], nats.Name("postbox faults consumer"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, err := nats.Connect(vars["url"], nats.Name("postbox faults consumer"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
+		// A node cut off by the network is noticed within about 6 s, as the
+		// relay does; nats.go's defaults would wait 4 min.
+		nats.PingInterval(2*time.Second), nats.MaxPingsOutstanding(3))
 	if err != nil {
 		return nil, nil, err
 	}

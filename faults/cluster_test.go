@@ -132,7 +132,8 @@ cluster { name: "fx%s", listen: "127.0.0.1:%d", routes: [%s] }
 	}
 	nb := &natsBroker{stream: "FX" + run, subj: "fx" + run + ".", urls: strings.Join(urls, ",")}
 	var err error
-	nb.nc, err = nats.Connect(nb.urls, nats.Name("postbox faults harness"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nb.nc, err = nats.Connect(nb.urls, nats.Name("postbox faults harness"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
+		nats.PingInterval(2*time.Second), nats.MaxPingsOutstanding(3))
 	if err != nil {
 		t.Fatalf("NATS cluster: %v", err)
 	}
