@@ -42,6 +42,20 @@ import (
 // a batch back: one the database does not take within a quarter of the
 // batch deadline is given up, and the batch published without marks.
 
+// settledMarks returns the partitions whose crash marks the relay settled
+// at the generation it holds them under, so that Coordinate clears their
+// leases' mark: released unsettled, a partition passes its mark on to the
+// next owner. r.mu is held.
+func (r *relay) settledMarks() []int {
+	var out []int
+	for p, g := range r.settled {
+		if r.crashed[p] == g {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // suspects returns the partitions of fence whose batch is to be published
 // with crash marks: taken after an expiry, at the generation fenced, and
 // not settled yet.

@@ -40,10 +40,11 @@ func (r *relay) coordinate(ctx context.Context) (pending bool, err error) {
 			drop = append(drop, p)
 		}
 	}
+	settled := r.settledMarks()
 	r.mu.Unlock()
 
 	start := time.Now()
-	m, err := r.ex.Coordinate(ctx, r.id, r.cfg.LeaseDuration, want, drop)
+	m, err := r.ex.Coordinate(ctx, r.id, r.cfg.LeaseDuration, want, drop, settled)
 	if err != nil {
 		return false, err
 	}
@@ -164,7 +165,10 @@ func (r *relay) releaseAll(ctx context.Context) {
 // counted as live, its share would still be its own, and they would wait
 // a renewal more to take them. The lanes have stopped.
 func (r *relay) leave(ctx context.Context) {
-	if _, err := r.ex.Coordinate(ctx, r.id, 0, nil, r.letGo()); err != nil {
+	r.mu.Lock()
+	settled := r.settledMarks()
+	r.mu.Unlock()
+	if _, err := r.ex.Coordinate(ctx, r.id, 0, nil, r.letGo(), settled); err != nil {
 		r.log.Warn("postbox relay could not release its partitions; they pass on when the lease expires", slog.Any("error", err))
 	}
 }

@@ -37,7 +37,14 @@ type Executor interface {
 	// of a partition increases each time its owner changes. A ttl of 0
 	// takes relayID out of the live set in the same statement as its
 	// releases: a relay leaving does so at once.
-	Coordinate(ctx context.Context, relayID string, ttl time.Duration, want, drop []int) (Membership, error)
+	//
+	// A lease's Crashed mark says its partition may hold a row whose
+	// publish killed a relay: it is set when a lease is taken from an
+	// owner whose lease ran out, kept when a lease is released and taken
+	// again (the relay releasing it may not have published the suspect
+	// rows yet), and cleared on the partitions of settled that relayID
+	// holds or releases: those whose crash marks it has settled.
+	Coordinate(ctx context.Context, relayID string, ttl time.Duration, want, drop, settled []int) (Membership, error)
 	// Unregister removes relayID from the live set.
 	Unregister(ctx context.Context, relayID string) error
 	// AcquireLeases takes or renews the leases on partitions for owner until

@@ -41,7 +41,7 @@ const nowExpr = `CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGE
 func (s *store) Dialect() string { return "sqlite" }
 
 type queries struct {
-	lock, partitions, heartbeat, live, leases, unregister, acquire, release, expire, fetch, fetchStrict, fetchRouted, fetchRoutedStrict, publish, unpend, bury, unbury, retry,
+	lock, partitions, heartbeat, live, leases, unregister, acquire, release, settle, expire, fetch, fetchStrict, fetchRouted, fetchRoutedStrict, publish, unpend, bury, unbury, retry,
 	anyMarked, markCrashes, suspects, markInFlight, stats,
 	applied, createMigrations, migrationDone, recordMigration string
 }
@@ -70,16 +70,21 @@ ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at`),
 		// the previous owner. IS is SQLite's IS NOT DISTINCT FROM. crashed
 		// records whether the lease was taken from another owner, which the
 		// WHERE allows only once its lease ran out (a released lease has
-		// no owner).
+		// no owner, and keeps the mark its last owner left: unsettled, it
+		// passes on).
 		acquire: r.Replace(`UPDATE {p}leases SET
   generation = CASE WHEN owner IS ?1 THEN generation ELSE generation + 1 END,
-  crashed = CASE WHEN owner IS ?1 THEN crashed ELSE owner IS NOT NULL END,
+  crashed = CASE WHEN owner IS ?1 THEN crashed ELSE owner IS NOT NULL OR crashed END,
   owner = ?1,
   expires_at = {now} + ?3
 WHERE partition IN (SELECT value FROM json_each(?2)) AND (owner IS NULL OR owner = ?1 OR expires_at <= {now})
 RETURNING partition, owner, generation, expires_at`),
 		release: r.Replace(`UPDATE {p}leases SET owner = NULL, expires_at = {now}
 WHERE owner = ?1 AND partition IN (SELECT value FROM json_each(?2))`),
+		// The crash marks a relay settled, on partitions it holds or has
+		// just released.
+		settle: r.Replace(`UPDATE {p}leases SET crashed = 0
+WHERE crashed AND (owner = ?1 OR owner IS NULL) AND partition IN (SELECT value FROM json_each(?2))`),
 		// expires_at holds Unix milliseconds; 0 is long past.
 		expire:            r.Replace(`UPDATE {p}leases SET owner = ?1, generation = generation + 1, expires_at = 0`),
 		fetch:             r.Replace(fetchSQL(false, false)),
@@ -203,7 +208,7 @@ func (s *store) Partitions(ctx context.Context) (int, error) {
 // Coordinate implements postboxdriver.Executor, in one IMMEDIATE
 // transaction: the heartbeat, the releases, the takes and renewals, and the
 // membership after them.
-func (s *store) Coordinate(ctx context.Context, relayID string, ttl time.Duration, want, drop []int) (postboxdriver.Membership, error) {
+func (s *store) Coordinate(ctx context.Context, relayID string, ttl time.Duration, want, drop, settled []int) (postboxdriver.Membership, error) {
 	var m postboxdriver.Membership
 	dropped := make(map[int]bool, len(drop))
 	for _, p := range drop {
@@ -221,6 +226,11 @@ func (s *store) Coordinate(ctx context.Context, relayID string, ttl time.Duratio
 		}
 		if len(drop) > 0 {
 			if _, err := c.ExecContext(ctx, s.q.release, relayID, intsJSON(drop)); err != nil {
+				return err
+			}
+		}
+		if len(settled) > 0 {
+			if _, err := c.ExecContext(ctx, s.q.settle, relayID, intsJSON(settled)); err != nil {
 				return err
 			}
 		}

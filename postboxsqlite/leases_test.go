@@ -234,6 +234,6 @@ func waitDB(t *testing.T, f *fixture, ms int64) {
 // heartbeat registers id through Coordinate, asking for no lease, and
 // returns the live set.
 func heartbeat(ctx context.Context, f *fixture, id string, ttl time.Duration) ([]string, error) {
-	m, err := f.store.Coordinate(ctx, id, ttl, nil, nil)
+	m, err := f.store.Coordinate(ctx, id, ttl, nil, nil, nil)
 	return m.Live, err
 }

@@ -309,7 +309,7 @@ func TestRelayWriteGivesUpCleanly(t *testing.T) {
 	if _, err := f.store.MarkPublished(ctx, fence, seqs); err == nil {
 		t.Fatal("MarkPublished succeeded while another connection held the write lock")
 	}
-	if _, err := f.store.Coordinate(ctx, "o", time.Minute, nil, nil); err == nil {
+	if _, err := f.store.Coordinate(ctx, "o", time.Minute, nil, nil, nil); err == nil {
 		t.Fatal("Coordinate succeeded after its context ended")
 	}
 	release()

@@ -304,7 +304,7 @@ func TestWritersAndRelayTakeTurns(t *testing.T) {
 				_, err = f.store.MarkFailed(ctx, fence, []postboxdriver.Failure{{Seq: recs[1].Seq, Error: "x"}}, 3)
 				errs <- err
 			}
-			if _, err := f.store.Coordinate(ctx, "o", time.Minute, nil, nil); err != nil {
+			if _, err := f.store.Coordinate(ctx, "o", time.Minute, nil, nil, nil); err != nil {
 				errs <- err
 			}
 			if _, err := f.store.AcquireLeases(ctx, "o", allPartitions(), time.Minute); err != nil {
@@ -404,7 +404,7 @@ func TestNotMigrated(t *testing.T) {
 	fence := postboxdriver.Fence{Owner: "o", Generations: map[int]int64{0: 1}}
 	calls := map[string]func() error{
 		"Partitions": func() error { _, err := f.store.Partitions(ctx); return err },
-		"Coordinate": func() error { _, err := f.store.Coordinate(ctx, "r", time.Second, nil, nil); return err },
+		"Coordinate": func() error { _, err := f.store.Coordinate(ctx, "r", time.Second, nil, nil, nil); return err },
 		"Unregister": func() error { return f.store.Unregister(ctx, "r") },
 		"Acquire":    func() error { _, err := f.store.AcquireLeases(ctx, "o", []int{0}, time.Second); return err },
 		"Release":    func() error { return f.store.ReleaseLeases(ctx, "o", []int{0}) },

@@ -37,19 +37,21 @@ VALUES ($1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, $6::int)`),
 		// -infinity, which no time.Time holds: it is reported as the epoch.
 		// SET reads the row as it was, so crashed records whether the
 		// lease was taken from another owner, which the WHERE allows only
-		// once its lease ran out (a released lease has no owner).
+		// once its lease ran out (a released lease has no owner, and keeps
+		// the mark its last owner left: unsettled, it passes on); $5 are
+		// the partitions whose marks the caller settled.
 		coordinate: r.Replace(`WITH beat AS (
   INSERT INTO {p}relays (id, expires_at) VALUES ($1, now() + $2 * interval '1 millisecond')
   ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
   RETURNING id
 ), released AS (
-  UPDATE {p}leases SET owner = NULL, expires_at = now()
+  UPDATE {p}leases SET owner = NULL, expires_at = now(), crashed = crashed AND NOT (partition = ANY($5::int[]))
   WHERE owner = $1 AND partition = ANY($4::int[])
-  RETURNING partition
+  RETURNING partition, crashed
 ), taken AS (
   UPDATE {p}leases SET
     generation = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN generation ELSE generation + 1 END,
-    crashed = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN crashed ELSE owner IS NOT NULL END,
+    crashed = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN crashed AND NOT (partition = ANY($5::int[])) ELSE owner IS NOT NULL OR crashed END,
     owner = $1,
     expires_at = now() + $2 * interval '1 millisecond'
   WHERE partition = ANY($3::int[]) AND NOT (partition = ANY($4::int[]))
@@ -65,12 +67,12 @@ SELECT l.partition,
   coalesce(t.generation, l.generation),
   greatest(coalesce(t.expires_at, CASE WHEN r.partition IS NULL THEN l.expires_at END, now()), 'epoch'),
   t.partition IS NULL AND (r.partition IS NOT NULL OR l.expires_at <= now()),
-  coalesce(t.crashed, l.crashed)
+  coalesce(t.crashed, r.crashed, l.crashed)
 FROM {p}leases l LEFT JOIN taken t USING (partition) LEFT JOIN released r USING (partition)`),
 		unregister: r.Replace(`DELETE FROM {p}relays WHERE id = $1 OR expires_at < now() - interval '1 hour'`),
 		acquire: r.Replace(`UPDATE {p}leases SET
   generation = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN generation ELSE generation + 1 END,
-  crashed = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN crashed ELSE owner IS NOT NULL END,
+  crashed = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN crashed ELSE owner IS NOT NULL OR crashed END,
   owner = $1,
   expires_at = now() + $3 * interval '1 millisecond'
 WHERE partition = ANY($2::int[]) AND (owner IS NULL OR owner = $1 OR expires_at <= now())
@@ -308,9 +310,9 @@ func (c *Core) Partitions(ctx context.Context) (int, error) {
 }
 
 // Coordinate implements postboxdriver.Executor.
-func (c *Core) Coordinate(ctx context.Context, relayID string, ttl time.Duration, want, drop []int) (postboxdriver.Membership, error) {
+func (c *Core) Coordinate(ctx context.Context, relayID string, ttl time.Duration, want, drop, settled []int) (postboxdriver.Membership, error) {
 	var m postboxdriver.Membership
-	rows, err := queryAll(ctx, c, c.q.coordinate, []any{relayID, ttl.Milliseconds(), int32s(want), int32s(drop)}, func(r Rows) (postboxdriver.Lease, error) {
+	rows, err := queryAll(ctx, c, c.q.coordinate, []any{relayID, ttl.Milliseconds(), int32s(want), int32s(drop), int32s(settled)}, func(r Rows) (postboxdriver.Lease, error) {
 		var l postboxdriver.Lease
 		err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &l.ExpiresAt, &l.Expired, &l.Crashed)
 		return l, err

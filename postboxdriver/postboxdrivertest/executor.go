@@ -42,7 +42,7 @@ func (s *suite[TTx]) execCrashMarks(t *testing.T) {
 	ex := e.store
 	coordinate := func(id string, ttl time.Duration, want, drop []int) postboxdriver.Membership {
 		t.Helper()
-		m, err := ex.Coordinate(ctx, id, ttl, want, drop)
+		m, err := ex.Coordinate(ctx, id, ttl, want, drop, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -78,6 +78,26 @@ func (s *suite[TTx]) execCrashMarks(t *testing.T) {
 	if crashed(m, "b") != 1 {
 		t.Fatal("a renewal by the owner that took it after an expiry lost Crashed")
 	}
+	// Released before its owner settled its marks, a lease passes Crashed
+	// on; the partitions the caller settled lose it, held or released.
+	crashedOn := func(m postboxdriver.Membership, p int) bool { return leaseIn(t, m, p).Crashed }
+	var err error
+	coordinate("a", 300*time.Millisecond, []int{2, 3, 4}, nil)
+	time.Sleep(400 * time.Millisecond)
+	if m = coordinate("c", time.Minute, []int{2, 3, 4}, nil); !crashedOn(m, 2) || !crashedOn(m, 3) || !crashedOn(m, 4) {
+		t.Fatal("partitions taken after an expiry are not Crashed")
+	}
+	if m, err = ex.Coordinate(ctx, "c", time.Minute, []int{4}, []int{2, 3}, []int{3, 4}); err != nil {
+		t.Fatal(err)
+	}
+	if !crashedOn(m, 2) || crashedOn(m, 3) || crashedOn(m, 4) {
+		t.Fatalf("after releasing 2 unsettled and 3 settled, renewing 4 settled: crashed %v %v %v, want true false false", crashedOn(m, 2), crashedOn(m, 3), crashedOn(m, 4))
+	}
+	if m = coordinate("d", time.Minute, []int{2, 3}, nil); !crashedOn(m, 2) || crashedOn(m, 3) || owned(m, "d") != 2 {
+		t.Fatalf("taken after a release: %d owned, crashed %v %v; want 2, true (unsettled) false (settled)", owned(m, "d"), crashedOn(m, 2), crashedOn(m, 3))
+	}
+	coordinate("d", time.Minute, nil, []int{2, 3})
+	coordinate("c", time.Minute, nil, []int{4})
 
 	var rows []postboxdriver.Row
 	for range 4 {
@@ -231,18 +251,9 @@ func (s *suite[TTx]) execInsertTx(t *testing.T) {
 func (s *suite[TTx]) execCoordinate(t *testing.T) {
 	e := s.setup(t)
 	ctx := context.Background()
-	leaseOf := func(m postboxdriver.Membership, p int) postboxdriver.Lease {
-		t.Helper()
-		for _, l := range m.Leases {
-			if l.Partition == p {
-				return l
-			}
-		}
-		t.Fatalf("no lease for partition %d in %d leases", p, len(m.Leases))
-		return postboxdriver.Lease{}
-	}
+	leaseOf := func(m postboxdriver.Membership, p int) postboxdriver.Lease { return leaseIn(t, m, p) }
 	// A takes 0-3; every partition is reported, the free ones takeable.
-	m, err := e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 2, 3}, nil)
+	m, err := e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 2, 3}, nil, nil)
 	if err != nil || fmt.Sprint(m.Live) != "[a]" || len(m.Leases) != 64 {
 		t.Fatalf("first = live %v, %d leases, %v", m.Live, len(m.Leases), err)
 	}
@@ -255,7 +266,7 @@ func (s *suite[TTx]) execCoordinate(t *testing.T) {
 	}
 	gen := leaseOf(m, 2).Generation
 	// B joins and wants 2-5: it gets the free 4 and 5, not A's 2 and 3.
-	m, err = e.store.Coordinate(ctx, "b", time.Minute, []int{2, 3, 4, 5}, nil)
+	m, err = e.store.Coordinate(ctx, "b", time.Minute, []int{2, 3, 4, 5}, nil, nil)
 	if err != nil || fmt.Sprint(m.Live) != "[a b]" {
 		t.Fatalf("b = live %v, %v", m.Live, err)
 	}
@@ -268,37 +279,37 @@ func (s *suite[TTx]) execCoordinate(t *testing.T) {
 	// A renews 0, 1 and 3 and lets 2 go: its generation stays on 0, 1, 3;
 	// 2 is free at once, and B takes it at a new generation. A partition
 	// both wanted and dropped is dropped.
-	m, err = e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 2, 3}, []int{2})
+	m, err = e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 2, 3}, []int{2}, nil)
 	if err != nil || leaseOf(m, 2).Owner != "" || !leaseOf(m, 2).Expired || leaseOf(m, 3).Generation != leaseOf(m, 0).Generation {
 		t.Fatalf("after a dropped 2: partition 2 = %+v, %v", leaseOf(m, 2), err)
 	}
-	m, err = e.store.Coordinate(ctx, "b", time.Minute, []int{2, 4, 5}, nil)
+	m, err = e.store.Coordinate(ctx, "b", time.Minute, []int{2, 4, 5}, nil, nil)
 	if l := leaseOf(m, 2); err != nil || l.Owner != "b" || l.Generation <= gen {
 		t.Fatalf("partition 2 taken by b = %+v, %v; want a generation above %d", l, err, gen)
 	}
 	// Dropping a lease another relay holds changes nothing.
-	if m, err = e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 3}, []int{4}); err != nil || leaseOf(m, 4).Owner != "b" {
+	if m, err = e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 3}, []int{4}, nil); err != nil || leaseOf(m, 4).Owner != "b" {
 		t.Fatalf("a dropping b's partition 4: %+v, %v", leaseOf(m, 4), err)
 	}
 	// A relay leaving: no ttl takes it out of the live set as it lets
 	// everything go.
-	if _, err := e.store.Coordinate(ctx, "d", time.Minute, []int{20, 21}, nil); err != nil {
+	if _, err := e.store.Coordinate(ctx, "d", time.Minute, []int{20, 21}, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	m, err = e.store.Coordinate(ctx, "d", 0, nil, []int{20, 21})
+	m, err = e.store.Coordinate(ctx, "d", 0, nil, []int{20, 21}, nil)
 	if err != nil || fmt.Sprint(m.Live) != "[a b]" && fmt.Sprint(m.Live) != "[a b d]" || owned(m, "d") != 0 || !leaseOf(m, 20).Expired {
 		t.Fatalf("d leaving = live %v, d holds %d, %v", m.Live, owned(m, "d"), err)
 	}
-	if m, err = e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 3}, nil); err != nil || fmt.Sprint(m.Live) != "[a b]" {
+	if m, err = e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 3}, nil, nil); err != nil || fmt.Sprint(m.Live) != "[a b]" {
 		t.Fatalf("after d left, a sees live %v, %v; want [a b]", m.Live, err)
 	}
 	// A relay whose heartbeat and leases ran out is no longer live, and its
 	// leases are takeable.
-	if _, err := e.store.Coordinate(ctx, "c", 100*time.Millisecond, []int{10}, nil); err != nil {
+	if _, err := e.store.Coordinate(ctx, "c", 100*time.Millisecond, []int{10}, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "c's heartbeat and lease to run out", func() bool {
-		m, err := e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 3}, nil)
+		m, err := e.store.Coordinate(ctx, "a", time.Minute, []int{0, 1, 3}, nil, nil)
 		return err == nil && fmt.Sprint(m.Live) == "[a b]" && leaseOf(m, 10).Owner == "c" && leaseOf(m, 10).Expired
 	})
 }
@@ -634,4 +645,16 @@ func sameSet(a, b []string) bool {
 	slices.Sort(a)
 	slices.Sort(b)
 	return slices.Equal(a, b)
+}
+
+// leaseIn returns partition p's lease in m.
+func leaseIn(t *testing.T, m postboxdriver.Membership, p int) postboxdriver.Lease {
+	t.Helper()
+	for _, l := range m.Leases {
+		if l.Partition == p {
+			return l
+		}
+	}
+	t.Fatalf("no lease for partition %d in %d leases", p, len(m.Leases))
+	return postboxdriver.Lease{}
 }

@@ -480,17 +480,17 @@ func (s *suite[TTx]) leasesExclusive(t *testing.T) {
 	if err != nil || len(b2) != 1 || b2[0].Generation <= a[0].Generation {
 		t.Fatalf("b after release = %v, %v; want a newer generation than %d", b2, err, a[0].Generation)
 	}
-	if _, err := e.store.Coordinate(ctx, "relay-b", time.Minute, nil, nil); err != nil {
+	if _, err := e.store.Coordinate(ctx, "relay-b", time.Minute, nil, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	m, err := e.store.Coordinate(ctx, "relay-a", time.Minute, nil, nil)
+	m, err := e.store.Coordinate(ctx, "relay-a", time.Minute, nil, nil, nil)
 	if err != nil || fmt.Sprint(m.Live) != "[relay-a relay-b]" {
 		t.Fatalf("live = %v, %v", m.Live, err)
 	}
 	if err := e.store.Unregister(ctx, "relay-b"); err != nil {
 		t.Fatal(err)
 	}
-	if m, _ = e.store.Coordinate(ctx, "relay-a", time.Minute, nil, nil); fmt.Sprint(m.Live) != "[relay-a]" {
+	if m, _ = e.store.Coordinate(ctx, "relay-a", time.Minute, nil, nil, nil); fmt.Sprint(m.Live) != "[relay-a]" {
 		t.Fatalf("live after unregister = %v", m.Live)
 	}
 }
@@ -1021,10 +1021,10 @@ func (s *suite[TTx]) stopReleases(t *testing.T) {
 func (s *suite[TTx]) crashedRelayRecovered(t *testing.T) {
 	e := s.setup(t)
 	ctx := context.Background()
-	if _, err := e.store.Coordinate(ctx, "crashed", 500*time.Millisecond, allPartitions(), nil); err != nil {
+	if _, err := e.store.Coordinate(ctx, "crashed", 500*time.Millisecond, allPartitions(), nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	if m, err := e.store.Coordinate(ctx, "crashed", 500*time.Millisecond, allPartitions(), nil); err != nil || owned(m, "crashed") != 64 {
+	if m, err := e.store.Coordinate(ctx, "crashed", 500*time.Millisecond, allPartitions(), nil, nil); err != nil || owned(m, "crashed") != 64 {
 		t.Fatalf("crashed relay leases: %d, %v", owned(m, "crashed"), err)
 	}
 	rec := &recorder{}
