@@ -1,0 +1,1 @@
+EXECUTE d('c1');

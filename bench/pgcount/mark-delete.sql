@@ -1,0 +1,1 @@
+WITH moved AS (DELETE FROM n_outbox o USING n_leases l WHERE o.seq = ANY(ARRAY(SELECT seq FROM n_outbox ORDER BY seq LIMIT 256)) AND l.partition = o.partition AND l.owner = 'r' AND l.generation = ((SELECT array_agg(1::bigint) FROM generate_series(1,64)))[o.partition + 1] RETURNING 1) SELECT count(*) FROM moved;

@@ -1,0 +1,1 @@
+UPDATE pos SET pos = pos.pos + 256 FROM n_leases l WHERE l.partition = pos.partition AND l.owner = 'r' AND l.generation = ((SELECT array_agg(1::bigint) FROM generate_series(1,64)))[pos.partition + 1];

@@ -1,0 +1,1 @@
+PREPARE d(text) AS INSERT INTO orders (customer, amount, status) VALUES ($1, 10, 'new');
