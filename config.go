@@ -134,7 +134,11 @@ type Config struct {
 	// a redelivery: JetStream, RabbitMQ quorum queues and Redis streams
 	// keep one. A first delivery records nothing, so its own crash is not
 	// counted: a message that kills every run is dead-lettered on delivery
-	// MaxCrashes+2, after MaxCrashes+1 exits.
+	// MaxCrashes+2, after MaxCrashes+1 exits. A redelivery whose earlier
+	// run ended with the process gone runs alone in its process (other
+	// handler runs wait for it), so that a crash it causes is not counted
+	// against the messages that were in flight beside it: those count at
+	// most the one crash they were beside, and then run alone too.
 	MaxCrashes int
 	// BackoffBase and BackoffMax bound the delay before the next try:
 	// base·2^(failures-1) capped at max, with equal jitter (half fixed,

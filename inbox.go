@@ -129,6 +129,16 @@ func validateConsumer(consumer, messageID string) error {
 // copy of it runs nothing, and the dead message keeps its attempts and
 // failures until RequeueDead runs it again or DeleteDead removes it.
 func (in *Inbox[TTx]) ProcessTx(ctx context.Context, tx TTx, consumer, messageID string, fn func(ctx context.Context, tx TTx) error) (bool, error) {
+	return in.processTx(ctx, tx, consumer, messageID, func(ctx context.Context, tx TTx) error {
+		alone.RLock()
+		defer alone.RUnlock()
+		return fn(ctx, tx)
+	})
+}
+
+// processTx is ProcessTx for the inbox's own runs, which hold alone
+// already.
+func (in *Inbox[TTx]) processTx(ctx context.Context, tx TTx, consumer, messageID string, fn func(ctx context.Context, tx TTx) error) (bool, error) {
 	if err := validateConsumer(consumer, messageID); err != nil {
 		return false, err
 	}
@@ -191,7 +201,7 @@ func (in *Inbox[TTx]) run(ctx context.Context, consumer string, d *Delivery, h H
 				return err
 			}
 		}
-		ran, err := in.ProcessTx(ctx, tx, consumer, d.ID, func(ctx context.Context, tx TTx) error {
+		ran, err := in.processTx(ctx, tx, consumer, d.ID, func(ctx context.Context, tx TTx) error {
 			return callHandler(ctx, h, tx, d)
 		})
 		if keep, ok := in.keepFor(d, !ran); ok && err == nil {
@@ -237,7 +247,7 @@ func (in *Inbox[TTx]) Handle(ctx context.Context, consumer string, d *Delivery, 
 }
 
 func (in *Inbox[TTx]) handle(ctx context.Context, consumer string, d *Delivery, h Handler[TTx]) Verdict {
-	started := false
+	started, suspect := false, false
 	if in.countsCrashes(consumer, d) {
 		a, err := in.store.InboxStart(ctx, consumer, d.ID)
 		if err != nil {
@@ -247,9 +257,19 @@ func (in *Inbox[TTx]) handle(ctx context.Context, consumer string, d *Delivery, 
 		if a.Crashes >= in.cfg.MaxCrashes {
 			return in.buryCrashed(ctx, consumer, d, a)
 		}
-		started = true
+		started, suspect = true, a.Crashes > 0
 	}
-	dup, err := in.run(ctx, consumer, d, h, nil)
+	var dup bool
+	var err error
+	if suspect {
+		alone.Lock()
+		dup, err = in.run(ctx, consumer, d, h, nil)
+		alone.Unlock()
+	} else {
+		alone.RLock()
+		dup, err = in.run(ctx, consumer, d, h, nil)
+		alone.RUnlock()
+	}
 	if err == nil {
 		return Verdict{Action: Ack, Duplicate: dup}
 	}
@@ -261,6 +281,19 @@ func (in *Inbox[TTx]) handle(ctx context.Context, consumer string, d *Delivery, 
 	}
 	return in.failed(ctx, consumer, d, he, started)
 }
+
+// alone makes a suspect, a redelivery whose earlier run ended with the
+// process gone, the only handler running in the process: had it run beside
+// others, each crash it caused would count against every redelivery in
+// flight with it, and an innocent message would become a crash loop's dead
+// message beside the guilty one. Every other handler run (Handle, the
+// batches, ProcessTx, RunRequeues) holds it shared. A suspect waits for
+// the runs in progress and holds new ones back while it runs. It is
+// process-wide, as a crash is. So a message that kills every run dies
+// once with others, then alone, and is dead-lettered after MaxCrashes+1
+// exits as before, while a message in flight beside it counts at most
+// that first crash and then runs alone and settles.
+var alone sync.RWMutex
 
 // countsCrashes reports whether a delivery's handler run is counted
 // (InboxStart) before it begins, so that a message whose runs keep ending
@@ -461,7 +494,9 @@ func (in *Inbox[TTx]) RequeueDead(ctx context.Context, consumer, messageID strin
 		*d = Delivery{ID: dm.ID, Topic: dm.Topic, Key: dm.Key, Payload: dm.Payload, Headers: headers}
 		return nil
 	}
+	alone.RLock()
 	_, err := in.run(ctx, consumer, d, h, take)
+	alone.RUnlock()
 	var he *handlerError
 	if errors.As(err, &he) {
 		return fmt.Errorf("postbox: requeue %s/%s: handler: %w", consumer, messageID, he)

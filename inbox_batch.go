@@ -267,7 +267,9 @@ func (p *batchProcessor[TTx]) run(batch []*batchItem) {
 		}
 	}
 
+	alone.RLock()
 	err := p.in.store.InTx(ctx, func(tx TTx) error { return p.apply(ctx, tx, members, ids) })
+	alone.RUnlock()
 
 	for _, it := range members {
 		switch {

@@ -3,8 +3,12 @@ package postboxdrivertest
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/postbox-go/postbox"
 )
@@ -20,6 +24,77 @@ func (s *suite[TTx]) runInboxCrashes(t *testing.T) {
 	t.Run("OrdinaryRedeliveriesNeverCrashes", s.crashOrdinaryRedeliveries)
 	t.Run("SlowRunThatCommitsNeverDead", s.crashSlowRun)
 	t.Run("BatchHonoursTheBound", s.crashBatch)
+	t.Run("SuspectRunsAlone", s.crashSuspectAlone)
+}
+
+// A redelivery whose earlier run ended with the process gone (a suspect)
+// runs with no other handler running in the process, so that a crash it
+// causes is counted against it alone: it waits for the run in progress.
+// An ordinary redelivery runs beside others.
+func (s *suite[TTx]) crashSuspectAlone(t *testing.T) {
+	if !s.h.Features.ConcurrentWriters {
+		t.Skip("the database runs one writing transaction at a time: no two handler runs overlap")
+	}
+	ie := s.inboxSetup(t, postbox.Config{MaxCrashes: 3})
+	ctx := context.Background()
+	var running atomic.Int32
+	release, beside := make(chan struct{}), make(chan int32, 2)
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	defer free() // a failure must not leave the first run holding its transaction
+	blocking := func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+		running.Add(1)
+		defer running.Add(-1)
+		<-release
+		return ie.effect(ctx, tx, d)
+	}
+	counting := func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+		beside <- running.Load()
+		return ie.effect(ctx, tx, d)
+	}
+	first := delivery(postbox.NewID())
+	first.Delivered = 1
+	done := make(chan postbox.Verdict, 1)
+	go func() { done <- ie.inbox.Handle(ctx, "billing", first, blocking) }()
+	for running.Load() == 0 {
+		runtime.Gosched()
+	}
+
+	// An ordinary redelivery runs while the first run holds.
+	plain := delivery(postbox.NewID())
+	plain.Delivered = 2
+	if v := ie.inbox.Handle(ctx, "billing", plain, counting); v.Action != postbox.Ack {
+		t.Fatalf("ordinary redelivery: %+v", v)
+	}
+	if n := <-beside; n != 1 {
+		t.Fatalf("the ordinary redelivery ran beside %d runs, want the 1 in progress", n)
+	}
+
+	// A suspect waits for it: its handler sees nobody else running.
+	suspect := delivery(postbox.NewID())
+	ie.crashed(t, "billing", suspect.ID)
+	suspect.Delivered = 3
+	sv := make(chan postbox.Verdict, 1)
+	go func() { sv <- ie.inbox.Handle(ctx, "billing", suspect, counting) }()
+	// The suspect is given a moment to reach the gate; on a machine so
+	// slow that it has not by then, the test proves less but cannot fail.
+	select {
+	case n := <-beside:
+		t.Fatalf("the suspect ran beside %d runs while the first one held", n)
+	case v := <-sv:
+		t.Fatalf("the suspect finished while the first run held: %+v", v)
+	case <-time.After(300 * time.Millisecond):
+	}
+	free()
+	if v := <-done; v.Action != postbox.Ack {
+		t.Fatalf("first run: %+v", v)
+	}
+	if n := <-beside; n != 0 {
+		t.Fatalf("the suspect ran beside %d runs, want none", n)
+	}
+	if v := <-sv; v.Action != postbox.Ack {
+		t.Fatalf("suspect: %+v", v)
+	}
 }
 
 // InboxStart counts a run and returns the runs before it that recorded no
