@@ -248,28 +248,43 @@ func (in *Inbox[TTx]) Handle(ctx context.Context, consumer string, d *Delivery, 
 
 func (in *Inbox[TTx]) handle(ctx context.Context, consumer string, d *Delivery, h Handler[TTx]) Verdict {
 	started, suspect := false, false
+	lock, unlock := alone.RLock, alone.RUnlock
 	if in.countsCrashes(consumer, d) {
-		a, err := in.store.InboxStart(ctx, consumer, d.ID)
+		// A suspect is known before its run is counted, so that it counts
+		// nothing while it waits to run alone: a crash of the suspect
+		// running meanwhile is not its own.
+		n, err := in.store.InboxCrashes(ctx, consumer, d.ID)
 		if err != nil {
 			in.log.Warn("postbox inbox: store failure; redelivering", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", err))
 			return Verdict{Action: Retry, Delay: inboxInfraRetryDelay, Err: err}
 		}
+		if suspect = n > 0; suspect {
+			lock, unlock = alone.Lock, alone.Unlock
+		}
+		lock()
+		a, err := in.store.InboxStart(ctx, consumer, d.ID)
+		if err != nil {
+			unlock()
+			in.log.Warn("postbox inbox: store failure; redelivering", slog.String("consumer", consumer), slog.String("id", d.ID), slog.Any("error", err))
+			return Verdict{Action: Retry, Delay: inboxInfraRetryDelay, Err: err}
+		}
 		if a.Crashes >= in.cfg.MaxCrashes {
+			unlock()
 			return in.buryCrashed(ctx, consumer, d, a)
 		}
-		started, suspect = true, a.Crashes > 0
-	}
-	var dup bool
-	var err error
-	if suspect {
-		alone.Lock()
-		dup, err = in.run(ctx, consumer, d, h, nil)
-		alone.Unlock()
+		if a.Crashes > 0 && !suspect {
+			// A crash between the read and the count (another process
+			// running the same consumer): run alone all the same.
+			unlock()
+			lock, unlock = alone.Lock, alone.Unlock
+			lock()
+		}
+		started = true
 	} else {
-		alone.RLock()
-		dup, err = in.run(ctx, consumer, d, h, nil)
-		alone.RUnlock()
+		lock()
 	}
+	dup, err := in.run(ctx, consumer, d, h, nil)
+	unlock()
 	if err == nil {
 		return Verdict{Action: Ack, Duplicate: dup}
 	}

@@ -211,6 +211,10 @@ type Executor interface {
 	// recorded by RecordFailure, a run settled by InboxSettle), that is
 	// runs whose process exited before the handler returned.
 	InboxStart(ctx context.Context, consumer, messageID string) (Attempts, error)
+	// InboxCrashes returns the Crashes count InboxStart would return now,
+	// writing nothing: the inbox reads it to know whether a redelivery is
+	// a suspect, to run alone, before it counts the run.
+	InboxCrashes(ctx context.Context, consumer, messageID string) (int, error)
 	// InboxSettle records that a run begun with InboxStart ended with an
 	// outcome that records nothing else (a retry that spends no attempt, a
 	// store failure): the message's Crashes count starts again from zero.

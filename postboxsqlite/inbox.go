@@ -15,7 +15,7 @@ const consumerDeadColumns = `consumer, message_id, topic, coalesce(key, ''), pay
 
 // inboxQueries are the consumer side's statements, bound to a prefix once.
 type inboxQueries struct {
-	insert, insertMany, deleteMany, take, failure, start, settle, forget, bury, list, get, del, pruneInbox, keep, pruneAttempts, pruneDead,
+	insert, insertMany, deleteMany, take, failure, start, crashes, settle, forget, bury, list, get, del, pruneInbox, keep, pruneAttempts, pruneDead,
 	requestRequeue, listRequeues, failRequeue string
 }
 
@@ -47,8 +47,9 @@ RETURNING attempts, first_failure_at, last_failure_at`),
 		start: r.Replace(`INSERT INTO {p}inbox_attempts (consumer, message_id, attempts, last_error, unsettled_runs) VALUES (?1, ?2, 0, '', 1)
 ON CONFLICT (consumer, message_id) DO UPDATE SET unsettled_runs = unsettled_runs + 1, last_failure_at = {now}
 RETURNING attempts, first_failure_at, last_failure_at, unsettled_runs - 1`),
-		settle: r.Replace(`UPDATE {p}inbox_attempts SET unsettled_runs = 0 WHERE consumer = ?1 AND message_id = ?2 AND unsettled_runs <> 0`),
-		forget: r.Replace(`DELETE FROM {p}inbox_attempts WHERE consumer = ? AND message_id = ?`),
+		settle:  r.Replace(`UPDATE {p}inbox_attempts SET unsettled_runs = 0 WHERE consumer = ?1 AND message_id = ?2 AND unsettled_runs <> 0`),
+		crashes: r.Replace(`SELECT coalesce((SELECT unsettled_runs FROM {p}inbox_attempts WHERE consumer = ?1 AND message_id = ?2), 0)`),
+		forget:  r.Replace(`DELETE FROM {p}inbox_attempts WHERE consumer = ? AND message_id = ?`),
 		bury: r.Replace(`INSERT INTO {p}consumer_dead (consumer, message_id, topic, key, payload, headers, error, attempts, first_failure_at, last_failure_at)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
 ON CONFLICT (consumer, message_id) DO UPDATE SET topic = excluded.topic, key = excluded.key, payload = excluded.payload,
@@ -147,6 +148,13 @@ func (s *store) InboxStart(ctx context.Context, consumer, messageID string) (pos
 	err := s.conn().QueryRowContext(ctx, s.iq.start, consumer, messageID).Scan(&a.Attempts, &first, &last, &a.Crashes)
 	a.FirstFailureAt, a.LastFailureAt = time.UnixMilli(first), time.UnixMilli(last)
 	return a, s.wrap(err)
+}
+
+// InboxCrashes implements postboxdriver.Executor.
+func (s *store) InboxCrashes(ctx context.Context, consumer, messageID string) (int, error) {
+	var n int
+	err := s.conn().QueryRowContext(ctx, s.iq.crashes, consumer, messageID).Scan(&n)
+	return n, s.wrap(err)
 }
 
 // InboxSettle implements postboxdriver.Executor.

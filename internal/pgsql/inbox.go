@@ -11,7 +11,7 @@ import (
 )
 
 type inboxQueries struct {
-	insert, insertMany, delete, recordFailure, start, settle, bury, listDead, getDead, takeDead, deleteDead,
+	insert, insertMany, delete, recordFailure, start, crashes, settle, bury, listDead, getDead, takeDead, deleteDead,
 	pruneInbox, keep, pruneDead, requestRequeue, listRequeues, failRequeue string
 }
 
@@ -45,7 +45,8 @@ RETURNING attempts, first_failure_at, last_failure_at`),
 		start: r.Replace(`INSERT INTO {p}inbox_attempts AS a (consumer, message_id, attempts, last_error, unsettled_runs) VALUES ($1, $2, 0, '', 1)
 ON CONFLICT (consumer, message_id) DO UPDATE SET unsettled_runs = a.unsettled_runs + 1, last_failure_at = now()
 RETURNING attempts, first_failure_at, last_failure_at, unsettled_runs - 1`),
-		settle: r.Replace(`UPDATE {p}inbox_attempts SET unsettled_runs = 0 WHERE consumer = $1 AND message_id = $2 AND unsettled_runs <> 0`),
+		settle:  r.Replace(`UPDATE {p}inbox_attempts SET unsettled_runs = 0 WHERE consumer = $1 AND message_id = $2 AND unsettled_runs <> 0`),
+		crashes: r.Replace(`SELECT coalesce((SELECT unsettled_runs FROM {p}inbox_attempts WHERE consumer = $1 AND message_id = $2), 0)`),
 		bury: r.Replace(`WITH gone AS (
   DELETE FROM {p}inbox_attempts WHERE consumer = $1 AND message_id = $2
 )
@@ -149,6 +150,11 @@ func (c *Core) InboxStart(ctx context.Context, consumer, messageID string) (post
 	var a postboxdriver.Attempts
 	err := c.queryRow(ctx, c.db, c.iq.start, []any{consumer, messageID}, &a.Attempts, &a.FirstFailureAt, &a.LastFailureAt, &a.Crashes)
 	return a, err
+}
+
+// InboxCrashes implements postboxdriver.Executor.
+func (c *Core) InboxCrashes(ctx context.Context, consumer, messageID string) (int, error) {
+	return c.count(ctx, c.iq.crashes, consumer, messageID)
 }
 
 // InboxSettle implements postboxdriver.Executor.

@@ -105,6 +105,9 @@ func (s *suite[TTx]) crashCount(t *testing.T) {
 	st := e.store
 	start := func(id string, wantAttempts, wantCrashes int) {
 		t.Helper()
+		if n, err := st.InboxCrashes(ctx, "billing", id); err != nil || n != wantCrashes {
+			t.Fatalf("InboxCrashes(%s) = %d, %v; want %d, what InboxStart then returns", id, n, err, wantCrashes)
+		}
 		a, err := st.InboxStart(ctx, "billing", id)
 		if err != nil || a.Attempts != wantAttempts || a.Crashes != wantCrashes {
 			t.Fatalf("InboxStart(%s) = %+v, %v; want %d attempts, %d crashes", id, a, err, wantAttempts, wantCrashes)
