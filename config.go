@@ -89,9 +89,11 @@ type Config struct {
 	// Default 4s.
 	LeaseDuration time.Duration
 	// BatchDeadline bounds one batch's publishing, and must be shorter than
-	// LeaseDuration. Default a third of LeaseDuration (1.33s at the
-	// default lease), at most 10s. Raise both for a broker that takes
-	// seconds to acknowledge.
+	// LeaseDuration: no publish starts after it (what is not sent waits
+	// for the next batch); those already sent are awaited until the lease
+	// the batch was read under ends. Default a third of LeaseDuration
+	// (1.33s at the default lease), at most 10s. Raise both for a broker
+	// that takes seconds to acknowledge.
 	BatchDeadline time.Duration
 	// PollInterval is the longest the relay waits between looks at an idle
 	// outbox. Writes through this Client wake it at once. Default 100ms.

@@ -54,7 +54,7 @@ func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, unti
 	var m marked
 	if sus == nil {
 		r.solo.RLock()
-		out = r.publish(hard, deadline, recs)
+		out = r.publish(hard, deadline, until, recs)
 		r.solo.RUnlock()
 	} else {
 		out, m = r.publishMarked(hard, deadline, until, fence, recs, sus, calm)
@@ -104,11 +104,23 @@ type outcome struct {
 // message only after its predecessor in the batch was acknowledged. A
 // message failure ends its key's chain for this batch (the rest stay
 // pending and wait behind its backoff); an infrastructure failure stops
-// new publishes, and what is outstanding at the deadline is abandoned:
-// those rows stay pending and are published again later.
-func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxdriver.Record) batchResult {
-	ctx, cancel := context.WithDeadline(ctx, deadline)
+// new publishes.
+//
+// No publish starts after deadline; the rows not sent by then stay pending
+// for the next batch. A publish already sent is awaited until the lease
+// the batch was read under ends (until): abandoning it at the deadline
+// would send it again although the broker has most likely taken it, so a
+// broker that is merely slow (a quorum queue's fsync under load) would
+// turn every batch deadline into duplicates. What is still outstanding at
+// until is abandoned: those rows stay pending and are published again.
+func (r *relay) publish(ctx context.Context, deadline, until time.Time, recs []postboxdriver.Record) batchResult {
+	if until.Before(deadline) {
+		until = deadline
+	}
+	ctx, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
+	sctx, scancel := context.WithDeadline(ctx, deadline)
+	defer scancel()
 
 	ready, next := chains(recs)
 	var res batchResult
@@ -134,7 +146,7 @@ func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxd
 		}
 	}
 	for {
-		for res.infra == nil && head < len(ready) && ctx.Err() == nil {
+		for res.infra == nil && head < len(ready) && sctx.Err() == nil {
 			// A window token, without waiting while this batch has
 			// publishes outstanding: their acks may be what frees one.
 			if inflight > 0 {
@@ -146,7 +158,7 @@ func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxd
 			} else {
 				select {
 				case r.window <- struct{}{}:
-				case <-ctx.Done():
+				case <-sctx.Done():
 					continue
 				}
 			}
@@ -176,8 +188,8 @@ func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxd
 		}
 	wait:
 		if inflight == 0 {
-			if res.infra == nil && ctx.Err() != nil && head < len(ready) {
-				res.infra = fmt.Errorf("batch deadline passed: %w", ctx.Err())
+			if res.infra == nil && sctx.Err() != nil && head < len(ready) {
+				res.infra = fmt.Errorf("batch deadline passed: %w", sctx.Err())
 			}
 			return res
 		}
@@ -186,7 +198,7 @@ func (r *relay) publish(ctx context.Context, deadline time.Time, recs []postboxd
 			settle(o)
 		case <-ctx.Done():
 			if res.infra == nil {
-				res.infra = fmt.Errorf("batch deadline passed with %d publishes unacknowledged: %w", inflight, ctx.Err())
+				res.infra = fmt.Errorf("lease ended with %d publishes unacknowledged: %w", inflight, ctx.Err())
 			}
 			// The abandoned publishes keep their tokens until the
 			// publisher gives up on them, which it must when ctx ends.

@@ -130,7 +130,7 @@ func (r *relay) publishMarked(ctx context.Context, deadline, until time.Time, fe
 	if err != nil {
 		// A database this busy gets no more marks from this takeover.
 		m.complete = true
-		return r.unmarked(ctx, deadline, recs, fmt.Errorf("read: %w", err)), m
+		return r.unmarked(ctx, deadline, until, recs, fmt.Errorf("read: %w", err)), m
 	}
 	crashes := make(map[int64]int, len(found))
 	for _, s := range found {
@@ -205,7 +205,7 @@ func (r *relay) publishMarked(ctx context.Context, deadline, until time.Time, fe
 					rest = append(rest, rec)
 				}
 			}
-			res.add(r.unmarked(ctx, deadline, rest, err))
+			res.add(r.unmarked(ctx, deadline, until, rest, err))
 			m.complete = true // a database this busy gets no more marks from this takeover
 			return res, m
 		}
@@ -213,7 +213,7 @@ func (r *relay) publishMarked(ctx context.Context, deadline, until time.Time, fe
 			prev = marks
 		}
 		r.solo.RLock()
-		out := r.publish(ctx, deadline, send)
+		out := r.publish(ctx, deadline, until, send)
 		r.solo.RUnlock()
 		res.add(out)
 		acked := make(map[int64]bool, len(out.published))
@@ -286,7 +286,7 @@ func (r *relay) publishAlone(ctx context.Context, until time.Time, fence postbox
 			return res, false, prev, []int64{rec.Seq} // perhaps committed
 		}
 		prev = []int64{rec.Seq}
-		out := r.publish(ctx, end, []postboxdriver.Record{rec})
+		out := r.publish(ctx, end, end, []postboxdriver.Record{rec})
 		res.add(out)
 		switch {
 		case out.infra != nil:
@@ -314,11 +314,11 @@ func (r *relay) markBound(deadline time.Time) time.Time {
 
 // unmarked publishes recs as a batch without crash marks, after the
 // marks could not be read or written (why).
-func (r *relay) unmarked(ctx context.Context, deadline time.Time, recs []postboxdriver.Record, why error) batchResult {
+func (r *relay) unmarked(ctx context.Context, deadline, until time.Time, recs []postboxdriver.Record, why error) batchResult {
 	r.log.Warn("postbox relay publishes a batch without crash marks: the database did not take them in time", slog.Any("error", why))
 	r.solo.RLock()
 	defer r.solo.RUnlock()
-	return r.publish(ctx, deadline, recs)
+	return r.publish(ctx, deadline, until, recs)
 }
 
 // markedChunk is the most rows published together with crash marks: a

@@ -126,3 +126,70 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// A broker that stores each message at once but acknowledges it only
+// after the batch deadline (a quorum queue's fsync under load): the relay
+// starts nothing new past the deadline, but waits for what it has sent
+// until its lease ends, so each message is sent once and none is given up
+// and sent again.
+func TestSlowAcksPastBatchDeadlineAreAwaited(t *testing.T) {
+	pool, prefix := testdb.Migrated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var (
+		mu   sync.Mutex
+		sent = map[string]int{}
+		acks sync.WaitGroup
+	)
+	defer acks.Wait()
+	pub := publisherFunc(func(_ context.Context, env *postbox.Envelope, done func(error)) {
+		mu.Lock()
+		sent[env.ID]++
+		mu.Unlock()
+		acks.Add(1)
+		go func() {
+			defer acks.Done()
+			time.Sleep(150 * time.Millisecond)
+			done(nil)
+		}()
+	})
+	client, err := postbox.NewClient(postboxpgx.New(pool), &postbox.Config{
+		Prefix: prefix, Publisher: pub, LeaseDuration: 3 * time.Second, BatchDeadline: 50 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	msgs := make([]postbox.Message, n)
+	for i := range msgs {
+		msgs[i] = postbox.Message{Topic: "orders.paid", Payload: []byte("p")}
+	}
+	if err := client.Write(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	res, err := client.Drain(ctx)
+	if err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	if res.Published != n {
+		t.Fatalf("published %d, want %d", res.Published, n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sent) != n {
+		t.Fatalf("%d distinct messages sent, want %d", len(sent), n)
+	}
+	for id, c := range sent {
+		if c != 1 {
+			t.Errorf("message %s sent %d times", id, c)
+		}
+	}
+}
+
+// publisherFunc is a Publisher whose done may come later, from another
+// goroutine.
+type publisherFunc func(ctx context.Context, env *postbox.Envelope, done func(error))
+
+func (f publisherFunc) Publish(ctx context.Context, env *postbox.Envelope, done func(error)) {
+	f(ctx, env, done)
+}

@@ -20,7 +20,8 @@ var ErrCrashedBeforeMark = errors.New("postboxtest: relay crashed between the br
 //     "crashes" before recording it, so it is sent again later — the copy
 //     every consumer must absorb (by id, through an Inbox).
 //   - Stall: every publish waits, as a broker that is slow or black-holed;
-//     past the relay's batch deadline this is an infrastructure failure.
+//     past the lease the relay's batch was read under this is an
+//     infrastructure failure.
 //   - FailNext: the next publishes fail with an error of the test's choice
 //     (postbox.NewMessageError for a rejection that spends an attempt, any
 //     other error for an outage that spends none).
