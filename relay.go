@@ -76,6 +76,10 @@ type relay struct {
 
 	mu     sync.Mutex
 	target []int // this relay's share, as last worked out
+	// moved: the last renewal changed what the lanes read (the held
+	// partitions or their generations, the lanes reading), or lanes had
+	// found nothing to read for a stale view or leases about to pass.
+	moved bool
 	// active is how many of the lanes read: the first active ones
 	// (laneCount of the share); the others wait for the share to grow.
 	active     int
@@ -250,7 +254,15 @@ func (r *relay) run(soft, hard context.Context) {
 			continue
 		}
 		retry = 0
-		r.notifyLanes()
+		// The lanes hear of a renewal only when it changed what they
+		// read: a wake-up after every renewal (eight a lease) would
+		// make each idle lane read and poll fast again each time.
+		r.mu.Lock()
+		moved := r.moved
+		r.mu.Unlock()
+		if moved {
+			r.notifyLanes()
+		}
 		select {
 		case r.maintTick <- struct{}{}:
 		default:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sort"
 	"time"
 
@@ -60,6 +61,10 @@ func (r *relay) coordinate(ctx context.Context) (pending bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	before := len(r.held)
+	prevHeld, prevActive := r.held, r.active
+	// A lane found nothing to read while the view was stale or the
+	// leases about to pass: it waits for this renewal's wake-up.
+	blocked := r.stale || r.validUntil.Sub(start) < minPoll*5
 	r.held, r.leaving, r.crashed = map[int]int64{}, map[int]int64{}, map[int]int64{}
 	for _, l := range m.Leases {
 		if l.Owner != r.id || l.Expired {
@@ -120,6 +125,7 @@ func (r *relay) coordinate(ctx context.Context) (pending bool, err error) {
 		r.log.Info("postbox relay partitions", slog.Int("held", len(r.held)), slog.Int("share", len(target)),
 			slog.Int("leaving", len(r.leaving)), slog.Int("relays", len(m.Live)))
 	}
+	r.moved = blocked || r.active != prevActive || !maps.Equal(r.held, prevHeld)
 	return len(r.held) < len(target) || len(r.leaving) > 0, nil
 }
 
