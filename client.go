@@ -22,6 +22,7 @@ type Client[TTx any] struct {
 	cfg    *Config
 	store  postboxdriver.Store[TTx]
 	wake   chan struct{}
+	signal *signaler // nil without change signals
 	routes routes
 	inbox  *Inbox[TTx]
 	admin  *Admin
@@ -44,7 +45,7 @@ func NewClient[TTx any](driver postboxdriver.Driver[TTx], cfg *Config) (*Client[
 	if err != nil {
 		return nil, err
 	}
-	client := &Client[TTx]{cfg: c, store: store, wake: make(chan struct{}, 1), routes: c.effectiveRoutes()}
+	client := &Client[TTx]{cfg: c, store: store, wake: make(chan struct{}, 1), routes: c.effectiveRoutes(), signal: newSignaler(store, c)}
 	client.inbox = &Inbox[TTx]{cfg: c, store: store, log: c.Logger}
 	client.admin = &Admin{ex: store, cfg: c}
 	return client, nil
@@ -84,8 +85,8 @@ func (c *Client[TTx]) WriteTx(ctx context.Context, tx TTx, msgs ...Message) erro
 	if err := c.store.UnwrapExecutor(tx).Insert(ctx, rows); err != nil {
 		return fmt.Errorf("postbox: write: %w", err)
 	}
-	// The transaction is not committed yet; the relay, woken now, looks
-	// again shortly after on its fast poll and finds the rows then.
+	// The transaction is not committed yet; the relays, woken now, look
+	// again shortly after on their fast poll and find the rows then.
 	c.notify()
 	return nil
 }
@@ -181,11 +182,14 @@ func isNil(v any) bool {
 	return false
 }
 
+// notify wakes the relay in this process and, through the change signal,
+// those in others.
 func (c *Client[TTx]) notify() {
 	select {
 	case c.wake <- struct{}{}:
 	default:
 	}
+	c.signal.send()
 }
 
 // Start runs the relay in the background until Stop. It fails fast when no

@@ -96,8 +96,18 @@ type Config struct {
 	// that takes seconds to acknowledge.
 	BatchDeadline time.Duration
 	// PollInterval is the longest the relay waits between looks at an idle
-	// outbox. Writes through this Client wake it at once. Default 100ms.
+	// outbox. Writes through this Client wake it at once, and, on a
+	// database that carries change signals (PostgreSQL's LISTEN/NOTIFY
+	// through postboxpgx), so do writes through any Client in another
+	// process. Default 100ms.
 	PollInterval time.Duration
+	// NoSignals turns the change signals between processes off: writes
+	// send none, and the relay listens for none, finding rows written by
+	// other processes by polling alone. A Client sends at most one
+	// pg_notify every 5ms, outside the writers' transactions, for all the
+	// writes made meanwhile; the relay listens on one connection of its
+	// own, outside the pool.
+	NoSignals bool
 	// BlockOnDead keeps later messages of a key waiting while an earlier one
 	// is dead, until it is requeued or deleted. By default they go on.
 	BlockOnDead bool

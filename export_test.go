@@ -15,3 +15,15 @@ func RelayLanes[TTx any](c *Client[TTx]) (lanes, share, held, partitions int, ok
 	defer r.mu.Unlock()
 	return r.active, len(r.target), len(r.held), r.nparts, true
 }
+
+// RelaySignals reports whether c's running relay listens for change
+// signals, and how many it has heard; ok is false when c runs no relay.
+func RelaySignals[TTx any](c *Client[TTx]) (listening bool, heard int64, ok bool) {
+	c.mu.Lock()
+	run := c.running
+	c.mu.Unlock()
+	if run == nil {
+		return false, 0, false
+	}
+	return run.r.listening.Load(), run.r.signals.Load(), true
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/postbox-go/postbox/postboxdriver"
@@ -73,6 +74,11 @@ type relay struct {
 	// maintTick wakes the maintenance goroutine after a renewal.
 	maintTick chan struct{}
 	maint     maintenance // the maintenance goroutine's only
+
+	// listening: the relay hears change signals (signal.go); signals
+	// counts those heard.
+	listening atomic.Bool
+	signals   atomic.Int64
 
 	mu     sync.Mutex
 	target []int // this relay's share, as last worked out
@@ -184,6 +190,9 @@ func (r *relay) run(soft, hard context.Context) {
 	}
 	if len(r.lanes) > 1 {
 		wg.Go(func() { r.probe(soft) })
+	}
+	if l, ok := r.ex.(postboxdriver.Listener); ok && !r.cfg.NoSignals {
+		wg.Go(func() { r.listen(soft, l) })
 	}
 	// Maintenance runs beside the coordinator, after each renewal: a
 	// retention pass must not hold up the renewal that hands partitions

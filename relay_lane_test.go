@@ -97,3 +97,46 @@ func TestLaneChangeWaitsForTheBatchInFlight(t *testing.T) {
 	}
 	r.done(f)
 }
+
+// A change signal naming partitions wakes exactly the lanes whose fences
+// hold them, whatever the relay holds; nil wakes every reading lane.
+func TestWakeForWakesTheLanesThatReadThePartitions(t *testing.T) {
+	r := newLaneRelay(4, 64)
+	for p := range 64 {
+		if p%3 == 0 {
+			delete(r.held, p) // a relay holding part of the table
+		}
+	}
+	r.active = 3
+	drain := func() (woken []int) {
+		for _, l := range r.lanes {
+			select {
+			case <-l.wake:
+				woken = append(woken, l.n)
+			default:
+			}
+		}
+		return woken
+	}
+	for p := range 64 {
+		r.wakeFor([]int{p})
+		woken := drain()
+		if _, held := r.held[p]; !held {
+			if len(woken) != 0 {
+				t.Fatalf("partition %d, not held, woke lanes %v", p, woken)
+			}
+			continue
+		}
+		if len(woken) != 1 {
+			t.Fatalf("partition %d woke lanes %v, want one", p, woken)
+		}
+		f, _ := r.fence(time.Now(), woken[0])
+		if _, ok := f.Generations[p]; !ok {
+			t.Fatalf("partition %d woke lanes %v, whose fence does not hold it", p, woken)
+		}
+	}
+	r.wakeFor(nil)
+	if woken := drain(); len(woken) != 3 {
+		t.Fatalf("a signal for every partition woke lanes %v, want the 3 reading", woken)
+	}
+}

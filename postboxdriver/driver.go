@@ -52,6 +52,12 @@ var (
 	// cache_describe (or exec, or simple_protocol) in the connection
 	// string, or use session pooling.
 	ErrPooledStatements = errors.New("postbox: PostgreSQL is reached through a transaction-pooling pooler and the client prepares named statements; set default_query_exec_mode=cache_describe in the connection string")
+	// ErrNoSignals is returned by Listener.Listen when the connections
+	// cannot carry change signals: a signal sent on another connection did
+	// not arrive (a transaction pooler such as PgBouncer's pool_mode =
+	// transaction gives LISTEN a server connection that goes on to serve
+	// others). The relay then finds new rows by polling alone.
+	ErrNoSignals = errors.New("postbox: change signals do not reach this connection (a transaction pooler?); the relay polls")
 )
 
 // Driver opens a Store for one table prefix. TTx is the transaction type of

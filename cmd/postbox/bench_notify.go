@@ -68,7 +68,7 @@ notification per notifying commit.`,
 			if err := tw.Flush(); err != nil {
 				return err
 			}
-			fmt.Fprintf(out, "%d writers; checked: %d rows as committed, %d notifications received, one per notifying commit\n", res.Writers, res.Rows, res.Notifications)
+			fmt.Fprintf(out, "%d writers; checked: %d rows as committed, %d notifications received, as many as were sent\n", res.Writers, res.Rows, res.Notifications)
 			return writeJSON(jsonFile, res)
 		},
 	}

@@ -77,6 +77,7 @@ medians. No relay runs: the figure is the cost of the write itself.`,
 	f.IntVar(&opts.BatchWriters, "batch-writers", 8, "writers of the batched case")
 	f.DurationVar(&opts.Warmup, "warmup", time.Second, "uncounted warm-up before the first phase")
 	f.StringVar(&opts.SynchronousCommit, "synchronous-commit", "", "the writers' synchronous_commit (off leaves the statements' CPU cost without the WAL flush); default the server's")
+	f.BoolVar(&opts.NoSignals, "no-signals", false, "the writing client sends no change signals (Config.NoSignals)")
 	f.BoolVar(&opts.Pipeline, "pipeline", false, "begin the postbox phase's transactions with postboxpgx.Begin: the messages go with the COMMIT, in one round trip")
 	f.StringVar(&jsonFile, "json", "", "also write the results as JSON to this file")
 	return cmd

@@ -10,6 +10,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/postbox-go/postbox/postboxdriver"
 )
@@ -59,10 +60,14 @@ var migrationFS embed.FS
 // dialect is what every Core bound to one prefix shares: the statements.
 type dialect struct {
 	prefix string
-	q      queries
-	aq     adminQueries
-	iq     inboxQueries
-	idq    idempotencyQueries
+	// signalID names this Core's change signals, and written holds the
+	// partitions written since its last one (signal.go).
+	signalID string
+	written  atomic.Uint64
+	q        queries
+	aq       adminQueries
+	iq       inboxQueries
+	idq      idempotencyQueries
 }
 
 // Core implements postboxdriver.Executor for PostgreSQL over a DB: the
@@ -80,7 +85,7 @@ func New(db DB, prefix string) (*Core, error) {
 	if !postboxdriver.ValidPrefix(prefix) {
 		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most %d characters", prefix, postboxdriver.MaxPrefixLen)
 	}
-	d := &dialect{prefix: prefix, q: makeQueries(prefix), aq: makeAdminQueries(prefix), iq: makeInboxQueries(prefix), idq: makeIdempotencyQueries(prefix)}
+	d := &dialect{prefix: prefix, signalID: newSignalID(), q: makeQueries(prefix), aq: makeAdminQueries(prefix), iq: makeInboxQueries(prefix), idq: makeIdempotencyQueries(prefix)}
 	return &Core{dialect: d, db: db}, nil
 }
 

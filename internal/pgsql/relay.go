@@ -252,18 +252,23 @@ func likePatterns(ps []string) []string {
 func (c *Core) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 	if len(rows) == 1 {
 		r := &rows[0]
-		return c.insert(ctx, c.q.insertOne, r.ID, r.Topic, nullable(r.Key), notNil(r.Payload), string(r.Headers),
-			int32(postboxdriver.PartitionOf(r.Key, r.ID, Partitions)))
+		p := postboxdriver.PartitionOf(r.Key, r.ID, Partitions)
+		c.written.Or(1 << p)
+		return c.insert(ctx, c.q.insertOne, r.ID, r.Topic, nullable(r.Key), notNil(r.Payload), string(r.Headers), int32(p))
 	}
 	n := len(rows)
 	ids, topics, payloads, headers := make([]string, n), make([]string, n), make([][]byte, n), make([]string, n)
 	keys, parts := make([]*string, n), make([]int32, n)
+	var written uint64
 	for i := range rows {
 		r := &rows[i]
 		ids[i], topics[i], payloads[i], headers[i] = r.ID, r.Topic, notNil(r.Payload), string(r.Headers)
 		keys[i] = nullable(r.Key)
-		parts[i] = int32(postboxdriver.PartitionOf(r.Key, r.ID, Partitions))
+		p := postboxdriver.PartitionOf(r.Key, r.ID, Partitions)
+		parts[i] = int32(p)
+		written |= 1 << p
 	}
+	c.written.Or(written)
 	return c.insert(ctx, c.q.insert, ids, topics, keys, payloads, headers, parts)
 }
 

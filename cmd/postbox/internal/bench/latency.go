@@ -41,9 +41,12 @@ type LatencyOptions struct {
 	PayloadBytes int // default 256
 	Keys         int // distinct ordering keys; 0 means keyless; default 1,000
 	// SeparateWriter writes through a Client of its own, as another
-	// service would: the relay learns of the rows only by polling. By
-	// default the writers use the relay's Client, whose WriteTx wakes it.
+	// process would: the relay learns of the rows by the change signals
+	// (LISTEN/NOTIFY), or, with NoSignals, only by polling. By default the
+	// writers use the relay's Client, whose WriteTx wakes it.
 	SeparateWriter bool
+	// NoSignals sets Config.NoSignals on the relay and the writers.
+	NoSignals bool
 	// Idle is how long the idle relay's statements are counted before
 	// the writing starts; default 10s, negative skips it.
 	Idle time.Duration
@@ -145,6 +148,7 @@ type LatencyResult struct {
 	IdleStatements    map[string]int64 `json:"idle_statements"`
 	BusyQueriesPerSec float64          `json:"busy_queries_per_s"`
 	SeparateWriter    bool             `json:"separate_writer"`
+	NoSignals         bool             `json:"no_signals"`
 	PollInterval      time.Duration    `json:"poll_interval_ns"`
 	Lanes             int              `json:"lanes"`
 }
@@ -159,7 +163,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	}
 	opts.defaults()
 	res.Rate = opts.Rate
-	res.SeparateWriter = opts.SeparateWriter
+	res.SeparateWriter, res.NoSignals = opts.SeparateWriter, opts.NoSignals
 	tag := randTag()
 	bs, err := openStream(ctx, opts.NatsURL, "BENCH_LATENCY_"+tag, "bench.latency."+tag+".", 0)
 	if err != nil {
@@ -201,7 +205,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	acks := newAckRecorder(inner)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	relay, err := postbox.NewClient(postboxpgx.New(rpool), &postbox.Config{
-		Prefix: prefix, Publisher: acks, Logger: quiet, PollInterval: opts.PollInterval, Lanes: opts.Lanes,
+		Prefix: prefix, Publisher: acks, Logger: quiet, PollInterval: opts.PollInterval, Lanes: opts.Lanes, NoSignals: opts.NoSignals,
 	})
 	if err != nil {
 		return res, err
@@ -210,7 +214,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	res.PollInterval, res.Lanes = cfg.PollInterval, cfg.Lanes
 	writer := relay
 	if opts.SeparateWriter {
-		writer, err = postbox.NewClient(postboxpgx.New(wpool), &postbox.Config{Prefix: prefix, Logger: quiet})
+		writer, err = postbox.NewClient(postboxpgx.New(wpool), &postbox.Config{Prefix: prefix, Logger: quiet, NoSignals: opts.NoSignals})
 		if err != nil {
 			return res, err
 		}
@@ -310,7 +314,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	}
 
 	fmt.Fprintf(out, "postbox: writing %d messages at %d msg/s (%d writers, %d keys, %s), one per transaction\n",
-		total, opts.Rate, opts.Writers, opts.Keys, map[bool]string{false: "relay's client: in-process wake-up", true: "separate client: polling only"}[opts.SeparateWriter])
+		total, opts.Rate, opts.Writers, opts.Keys, wakeUp(opts))
 	commits := make([]commitTimes, total)
 	ids := make([]string, total)
 	for i := range ids {
@@ -670,3 +674,16 @@ func sortedStatements(m map[string]int64) []string {
 // StatementKinds lists the kinds of r's idle statements, the most
 // frequent first.
 func (r LatencyResult) StatementKinds() []string { return sortedStatements(r.IdleStatements) }
+
+// wakeUp says how the relay learns of the rows in a run with opts.
+func wakeUp(opts LatencyOptions) string {
+	switch {
+	case !opts.SeparateWriter && opts.NoSignals:
+		return "relay's client: in-process wake-up, no change signals"
+	case !opts.SeparateWriter:
+		return "relay's client: in-process wake-up and change signals"
+	case opts.NoSignals:
+		return "separate client: polling only"
+	}
+	return "separate client: change signals"
+}

@@ -57,10 +57,21 @@ const (
 	// NotifySeparate: the insert, then SELECT pg_notify(...) as a
 	// statement of its own, then COMMIT: one more round trip.
 	NotifySeparate
+	// NotifyAfterCommit: the insert, then COMMIT and, in the same round
+	// trip, pg_notify in a transaction of its own that does not wait for
+	// its WAL flush (synchronous_commit off for it alone).
+	NotifyAfterCommit
+	// NotifyCoalesced: the insert and COMMIT as NotifyNone; then the
+	// writer nudges one notifier connection, which sends pg_notify (its
+	// commit not waiting for its flush) whenever a commit happened since
+	// its last one, at least notifySpacing apart: one notification for
+	// the commits made meanwhile. This is what a Client's change signals
+	// do (postbox's signal.go).
+	NotifyCoalesced
 )
 
 // NotifyModes lists the modes in the order they are reported.
-var NotifyModes = []NotifyMode{NotifyNone, NotifyInStatement, NotifySeparate}
+var NotifyModes = []NotifyMode{NotifyNone, NotifyInStatement, NotifySeparate, NotifyAfterCommit, NotifyCoalesced}
 
 func (m NotifyMode) String() string {
 	switch m {
@@ -70,6 +81,10 @@ func (m NotifyMode) String() string {
 		return "notify in the insert"
 	case NotifySeparate:
 		return "notify, own statement"
+	case NotifyAfterCommit:
+		return "notify after commit"
+	case NotifyCoalesced:
+		return "coalesced notifier"
 	}
 	return fmt.Sprintf("NotifyMode(%d)", int(m))
 }
@@ -83,6 +98,10 @@ func (m NotifyMode) MarshalText() ([]byte, error) {
 		return []byte("in_statement"), nil
 	case NotifySeparate:
 		return []byte("separate_statement"), nil
+	case NotifyAfterCommit:
+		return []byte("after_commit"), nil
+	case NotifyCoalesced:
+		return []byte("coalesced"), nil
 	}
 	return nil, fmt.Errorf("unknown notify mode %d", int(m))
 }
@@ -152,28 +171,24 @@ func Notify(ctx context.Context, opts NotifyOptions, out io.Writer) (NotifyResul
 	if opts.Warmup > 0 {
 		fmt.Fprintf(out, "warm-up: %s at %d writers, each mode\n", opts.Warmup, opts.Writers)
 		for _, m := range NotifyModes {
-			c, _, err := n.phase(ctx, opts.Writers, m, opts.Warmup/time.Duration(len(NotifyModes)))
+			c, sent, _, err := n.phase(ctx, opts.Writers, m, opts.Warmup/time.Duration(len(NotifyModes)))
 			if err != nil {
 				return res, err
 			}
 			committed += c
-			if m != NotifyNone {
-				notified += c
-			}
+			notified += sent
 		}
 	}
 	for run := range opts.Runs {
 		r := NotifyRun{Rate: map[NotifyMode]float64{}, Ratio: map[NotifyMode]float64{}}
 		for k := range NotifyModes {
 			m := NotifyModes[(k+run)%len(NotifyModes)]
-			c, rate, err := n.phase(ctx, opts.Writers, m, opts.Duration)
+			c, sent, rate, err := n.phase(ctx, opts.Writers, m, opts.Duration)
 			if err != nil {
 				return res, err
 			}
 			committed += c
-			if m != NotifyNone {
-				notified += c
-			}
+			notified += sent
 			r.Rate[m] = rate
 			fmt.Fprintf(out, "run %d/%d  %2d writers  %-22s %8.0f commits/s\n", run+1, opts.Runs, opts.Writers, m, rate)
 		}
@@ -203,7 +218,7 @@ func Notify(ctx context.Context, opts NotifyOptions, out io.Writer) (NotifyResul
 		return res, fmt.Errorf("the table holds %d rows, %d commits were counted", res.Rows, committed)
 	}
 	if res.Notifications != notified {
-		return res, fmt.Errorf("the listener received %d notifications, %d notifying transactions committed", res.Notifications, notified)
+		return res, fmt.Errorf("the listener received %d notifications, %d were sent", res.Notifications, notified)
 	}
 	return res, nil
 }
@@ -213,36 +228,68 @@ type notifyBench struct {
 	table, channel string
 }
 
-func (n *notifyBench) phase(ctx context.Context, writers int, mode NotifyMode, d time.Duration) (int64, float64, error) {
+// phase runs writers for d in mode and returns the commits, the
+// notifications sent and the commit rate.
+func (n *notifyBench) phase(ctx context.Context, writers int, mode NotifyMode, d time.Duration) (committed, sent int64, rate float64, err error) {
 	var stop atomic.Bool
-	var committed atomic.Int64
-	errs := make(chan error, writers)
+	var commits, notes atomic.Int64
+	errs := make(chan error, writers+1)
 	var wg sync.WaitGroup
 	insert := "INSERT INTO " + n.table + " (writer, body) VALUES ($1, $2)"
 	if mode == NotifyInStatement {
 		insert = "WITH ins AS (" + insert + " RETURNING id) SELECT pg_notify('" + n.channel + "', '') FROM ins"
+	}
+	// A notification whose transaction does not wait for its WAL flush:
+	// set_config(..., true) holds for this statement's own transaction.
+	unflushed := "SELECT set_config('synchronous_commit', 'off', true), pg_notify('" + n.channel + "', '')"
+	nudge := make(chan struct{}, 1)
+	notifierDone := make(chan struct{})
+	if mode == NotifyCoalesced {
+		go func() {
+			defer close(notifierDone)
+			if err := n.notifier(ctx, nudge, unflushed, &notes); err != nil {
+				errs <- err
+				stop.Store(true)
+			}
+		}()
+	} else {
+		close(notifierDone)
 	}
 	body := "order placed"
 	start := time.Now()
 	for w := range writers {
 		wg.Go(func() {
 			for !stop.Load() {
-				err := pgx.BeginFunc(ctx, n.pool, func(tx pgx.Tx) error {
-					if _, err := tx.Exec(ctx, insert, w, body); err != nil {
-						return err
-					}
-					if mode == NotifySeparate {
-						_, err := tx.Exec(ctx, "SELECT pg_notify('"+n.channel+"', '')")
-						return err
-					}
-					return nil
-				})
+				var err error
+				if mode == NotifyAfterCommit {
+					err = n.commitThenNotify(ctx, insert, unflushed, w, body)
+				} else {
+					err = pgx.BeginFunc(ctx, n.pool, func(tx pgx.Tx) error {
+						if _, err := tx.Exec(ctx, insert, w, body); err != nil {
+							return err
+						}
+						if mode == NotifySeparate {
+							_, err := tx.Exec(ctx, "SELECT pg_notify('"+n.channel+"', '')")
+							return err
+						}
+						return nil
+					})
+				}
 				if err != nil {
 					errs <- err
 					stop.Store(true)
 					return
 				}
-				committed.Add(1)
+				commits.Add(1)
+				switch mode {
+				case NotifyInStatement, NotifySeparate, NotifyAfterCommit:
+					notes.Add(1)
+				case NotifyCoalesced:
+					select {
+					case nudge <- struct{}{}:
+					default:
+					}
+				}
 			}
 		})
 	}
@@ -252,16 +299,63 @@ func (n *notifyBench) phase(ctx context.Context, writers int, mode NotifyMode, d
 	stop.Store(true)
 	wg.Wait()
 	elapsed := time.Since(start)
+	close(nudge)
+	<-notifierDone
 	close(errs)
 	if err := errors.Join(collect(errs)...); err != nil {
-		return committed.Load(), 0, err
+		return commits.Load(), notes.Load(), 0, err
 	}
 	if err := ctx.Err(); err != nil {
-		return committed.Load(), 0, err
+		return commits.Load(), notes.Load(), 0, err
 	}
-	c := committed.Load()
-	return c, float64(c) / elapsed.Seconds(), nil
+	c := commits.Load()
+	return c, notes.Load(), float64(c) / elapsed.Seconds(), nil
 }
+
+// commitThenNotify is one NotifyAfterCommit transaction: BEGIN, the
+// insert, then COMMIT and the unflushed notification in one round trip.
+func (n *notifyBench) commitThenNotify(ctx context.Context, insert, unflushed string, w int, body string) error {
+	c, err := n.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+		return err
+	}
+	if _, err := c.Exec(ctx, insert, w, body); err != nil {
+		_, _ = c.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		return err
+	}
+	var b pgx.Batch
+	b.Queue("COMMIT")
+	b.Queue(unflushed)
+	return c.SendBatch(ctx, &b).Close()
+}
+
+// notifier sends one unflushed notification for each nudge, on a
+// connection of its own, until nudge is closed; nudges that arrive while
+// one is on its way coalesce into the next.
+func (n *notifyBench) notifier(ctx context.Context, nudge <-chan struct{}, unflushed string, sent *atomic.Int64) error {
+	c, err := n.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	for range nudge {
+		began := time.Now()
+		if _, err := c.Exec(ctx, unflushed); err != nil {
+			return err
+		}
+		sent.Add(1)
+		time.Sleep(notifySpacing - time.Since(began))
+	}
+	return nil
+}
+
+// notifySpacing is the least time between the starts of two notifications
+// of the coalesced notifier, as between two change signals of a Client.
+const notifySpacing = 5 * time.Millisecond
 
 // listener holds a connection LISTENing on a channel and counts what
 // arrives until its context ends.

@@ -8,8 +8,9 @@ import (
 )
 
 // A short NOTIFY study: every mode runs in every run, and the listener
-// receives exactly one notification per notifying commit (Notify checks
-// it, and that the table holds every committed row).
+// receives exactly the notifications sent: one per notifying commit, one
+// per round of the coalesced notifier (Notify checks it, and that the
+// table holds every committed row).
 func TestNotifySmall(t *testing.T) {
 	res := runBench(t, bench.Notify, bench.NotifyOptions{
 		Writers: 4, Duration: 300 * time.Millisecond, Runs: 2, Warmup: 150 * time.Millisecond,

@@ -45,6 +45,9 @@ type WriteOptions struct {
 	// Pipeline makes the postbox phase's transactions postboxpgx.Tx, whose
 	// messages go with the COMMIT in one round trip.
 	Pipeline bool
+	// NoSignals sets Config.NoSignals on the writing client: no change
+	// signals after its writes.
+	NoSignals bool
 }
 
 // Validate reports the first bad option, naming its command-line flag.
@@ -152,7 +155,7 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	}
 	// A client that only writes: no publisher, no relay. The rows it
 	// writes stay pending; the benchmark measures the write alone.
-	client, err := postbox.NewClient(driver, &postbox.Config{Prefix: prefix, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	client, err := postbox.NewClient(driver, &postbox.Config{Prefix: prefix, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), NoSignals: opts.NoSignals})
 	if err != nil {
 		return res, err
 	}

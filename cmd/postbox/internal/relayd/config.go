@@ -164,7 +164,11 @@ type Relay struct {
 	MaxCrashes    int      `yaml:"max_crashes"`
 	PollInterval  Duration `yaml:"poll_interval"`
 	BlockOnDead   bool     `yaml:"block_on_dead"`
-	Retention     Duration `yaml:"retention"`
+	// NoSignals turns off the change signals between processes
+	// (postbox.Config.NoSignals): the relay listens for none and finds
+	// rows written elsewhere by polling.
+	NoSignals bool     `yaml:"no_signals"`
+	Retention Duration `yaml:"retention"`
 	// ConsumerDeadRetention keeps the consumers' dead messages of the
 	// tables the daemon serves (databases[].consumer_prefix) this long:
 	// the daemon deletes older ones, one process at a time with the
@@ -368,7 +372,7 @@ func (c *Config) clientConfig(db Database) *postbox.Config {
 		BatchSize: r.BatchSize, PublishWindow: r.PublishWindow, Lanes: r.Lanes,
 		LeaseDuration: time.Duration(r.Lease), BatchDeadline: time.Duration(r.BatchDeadline),
 		BackoffBase: time.Duration(r.BackoffBase), BackoffMax: time.Duration(r.BackoffMax),
-		MaxAttempts: r.MaxAttempts, MaxCrashes: r.MaxCrashes, PollInterval: time.Duration(r.PollInterval), BlockOnDead: r.BlockOnDead,
+		MaxAttempts: r.MaxAttempts, MaxCrashes: r.MaxCrashes, PollInterval: time.Duration(r.PollInterval), BlockOnDead: r.BlockOnDead, NoSignals: r.NoSignals,
 		Retention: time.Duration(r.Retention), DeadRetention: time.Duration(r.ConsumerDeadRetention), MaxPayloadBytes: r.MaxPayloadBytes,
 	}).WithDefaults()
 }

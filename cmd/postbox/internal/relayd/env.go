@@ -43,6 +43,17 @@ func list(dst func(c *Config) *[]string) func(*Config, string) error {
 	}
 }
 
+func boolean(dst func(c *Config) *bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("want true or false")
+		}
+		*dst(c) = b
+		return nil
+	}
+}
+
 func integer(dst func(c *Config) *int) func(*Config, string) error {
 	return func(c *Config, v string) error {
 		n, err := strconv.Atoi(v)
@@ -124,15 +135,9 @@ var EnvVars = []EnvVar{
 	{Name: "POSTBOX_MAX_ATTEMPTS", Setting: "relay.max_attempts", set: integer(func(c *Config) *int { return &c.Relay.MaxAttempts })},
 	{Name: "POSTBOX_MAX_CRASHES", Setting: "relay.max_crashes", Help: "relays that may die publishing one message before it is dead", set: integer(func(c *Config) *int { return &c.Relay.MaxCrashes })},
 	{Name: "POSTBOX_POLL_INTERVAL", Setting: "relay.poll_interval", set: duration(func(c *Config) *Duration { return &c.Relay.PollInterval })},
-	{Name: "POSTBOX_BLOCK_ON_DEAD", Setting: "relay.block_on_dead", Help: "true or false",
-		set: func(c *Config, v string) error {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return fmt.Errorf("want true or false")
-			}
-			c.Relay.BlockOnDead = b
-			return nil
-		}},
+	{Name: "POSTBOX_BLOCK_ON_DEAD", Setting: "relay.block_on_dead", Help: "true or false", set: boolean(func(c *Config) *bool { return &c.Relay.BlockOnDead })},
+	{Name: "POSTBOX_NO_SIGNALS", Setting: "relay.no_signals", Help: "true or false: no change signals between processes, the relay polls",
+		set: boolean(func(c *Config) *bool { return &c.Relay.NoSignals })},
 	{Name: "POSTBOX_RETENTION", Setting: "relay.retention", Help: "published history kept for replay, e.g. 7d; negative keeps everything",
 		set: duration(func(c *Config) *Duration { return &c.Relay.Retention })},
 	{Name: "POSTBOX_CONSUMER_DEAD_RETENTION", Setting: "relay.consumer_dead_retention", Help: "consumers' dead messages kept, e.g. 30d; negative keeps them until handled",

@@ -1,0 +1,106 @@
+package postboxpgx_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/postboxdriver"
+	"github.com/postbox-go/postbox/postboxpgx"
+)
+
+// listener opens the store of prefix on pool as a postboxdriver.Listener.
+func listener(t *testing.T, d *postboxpgx.Driver, prefix string) postboxdriver.Listener {
+	t.Helper()
+	store, err := d.Open(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, ok := store.(postboxdriver.Listener)
+	if !ok {
+		t.Fatal("the pgx store is not a postboxdriver.Listener")
+	}
+	return l
+}
+
+// A write through a Client on another pool (another process, as far as
+// the database can tell) reaches a listener on the same tables as a
+// change signal, sent after the write and outside its transaction.
+func TestListenHearsWritesOfAnotherClient(t *testing.T) {
+	pool, prefix := testdb.Migrated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l := listener(t, postboxpgx.New(pool), prefix)
+	ready, heard := make(chan struct{}), make(chan []int, 100)
+	lctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- l.Listen(lctx, func() { close(ready) }, func(parts []int) { heard <- parts })
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("listen ended before it was ready: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the listener never became ready")
+	}
+	writer, err := postbox.NewClient(postboxpgx.New(testdb.PoolAt(t, testdb.PostgresURL())), &postbox.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.Write(ctx, postbox.Message{Topic: "orders.paid", Key: "k", Payload: []byte("p")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case parts := <-heard:
+		// The signal names the partition written, so that the relay
+		// wakes only the lane that reads it.
+		if want := postboxdriver.PartitionOf("k", "", 64); len(parts) != 1 || parts[0] != want {
+			t.Fatalf("signal for partitions %v, want [%d]", parts, want)
+		}
+	case <-ctx.Done():
+		t.Fatal("no change signal heard for a write of another client")
+	}
+	// A signal sent with SQL, as a writer in another language may, names
+	// no partition: every lane wakes.
+	if _, err := pool.Exec(ctx, "SELECT pg_notify($1, '')", prefix+"outbox"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case parts := <-heard:
+		if parts != nil {
+			t.Fatalf("a signal without payload named partitions %v", parts)
+		}
+	case <-ctx.Done():
+		t.Fatal("no change signal heard for a pg_notify sent with SQL")
+	}
+	stop()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("listen returned %v after its context ended, want context.Canceled", err)
+	}
+}
+
+// Through a transaction pooler a LISTEN would stay on a server connection
+// that goes on serving others: Listen refuses, with ErrNoSignals, and
+// leaves no server connection listening.
+func TestListenRefusesTransactionPooler(t *testing.T) {
+	pool, prefix := testdb.Migrated(t)
+	through := testdb.PoolAt(t, testdb.BouncerURL(t, "default_query_exec_mode=cache_describe"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := listener(t, postboxpgx.New(through), prefix).Listen(ctx, func() { t.Error("ready through a transaction pooler") }, func([]int) {})
+	if !errors.Is(err, postboxdriver.ErrNoSignals) {
+		t.Fatalf("listen through PgBouncer: %v, want ErrNoSignals", err)
+	}
+	t.Logf("refused: %v", err)
+	var listening int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN "`+prefix+`%'`).Scan(&listening); err != nil {
+		t.Fatal(err)
+	}
+	if listening != 0 {
+		t.Fatalf("%d server connections left listening", listening)
+	}
+}
