@@ -106,7 +106,9 @@ type Config struct {
 	// other processes by polling alone. A Client sends at most one
 	// pg_notify every 5ms, outside the writers' transactions, for all the
 	// writes made meanwhile; the relay listens on one connection of its
-	// own, outside the pool.
+	// own, outside the pool. A service whose only relays run in its own
+	// processes, woken directly by their Client's writes, may set it to
+	// spare the database those notifications.
 	NoSignals bool
 	// BlockOnDead keeps later messages of a key waiting while an earlier one
 	// is dead, until it is requeued or deleted. By default they go on.
