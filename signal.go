@@ -43,7 +43,6 @@ type signaler struct {
 	mu     sync.Mutex
 	due    bool // a write since the last signal began
 	active bool // the sending goroutine runs
-	failed time.Time
 }
 
 func newSignaler(store any, cfg *Config) *signaler {
@@ -84,11 +83,12 @@ func (s *signaler) run() {
 		ctx, cancel := context.WithTimeout(context.Background(), signalTimeout)
 		err := s.s.Signal(ctx)
 		cancel()
-		if err != nil && time.Since(s.failed) > time.Minute {
-			// At most once a minute: the write itself succeeded, and
-			// relays elsewhere find its rows by polling.
-			s.failed = time.Now()
-			s.log.Warn("postbox could not send a change signal; relays in other processes find the rows by polling", slog.Any("error", err))
+		if err != nil {
+			// A debug line only: the write itself succeeded, relays
+			// elsewhere find its rows by polling, and a database that
+			// cannot take a signal fails the writes loudly enough (or
+			// the pool was closed under a last signal).
+			s.log.Debug("postbox could not send a change signal; relays in other processes find the rows by polling", slog.Any("error", err))
 		}
 		if wait := signalSpacing - time.Since(began); wait > 0 {
 			time.Sleep(wait)
