@@ -82,10 +82,6 @@ type relay struct {
 
 	mu     sync.Mutex
 	target []int // this relay's share, as last worked out
-	// moved: the last renewal changed what the lanes read (the held
-	// partitions or their generations, the lanes reading), or lanes had
-	// found nothing to read for a stale view or leases about to pass.
-	moved bool
 	// active is how many of the lanes read: the first active ones
 	// (laneCount of the share); the others wait for the share to grow.
 	active     int
@@ -251,8 +247,9 @@ func (r *relay) run(soft, hard context.Context) {
 		// lease the renewal is too late to help; the failure is logged,
 		// the connection dropped by the driver, and the renewal retried.
 		rctx, cancel := context.WithTimeout(soft, r.cfg.LeaseDuration/2)
+		var moved bool
 		var err error
-		pending, err = r.coordinate(rctx)
+		pending, moved, err = r.coordinate(rctx)
 		cancel()
 		if err != nil {
 			if soft.Err() != nil {
@@ -266,9 +263,6 @@ func (r *relay) run(soft, hard context.Context) {
 		// The lanes hear of a renewal only when it changed what they
 		// read: a wake-up after every renewal (eight a lease) would
 		// make each idle lane read and poll fast again each time.
-		r.mu.Lock()
-		moved := r.moved
-		r.mu.Unlock()
 		if moved {
 			r.notifyLanes()
 		}

@@ -28,8 +28,11 @@ import (
 // owners, because a lease is only taken when free or expired. It reports
 // whether the relay still waits for part of its share (held by another
 // relay that has not let go of it yet), so that the caller renews again
-// soon instead of a whole interval later.
-func (r *relay) coordinate(ctx context.Context) (pending bool, err error) {
+// soon instead of a whole interval later, and whether the renewal changed
+// what the lanes read (the held partitions or their generations, the
+// lanes reading), or lanes had found nothing to read for a stale view or
+// leases about to pass: then the lanes are to be woken.
+func (r *relay) coordinate(ctx context.Context) (pending, moved bool, err error) {
 	r.mu.Lock()
 	want := make([]int, 0, len(r.target)+len(r.leaving))
 	var drop []int
@@ -47,10 +50,10 @@ func (r *relay) coordinate(ctx context.Context) (pending bool, err error) {
 	start := time.Now()
 	m, err := r.ex.Coordinate(ctx, r.id, r.cfg.LeaseDuration, want, drop, settled)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	if i := sort.SearchStrings(m.Live, r.id); i == len(m.Live) || m.Live[i] != r.id {
-		return false, fmt.Errorf("relay %s missing from the live set after its heartbeat", r.id)
+		return false, false, fmt.Errorf("relay %s missing from the live set after its heartbeat", r.id)
 	}
 	target := assign(m.Live, m.Leases)[r.id]
 	inTarget := make(map[int]bool, len(target))
@@ -125,8 +128,8 @@ func (r *relay) coordinate(ctx context.Context) (pending bool, err error) {
 		r.log.Info("postbox relay partitions", slog.Int("held", len(r.held)), slog.Int("share", len(target)),
 			slog.Int("leaving", len(r.leaving)), slog.Int("relays", len(m.Live)))
 	}
-	r.moved = blocked || r.active != prevActive || !maps.Equal(r.held, prevHeld)
-	return len(r.held) < len(target) || len(r.leaving) > 0, nil
+	moved = blocked || r.active != prevActive || !maps.Equal(r.held, prevHeld)
+	return len(r.held) < len(target) || len(r.leaving) > 0, moved, nil
 }
 
 // takeAll leases every partition, for Drain: it fails with
@@ -221,11 +224,7 @@ func (r *relay) fence(now time.Time, n int) (postboxdriver.Fence, time.Time) {
 	if r.stale || r.validUntil.Sub(now) < minPoll*5 || n >= r.active {
 		return f, r.validUntil
 	}
-	parts := make([]int, 0, len(r.held))
-	for p := range r.held {
-		parts = append(parts, p)
-	}
-	sort.Ints(parts)
+	parts := r.heldInOrder()
 	start, step := n, r.active
 	if n < 0 {
 		start, step = 0, 1
@@ -234,6 +233,17 @@ func (r *relay) fence(now time.Time, n int) (postboxdriver.Fence, time.Time) {
 		f.Generations[parts[i]] = r.held[parts[i]]
 	}
 	return f, r.validUntil
+}
+
+// heldInOrder lists the held partitions in order, as fence deals them to
+// the lanes: the i-th to lane i mod active. r.mu is held.
+func (r *relay) heldInOrder() []int {
+	parts := make([]int, 0, len(r.held))
+	for p := range r.held {
+		parts = append(parts, p)
+	}
+	sort.Ints(parts)
+	return parts
 }
 
 // claim is fence for a lane that is about to read and publish. It counts a

@@ -140,17 +140,11 @@ func (r *relay) wakeFor(parts []int) {
 		return
 	}
 	r.mu.Lock()
-	held := make([]int, 0, len(r.held))
-	for p := range r.held {
-		held = append(held, p)
-	}
-	active := r.active
+	held, active := r.heldInOrder(), r.active
 	r.mu.Unlock()
 	if active == 0 {
 		return
 	}
-	// As fence deals them: every active-th held partition in order.
-	sort.Ints(held)
 	for _, p := range parts {
 		if i := sort.SearchInts(held, p); i < len(held) && held[i] == p {
 			r.lanes[i%active].notify()

@@ -49,11 +49,11 @@ func (c *Core) Signal(ctx context.Context) error {
 // the partitions it names, nil for every partition (a signal sent with
 // SQL, with any other payload, or with no partition recorded).
 func (c *Core) signalParts(payload string) (own bool, parts []int) {
-	id, mask, ok := strings.Cut(strings.TrimPrefix(payload, "client "), " ")
-	if !ok || !strings.HasPrefix(payload, "client ") {
+	if !strings.HasPrefix(payload, "client ") {
 		return false, nil
 	}
-	if "client "+id == c.signalID {
+	id, mask, _ := strings.Cut(payload[len("client "):], " ")
+	if c.signalID == "client "+id {
 		return true, nil
 	}
 	m, err := strconv.ParseUint(mask, 16, 64)
