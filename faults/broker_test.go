@@ -120,12 +120,16 @@ func consumerSubscriber(ctx context.Context, kind string, vars map[string]string
 		return nil, nil, err
 	}
 	cons, err := postboxnats.EnsureConsumer(ctx, js, vars["stream"], jetstream.ConsumerConfig{
-		Durable: "fxconsumer", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1,
+		Durable: natsConsumerName, AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1,
 		AckWait: ackWait, MaxAckPending: 20_000,
 	})
+	var stream jetstream.Stream
+	if err == nil {
+		stream, err = js.Stream(ctx, vars["stream"])
+	}
 	if err == nil {
 		var sub postbox.Subscriber
-		sub, err = postboxnats.NewSubscriber(cons, &postboxnats.SubscriberConfig{PerKey: true, SubjectPrefix: vars["subj"], Logger: log})
+		sub, err = postboxnats.NewSubscriber(cons, &postboxnats.SubscriberConfig{PerKey: true, Stream: stream, SubjectPrefix: vars["subj"], Logger: log})
 		if err == nil {
 			return sub, nc.Close, nil
 		}
@@ -141,22 +145,22 @@ func (b *natsBroker) watch(ctx context.Context, w *watcher) error {
 	if err != nil {
 		return err
 	}
-	it, err := cons.Messages()
+	// A pull request the cluster lost (its consumer's node killed or
+	// cut off) is noticed only by a missed heartbeat, whose timer each
+	// Next call starts again: so Next waits for as long as the watch
+	// lasts, and a short heartbeat makes the ordered consumer start over
+	// within two of them.
+	it, err := cons.Messages(jetstream.PullHeartbeat(time.Second))
 	if err != nil {
 		return err
 	}
 	defer it.Stop()
 	for {
-		nctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		msg, err := it.Next(jetstream.NextContext(nctx))
-		cancel()
+		msg, err := it.Next(jetstream.NextContext(ctx))
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err != nil {
-			if errors.Is(err, context.DeadlineExceeded) {
-				continue
-			}
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return err
 			}
@@ -171,6 +175,36 @@ func (b *natsBroker) watch(ctx context.Context, w *watcher) error {
 		_ = json.Unmarshal(msg.Data(), &s.P)
 		w.add(s)
 	}
+}
+
+// natsConsumerName is the consumer process's durable JetStream consumer.
+const natsConsumerName = "fxconsumer"
+
+// describer is a broker that can say where its stream and consumer stand,
+// for a run that did not settle.
+type describer interface {
+	describe(ctx context.Context) string
+}
+
+func (b *natsBroker) describe(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, err := b.js.Stream(ctx, b.stream)
+	if err != nil {
+		return "stream: " + err.Error()
+	}
+	out := fmt.Sprintf("stream last seq %d, %d messages", s.CachedInfo().State.LastSeq, s.CachedInfo().State.Msgs)
+	c, err := s.Consumer(ctx, natsConsumerName)
+	if err != nil {
+		return out + "; consumer: " + err.Error()
+	}
+	ci := c.CachedInfo()
+	leader := ""
+	if ci.Cluster != nil {
+		leader = ci.Cluster.Leader
+	}
+	return out + fmt.Sprintf("; consumer leader %q delivered stream %d consumer %d, ack floor stream %d consumer %d, ack pending %d, redelivered %d, waiting pulls %d, pending %d",
+		leader, ci.Delivered.Stream, ci.Delivered.Consumer, ci.AckFloor.Stream, ci.AckFloor.Consumer, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting, ci.NumPending)
 }
 
 func (b *natsBroker) caughtUp(ctx context.Context, w *watcher) bool {

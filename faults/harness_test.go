@@ -321,6 +321,9 @@ func (h *harness) run(ctx context.Context, sched []*fault) {
 	h.settled = h.waitSettled(ctx)
 	h.settledAt = time.Now()
 	t.Logf("faults: settled=%v %s after the writers stopped", h.settled, h.settledAt.Sub(h.writersDone).Round(time.Millisecond))
+	if d, ok := h.broker.(describer); ok && !h.settled {
+		t.Logf("faults: the broker after the drain limit: %s", d.describe(ctx))
+	}
 
 	for _, r := range h.relays {
 		h.cleanStops = append(h.cleanStops, r.close(20*time.Second))
