@@ -69,3 +69,18 @@ func TestClassify(t *testing.T) {
 		}
 	}
 }
+
+// TestSubjectMatches: the consumer's filters, as the server matches them.
+func TestSubjectMatches(t *testing.T) {
+	for _, c := range []struct {
+		filter, subject string
+		want            bool
+	}{
+		{"a.b", "a.b", true}, {"a.b", "a.c", false}, {"a.*", "a.b", true}, {"a.*", "a.b.c", false},
+		{"a.>", "a.b.c", true}, {"a.>", "a", false}, {"*.b", "a.b", true}, {">", "a", true}, {"a", "a.b", false},
+	} {
+		if got := subjectMatches(c.filter, c.subject); got != c.want {
+			t.Errorf("subjectMatches(%q, %q) = %v, want %v", c.filter, c.subject, got, c.want)
+		}
+	}
+}

@@ -122,7 +122,12 @@
 //		AckWait:       time.Minute, // longer than the slowest handler
 //		MaxDeliver:    -1,          // the inbox decides when a message is dead
 //	})
-//	sub, err := postboxnats.NewSubscriber(cons, &postboxnats.SubscriberConfig{SubjectPrefix: "events."})
+//	stream, err := js.Stream(ctx, "EVENTS")
+//	sub, err := postboxnats.NewSubscriber(cons, &postboxnats.SubscriberConfig{
+//		SubjectPrefix: "events.",
+//		PerKey:        true,   // one key's messages one at a time, in stream order
+//		Stream:        stream, // keeps that order when a delivery is lost on the way
+//	})
 //	client, err := postbox.NewClient(postboxpgx.New(pool), nil)
 //	inbox := client.Inbox()
 //	err = sub.Run(ctx, inbox.Processor("billing", handle))
@@ -180,6 +185,17 @@
 // out to that whole wait from then; so does a nak or keep-alive the
 // client refuses. An outage with nothing to ack that lasts longer than
 // about AckWait can still outrun the wait.
+//
+// A delivery can also be lost on the way: the server sent it, counted it
+// as delivered, and the connection through a node that failed or was cut
+// off from its cluster dropped it. The server sends it again only after
+// AckWait, when later messages of its key have been delivered. With
+// SubscriberConfig.Stream set, the Subscriber sees the gap in the
+// consumer's delivery numbers (Sequence.Consumer), reads the lost
+// messages' keys from the stream, and holds those keys, as behind a
+// retried message, until the messages come back; other keys go on.
+// Without Stream a gap is logged and its keys' order may break, so set it
+// wherever the server is a cluster.
 //
 // The order holds within one Run. It does not hold across competing
 // subscribers of one consumer, which JetStream hands different messages

@@ -2,6 +2,7 @@ package postboxnats_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -271,5 +272,96 @@ func TestPerKeyOrderAcrossServerRestart(t *testing.T) {
 	}
 	if order[0] != "first" || order[1] != "first" {
 		t.Fatalf("processed in the order %v; the key's second message must wait for the first's redelivery", order)
+	}
+}
+
+// lossyConsumer hands the Subscriber every delivery but the first one of
+// the message whose payload is drop: a delivery lost on the way, as when
+// the node that answered the pull fails.
+type lossyConsumer struct {
+	jetstream.Consumer
+	drop string
+}
+
+func (c *lossyConsumer) Messages(opts ...jetstream.PullMessagesOpt) (jetstream.MessagesContext, error) {
+	it, err := c.Consumer.Messages(opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &lossyMessages{MessagesContext: it, drop: c.drop}, nil
+}
+
+type lossyMessages struct {
+	jetstream.MessagesContext
+	drop    string
+	dropped bool
+}
+
+func (m *lossyMessages) Next(opts ...jetstream.NextOpt) (jetstream.Msg, error) {
+	for {
+		msg, err := m.MessagesContext.Next(opts...)
+		if err != nil || m.dropped || string(msg.Data()) != m.drop {
+			return msg, err
+		}
+		m.dropped = true
+	}
+}
+
+// Closed lets the Subscriber wait for the client's subscription to end.
+func (m *lossyMessages) Closed() <-chan struct{} {
+	return m.MessagesContext.(interface{ Closed() <-chan struct{} }).Closed()
+}
+
+// TestPerKeyLostDelivery: a delivery lost on the way comes back only after
+// AckWait. With Stream set, the Subscriber sees the gap in the delivery
+// numbers, and the lost message's key waits for it while another key goes
+// on; without it, nothing waits (and the loss is logged).
+func TestPerKeyLostDelivery(t *testing.T) {
+	eachTarget(t, func(t *testing.T, url string) {
+		for _, withStream := range []bool{true, false} {
+			t.Run(fmt.Sprintf("stream=%v", withStream), func(t *testing.T) {
+				_, js := connect(t, url)
+				s, base := stream(t, js, nil)
+				c := ensureConsumer(t, js, base, "c", func(cc *jetstream.ConsumerConfig) { cc.AckWait = time.Second })
+				cfg := &postboxnats.SubscriberConfig{PerKey: true, Logger: discardLogger()}
+				if withStream {
+					cfg.Stream = s
+				}
+				col := &collector{}
+				runSubscriber(t, subscriber(t, &lossyConsumer{Consumer: c, drop: "k2"}, cfg), col)
+				for i, m := range []struct{ payload, key string }{{"k1", "k"}, {"k2", "k"}, {"k3", "k"}, {"j1", "j"}} {
+					publishMsg(t, js, base+".t", m.payload, map[string]string{jetstream.MsgIDHeader: strconv.Itoa(i), postbox.HeaderPartitionKey: m.key})
+				}
+				waitUntil(t, 15*time.Second, "every message", func() bool {
+					return len(col.byPayload("k2")) > 0 && len(col.byPayload("k3")) > 0 && len(col.byPayload("j1")) > 0
+				})
+				at := map[string]int{}
+				for i, d := range col.deliveries() {
+					if _, ok := at[string(d.Payload)]; !ok {
+						at[string(d.Payload)] = i
+					}
+				}
+				if at["k2"] == 0 || col.byPayload("k2")[0].Delivered < 2 {
+					t.Fatalf("the lost delivery was not lost: order %v", at)
+				}
+				if withStream && (at["k3"] < at["k2"] || at["j1"] > at["k2"]) {
+					t.Fatalf("want k1, j1, k2, k3 (k waits for its lost message, j does not); got %v", at)
+				}
+			})
+		}
+	})
+}
+
+// TestSubscriberStreamMustBeTheConsumers: a Stream other than the
+// consumer's is refused, naming the field.
+func TestSubscriberStreamMustBeTheConsumers(t *testing.T) {
+	_, js := connect(t, sharedEmbedded(t))
+	_, base := stream(t, js, nil)
+	other, _ := stream(t, js, nil)
+	c := ensureConsumer(t, js, base, "c", nil)
+	_, err := postboxnats.NewSubscriber(c, &postboxnats.SubscriberConfig{PerKey: true, Stream: other})
+	var ce *postbox.ConfigError
+	if !errors.As(err, &ce) || len(ce.Problems) != 1 || ce.Problems[0].Field != "Stream" {
+		t.Fatalf("want a *postbox.ConfigError naming Stream; got %v", err)
 	}
 }

@@ -62,6 +62,16 @@ type SubscriberConfig struct {
 	// documentation for what it takes across subscribers and restarts.
 	PerKey bool
 
+	// Stream is the consumer's stream. With PerKey it keeps a key's
+	// order when a delivery is lost on the way, as when the server or
+	// node a pull was answered through fails or is cut off: the
+	// Subscriber sees the gap in the consumer's delivery numbers, reads
+	// the lost messages' keys from the stream, and holds those keys
+	// until the server sends the messages again (after AckWait). Without
+	// it a lost delivery is logged, and its key's later messages may be
+	// processed before it. Unused without PerKey.
+	Stream jetstream.Stream
+
 	// SubjectPrefix is the publisher's Config.SubjectPrefix: when a
 	// message carries no ce-type header, its topic is its subject with
 	// this prefix removed. It must be empty or end with ".".
@@ -132,6 +142,7 @@ type Subscriber struct {
 	// The shortest and the longest time the server waits for an ack
 	// before it redelivers: AckWait, or the steps of BackOff.
 	ackMin, ackMax time.Duration
+	filters        []string // the consumer's filter subjects; none: all
 }
 
 // NewSubscriber returns a Subscriber for consumer, as EnsureConsumer
@@ -155,11 +166,27 @@ func NewSubscriber(consumer jetstream.Consumer, cfg *SubscriberConfig) (*Subscri
 	if err := checkConsumerConfig(&info.Config); err != nil {
 		return nil, fmt.Errorf("postboxnats: consumer %q on stream %q: %w", info.Name, info.Stream, err)
 	}
+	if c.Stream != nil {
+		if si := c.Stream.CachedInfo(); si == nil || si.Config.Name != info.Stream {
+			name := ""
+			if si != nil {
+				name = si.Config.Name
+			}
+			return nil, &postbox.ConfigError{Problems: []*postbox.ValidationError{
+				configcheck.Problem("Stream", name, "is not the consumer's stream %q", info.Stream),
+			}}
+		}
+	}
 	ackMin, ackMax := ackWaits(&info.Config)
+	filters := info.Config.FilterSubjects
+	if info.Config.FilterSubject != "" {
+		filters = append(filters, info.Config.FilterSubject)
+	}
 	return &Subscriber{
 		cons: consumer, cfg: c, log: c.Logger,
 		name:   info.Stream + " > " + info.Name,
 		ackMin: ackMin, ackMax: ackMax,
+		filters: filters,
 	}, nil
 }
 
@@ -271,6 +298,7 @@ type run struct {
 	sem       chan struct{}
 	saturated atomic.Bool // the puller waits for a token
 	keys      *keyOrder   // nil without PerKey
+	gaps      gapWatch    // the puller's, with PerKey
 	wg        sync.WaitGroup
 }
 
@@ -343,7 +371,14 @@ func (r *run) dispatch(msg jetstream.Msg) {
 		r.release()
 		return
 	}
-	d, seq := r.s.delivery(msg)
+	d, md := r.s.delivery(msg)
+	var seq uint64
+	if md != nil {
+		seq = md.Sequence.Stream
+		if r.keys != nil {
+			r.observe(md)
+		}
+	}
 	if d.ID == "" {
 		r.terminate(msg, seq)
 		r.release()
@@ -445,9 +480,9 @@ func (r *run) terminate(msg jetstream.Msg, seq uint64) {
 		slog.String("consumer", r.s.name), slog.String("subject", msg.Subject()), slog.Uint64("stream_seq", seq), slog.Any("term_error", err))
 }
 
-// delivery builds the postbox.Delivery for msg, and returns msg's stream
-// sequence (0 when its metadata cannot be read).
-func (s *Subscriber) delivery(msg jetstream.Msg) (*postbox.Delivery, uint64) {
+// delivery builds the postbox.Delivery for msg, and returns msg's
+// metadata (nil when it cannot be read).
+func (s *Subscriber) delivery(msg jetstream.Msg) (*postbox.Delivery, *jetstream.MsgMetadata) {
 	h := msg.Headers()
 	d := &postbox.Delivery{Payload: msg.Data(), Headers: make(map[string]string, len(h))}
 	for k, vs := range h {
@@ -470,12 +505,12 @@ func (s *Subscriber) delivery(msg jetstream.Msg) (*postbox.Delivery, uint64) {
 			d.Topic = strings.TrimPrefix(msg.Subject(), s.cfg.SubjectPrefix)
 		}
 	}
-	var seq uint64
-	if md, err := msg.Metadata(); err == nil {
-		d.Delivered = int(md.NumDelivered)
-		seq = md.Sequence.Stream
+	md, err := msg.Metadata()
+	if err != nil {
+		return d, nil
 	}
-	return d, seq
+	d.Delivered = int(md.NumDelivered)
+	return d, md
 }
 
 // header returns the first value of name in h, matching the name exactly
