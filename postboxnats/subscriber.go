@@ -40,6 +40,9 @@ const (
 	// iterator last pullKick each (see run.next).
 	pullKick = 250 * time.Millisecond
 	maxKicks = 4
+
+	// pullHeartbeat is the idle heartbeat the Subscriber's pulls ask for.
+	pullHeartbeat = 5 * time.Second
 )
 
 // SubscriberConfig configures a Subscriber. The zero value of every field
@@ -239,6 +242,10 @@ func (s *Subscriber) Run(ctx context.Context, p postbox.Processor) error {
 	}
 	it, err := s.cons.Messages(
 		jetstream.PullMaxMessages(s.cfg.MaxInFlight),
+		// A pull the server lost (the consumer's leader moved, or the
+		// node between failed) is noticed by a missed heartbeat: within
+		// two of them, 10 s rather than the client's default 30.
+		jetstream.PullHeartbeat(pullHeartbeat),
 		// The client re-issues its pull after a missed heartbeat on its
 		// own; a missed heartbeat is not a reason to stop consuming.
 		jetstream.WithMessagesErrOnMissingHeartbeat(false),
@@ -345,9 +352,9 @@ func (r *run) pull(it jetstream.MessagesContext) error {
 // being sent (fetchInProgress, nats.go v1.55.0). When the server answers
 // that request in full before the flag is cleared, which a small batch
 // makes likely, Next blocks with no request outstanding until its missed
-// heartbeat timer fires: twice the heartbeat, 30s by default. So the
-// first waits after a delivery end every pullKick, which runs that check
-// again once the flag is clear. After maxKicks of them the wait blocks
+// heartbeat timer fires: twice pullHeartbeat. So the first waits after a
+// delivery end every pullKick, which runs that check again once the flag
+// is clear. After maxKicks of them the wait blocks
 // for good: a request is outstanding by then, and the client's own
 // missed heartbeat detection (whose timer every Next call restarts) must
 // stay able to fire, for a request the server lost.
