@@ -8,6 +8,7 @@ import (
 	"maps"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/postbox-go/postbox/postboxdriver"
@@ -21,8 +22,11 @@ import (
 type Client[TTx any] struct {
 	cfg    *Config
 	store  postboxdriver.Store[TTx]
-	wake   chan struct{}
+	wake   *wakeup
 	signal *signaler // nil without change signals
+	// nparts is the partition count of the relay running in this
+	// process, by which a write names the lanes to wake; 0 before Start.
+	nparts atomic.Int64
 	routes routes
 	inbox  *Inbox[TTx]
 	admin  *Admin
@@ -45,7 +49,7 @@ func NewClient[TTx any](driver postboxdriver.Driver[TTx], cfg *Config) (*Client[
 	if err != nil {
 		return nil, err
 	}
-	client := &Client[TTx]{cfg: c, store: store, wake: make(chan struct{}, 1), routes: c.effectiveRoutes(), signal: newSignaler(store, c)}
+	client := &Client[TTx]{cfg: c, store: store, wake: newWakeup(), routes: c.effectiveRoutes(), signal: newSignaler(store, c)}
 	client.inbox = &Inbox[TTx]{cfg: c, store: store, log: c.Logger}
 	client.admin = &Admin{ex: store, cfg: c}
 	return client, nil
@@ -82,12 +86,17 @@ func (c *Client[TTx]) WriteTx(ctx context.Context, tx TTx, msgs ...Message) erro
 	if err != nil || len(rows) == 0 {
 		return err
 	}
-	if err := c.store.UnwrapExecutor(tx).Insert(ctx, rows); err != nil {
+	ex := c.store.UnwrapExecutor(tx)
+	if err := ex.Insert(ctx, rows); err != nil {
 		return fmt.Errorf("postbox: write: %w", err)
+	}
+	parts := c.partsOf(rows)
+	if ac, ok := ex.(postboxdriver.AfterCommitter); ok && ac.AfterCommit(func() { c.notify(wakeCommitted, parts) }) {
+		return nil // the relays are woken once the rows are there
 	}
 	// The transaction is not committed yet; the relays, woken now, look
 	// again shortly after on their fast poll and find the rows then.
-	c.notify()
+	c.notify(wakeEarly, parts)
 	return nil
 }
 
@@ -100,7 +109,7 @@ func (c *Client[TTx]) Write(ctx context.Context, msgs ...Message) error {
 	if err := c.store.Insert(ctx, rows); err != nil {
 		return fmt.Errorf("postbox: write: %w", err)
 	}
-	c.notify()
+	c.notify(wakeCommitted, c.partsOf(rows))
 	return nil
 }
 
@@ -182,14 +191,26 @@ func isNil(v any) bool {
 	return false
 }
 
-// notify wakes the relay in this process and, through the change signal,
-// those in others.
-func (c *Client[TTx]) notify() {
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+// notify wakes the relay in this process, the lanes that read parts, and,
+// through the change signal, those in others.
+func (c *Client[TTx]) notify(kind wakeKind, parts uint64) {
+	c.wake.send(kind, parts)
 	c.signal.send()
+}
+
+// partsOf is the mask of the partitions rows fall in, for the relay
+// running in this process; allParts when there is none or its partitions
+// do not fit in a mask.
+func (c *Client[TTx]) partsOf(rows []postboxdriver.Row) uint64 {
+	n := int(c.nparts.Load())
+	if n < 1 || n > 64 {
+		return allParts
+	}
+	var mask uint64
+	for i := range rows {
+		mask |= 1 << postboxdriver.PartitionOf(rows[i].Key, rows[i].ID, n)
+	}
+	return mask
 }
 
 // Start runs the relay in the background until Stop. It fails fast when no
@@ -207,6 +228,7 @@ func (c *Client[TTx]) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	c.nparts.Store(int64(r.nparts))
 	c.running = r.start()
 	return nil
 }

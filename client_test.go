@@ -329,3 +329,62 @@ func TestRelayRetention(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A write wakes the relay in its process after its commit where the Client
+// can tell when that is (Write's own transaction, a postboxpgx.Tx), and
+// early, before the commit, in a transaction it cannot see commit.
+func TestWriteWakesTheRelayAfterTheCommitItSees(t *testing.T) {
+	pool, prefix := testdb.Migrated(t)
+	c, err := postbox.NewClient(postboxpgx.New(pool), &postbox.Config{Prefix: prefix, NoSignals: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	msg := postbox.Message{Topic: "orders.created", Key: "1", Payload: []byte("{}")}
+	want := func(what string, woken, early bool) {
+		t.Helper()
+		if w, e := postbox.ClientWoken(c); w != woken || e != early {
+			t.Errorf("%s: woken %v, early %v; want %v, %v", what, w, e, woken, early)
+		}
+	}
+
+	tx, err := postboxpgx.Begin(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WriteTx(ctx, tx, msg); err != nil {
+		t.Fatal(err)
+	}
+	want("postboxpgx.Tx before Commit", false, false)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want("postboxpgx.Tx after Commit", true, false)
+
+	tx, err = postboxpgx.Begin(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WriteTx(ctx, tx, msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want("postboxpgx.Tx rolled back", false, false)
+
+	ptx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ptx.Rollback(ctx) }()
+	if err := c.WriteTx(ctx, ptx, msg); err != nil {
+		t.Fatal(err)
+	}
+	want("pgx.Tx, before its commit", true, true)
+
+	if err := c.Write(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+	want("Write", true, false)
+}

@@ -27,3 +27,15 @@ func RelaySignals[TTx any](c *Client[TTx]) (listening bool, heard int64, ok bool
 	}
 	return run.r.listening.Load(), run.r.signals.Load(), true
 }
+
+// ClientWoken reports whether c has woken the relay in its process since
+// the last call, and whether a wake-up since then was early (sent before
+// its rows were committed).
+func ClientWoken[TTx any](c *Client[TTx]) (woken, early bool) {
+	select {
+	case <-c.wake.ch:
+		woken = true
+	default:
+	}
+	return woken, c.wake.take() == wakeEarly
+}

@@ -55,7 +55,7 @@ type relay struct {
 	cfg    *Config
 	log    *slog.Logger
 	id     string
-	wake   <-chan struct{}
+	wake   *wakeup
 	nparts int
 	lanes  []*lane
 	pub    Publisher // the routes, or the one publisher
@@ -118,7 +118,7 @@ type relayRun struct {
 	done       chan struct{}
 }
 
-func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs routes, wake <-chan struct{}) (*relay, error) {
+func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs routes, wake *wakeup) (*relay, error) {
 	n, err := ex.Partitions(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("postbox: start relay: %w", err)
@@ -143,7 +143,7 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs ro
 	}
 	r.window = make(chan struct{}, cfg.PublishWindow)
 	for i := range min(cfg.Lanes, n) {
-		r.lanes = append(r.lanes, &lane{r: r, n: i, wake: make(chan struct{}, 1)})
+		r.lanes = append(r.lanes, &lane{r: r, n: i, wake: newWakeup()})
 	}
 	r.active = len(r.lanes)
 	return r, nil
@@ -229,9 +229,9 @@ func (r *relay) run(soft, hard context.Context) {
 		if wait := time.Until(due); wait > 0 {
 			t := time.NewTimer(wait)
 			select {
-			case <-r.wake:
+			case <-r.wake.ch:
 				t.Stop()
-				r.notifyLanes()
+				r.wakeFor(r.wake.partitions(), r.wake.take())
 				continue
 			case <-r.renew:
 				t.Stop()
@@ -264,7 +264,7 @@ func (r *relay) run(soft, hard context.Context) {
 		// read: a wake-up after every renewal (eight a lease) would
 		// make each idle lane read and poll fast again each time.
 		if moved {
-			r.notifyLanes()
+			r.notifyLanes(wakeOther)
 		}
 		select {
 		case r.maintTick <- struct{}{}:
@@ -280,9 +280,9 @@ func (r *relay) renewEvery() time.Duration { return max(r.cfg.LeaseDuration/8, m
 
 // notifyLanes wakes the lanes that read; the others wait for the share
 // to grow, and the renewal that grows it wakes them.
-func (r *relay) notifyLanes() {
+func (r *relay) notifyLanes(kind wakeKind) {
 	for _, l := range r.lanes[:r.activeLanes()] {
-		l.notify()
+		l.notify(kind)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math/bits"
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
@@ -28,7 +29,7 @@ import (
 type lane struct {
 	r          *relay
 	n          int
-	wake       chan struct{}
+	wake       *wakeup
 	infraPause time.Duration
 	// asleep marks the lane in deep idle: the relay's idle probe reads
 	// its partitions for it (see probe).
@@ -38,11 +39,85 @@ type lane struct {
 	unsure bool
 }
 
-func (l *lane) notify() {
+// notify wakes the lane for a wake-up of kind.
+func (l *lane) notify(kind wakeKind) { l.wake.send(kind, allParts) }
+
+// wakeKind says what a woken lane may expect to find.
+type wakeKind uint8
+
+const (
+	// wakeOther: a renewal that changed the lane's partitions, the idle
+	// probe's find, a grown share. The lane reads, at its pace.
+	wakeOther wakeKind = iota
+	// wakeCommitted: rows written and committed (Write, a WriteTx
+	// through a postboxdriver.AfterCommitter). The lane reads once: a
+	// write committed after that read wakes it again, so after a batch
+	// that was not full it waits for that wake-up (or its poll) instead
+	// of reading again at once.
+	wakeCommitted
+	// wakeEarly: rows written that may not be committed yet (a WriteTx
+	// in a transaction postbox cannot see commit, a change signal, which
+	// may arrive before its writer's commit). The lane reads again on
+	// its fast poll (2, 4, 8 … ms) until they are there.
+	wakeEarly
+)
+
+// wakeup is a wake-up channel that remembers which kinds of wake-up were
+// sent since it was last taken. The relay's own, a Client's, also says
+// which partitions were written, so that only the lanes reading them are
+// woken.
+type wakeup struct {
+	ch        chan struct{}
+	early     atomic.Bool
+	committed atomic.Bool
+	parts     atomic.Uint64 // a mask of the partitions written; allParts: unknown
+}
+
+// allParts is the partition mask of a write whose partitions are unknown.
+const allParts = ^uint64(0)
+
+func newWakeup() *wakeup { return &wakeup{ch: make(chan struct{}, 1)} }
+
+// send sends a wake-up of kind for the partitions in mask.
+func (w *wakeup) send(kind wakeKind, mask uint64) {
+	switch kind {
+	case wakeEarly:
+		w.early.Store(true)
+	case wakeCommitted:
+		w.committed.Store(true)
+	}
+	w.parts.Or(mask)
 	select {
-	case l.wake <- struct{}{}:
+	case w.ch <- struct{}{}:
 	default:
 	}
+}
+
+// take returns, and forgets, the kind of the wake-ups sent since the last
+// call: early if any was, else committed if any was.
+func (w *wakeup) take() wakeKind {
+	early, committed := w.early.Swap(false), w.committed.Swap(false)
+	switch {
+	case early:
+		return wakeEarly
+	case committed:
+		return wakeCommitted
+	}
+	return wakeOther
+}
+
+// partitions returns, and forgets, the partitions written since the last
+// call: nil when they are unknown.
+func (w *wakeup) partitions() []int {
+	mask := w.parts.Swap(0)
+	if mask == allParts {
+		return nil
+	}
+	parts := make([]int, 0, bits.OnesCount64(mask))
+	for ; mask != 0; mask &= mask - 1 {
+		parts = append(parts, bits.TrailingZeros64(mask))
+	}
+	return parts
 }
 
 // laneCount is how many lanes a relay with lanes lanes reads with when
@@ -61,16 +136,36 @@ func (r *relay) activeLanes() int {
 
 func (l *lane) run(soft, hard context.Context) {
 	r := l.r
-	poll := minPoll
+	// poll is the wait after a read that found nothing: it starts short
+	// after a wake-up or a batch, and doubles up to PollInterval, so that
+	// rows nothing announces (a write not yet committed, a writer
+	// elsewhere) are found soon after they are there. announced says
+	// the lane reads for writes that wake it after their commits: then
+	// it keeps to PollInterval.
+	poll, announced := minPoll, false
+	// woken takes the wake-ups sent since the last look: after a sleep
+	// they ended (slept), or while a batch ran.
+	woken := func(slept bool) {
+		switch l.wake.take() {
+		case wakeCommitted:
+			poll, announced = r.cfg.PollInterval, true
+		case wakeEarly:
+			poll, announced = minPoll, false
+		default:
+			if slept {
+				poll, announced = minPoll, false
+			}
+		}
+	}
 	for soft.Err() == nil {
 		if l.n >= r.activeLanes() {
 			// Not needed for the relay's share: wait for the renewal
 			// that grows it (notifyLanes).
 			select {
-			case <-l.wake:
+			case <-l.wake.ch:
 			case <-soft.Done():
 			}
-			poll = minPoll
+			poll, announced = minPoll, false
 			continue
 		}
 		fence, until := r.claim(time.Now(), l.n)
@@ -89,13 +184,16 @@ func (l *lane) run(soft, hard context.Context) {
 			continue
 		case res.read == 0:
 			if l.sleep(soft, poll) {
-				poll = minPoll
+				woken(true)
 			} else {
-				poll = min(poll*2, r.cfg.PollInterval)
+				poll, announced = min(poll*2, r.cfg.PollInterval), false
 			}
 			continue
 		}
-		poll = minPoll
+		if !announced {
+			poll = minPoll
+		}
+		woken(false)
 		l.unsure = res.infra != nil && !errors.Is(res.infra, errCrashMarks)
 		if res.fencedOut > 0 {
 			// The lease of some partition passed on: stop reading under
@@ -114,6 +212,15 @@ func (l *lane) run(soft, hard context.Context) {
 			l.pause(soft, "mark", res.markErr)
 		default:
 			l.infraPause = 0
+			if announced && res.read < r.cfg.BatchSize && res.fencedOut == 0 {
+				// Whatever was committed since this batch's read has
+				// woken the lane again: no read at once to find out.
+				if l.sleep(soft, poll) {
+					woken(true)
+				} else {
+					announced = false
+				}
+			}
 		}
 	}
 }
@@ -137,7 +244,7 @@ func (l *lane) idle(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-l.wake:
+	case <-l.wake.ch:
 		return true
 	case <-t.C:
 	case <-ctx.Done():
@@ -199,12 +306,12 @@ func (r *relay) probe(ctx context.Context) {
 		}
 		if err == nil {
 			if l := owner[recs[0].Partition]; l != nil {
-				l.notify()
+				l.notify(wakeOther)
 				continue
 			}
 		}
 		for _, l := range sleeping {
-			l.notify()
+			l.notify(wakeOther)
 		}
 	}
 }

@@ -31,7 +31,7 @@ func TestLaneCountFollowsTheShare(t *testing.T) {
 func newLaneRelay(lanes, nparts int) *relay {
 	r := &relay{nparts: nparts, held: map[int]int64{}, busy: map[int]int{}, validUntil: time.Now().Add(time.Hour)}
 	for i := range lanes {
-		r.lanes = append(r.lanes, &lane{r: r, n: i, wake: make(chan struct{}, 1)})
+		r.lanes = append(r.lanes, &lane{r: r, n: i, wake: newWakeup()})
 	}
 	r.active = lanes
 	for p := range nparts {
@@ -111,7 +111,7 @@ func TestWakeForWakesTheLanesThatReadThePartitions(t *testing.T) {
 	drain := func() (woken []int) {
 		for _, l := range r.lanes {
 			select {
-			case <-l.wake:
+			case <-l.wake.ch:
 				woken = append(woken, l.n)
 			default:
 			}
@@ -119,7 +119,7 @@ func TestWakeForWakesTheLanesThatReadThePartitions(t *testing.T) {
 		return woken
 	}
 	for p := range 64 {
-		r.wakeFor([]int{p})
+		r.wakeFor([]int{p}, wakeEarly)
 		woken := drain()
 		if _, held := r.held[p]; !held {
 			if len(woken) != 0 {
@@ -135,7 +135,7 @@ func TestWakeForWakesTheLanesThatReadThePartitions(t *testing.T) {
 			t.Fatalf("partition %d woke lanes %v, whose fence does not hold it", p, woken)
 		}
 	}
-	r.wakeFor(nil)
+	r.wakeFor(nil, wakeEarly)
 	if woken := drain(); len(woken) != 3 {
 		t.Fatalf("a signal for every partition woke lanes %v, want the 3 reading", woken)
 	}

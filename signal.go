@@ -110,7 +110,7 @@ func (r *relay) listen(ctx context.Context, l postboxdriver.Listener) {
 			r.log.Debug("postbox relay listens for change signals")
 		}, func(parts []int) {
 			r.signals.Add(1)
-			r.wakeFor(parts)
+			r.wakeFor(parts, wakeEarly)
 		})
 		r.listening.Store(false)
 		if ctx.Err() != nil {
@@ -131,12 +131,12 @@ func (r *relay) listen(ctx context.Context, l postboxdriver.Listener) {
 	}
 }
 
-// wakeFor wakes the lanes that read parts, every reading lane for nil. A
-// partition the relay does not hold wakes none: its owner hears the same
-// signal.
-func (r *relay) wakeFor(parts []int) {
+// wakeFor wakes the lanes that read parts, every reading lane for nil,
+// with a wake-up of kind. A partition the relay does not hold wakes none:
+// its owner hears of the write too.
+func (r *relay) wakeFor(parts []int, kind wakeKind) {
 	if parts == nil {
-		r.notifyLanes()
+		r.notifyLanes(kind)
 		return
 	}
 	r.mu.Lock()
@@ -147,7 +147,7 @@ func (r *relay) wakeFor(parts []int) {
 	}
 	for _, p := range parts {
 		if i := sort.SearchInts(held, p); i < len(held) && held[i] == p {
-			r.lanes[i%active].notify()
+			r.lanes[i%active].notify(kind)
 		}
 	}
 }

@@ -34,3 +34,18 @@ type Listener interface {
 	// one listening with it).
 	Listen(ctx context.Context, ready func(), heard func(partitions []int)) error
 }
+
+// AfterCommitter is an Executor, made by UnwrapExecutor for a transaction
+// whose commit the driver runs itself (postboxpgx.Begin's Tx), that can
+// tell when that transaction has committed. It is optional. A Client that
+// wrote through one wakes its relay after the commit instead of before
+// it: the woken relay reads once and finds the rows, where a wake-up
+// before the commit makes it read again on its fast poll until they are
+// there.
+type AfterCommitter interface {
+	// AfterCommit arranges for fn to run once the transaction has
+	// committed, and reports whether it will: false when the driver
+	// cannot tell when the transaction commits. fn does not run when the
+	// transaction rolls back or its commit fails; it must not block.
+	AfterCommit(fn func()) bool
+}

@@ -21,6 +21,10 @@ import (
 //	if err := client.WriteTx(ctx, tx, msg); err != nil { ... } // checked now, sent at Commit
 //	err = tx.Commit(ctx) // the messages' insert and the COMMIT, one round trip
 //
+// The relay in the writing Client's process is woken once Commit has
+// committed, rather than when WriteTx returns: its lanes read once and find
+// the rows, instead of polling fast until the commit.
+//
 // WriteTx checks the messages at once, as with any transaction; the insert
 // itself runs at Commit, which returns its error (and then rolls back, so
 // neither the domain rows nor the messages are written). Until then the
@@ -40,6 +44,8 @@ type Tx struct {
 	// savepoints: a savepoint was made (Begin, or SAVEPOINT through Exec),
 	// so writes no longer wait for Commit.
 	savepoints bool
+	// committed run after a successful Commit (pgsql.CommitHooker).
+	committed []func()
 }
 
 var _ pgx.Tx = (*Tx)(nil)
@@ -84,13 +90,26 @@ func isSavepoint(sql string) bool {
 }
 
 // Commit sends the queued inserts and the COMMIT together and reads their
-// outcome. Without queued inserts it is an ordinary commit.
+// outcome. Without queued inserts it is an ordinary commit. Once it has
+// committed, it wakes the relay of each Client that wrote in it.
 func (t *Tx) Commit(ctx context.Context) error {
 	if t.closed {
 		return pgx.ErrTxClosed
 	}
 	t.closed = true
-	defer t.c.Release()
+	err := func() error {
+		defer t.c.Release()
+		return t.commit(ctx)
+	}()
+	if err == nil {
+		for _, fn := range t.committed {
+			fn()
+		}
+	}
+	return err
+}
+
+func (t *Tx) commit(ctx context.Context) error {
 	n := t.batch.Len()
 	if n == 0 {
 		return t.tx.Commit(ctx)
@@ -219,3 +238,12 @@ type deferring struct {
 
 // Defer implements pgsql.Deferrer.
 func (d deferring) Defer(sql string, args ...any) bool { return d.t.deferStatement(sql, args...) }
+
+// OnCommit implements pgsql.CommitHooker.
+func (d deferring) OnCommit(fn func()) bool {
+	if d.t.closed {
+		return false
+	}
+	d.t.committed = append(d.t.committed, fn)
+	return true
+}

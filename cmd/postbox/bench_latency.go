@@ -84,7 +84,10 @@ distribution for the plot.`,
 			fmt.Fprintf(out, "%d messages at %d msg/s asked, %.0f msg/s achieved (a writer started a slot at worst %.1f ms late); %d measured after the warm-up\n",
 				res.Written, res.Rate, res.Achieved, res.MaxBehindMillis, res.Measured)
 			fmt.Fprintf(out, "checked: %d distinct ids acknowledged, %d duplicate acks, the stream holds them all\n", res.Acked, res.Duplicates)
-			fmt.Fprintf(out, "relay statements/s under this load: %.1f\n", res.BusyQueriesPerSec)
+			fmt.Fprintf(out, "relay statements/s under this load: %.1f (%.2f a message)\n", res.BusyQueriesPerSec, res.BusyPerMessage)
+			for _, k := range res.BusyStatementKinds() {
+				fmt.Fprintf(out, "  %-50s %6d  (%.1f/s)\n", k, res.BusyStatements[k], float64(res.BusyStatements[k])/res.BusySeconds)
+			}
 			printIdle(out, res)
 			return writeJSON(jsonFile, res)
 		},
@@ -100,6 +103,7 @@ distribution for the plot.`,
 	f.IntVar(&opts.Keys, "keys", 1000, "distinct ordering keys (0: keyless)")
 	f.BoolVar(&opts.SeparateWriter, "separate-writer", false, "write through a client of its own, as another process would: the relay finds rows by change signals, or with --no-signals only by polling")
 	f.BoolVar(&opts.NoSignals, "no-signals", false, "no change signals between clients (Config.NoSignals) on the relay and the writers")
+	f.BoolVar(&opts.Pipeline, "pipeline", false, "begin the writers' transactions with postboxpgx.Begin: the message goes with the COMMIT, and the relay in the writers' process is woken after it")
 	f.DurationVar(&opts.Idle, "idle", 10*time.Second, "how long to count the idle relay's statements (0 skips)")
 	f.BoolVar(&noIdle, "no-idle", false, "skip the idle count")
 	f.BoolVar(&opts.IdleOnly, "idle-only", false, "only count the idle relay's statements")

@@ -279,6 +279,23 @@ type Deferrer interface {
 	Defer(sql string, args ...any) bool
 }
 
+// CommitHooker is a transaction's Querier that can run a function after
+// its transaction commits (postboxpgx.Begin's Tx).
+type CommitHooker interface {
+	OnCommit(fn func()) bool
+}
+
+// AfterCommit implements postboxdriver.AfterCommitter for an Executor made
+// for a transaction whose Querier is a CommitHooker.
+func (c *Core) AfterCommit(fn func()) bool {
+	if t, ok := c.db.(InTx); ok {
+		if h, ok := t.Querier.(CommitHooker); ok {
+			return h.OnCommit(fn)
+		}
+	}
+	return false
+}
+
 func (c *Core) insert(ctx context.Context, sql string, args ...any) error {
 	if t, ok := c.db.(InTx); ok {
 		if d, ok := t.Querier.(Deferrer); ok && d.Defer(sql, args...) {

@@ -47,6 +47,10 @@ type LatencyOptions struct {
 	SeparateWriter bool
 	// NoSignals sets Config.NoSignals on the relay and the writers.
 	NoSignals bool
+	// Pipeline makes the writers' transactions postboxpgx.Tx: the message
+	// goes with the COMMIT, and the writer's Client wakes its relay once
+	// the transaction has committed rather than when WriteTx returns.
+	Pipeline bool
 	// Idle is how long the idle relay's statements are counted before
 	// the writing starts; default 10s, negative skips it.
 	Idle time.Duration
@@ -146,7 +150,10 @@ type LatencyResult struct {
 	IdleSeconds       float64          `json:"idle_seconds"`
 	IdleQueriesPerSec float64          `json:"idle_queries_per_s"`
 	IdleStatements    map[string]int64 `json:"idle_statements"`
+	BusySeconds       float64          `json:"busy_seconds"`
 	BusyQueriesPerSec float64          `json:"busy_queries_per_s"`
+	BusyStatements    map[string]int64 `json:"busy_statements"`
+	BusyPerMessage    float64          `json:"busy_per_message"`
 	SeparateWriter    bool             `json:"separate_writer"`
 	NoSignals         bool             `json:"no_signals"`
 	PollInterval      time.Duration    `json:"poll_interval_ns"`
@@ -323,7 +330,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	busyBefore := counter.snapshot()
 	busyStart := time.Now()
 	p, err := pace(ctx, total, opts.Rate, opts.Writers, out, func() string { return fmt.Sprintf(", %d acknowledged", acks.count()) }, func(i int) error {
-		ct, err := writeOne(ctx, wpool, writer, postbox.Message{ID: ids[i], Topic: "m", Key: key(i), Payload: payload})
+		ct, err := writeOne(ctx, wpool, opts.Pipeline, writer, postbox.Message{ID: ids[i], Topic: "m", Key: key(i), Payload: payload})
 		commits[i] = ct
 		return err
 	})
@@ -348,7 +355,10 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	for _, n := range busy {
 		busyN += n
 	}
-	res.BusyQueriesPerSec = float64(busyN) / time.Since(busyStart).Seconds()
+	res.BusySeconds = time.Since(busyStart).Seconds()
+	res.BusyQueriesPerSec = float64(busyN) / res.BusySeconds
+	res.BusyStatements = busy
+	res.BusyPerMessage = float64(busyN) / float64(len(ids))
 
 	ackAt, dups := acks.result()
 	res.Acked, res.Duplicates = len(ackAt), dups
@@ -454,11 +464,17 @@ wait:
 	return res, nil
 }
 
-// writeOne commits msg alone in a transaction and reports when the COMMIT
-// was sent and when it returned.
-func writeOne(ctx context.Context, pool *pgxpool.Pool, client *postbox.Client[pgx.Tx], msg postbox.Message) (commitTimes, error) {
+// writeOne commits msg alone in a transaction (a postboxpgx.Tx with
+// pipeline) and reports when the COMMIT was sent and when it returned.
+func writeOne(ctx context.Context, pool *pgxpool.Pool, pipeline bool, client *postbox.Client[pgx.Tx], msg postbox.Message) (commitTimes, error) {
 	var ct commitTimes
-	tx, err := pool.Begin(ctx)
+	var tx pgx.Tx
+	var err error
+	if pipeline {
+		tx, err = postboxpgx.Begin(ctx, pool)
+	} else {
+		tx, err = pool.Begin(ctx)
+	}
 	if err != nil {
 		return ct, err
 	}
@@ -674,6 +690,10 @@ func sortedStatements(m map[string]int64) []string {
 // StatementKinds lists the kinds of r's idle statements, the most
 // frequent first.
 func (r LatencyResult) StatementKinds() []string { return sortedStatements(r.IdleStatements) }
+
+// BusyStatementKinds lists the kinds of the statements r's relay sent
+// under the paced load, the most frequent first.
+func (r LatencyResult) BusyStatementKinds() []string { return sortedStatements(r.BusyStatements) }
 
 // wakeUp says how the relay learns of the rows in a run with opts.
 func wakeUp(opts LatencyOptions) string {
