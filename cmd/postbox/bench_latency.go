@@ -88,6 +88,16 @@ distribution for the plot.`,
 			for _, k := range res.BusyStatementKinds() {
 				fmt.Fprintf(out, "  %-50s %6d  (%.1f/s)\n", k, res.BusyStatements[k], float64(res.BusyStatements[k])/res.BusySeconds)
 			}
+			if res.CPUKnown {
+				m := bench.Micros
+				fmt.Fprintf(out, "CPU µs per message: postbox: this process %.1f, postgres %.1f, nats-server %.1f, total %.1f",
+					m(res.CPU.Self), m(res.CPU.Postgres), m(res.CPU.NATS), m(res.CPU.Total()))
+				if res.BaselineCPUKnown {
+					fmt.Fprintf(out, "; baseline: this process %.1f, postgres %.1f, nats-server %.1f, total %.1f",
+						m(res.BaselineCPU.Self), m(res.BaselineCPU.Postgres), m(res.BaselineCPU.NATS), m(res.BaselineCPU.Total()))
+				}
+				fmt.Fprintln(out)
+			}
 			printIdle(out, res)
 			return writeJSON(jsonFile, res)
 		},

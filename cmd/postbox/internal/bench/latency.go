@@ -154,10 +154,17 @@ type LatencyResult struct {
 	BusyQueriesPerSec float64          `json:"busy_queries_per_s"`
 	BusyStatements    map[string]int64 `json:"busy_statements"`
 	BusyPerMessage    float64          `json:"busy_per_message"`
-	SeparateWriter    bool             `json:"separate_writer"`
-	NoSignals         bool             `json:"no_signals"`
-	PollInterval      time.Duration    `json:"poll_interval_ns"`
-	Lanes             int              `json:"lanes"`
+	// CPU per message by process during the postbox phase (this process
+	// holds the writers and, unless SeparateWriter, the relay) and during
+	// the baseline; CPUKnown is false where /proc cannot be read.
+	CPU              CPUUse        `json:"cpu_per_message"`
+	CPUKnown         bool          `json:"cpu_known"`
+	BaselineCPU      CPUUse        `json:"baseline_cpu_per_message"`
+	BaselineCPUKnown bool          `json:"baseline_cpu_known"`
+	SeparateWriter   bool          `json:"separate_writer"`
+	NoSignals        bool          `json:"no_signals"`
+	PollInterval     time.Duration `json:"poll_interval_ns"`
+	Lanes            int           `json:"lanes"`
 }
 
 // Latency measures the time from a message's commit to the broker's ack
@@ -273,6 +280,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 		// itself and waits for the PubAck.
 		n := max(int(float64(opts.Rate)*opts.Baseline.Seconds()), 1)
 		baselineN = n
+		baselineCPU := cpuPhase()
 		bwarm := min(warm, n/5)
 		fmt.Fprintf(out, "baseline, direct publish after commit: %d messages at %d msg/s (%d writers)\n", n, opts.Rate, opts.Writers)
 		domain := prefix + "orders"
@@ -316,6 +324,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 		}
 		res.Baseline = percentiles(lat)
 		res.BaselineCDF = cdf(lat)
+		res.BaselineCPU, res.BaselineCPUKnown = baselineCPU(n)
 		res.BaselineAchieved = p.achieved
 		res.BaselineMeasured = len(lat)
 	}
@@ -329,6 +338,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	}
 	busyBefore := counter.snapshot()
 	busyStart := time.Now()
+	busyCPU := cpuPhase()
 	p, err := pace(ctx, total, opts.Rate, opts.Writers, out, func() string { return fmt.Sprintf(", %d acknowledged", acks.count()) }, func(i int) error {
 		ct, err := writeOne(ctx, wpool, opts.Pipeline, writer, postbox.Message{ID: ids[i], Topic: "m", Key: key(i), Payload: payload})
 		commits[i] = ct
@@ -350,6 +360,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 			return res, err
 		}
 	}
+	res.CPU, res.CPUKnown = busyCPU(total)
 	busy := counter.snapshot().minus(busyBefore)
 	var busyN int64
 	for _, n := range busy {
