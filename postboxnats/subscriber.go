@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -181,7 +182,7 @@ func NewSubscriber(consumer jetstream.Consumer, cfg *SubscriberConfig) (*Subscri
 		}
 	}
 	ackMin, ackMax := ackWaits(&info.Config)
-	filters := info.Config.FilterSubjects
+	filters := slices.Clone(info.Config.FilterSubjects)
 	if info.Config.FilterSubject != "" {
 		filters = append(filters, info.Config.FilterSubject)
 	}
@@ -354,10 +355,10 @@ func (r *run) pull(it jetstream.MessagesContext) error {
 // makes likely, Next blocks with no request outstanding until its missed
 // heartbeat timer fires: twice pullHeartbeat. So the first waits after a
 // delivery end every pullKick, which runs that check again once the flag
-// is clear. After maxKicks of them the wait blocks
-// for good: a request is outstanding by then, and the client's own
-// missed heartbeat detection (whose timer every Next call restarts) must
-// stay able to fire, for a request the server lost.
+// is clear. After maxKicks of them the wait blocks for good: a request is
+// outstanding by then, and the client's own missed heartbeat detection
+// (whose timer every Next call restarts) must stay able to fire, for a
+// request the server lost.
 func (r *run) next(it jetstream.MessagesContext) (jetstream.Msg, error) {
 	for range maxKicks {
 		ctx, cancel := context.WithTimeout(r.ctx, pullKick)
