@@ -27,7 +27,9 @@ import (
 // the consumer's last delivered message). The Subscriber reads those
 // messages from the stream and puts a marker in the line of each key they
 // carry, expected within AckWait: those keys wait for the redelivery, as
-// behind a retried message, and the others go on. Lost redeliveries need
+// behind a retried message, and the others go on. A gap before the Run's
+// first new message has no such range (what came before may have been
+// acknowledged by an earlier Run): it is logged. Lost redeliveries need
 // nothing new: they are of messages the Subscriber holds, or waits for
 // already as markers.
 
@@ -71,6 +73,17 @@ func (r *run) observe(md *jetstream.MsgMetadata) {
 			g.warned = true
 			r.s.log.Warn("postboxnats subscriber: deliveries were lost on the way; their keys' later messages may be processed before them (set SubscriberConfig.Stream to hold those keys)",
 				slog.String("consumer", r.s.name), slog.Uint64("lost", lost))
+		}
+		return
+	}
+	if g.maxFirst == 0 {
+		// No first delivery seen in this Run yet: what came before the
+		// gap may have been acknowledged in an earlier one, so no range
+		// can be told.
+		r.s.log.Warn("postboxnats subscriber: deliveries were lost on the way before the first new message of this Run; their keys' order may break",
+			slog.String("consumer", r.s.name), slog.Uint64("lost", lost))
+		if first {
+			g.maxFirst = sseq
 		}
 		return
 	}
