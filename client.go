@@ -195,7 +195,7 @@ func isNil(v any) bool {
 // through the change signal, those in others.
 func (c *Client[TTx]) notify(kind wakeKind, parts uint64) {
 	c.wake.send(kind, parts)
-	c.signal.send()
+	c.signal.send(kind == wakeEarly)
 }
 
 // partsOf is the mask of the partitions rows fall in, for the relay

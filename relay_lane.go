@@ -49,12 +49,18 @@ const (
 	// wakeOther: a renewal that changed the lane's partitions, the idle
 	// probe's find, a grown share. The lane reads, at its pace.
 	wakeOther wakeKind = iota
-	// wakeCommitted: rows written and committed (Write, a WriteTx
-	// through a postboxdriver.AfterCommitter). The lane reads once: a
-	// write committed after that read wakes it again, so after a batch
-	// that was not full it waits for that wake-up (or its poll) instead
-	// of reading again at once.
+	// wakeCommitted: rows written and committed in this process (Write,
+	// a WriteTx through a postboxdriver.AfterCommitter). The lane reads
+	// once: a write committed after that read wakes it again, so after a
+	// batch that was not full it waits for that wake-up (or its poll)
+	// instead of reading again at once.
 	wakeCommitted
+	// wakeHeard: a change signal from another process whose writes had
+	// committed. Signals come at most one every signalSpacing, so rows
+	// committed since the last one may not have theirs yet: the lane
+	// polls fast after it, but only for as long as a signal can be late,
+	// and then waits for the next one.
+	wakeHeard
 	// wakeEarly: rows written that may not be committed yet (a WriteTx
 	// in a transaction postbox cannot see commit, a change signal, which
 	// may arrive before its writer's commit). The lane reads again on
@@ -69,6 +75,7 @@ const (
 type wakeup struct {
 	ch        chan struct{}
 	early     atomic.Bool
+	heard     atomic.Bool
 	committed atomic.Bool
 	parts     atomic.Uint64 // a mask of the partitions written; allParts: unknown
 }
@@ -83,6 +90,8 @@ func (w *wakeup) send(kind wakeKind, mask uint64) {
 	switch kind {
 	case wakeEarly:
 		w.early.Store(true)
+	case wakeHeard:
+		w.heard.Store(true)
 	case wakeCommitted:
 		w.committed.Store(true)
 	}
@@ -94,17 +103,38 @@ func (w *wakeup) send(kind wakeKind, mask uint64) {
 }
 
 // take returns, and forgets, the kind of the wake-ups sent since the last
-// call: early if any was, else committed if any was.
+// call, the one that promises least: early if any was, else heard, else
+// committed.
 func (w *wakeup) take() wakeKind {
-	early, committed := w.early.Swap(false), w.committed.Swap(false)
+	early, heard, committed := w.early.Swap(false), w.heard.Swap(false), w.committed.Swap(false)
 	switch {
 	case early:
 		return wakeEarly
+	case heard:
+		return wakeHeard
 	case committed:
 		return wakeCommitted
 	}
 	return wakeOther
 }
+
+// pace is what a lane expects of the rows it reads next, from the
+// wake-ups that brought it there.
+type pace uint8
+
+const (
+	// pacePolled: nothing announces them once committed. After a
+	// wake-up or a batch the lane reads on its fast poll (2, 4, 8 … ms
+	// up to PollInterval).
+	pacePolled pace = iota
+	// paceHeard: change signals announce them after their commits
+	// (wakeHeard), each at most signalSpacing late: the fast poll stops
+	// once it has waited that long.
+	paceHeard
+	// paceAnnounced: wake-ups in this process announce them after their
+	// commits (wakeCommitted).
+	paceAnnounced
+)
 
 // partitions returns, and forgets, the partitions written since the last
 // call: nil when they are unknown.
@@ -136,24 +166,26 @@ func (r *relay) activeLanes() int {
 
 func (l *lane) run(soft, hard context.Context) {
 	r := l.r
-	// poll is the wait after a read that found nothing: it starts short
-	// after a wake-up or a batch, and doubles up to PollInterval, so that
-	// rows nothing announces (a write not yet committed, a writer
-	// elsewhere) are found soon after they are there. announced says
-	// the lane reads for writes that wake it after their commits: then
-	// it keeps to PollInterval.
-	poll, announced := minPoll, false
+	// poll is the wait after a read that found nothing. At pacePolled
+	// it starts short after a wake-up or a batch and doubles up to
+	// PollInterval, so that rows nothing announces (a write not yet
+	// committed, a writer elsewhere) are found soon after they are
+	// there; at paceHeard it goes from short to PollInterval once it
+	// passes signalSpacing; at paceAnnounced it is PollInterval.
+	poll, p := minPoll, pacePolled
 	// woken takes the wake-ups sent since the last look: after a sleep
 	// they ended (slept), or while a batch ran.
 	woken := func(slept bool) {
 		switch l.wake.take() {
 		case wakeCommitted:
-			poll, announced = r.cfg.PollInterval, true
+			poll, p = r.cfg.PollInterval, paceAnnounced
+		case wakeHeard:
+			poll, p = minPoll, paceHeard
 		case wakeEarly:
-			poll, announced = minPoll, false
+			poll, p = minPoll, pacePolled
 		default:
 			if slept {
-				poll, announced = minPoll, false
+				poll, p = minPoll, pacePolled
 			}
 		}
 	}
@@ -165,7 +197,7 @@ func (l *lane) run(soft, hard context.Context) {
 			case <-l.wake.ch:
 			case <-soft.Done():
 			}
-			poll, announced = minPoll, false
+			poll, p = minPoll, pacePolled
 			continue
 		}
 		fence, until := r.claim(time.Now(), l.n)
@@ -186,11 +218,18 @@ func (l *lane) run(soft, hard context.Context) {
 			if l.sleep(soft, poll) {
 				woken(true)
 			} else {
-				poll, announced = min(poll*2, r.cfg.PollInterval), false
+				switch {
+				case p == paceHeard && poll*2 > signalSpacing:
+					poll = r.cfg.PollInterval
+				case p == paceHeard:
+					poll *= 2
+				default:
+					poll, p = min(poll*2, r.cfg.PollInterval), pacePolled
+				}
 			}
 			continue
 		}
-		if !announced {
+		if p != paceAnnounced {
 			poll = minPoll
 		}
 		woken(false)
@@ -212,13 +251,13 @@ func (l *lane) run(soft, hard context.Context) {
 			l.pause(soft, "mark", res.markErr)
 		default:
 			l.infraPause = 0
-			if announced && res.read < r.cfg.BatchSize && res.fencedOut == 0 {
+			if p == paceAnnounced && res.read < r.cfg.BatchSize && res.fencedOut == 0 {
 				// Whatever was committed since this batch's read has
 				// woken the lane again: no read at once to find out.
 				if l.sleep(soft, poll) {
 					woken(true)
 				} else {
-					announced = false
+					p = pacePolled
 				}
 			}
 		}

@@ -42,6 +42,7 @@ type signaler struct {
 	log    *slog.Logger
 	mu     sync.Mutex
 	due    bool // a write since the last signal began
+	early  bool // one of those was signalled before its commit
 	active bool // the sending goroutine runs
 }
 
@@ -53,13 +54,15 @@ func newSignaler(store any, cfg *Config) *signaler {
 	return &signaler{s: s, log: cfg.Logger}
 }
 
-// send asks for a signal; a nil signaler sends none.
-func (s *signaler) send() {
+// send asks for a signal for a write, early when it has not committed
+// yet; a nil signaler sends none.
+func (s *signaler) send(early bool) {
 	if s == nil {
 		return
 	}
 	s.mu.Lock()
 	s.due = true
+	s.early = s.early || early
 	if s.active {
 		s.mu.Unlock()
 		return
@@ -77,11 +80,12 @@ func (s *signaler) run() {
 			s.mu.Unlock()
 			return
 		}
-		s.due = false
+		committed := !s.early
+		s.due, s.early = false, false
 		s.mu.Unlock()
 		began := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), signalTimeout)
-		err := s.s.Signal(ctx)
+		err := s.s.Signal(ctx, committed)
 		cancel()
 		if err != nil {
 			// A debug line only: the write itself succeeded, relays
@@ -108,9 +112,13 @@ func (r *relay) listen(ctx context.Context, l postboxdriver.Listener) {
 			pause = 0
 			r.listening.Store(true)
 			r.log.Debug("postbox relay listens for change signals")
-		}, func(parts []int) {
+		}, func(h postboxdriver.Heard) {
 			r.signals.Add(1)
-			r.wakeFor(parts, wakeEarly)
+			kind := wakeEarly
+			if h.Committed {
+				kind = wakeHeard
+			}
+			r.wakeFor(h.Partitions, kind)
 		})
 		r.listening.Store(false)
 		if ctx.Err() != nil {

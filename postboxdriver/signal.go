@@ -11,12 +11,24 @@ import "context"
 // transaction and never on the writer's goroutine, one call at a time:
 // writes made while a signal is on its way share the next. A signal may
 // arrive before the writer's transaction commits; the relay then reads
-// again on its fast poll. A lost signal costs latency, never a message.
+// again on its fast poll, unless the signal says the writes it announces
+// had committed. A lost signal costs latency, never a message.
 type Signaler interface {
 	// Signal sends the change signal on the prefix's channel, naming the
-	// partitions written since the last one where the driver knows them.
-	// It must not wait for a disk flush of its own.
-	Signal(ctx context.Context) error
+	// partitions written since the last one where the driver knows them,
+	// and whether every write it announces had committed when the Client
+	// asked for it. It must not wait for a disk flush of its own.
+	Signal(ctx context.Context, committed bool) error
+}
+
+// Heard is a change signal as a Listener hears it.
+type Heard struct {
+	// Partitions are the partitions written, nil when the signal does
+	// not say (every partition).
+	Partitions []int
+	// Committed says the writes the signal announces had committed: a
+	// relay reads once for it instead of polling fast.
+	Committed bool
 }
 
 // Listener is an Executor on which a relay can hear the signals of
@@ -24,15 +36,14 @@ type Signaler interface {
 // optional.
 type Listener interface {
 	// Listen calls heard for each signal until ctx ends or the connection
-	// it listens on fails, and returns ctx's error or the failure; heard
-	// gets the partitions written, or nil when the signal does not say
-	// (every partition). Signals of the Executor's own Signal are not
+	// it listens on fails, and returns ctx's error or the failure. Signals
+	// of the Executor's own Signal are not
 	// heard: its writes wake their relay directly. It calls ready once
 	// signals sent from then on are heard. It returns ErrNoSignals,
 	// wrapped, when the connections cannot carry signals (a transaction
 	// pooler hands each transaction another server connection, and the
 	// one listening with it).
-	Listen(ctx context.Context, ready func(), heard func(partitions []int)) error
+	Listen(ctx context.Context, ready func(), heard func(Heard)) error
 }
 
 // AfterCommitter is an Executor, made by UnwrapExecutor for a transaction

@@ -16,7 +16,7 @@ var (
 // Listen implements postboxdriver.Listener on a connection of its own,
 // made with the pool's connection settings and outside the pool, so that
 // it takes none of the pool's connections.
-func (s *store) Listen(ctx context.Context, ready func(), heard func(partitions []int)) error {
+func (s *store) Listen(ctx context.Context, ready func(), heard func(postboxdriver.Heard)) error {
 	c, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return err

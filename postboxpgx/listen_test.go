@@ -3,6 +3,7 @@ package postboxpgx_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -34,11 +35,11 @@ func TestListenHearsWritesOfAnotherClient(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l := listener(t, postboxpgx.New(pool), prefix)
-	ready, heard := make(chan struct{}), make(chan []int, 100)
+	ready, heard := make(chan struct{}), make(chan postboxdriver.Heard, 100)
 	lctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- l.Listen(lctx, func() { close(ready) }, func(parts []int) { heard <- parts })
+		done <- l.Listen(lctx, func() { close(ready) }, func(h postboxdriver.Heard) { heard <- h })
 	}()
 	select {
 	case <-ready:
@@ -51,32 +52,56 @@ func TestListenHearsWritesOfAnotherClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := writer.Write(ctx, postbox.Message{Topic: "orders.paid", Key: "k", Payload: []byte("p")}); err != nil {
+	msg := postbox.Message{Topic: "orders.paid", Key: "k", Payload: []byte("p")}
+	want := []int{postboxdriver.PartitionOf("k", "", 64)}
+	expect := func(what string, parts []int, committed bool) {
+		t.Helper()
+		select {
+		case h := <-heard:
+			if !slices.Equal(h.Partitions, parts) || h.Committed != committed {
+				t.Fatalf("%s: heard %+v, want partitions %v, committed %v", what, h, parts, committed)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s: no change signal heard", what)
+		}
+	}
+	// The signal names the partition written, so that the relay wakes
+	// only the lane that reads it, and says the write had committed
+	// (Write's own transaction), so that the lane reads once.
+	if err := writer.Write(ctx, msg); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case parts := <-heard:
-		// The signal names the partition written, so that the relay
-		// wakes only the lane that reads it.
-		if want := postboxdriver.PartitionOf("k", "", 64); len(parts) != 1 || parts[0] != want {
-			t.Fatalf("signal for partitions %v, want [%d]", parts, want)
-		}
-	case <-ctx.Done():
-		t.Fatal("no change signal heard for a write of another client")
+	expect("Write", want, true)
+	// A postboxpgx.Tx signals once Commit has committed.
+	ptx, err := postboxpgx.Begin(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.WriteTx(ctx, ptx, msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := ptx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expect("postboxpgx.Tx", want, true)
+	// A pgx.Tx's commit is not seen: its signal goes before it, early.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.WriteTx(ctx, tx, msg); err != nil {
+		t.Fatal(err)
+	}
+	expect("pgx.Tx", want, false)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
 	}
 	// A signal sent with SQL, as a writer in another language may, names
 	// no partition: every lane wakes.
 	if _, err := pool.Exec(ctx, "SELECT pg_notify($1, '')", prefix+"outbox"); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case parts := <-heard:
-		if parts != nil {
-			t.Fatalf("a signal without payload named partitions %v", parts)
-		}
-	case <-ctx.Done():
-		t.Fatal("no change signal heard for a pg_notify sent with SQL")
-	}
+	expect("pg_notify sent with SQL", nil, false)
 	stop()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("listen returned %v after its context ended, want context.Canceled", err)
@@ -91,7 +116,7 @@ func TestListenRefusesTransactionPooler(t *testing.T) {
 	through := testdb.PoolAt(t, testdb.BouncerURL(t, "default_query_exec_mode=cache_describe"))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := listener(t, postboxpgx.New(through), prefix).Listen(ctx, func() { t.Error("ready through a transaction pooler") }, func([]int) {})
+	err := listener(t, postboxpgx.New(through), prefix).Listen(ctx, func() { t.Error("ready through a transaction pooler") }, func(postboxdriver.Heard) {})
 	if !errors.Is(err, postboxdriver.ErrNoSignals) {
 		t.Fatalf("listen through PgBouncer: %v, want ErrNoSignals", err)
 	}

@@ -33,39 +33,49 @@ func newSignalID() string {
 }
 
 // Signal implements postboxdriver.Signaler on the driver's pool. The
-// payload is the Core's signal id and the partitions written since its
-// last signal, as a 64-bit mask in hexadecimal ("client 1f2e… 8000000000000401"),
-// so that a relay wakes only the lanes that read them.
-func (c *Core) Signal(ctx context.Context) error {
+// payload is the Core's signal id, the partitions written since its last
+// signal as a 64-bit mask in hexadecimal, so that a relay wakes only the
+// lanes that read them, and "committed" when the writes had committed
+// ("client 1f2e… 8000000000000401 committed").
+func (c *Core) Signal(ctx context.Context, committed bool) error {
 	if c.inTx {
 		return postboxdriver.ErrNotInTx
 	}
 	payload := c.signalID + " " + strconv.FormatUint(c.written.Swap(0), 16)
+	if committed {
+		payload += " " + signalCommitted
+	}
 	_, err := c.db.Exec(ctx, signalSQL, Channel(c.prefix), payload)
 	return err
 }
 
-// signalParts reads a signal's payload: whether it is the Core's own, and
-// the partitions it names, nil for every partition (a signal sent with
-// SQL, with any other payload, or with no partition recorded).
-func (c *Core) signalParts(payload string) (own bool, parts []int) {
+// signalCommitted ends the payload of a signal whose writes had committed.
+const signalCommitted = "committed"
+
+// readSignal reads a signal's payload: whether it is the Core's own, and
+// what it says. A signal sent with SQL, with any other payload, or with
+// no partition recorded names every partition, and is not known to come
+// after its writer's commit.
+func (c *Core) readSignal(payload string) (own bool, h postboxdriver.Heard) {
 	if !strings.HasPrefix(payload, "client ") {
-		return false, nil
+		return false, h
 	}
-	id, mask, _ := strings.Cut(payload[len("client "):], " ")
+	id, rest, _ := strings.Cut(payload[len("client "):], " ")
 	if c.signalID == "client "+id {
-		return true, nil
+		return true, h
 	}
+	mask, flag, _ := strings.Cut(rest, " ")
 	m, err := strconv.ParseUint(mask, 16, 64)
 	if err != nil || m == 0 {
-		return false, nil
+		return false, h
 	}
+	h.Committed = flag == signalCommitted
 	for p := range Partitions {
 		if m&(1<<p) != 0 {
-			parts = append(parts, p)
+			h.Partitions = append(h.Partitions, p)
 		}
 	}
-	return false, parts
+	return false, h
 }
 
 // ListenConn is the one connection a relay listens on, of its own and
@@ -94,7 +104,7 @@ const probeWait = 2 * time.Second
 // first looks for a pooler as CheckConnections does, with conn as one of
 // the two connections, and listens only when it finds none; should the
 // probe still not arrive, it unlistens before it gives up.
-func (c *Core) Listen(ctx context.Context, conn ListenConn, ready func(), heard func(partitions []int)) error {
+func (c *Core) Listen(ctx context.Context, conn ListenConn, ready func(), heard func(postboxdriver.Heard)) error {
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	err := c.db.Pin(ctx, func(b Querier, _ bool) error {
 		for range poolerRounds {
@@ -139,8 +149,8 @@ func (c *Core) Listen(ctx context.Context, conn ListenConn, ready func(), heard 
 		if p == probe {
 			break
 		}
-		if own, parts := c.signalParts(p); !own {
-			heard(parts) // another client's signal, before the probe
+		if own, h := c.readSignal(p); !own {
+			heard(h) // another client's signal, before the probe
 		}
 	}
 	ready()
@@ -152,8 +162,8 @@ func (c *Core) Listen(ctx context.Context, conn ListenConn, ready func(), heard 
 			}
 			return fmt.Errorf("listen: %w", err)
 		}
-		if own, parts := c.signalParts(p); !own {
-			heard(parts)
+		if own, h := c.readSignal(p); !own {
+			heard(h)
 		}
 	}
 }
