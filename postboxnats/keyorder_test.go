@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -323,7 +325,8 @@ func TestPerKeyLostDelivery(t *testing.T) {
 				_, js := connect(t, url)
 				s, base := stream(t, js, nil)
 				c := ensureConsumer(t, js, base, "c", func(cc *jetstream.ConsumerConfig) { cc.AckWait = time.Second })
-				cfg := &postboxnats.SubscriberConfig{PerKey: true, Logger: discardLogger()}
+				logs := &logBuffer{}
+				cfg := &postboxnats.SubscriberConfig{PerKey: true, Logger: slog.New(slog.NewTextHandler(logs, nil))}
 				if withStream {
 					cfg.Stream = s
 				}
@@ -347,9 +350,37 @@ func TestPerKeyLostDelivery(t *testing.T) {
 				if withStream && (at["k3"] < at["k2"] || at["j1"] > at["k2"]) {
 					t.Fatalf("want k1, j1, k2, k3 (k waits for its lost message, j does not); got %v", at)
 				}
+				// The gap is reported either way: with the keys it holds,
+				// or with what would have held them.
+				want := "keys_held=1"
+				if !withStream {
+					want = "set SubscriberConfig.Stream to hold those keys"
+				}
+				if got := logs.String(); !strings.Contains(got, "deliveries were lost on the way") || !strings.Contains(got, want) {
+					t.Fatalf("the subscriber's log does not report the loss with %q:\n%s", want, got)
+				}
 			})
 		}
 	})
+}
+
+// logBuffer is a log destination that tests read while the Subscriber
+// writes to it.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // TestSubscriberStreamMustBeTheConsumers: a Stream other than the
