@@ -1,0 +1,1 @@
+UPDATE spos SET lo = pg_current_snapshot(), lo_seq = 12800 FROM n_leases l WHERE l.partition = spos.partition AND l.owner = 'r' AND l.generation = ((SELECT array_agg(1::bigint) FROM generate_series(1,64)))[spos.partition + 1] AND spos.partition < 8;

@@ -1,0 +1,1 @@
+EXECUTE ft(1);

@@ -1,0 +1,1 @@
+PREPARE adv(pg_snapshot, int[], bigint[], text, bigint[]) AS UPDATE spos SET lo = $1, lo_seq = u.s FROM unnest($2, $3) AS u(p, s), n_leases l WHERE spos.partition = u.p AND l.partition = u.p AND l.owner = $4 AND l.generation = $5[u.p + 1];

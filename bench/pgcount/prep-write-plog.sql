@@ -1,0 +1,1 @@
+PREPARE u(uuid, text, text, bytea, jsonb, int) AS INSERT INTO plog (id, topic, key, payload, headers, partition) VALUES ($1, $2, $3, $4, $5, $6);
