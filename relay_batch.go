@@ -283,47 +283,44 @@ func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, recs []po
 			bySeq[recs[i].Seq] = &recs[i]
 		}
 	}
-	var errs []error
-	if len(out.published) > 0 {
-		n, err := r.ex.MarkPublished(ctx, fence, out.published)
-		switch {
-		case err != nil:
-			errs = append(errs, fmt.Errorf("mark %d published rows (they will be published again): %w", len(out.published), err))
-		case n < len(out.published):
-			res.fencedOut = len(out.published) - n
-			r.log.Warn("postbox relay lost marks to fencing: its lease moved on, the new owner publishes these again",
-				slog.Int("lost", res.fencedOut))
-		}
-		if err == nil {
-			res.published = n
-			if rep != nil {
-				rep.FencedOut = res.fencedOut
-				for i, seq := range out.published {
-					rec := bySeq[seq]
-					rep.Published[rec.Topic]++
-					rep.Lag = append(rep.Lag, out.ackedAt[i].Sub(rec.CreatedAt))
-				}
-			}
+	if len(out.published) == 0 && len(out.failed) == 0 {
+		return res, rep
+	}
+	read := make([]int64, len(recs))
+	for i := range recs {
+		read[i] = recs[i].Seq
+	}
+	settled, err := r.ex.Settle(ctx, fence, postboxdriver.Outcome{Read: read, Published: out.published, Failed: out.failed}, r.cfg.MaxAttempts)
+	if err != nil {
+		res.markErr = fmt.Errorf("record the outcome of %d published and %d failed rows (they will be published again): %w",
+			len(out.published), len(out.failed), err)
+		return res, rep
+	}
+	if settled.Published < len(out.published) {
+		res.fencedOut = len(out.published) - settled.Published
+		r.log.Warn("postbox relay lost marks to fencing: its lease moved on, the new owner publishes these again",
+			slog.Int("lost", res.fencedOut))
+	}
+	res.published = settled.Published
+	if rep != nil {
+		rep.FencedOut = res.fencedOut
+		for i, seq := range out.published {
+			rec := bySeq[seq]
+			rep.Published[rec.Topic]++
+			rep.Lag = append(rep.Lag, out.ackedAt[i].Sub(rec.CreatedAt))
 		}
 	}
-	if len(out.failed) > 0 {
-		frs, err := r.ex.MarkFailed(ctx, fence, out.failed, r.cfg.MaxAttempts)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("record %d failed publishes: %w", len(out.failed), err))
+	for _, fr := range settled.Failed {
+		if rep != nil {
+			rep.Failed[bySeq[fr.Seq].Topic]++
 		}
-		for _, fr := range frs {
+		if fr.Dead {
+			res.dead++
 			if rep != nil {
-				rep.Failed[bySeq[fr.Seq].Topic]++
+				rep.Dead[bySeq[fr.Seq].Topic]++
 			}
-			if fr.Dead {
-				res.dead++
-				if rep != nil {
-					rep.Dead[bySeq[fr.Seq].Topic]++
-				}
-				r.log.Warn("postbox message dead: its attempt budget is spent or its failure is permanent", slog.Int64("seq", fr.Seq), slog.Int("attempts", fr.Attempts))
-			}
+			r.log.Warn("postbox message dead: its attempt budget is spent or its failure is permanent", slog.Int64("seq", fr.Seq), slog.Int("attempts", fr.Attempts))
 		}
 	}
-	res.markErr = errors.Join(errs...)
 	return res, rep
 }

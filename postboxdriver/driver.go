@@ -164,6 +164,27 @@ type Failure struct {
 	Dead bool
 }
 
+// Outcome is what a relay made of one batch Fetch read (Settle).
+type Outcome struct {
+	// Read are the seqs of the rows the batch read, in the order read.
+	Read []int64
+	// Published are those the broker acknowledged.
+	Published []int64
+	// Failed are those whose publish failed as a message (an attempt
+	// spent, or dead). A row of Read in neither list was not sent.
+	Failed []Failure
+}
+
+// Settled is what Settle recorded.
+type Settled struct {
+	// Published counts the rows marked published: fewer than Outcome's
+	// when a lease moved on (the new owner publishes those again).
+	Published int
+	// Failed are the failures recorded, with whether each row is now
+	// dead.
+	Failed []FailResult
+}
+
 // InFlight is a row's crash mark (MarkInFlight): what a relay that took
 // the row's partition after an expiry was doing with it.
 type InFlight int
@@ -192,7 +213,7 @@ type Suspect struct {
 	Crashes int
 }
 
-// FailResult is the outcome of MarkFailed for one row.
+// FailResult is a failure Settle recorded, for one row.
 type FailResult struct {
 	Seq      int64
 	Attempts int

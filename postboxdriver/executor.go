@@ -66,23 +66,29 @@ type Executor interface {
 	// that is waiting for a retry (or dead, when BlockOnDead is set). It
 	// writes nothing.
 	Fetch(ctx context.Context, p FetchParams) ([]Record, error)
-	// MarkPublished moves the rows with the given seqs out of the pending
-	// set, recording the publish time, but only those whose partition lease
-	// still belongs to the fence. It returns how many rows it changed.
-	MarkPublished(ctx context.Context, f Fence, seqs []int64) (int, error)
-	// MarkFailed records a failed attempt for each row: attempts+1, the
-	// error, available_at = now()+Backoff, and moves it to the dead
-	// messages when attempts reaches maxAttempts or the failure is marked
-	// Dead. A dead message of the same id (an id written again after its
-	// message died) is replaced by the new one: no row's record may fail
-	// the others'. A row that waits for a retry loses its crash mark
+	// Settle records the outcome of a batch that Fetch read, in one round
+	// trip: the rows of o.Published move out of the pending set, recording
+	// the publish time; each of o.Failed counts a failed attempt
+	// (attempts+1, the error, available_at = now()+Backoff) and moves to the
+	// dead messages when attempts reaches maxAttempts or the failure is
+	// marked Dead. A dead message of the same id (an id written again after
+	// its message died) is replaced by the new one: no row's record may
+	// fail the others'. A row that waits for a retry loses its crash mark
 	// (NotInFlight): its publish ended, so no crash is laid on it; its
-	// crash count stays. Fenced like MarkPublished. It returns the rows
-	// changed, with whether each is now dead.
-	MarkFailed(ctx context.Context, f Fence, failures []Failure, maxAttempts int) ([]FailResult, error)
+	// crash count stays. Rows of o.Read in neither list were not sent and
+	// stay pending, where they were. Only rows whose partition lease still
+	// belongs to the fence change. It returns how many rows it marked
+	// published and the failures it recorded, with whether each is now dead.
+	// Nothing of the outcome is recorded when it returns an error.
+	//
+	// The outcome is handed whole because a store that keeps a position
+	// instead of moving rows (design §3, "The next storage model") must
+	// set aside the rows read but not published before its position passes
+	// them, in the same statement.
+	Settle(ctx context.Context, f Fence, o Outcome, maxAttempts int) (Settled, error)
 
 	// ResolveCrashes reads the crash marks of the rows seqs (fenced like
-	// MarkPublished) before a relay that took their partition after an
+	// Settle) before a relay that took their partition after an
 	// expiry publishes them: a row marked InFlightAlone counts one crash
 	// more, a row marked InFlightWithOthers becomes Suspected, and both
 	// lose the in-flight mark, so that one crash is counted once; but a
@@ -93,7 +99,7 @@ type Executor interface {
 	// seq order; the others are not suspects. It writes only marked rows.
 	ResolveCrashes(ctx context.Context, f Fence, seqs []int64) ([]Suspect, error)
 	// MarkInFlight sets the crash mark of the rows seqs to mark, fenced
-	// like MarkPublished, and clears that of the rows clear
+	// like Settle, and clears that of the rows clear
 	// (NotInFlight), unfenced: the relay that marked a row clears it once
 	// its publish ended, which is true whoever holds the partition by
 	// then. One statement; it returns how many rows it changed. It commits

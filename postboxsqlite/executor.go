@@ -91,9 +91,10 @@ WHERE crashed AND (owner = ?1 OR owner IS NULL) AND partition IN (SELECT value F
 		fetchStrict:       r.Replace(fetchSQL(true, false)),
 		fetchRouted:       r.Replace(fetchSQL(false, true)),
 		fetchRoutedStrict: r.Replace(fetchSQL(true, true)),
-		// MarkPublished copies the fenced rows to the history and deletes
-		// the same rows; both run in one BEGIN IMMEDIATE transaction, so
-		// the fence cannot change between them.
+		// Settle copies the fenced published rows to the history and
+		// deletes the same rows; both run in one BEGIN IMMEDIATE
+		// transaction, with the failures' statements, so the fence cannot
+		// change between them.
 		publish: r.Replace(`INSERT INTO {p}published (seq, id, topic, key, payload, headers, partition, created_at, attempts, published_at)
 SELECT o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts, {now}
 FROM {p}outbox o JOIN {p}leases l ON ` + fenced + `
@@ -102,7 +103,7 @@ ORDER BY o.seq`),
 		unpend: r.Replace(`DELETE FROM {p}outbox AS o
 WHERE o.seq IN (SELECT value FROM json_each(?1))
   AND EXISTS (SELECT 1 FROM {p}leases l WHERE ` + fenced + `)`),
-		// MarkFailed: rows that reach the budget, or whose failure is
+		// Settle's failures: rows that reach the budget, or whose failure is
 		// marked dead (permanent), move to the dead table, then the others
 		// wait for their backoff. The failures arrive as a JSON array of
 		// {"s": seq, "e": error, "b": backoff ms, "d": dead}, one per seq.
@@ -339,38 +340,63 @@ func (s *store) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postb
 	return out, s.wrap(err)
 }
 
-// MarkPublished implements postboxdriver.Executor.
-func (s *store) MarkPublished(ctx context.Context, f postboxdriver.Fence, seqs []int64) (int, error) {
-	if len(seqs) == 0 {
-		return 0, nil
+// Settle implements postboxdriver.Executor, in one write transaction.
+func (s *store) Settle(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
+	if len(o.Published) == 0 && len(o.Failed) == 0 {
+		return postboxdriver.Settled{}, nil
 	}
-	list, gens := int64sJSON(seqs), generationsJSON(f)
-	var n int64
+	var fs []byte
+	if len(o.Failed) > 0 {
+		var err error
+		if fs, err = failuresJSON(o.Failed); err != nil {
+			return postboxdriver.Settled{}, err
+		}
+	}
+	gens := generationsJSON(f)
+	var out postboxdriver.Settled
 	err := s.write(ctx, func(c conn) error {
-		res, err := c.ExecContext(ctx, s.q.publish, list, f.Owner, gens)
-		if err != nil {
-			return err
+		out = postboxdriver.Settled{}
+		var err error
+		if len(o.Published) > 0 {
+			if out.Published, err = s.publish(ctx, c, f.Owner, gens, o.Published); err != nil {
+				return err
+			}
 		}
-		if n, err = res.RowsAffected(); err != nil {
-			return err
+		if fs != nil {
+			out.Failed, err = s.fail(ctx, c, f.Owner, gens, fs, maxAttempts)
 		}
-		res, err = c.ExecContext(ctx, s.q.unpend, list, f.Owner, gens)
-		if err != nil {
-			return err
-		}
-		deleted, err := res.RowsAffected()
-		if err != nil {
-			return err
-		}
-		if deleted != n {
-			// Cannot happen inside one write transaction; refuse to
-			// commit a history that disagrees with the outbox.
-			return fmt.Errorf("postboxsqlite: copied %d rows to the history but deleted %d", n, deleted)
-		}
-		return nil
+		return err
 	})
 	if err != nil {
+		return postboxdriver.Settled{}, err
+	}
+	return out, nil
+}
+
+// publish copies the fenced rows seqs to the history and deletes them from
+// the outbox, in the caller's write transaction.
+func (s *store) publish(ctx context.Context, c conn, owner, gens string, seqs []int64) (int, error) {
+	list := int64sJSON(seqs)
+	res, err := c.ExecContext(ctx, s.q.publish, list, owner, gens)
+	if err != nil {
 		return 0, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, err
+	}
+	res, err = c.ExecContext(ctx, s.q.unpend, list, owner, gens)
+	if err != nil {
+		return 0, err
+	}
+	deleted, err := res.RowsAffected()
+	if err != nil {
+		return 0, err
+	}
+	if deleted != n {
+		// Cannot happen inside one write transaction; refuse to commit a
+		// history that disagrees with the outbox.
+		return 0, fmt.Errorf("postboxsqlite: copied %d rows to the history but deleted %d", n, deleted)
 	}
 	return int(n), nil
 }
@@ -382,15 +408,9 @@ type failure struct {
 	Dead    bool   `json:"d"`
 }
 
-// MarkFailed implements postboxdriver.Executor. It returns the rows that
-// died first, then those that wait for a retry, as PostgreSQL does; each
-// group in seq order.
-func (s *store) MarkFailed(ctx context.Context, f postboxdriver.Fence, failures []postboxdriver.Failure, maxAttempts int) ([]postboxdriver.FailResult, error) {
-	if len(failures) == 0 {
-		return nil, nil
-	}
-	// One entry per seq, the last one winning: a seq listed twice would
-	// otherwise be buried twice.
+// failuresJSON renders failures for the statements, one entry per seq, the
+// last one winning: a seq listed twice would otherwise be buried twice.
+func failuresJSON(failures []postboxdriver.Failure) ([]byte, error) {
 	idx := make(map[int64]int, len(failures))
 	list := make([]failure, 0, len(failures))
 	for _, fl := range failures {
@@ -402,57 +422,52 @@ func (s *store) MarkFailed(ctx context.Context, f postboxdriver.Fence, failures 
 		idx[fl.Seq] = len(list)
 		list = append(list, x)
 	}
-	fs, err := json.Marshal(list)
-	if err != nil {
-		return nil, err
-	}
-	gens := generationsJSON(f)
+	return json.Marshal(list)
+}
+
+// fail records the failures fs (failuresJSON) in the caller's write
+// transaction. It returns the rows that died first, then those that wait
+// for a retry, as PostgreSQL does; each group in seq order.
+func (s *store) fail(ctx context.Context, c conn, owner, gens string, fs []byte, maxAttempts int) ([]postboxdriver.FailResult, error) {
 	var out []postboxdriver.FailResult
-	err = s.write(ctx, func(c conn) error {
-		out = out[:0]
-		collect := func(dead bool) func(*sql.Rows) error {
-			return func(r *sql.Rows) error {
-				fr := postboxdriver.FailResult{Dead: dead}
-				if err := r.Scan(&fr.Seq, &fr.Attempts); err != nil {
-					return err
-				}
-				out = append(out, fr)
-				return nil
-			}
-		}
-		rows, err := c.QueryContext(ctx, s.q.bury, string(fs), f.Owner, gens, maxAttempts)
-		if err != nil {
-			return err
-		}
-		if err := scanAll(rows, collect(true)); err != nil {
-			return err
-		}
-		if len(out) > 0 {
-			buried := make([]int64, len(out))
-			for i, fr := range out {
-				buried[i] = fr.Seq
-			}
-			if _, err := c.ExecContext(ctx, s.q.unbury, int64sJSON(buried)); err != nil {
+	collect := func(dead bool) func(*sql.Rows) error {
+		return func(r *sql.Rows) error {
+			fr := postboxdriver.FailResult{Dead: dead}
+			if err := r.Scan(&fr.Seq, &fr.Attempts); err != nil {
 				return err
 			}
+			out = append(out, fr)
+			return nil
 		}
-		nDead := len(out)
-		rows, err = c.QueryContext(ctx, s.q.retry, string(fs), f.Owner, gens, maxAttempts)
-		if err != nil {
-			return err
-		}
-		if err := scanAll(rows, collect(false)); err != nil {
-			return err
-		}
-		// RETURNING promises no order; make it deterministic.
-		bySeq := func(a, b postboxdriver.FailResult) int { return cmp.Compare(a.Seq, b.Seq) }
-		slices.SortFunc(out[:nDead], bySeq)
-		slices.SortFunc(out[nDead:], bySeq)
-		return nil
-	})
+	}
+	rows, err := c.QueryContext(ctx, s.q.bury, string(fs), owner, gens, maxAttempts)
 	if err != nil {
 		return nil, err
 	}
+	if err := scanAll(rows, collect(true)); err != nil {
+		return nil, err
+	}
+	if len(out) > 0 {
+		buried := make([]int64, len(out))
+		for i, fr := range out {
+			buried[i] = fr.Seq
+		}
+		if _, err := c.ExecContext(ctx, s.q.unbury, int64sJSON(buried)); err != nil {
+			return nil, err
+		}
+	}
+	nDead := len(out)
+	rows, err = c.QueryContext(ctx, s.q.retry, string(fs), owner, gens, maxAttempts)
+	if err != nil {
+		return nil, err
+	}
+	if err := scanAll(rows, collect(false)); err != nil {
+		return nil, err
+	}
+	// RETURNING promises no order; make it deterministic.
+	bySeq := func(a, b postboxdriver.FailResult) int { return cmp.Compare(a.Seq, b.Seq) }
+	slices.SortFunc(out[:nDead], bySeq)
+	slices.SortFunc(out[nDead:], bySeq)
 	return out, nil
 }
 

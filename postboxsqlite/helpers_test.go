@@ -100,6 +100,22 @@ func (f *fixture) insert(t *testing.T, rows ...postboxdriver.Row) []int64 {
 	return seqs
 }
 
+// markPublished settles a batch whose rows were all published.
+func (f *fixture) markPublished(ctx context.Context, fence postboxdriver.Fence, seqs []int64) (int, error) {
+	s, err := f.store.Settle(ctx, fence, postboxdriver.Outcome{Read: seqs, Published: seqs}, 25)
+	return s.Published, err
+}
+
+// markFailed settles a batch whose rows all failed.
+func (f *fixture) markFailed(ctx context.Context, fence postboxdriver.Fence, fails []postboxdriver.Failure, maxAttempts int) ([]postboxdriver.FailResult, error) {
+	read := make([]int64, len(fails))
+	for i, fl := range fails {
+		read[i] = fl.Seq
+	}
+	s, err := f.store.Settle(ctx, fence, postboxdriver.Outcome{Read: read, Failed: fails}, maxAttempts)
+	return s.Failed, err
+}
+
 // lease takes every partition for owner and returns the fence.
 func (f *fixture) lease(t *testing.T, owner string) postboxdriver.Fence {
 	t.Helper()

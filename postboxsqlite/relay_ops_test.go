@@ -73,7 +73,7 @@ func TestFetchHoldBack(t *testing.T) {
 	)
 	fence := f.lease(t, "o")
 	// The middle row of k fails: k:0 is older, so it still goes; k:2 waits.
-	if _, err := f.store.MarkFailed(ctx, fence, []postboxdriver.Failure{{Seq: seqs[1], Error: "x", Backoff: time.Hour}}, 10); err != nil {
+	if _, err := f.markFailed(ctx, fence, []postboxdriver.Failure{{Seq: seqs[1], Error: "x", Backoff: time.Hour}}, 10); err != nil {
 		t.Fatal(err)
 	}
 	if got := seqsOf(f.fetch(t, postboxdriver.FetchParams{Fence: fence})); !slices.Equal(got, []int64{seqs[0], seqs[3], seqs[4]}) {
@@ -81,7 +81,7 @@ func TestFetchHoldBack(t *testing.T) {
 	}
 	// A failed row whose backoff is over holds nothing back and is read
 	// again in its place.
-	if _, err := f.store.MarkFailed(ctx, fence, []postboxdriver.Failure{{Seq: seqs[3], Error: "x", Backoff: 0}}, 10); err != nil {
+	if _, err := f.markFailed(ctx, fence, []postboxdriver.Failure{{Seq: seqs[3], Error: "x", Backoff: 0}}, 10); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.db.Exec(`UPDATE `+prefix+`outbox SET available_at = available_at - 7200000 WHERE seq = ?`, seqs[1]); err != nil {
@@ -99,9 +99,9 @@ func TestFetchBlockOnDead(t *testing.T) {
 	ctx := context.Background()
 	seqs := f.insert(t, row("t", "k", "0"), row("t", "k", "1"), row("t", "k", "2"), row("t", "j", "0"))
 	fence := f.lease(t, "o")
-	out, err := f.store.MarkFailed(ctx, fence, []postboxdriver.Failure{{Seq: seqs[1], Error: "x"}}, 1)
+	out, err := f.markFailed(ctx, fence, []postboxdriver.Failure{{Seq: seqs[1], Error: "x"}}, 1)
 	if err != nil || len(out) != 1 || !out[0].Dead {
-		t.Fatalf("MarkFailed = %v, %v", out, err)
+		t.Fatalf("failures recorded = %v, %v", out, err)
 	}
 	if got := seqsOf(f.fetch(t, postboxdriver.FetchParams{Fence: fence})); !slices.Equal(got, []int64{seqs[0], seqs[2], seqs[3]}) {
 		t.Fatalf("lenient fetch = %v", got)
@@ -129,13 +129,13 @@ func TestFetchTakesNoWriteLock(t *testing.T) {
 	}
 }
 
-func TestMarkPublished(t *testing.T) {
+func TestSettlePublished(t *testing.T) {
 	f := migrated(t)
 	ctx := context.Background()
 	seqs := f.insert(t, row("t", "a", "0"), row("t", "b", "0"), row("t", "", "x"), row("t", "c", "0"))
 	fence := f.lease(t, "o")
 
-	if n, err := f.store.MarkPublished(ctx, fence, nil); err != nil || n != 0 {
+	if n, err := f.markPublished(ctx, fence, nil); err != nil || n != 0 {
 		t.Fatalf("nothing: %d, %v", n, err)
 	}
 	// Wrong owner, wrong generation, partition missing from the fence:
@@ -146,7 +146,7 @@ func TestMarkPublished(t *testing.T) {
 		stale.Generations[p] = g - 1
 	}
 	for name, fc := range map[string]postboxdriver.Fence{"owner": wrongOwner, "generation": stale, "empty": {Owner: "o"}} {
-		if n, err := f.store.MarkPublished(ctx, fc, seqs); err != nil || n != 0 {
+		if n, err := f.markPublished(ctx, fc, seqs); err != nil || n != 0 {
 			t.Fatalf("%s: moved %d, %v", name, n, err)
 		}
 	}
@@ -156,7 +156,7 @@ func TestMarkPublished(t *testing.T) {
 
 	before := f.dbNow(t)
 	// Duplicates and unknown seqs count nothing extra.
-	n, err := f.store.MarkPublished(ctx, fence, []int64{seqs[0], seqs[2], seqs[0], 999999})
+	n, err := f.markPublished(ctx, fence, []int64{seqs[0], seqs[2], seqs[0], 999999})
 	if err != nil || n != 2 {
 		t.Fatalf("moved %d, %v; want 2", n, err)
 	}
@@ -177,13 +177,13 @@ func TestMarkPublished(t *testing.T) {
 		t.Fatalf("history row: key=%v topic=%s payload=%s part=%d attempts=%d created=%d published=%d", key, topic, payload, part, attempts, created, published)
 	}
 	// Marking again changes nothing.
-	if n, err := f.store.MarkPublished(ctx, fence, seqs[:1]); err != nil || n != 0 {
+	if n, err := f.markPublished(ctx, fence, seqs[:1]); err != nil || n != 0 {
 		t.Fatalf("second mark moved %d, %v", n, err)
 	}
 	// A fence on one partition moves only that partition's rows.
 	recs := f.fetch(t, postboxdriver.FetchParams{Fence: fence})
 	onlyFirst := postboxdriver.Fence{Owner: "o", Generations: map[int]int64{recs[0].Partition: fence.Generations[recs[0].Partition]}}
-	n, err = f.store.MarkPublished(ctx, onlyFirst, []int64{seqs[1], seqs[3]})
+	n, err = f.markPublished(ctx, onlyFirst, []int64{seqs[1], seqs[3]})
 	want := 0
 	for _, r := range recs {
 		if r.Partition == recs[0].Partition {
@@ -195,26 +195,26 @@ func TestMarkPublished(t *testing.T) {
 	}
 }
 
-func TestMarkFailed(t *testing.T) {
+func TestSettleFailed(t *testing.T) {
 	f := migrated(t)
 	ctx := context.Background()
 	seqs := f.insert(t, row("t", "a", "0"), row("t", "b", "0"), row("t", "c", "0"))
 	fence := f.lease(t, "o")
 
-	if out, err := f.store.MarkFailed(ctx, fence, nil, 3); err != nil || out != nil {
+	if out, err := f.markFailed(ctx, fence, nil, 3); err != nil || out != nil {
 		t.Fatalf("nothing: %v, %v", out, err)
 	}
 	// Fenced out: nothing changes.
-	if out, err := f.store.MarkFailed(ctx, postboxdriver.Fence{Owner: "x", Generations: fence.Generations},
+	if out, err := f.markFailed(ctx, postboxdriver.Fence{Owner: "x", Generations: fence.Generations},
 		[]postboxdriver.Failure{{Seq: seqs[0], Error: "e"}}, 1); err != nil || len(out) != 0 {
 		t.Fatalf("fenced out: %v, %v", out, err)
 	}
 	if n := f.count(t, "outbox", "attempts > 0"); n != 0 {
-		t.Fatalf("%d rows changed by a fenced-out MarkFailed", n)
+		t.Fatalf("%d rows changed by a fenced-out Settle", n)
 	}
 
 	before := f.dbNow(t)
-	out, err := f.store.MarkFailed(ctx, fence, []postboxdriver.Failure{
+	out, err := f.markFailed(ctx, fence, []postboxdriver.Failure{
 		{Seq: seqs[0], Error: "first", Backoff: 90 * time.Second},
 		{Seq: seqs[1], Error: "boom", Backoff: time.Second},
 		{Seq: 424242, Error: "unknown"},
@@ -236,7 +236,7 @@ func TestMarkFailed(t *testing.T) {
 	// listed before the rows that retry. A seq listed twice counts once,
 	// with its last entry.
 	deadBefore := f.dbNow(t)
-	out, err = f.store.MarkFailed(ctx, fence, []postboxdriver.Failure{
+	out, err = f.markFailed(ctx, fence, []postboxdriver.Failure{
 		{Seq: seqs[2], Error: "c1", Backoff: time.Second},
 		{Seq: seqs[1], Error: "ignored"},
 		{Seq: seqs[1], Error: "final"},
@@ -260,12 +260,12 @@ func TestMarkFailed(t *testing.T) {
 		t.Fatalf("dead row: key=%s attempts=%d last_error=%q dead_at=%d", key, attempts, lastErr, deadAt)
 	}
 	// A dead row is no longer pending: failing it again changes nothing.
-	if out, err := f.store.MarkFailed(ctx, fence, []postboxdriver.Failure{{Seq: seqs[1], Error: "again"}}, 2); err != nil || len(out) != 0 {
+	if out, err := f.markFailed(ctx, fence, []postboxdriver.Failure{{Seq: seqs[1], Error: "again"}}, 2); err != nil || len(out) != 0 {
 		t.Fatalf("failing a dead row = %v, %v", out, err)
 	}
 	// maxAttempts 1 buries at the first failure.
 	s4 := f.insert(t, row("t", "d", "0"))[0]
-	if out, err := f.store.MarkFailed(ctx, fence, []postboxdriver.Failure{{Seq: s4, Error: "once"}}, 1); err != nil || len(out) != 1 || !out[0].Dead || out[0].Attempts != 1 {
+	if out, err := f.markFailed(ctx, fence, []postboxdriver.Failure{{Seq: s4, Error: "once"}}, 1); err != nil || len(out) != 1 || !out[0].Dead || out[0].Attempts != 1 {
 		t.Fatalf("budget of one = %v, %v", out, err)
 	}
 }
@@ -282,10 +282,10 @@ func TestStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	fence := f.lease(t, "o")
-	if _, err := f.store.MarkPublished(ctx, fence, seqs[1:2]); err != nil {
+	if _, err := f.markPublished(ctx, fence, seqs[1:2]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.store.MarkFailed(ctx, fence, []postboxdriver.Failure{{Seq: seqs[2]}}, 1); err != nil {
+	if _, err := f.markFailed(ctx, fence, []postboxdriver.Failure{{Seq: seqs[2]}}, 1); err != nil {
 		t.Fatal(err)
 	}
 	st := f.stats(t)
@@ -306,8 +306,8 @@ func TestRelayWriteGivesUpCleanly(t *testing.T) {
 	release := holdWriteLock(t, f.db)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if _, err := f.store.MarkPublished(ctx, fence, seqs); err == nil {
-		t.Fatal("MarkPublished succeeded while another connection held the write lock")
+	if _, err := f.markPublished(ctx, fence, seqs); err == nil {
+		t.Fatal("Settle succeeded while another connection held the write lock")
 	}
 	if _, err := f.store.Coordinate(ctx, "o", time.Minute, nil, nil, nil); err == nil {
 		t.Fatal("Coordinate succeeded after its context ended")
@@ -316,7 +316,7 @@ func TestRelayWriteGivesUpCleanly(t *testing.T) {
 	// Every pooled connection is free of transactions: the write lock can
 	// be taken, and the marks go through.
 	holdWriteLock(t, f.db)()
-	if n, err := f.store.MarkPublished(context.Background(), fence, seqs); err != nil || n != 1 {
-		t.Fatalf("MarkPublished after release = %d, %v", n, err)
+	if n, err := f.markPublished(context.Background(), fence, seqs); err != nil || n != 1 {
+		t.Fatalf("Settle after release = %d, %v", n, err)
 	}
 }

@@ -50,7 +50,7 @@ func TestInsertTxBatches(t *testing.T) {
 	if n := f.count(t, "outbox", "available_at != created_at OR attempts != 0 OR last_error IS NOT NULL"); n != 0 {
 		t.Fatalf("%d fresh rows with retry state", n)
 	}
-	if n, err := f.store.MarkPublished(ctx, f.lease(t, "o"), seqs); err != nil || n != len(seqs) {
+	if n, err := f.markPublished(ctx, f.lease(t, "o"), seqs); err != nil || n != len(seqs) {
 		t.Fatalf("mark all = %d, %v", n, err)
 	}
 	// seqs never come back, even once the outbox is empty.
@@ -297,11 +297,11 @@ func TestWritersAndRelayTakeTurns(t *testing.T) {
 				return
 			}
 			if len(recs) > 0 {
-				_, err = f.store.MarkPublished(ctx, fence, seqsOf(recs[:1]))
+				_, err = f.markPublished(ctx, fence, seqsOf(recs[:1]))
 				errs <- err
 			}
 			if len(recs) > 1 {
-				_, err = f.store.MarkFailed(ctx, fence, []postboxdriver.Failure{{Seq: recs[1].Seq, Error: "x"}}, 3)
+				_, err = f.markFailed(ctx, fence, []postboxdriver.Failure{{Seq: recs[1].Seq, Error: "x"}}, 3)
 				errs <- err
 			}
 			if _, err := f.store.Coordinate(ctx, "o", time.Minute, nil, nil, nil); err != nil {
@@ -413,11 +413,11 @@ func TestNotMigrated(t *testing.T) {
 			return err
 		},
 		"Published": func() error {
-			_, err := f.store.MarkPublished(ctx, fence, []int64{1})
+			_, err := f.markPublished(ctx, fence, []int64{1})
 			return err
 		},
 		"Failed": func() error {
-			_, err := f.store.MarkFailed(ctx, fence, []postboxdriver.Failure{{Seq: 1}}, 1)
+			_, err := f.markFailed(ctx, fence, []postboxdriver.Failure{{Seq: 1}}, 1)
 			return err
 		},
 		"Stats": func() error { _, err := f.store.Stats(ctx); return err },

@@ -12,7 +12,7 @@ import (
 
 type queries struct {
 	insert, insertOne, partitions, coordinate, unregister, acquire, release, fetch, fetchStrict, fetchRouted, fetchRoutedStrict,
-	markPublished, markFailed, resolveCrashes, markInFlight, expire, stats string
+	settle, resolveCrashes, markInFlight, expire, stats string
 }
 
 func makeQueries(p string) queries {
@@ -82,40 +82,46 @@ RETURNING partition, owner, generation, expires_at`),
 		fetchStrict:       r.Replace(fetchSQL(true, false)),
 		fetchRouted:       r.Replace(fetchSQL(false, true)),
 		fetchRoutedStrict: r.Replace(fetchSQL(true, true)),
+		// A batch's outcome in one statement ($1 the owner, $2 the
+		// generations by partition, $3 the published seqs; $4–$7 the
+		// failures: seqs, errors, backoffs in ms, dead; $8 the attempt
+		// budget). The published and failed seqs are disjoint, so no row
+		// is changed twice.
+		//
 		// The fence: the row's partition lease must still be the owner's, at
 		// the generation the owner read it under. A relay whose lease moved
 		// on matches no row and changes nothing.
 		//
+		// Published rows move to the history. Failed rows that reach the
+		// budget move to the dead table; the others wait for their backoff.
+		// A failure marked dead (permanent) dies whatever its attempts. A
+		// dead message of the same id, an id written again after its first
+		// message died, is replaced: a conflict would fail the whole
+		// statement, and with it the record of every other row of the batch.
+		//
 		// The statement commits without waiting for its WAL flush
-		// (synchronous_commit off, for this transaction only): a mark lost
-		// in a database crash leaves its rows pending, and they are sent
-		// again under the same ids, which consumers absorb. Since the WAL is
-		// replayed in order, what a crash loses is a suffix of the marks,
-		// so first copies stay in key order. This takes a disk flush out
-		// of every relay cycle.
-		markPublished: r.Replace(`WITH moved AS (
+		// (synchronous_commit off, for this transaction only): an outcome
+		// lost in a database crash leaves its rows pending, and they are sent
+		// again under the same ids, which consumers absorb (a lost failure
+		// costs one attempt more). Since the WAL is replayed in order, what
+		// a crash loses is a suffix of the outcomes, so first copies stay in
+		// key order. This takes a disk flush out of every relay cycle. The
+		// first row, whose seq is NULL, counts the published rows; it is
+		// a SELECT of its own so that the setting is made whatever moved.
+		settle: r.Replace(`WITH moved AS (
   DELETE FROM {p}outbox o USING {p}leases l
-  WHERE o.seq = ANY($2::bigint[])
-    AND l.partition = o.partition AND l.owner = $1 AND l.generation = ($3::bigint[])[o.partition + 1]
+  WHERE o.seq = ANY($3::bigint[])
+    AND l.partition = o.partition AND l.owner = $1 AND l.generation = ($2::bigint[])[o.partition + 1]
   RETURNING o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts
 ), ins AS (
   INSERT INTO {p}published (seq, id, topic, key, payload, headers, partition, created_at, attempts)
   SELECT * FROM moved
   RETURNING 1
-)
-SELECT count(*) FROM ins, (SELECT set_config('synchronous_commit', 'off', true)) AS async`),
-		// Rows that reach the budget move to the dead table; the others wait
-		// for their backoff. The two CTEs touch disjoint rows.
-		//
-		// A failure marked dead (permanent) dies whatever its attempts. A
-		// dead message of the same id, an id written again after its first
-		// message died, is replaced: a conflict would fail the whole
-		// statement, and with it the record of every failure of the batch.
-		markFailed: r.Replace(`WITH f AS (
-  SELECT * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $7::boolean[]) AS f(seq, err, backoff_ms, dead)
+), f AS (
+  SELECT * FROM unnest($4::bigint[], $5::text[], $6::bigint[], $7::boolean[]) AS f(seq, err, backoff_ms, dead)
 ), owned AS (
-  SELECT o.seq, (o.attempts + 1 >= $5 OR f.dead) AS dies FROM {p}outbox o JOIN f ON f.seq = o.seq JOIN {p}leases l
-    ON l.partition = o.partition AND l.owner = $1 AND l.generation = ($6::bigint[])[o.partition + 1]
+  SELECT o.seq, (o.attempts + 1 >= $8 OR f.dead) AS dies FROM {p}outbox o JOIN f ON f.seq = o.seq JOIN {p}leases l
+    ON l.partition = o.partition AND l.owner = $1 AND l.generation = ($2::bigint[])[o.partition + 1]
 ), died AS (
   DELETE FROM {p}outbox o USING owned, f
   WHERE owned.dies AND o.seq = owned.seq AND f.seq = o.seq
@@ -134,6 +140,8 @@ SELECT count(*) FROM ins, (SELECT set_config('synchronous_commit', 'off', true))
   WHERE NOT owned.dies AND o.seq = owned.seq AND f.seq = o.seq
   RETURNING o.seq, o.attempts
 )
+SELECT NULL::bigint, (SELECT count(*) FROM ins)::int, set_config('synchronous_commit', 'off', true) = 'off'
+UNION ALL
 SELECT seq, attempts, true FROM buried
 UNION ALL
 SELECT seq, attempts, false FROM retried`),
@@ -439,26 +447,22 @@ ORDER BY xact_start LIMIT 1`, nil, func(r Rows) (postboxdriver.Snapshot, error) 
 	return out[0], true, nil
 }
 
-// MarkPublished implements postboxdriver.Executor.
-func (c *Core) MarkPublished(ctx context.Context, f postboxdriver.Fence, seqs []int64) (int, error) {
-	if len(seqs) == 0 {
-		return 0, nil
+// Settle implements postboxdriver.Executor, in one statement.
+func (c *Core) Settle(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
+	var out postboxdriver.Settled
+	if len(o.Published) == 0 && len(o.Failed) == 0 {
+		return out, nil
 	}
-	return c.count(ctx, c.q.markPublished, f.Owner, seqs, generations(f))
-}
-
-// MarkFailed implements postboxdriver.Executor.
-func (c *Core) MarkFailed(ctx context.Context, f postboxdriver.Fence, failures []postboxdriver.Failure, maxAttempts int) ([]postboxdriver.FailResult, error) {
-	if len(failures) == 0 {
-		return nil, nil
+	published := o.Published
+	if published == nil {
+		published = []int64{}
 	}
-	// One entry per seq, the last one winning, as on SQLite: a seq listed
-	// twice would otherwise be deleted and buried twice.
-	idx := make(map[int64]int, len(failures))
-	var seqs, backoffs []int64
-	var errs []string
-	var dead []bool
-	for _, fl := range failures {
+	// One entry per failed seq, the last one winning, as on SQLite: a seq
+	// listed twice would otherwise be deleted and buried twice.
+	idx := make(map[int64]int, len(o.Failed))
+	seqs, backoffs := []int64{}, []int64{}
+	errs, dead := []string{}, []bool{}
+	for _, fl := range o.Failed {
 		i, ok := idx[fl.Seq]
 		if !ok {
 			i = len(seqs)
@@ -467,11 +471,27 @@ func (c *Core) MarkFailed(ctx context.Context, f postboxdriver.Fence, failures [
 		}
 		seqs[i], errs[i], backoffs[i], dead[i] = fl.Seq, fl.Error, fl.Backoff.Milliseconds(), fl.Dead
 	}
-	return queryAll(ctx, c, c.q.markFailed, []any{f.Owner, seqs, errs, backoffs, maxAttempts, generations(f), dead}, func(r Rows) (postboxdriver.FailResult, error) {
-		var fr postboxdriver.FailResult
-		err := r.Scan(&fr.Seq, &fr.Attempts, &fr.Dead)
-		return fr, err
+	type row struct {
+		seq      *int64
+		attempts int
+		dead     bool
+	}
+	rows, err := queryAll(ctx, c, c.q.settle, []any{f.Owner, generations(f), published, seqs, errs, backoffs, dead, maxAttempts}, func(r Rows) (row, error) {
+		var x row
+		err := r.Scan(&x.seq, &x.attempts, &x.dead)
+		return x, err
 	})
+	if err != nil {
+		return postboxdriver.Settled{}, err
+	}
+	for _, x := range rows {
+		if x.seq == nil {
+			out.Published = x.attempts
+			continue
+		}
+		out.Failed = append(out.Failed, postboxdriver.FailResult{Seq: *x.seq, Attempts: x.attempts, Dead: x.dead})
+	}
+	return out, nil
 }
 
 // ResolveCrashes implements postboxdriver.Executor.

@@ -174,7 +174,7 @@ func (s *suite[TTx]) execCrashMarks(t *testing.T) {
 	}
 	// seqs[0] published alone, failed: no longer a suspect. seqs[2] failed
 	// too, and keeps its count.
-	if _, err := ex.MarkFailed(ctx, b, []postboxdriver.Failure{{Seq: seqs[0], Error: "x"}, {Seq: seqs[2], Error: "x"}}, 25); err != nil {
+	if _, err := markFailed(ctx, ex, b, []postboxdriver.Failure{{Seq: seqs[0], Error: "x"}, {Seq: seqs[2], Error: "x"}}, 25); err != nil {
 		t.Fatal(err)
 	}
 	if got := resolve(b); len(got) != 2 || got[seqs[1]] != 0 || got[seqs[2]] != 2 {
@@ -339,7 +339,7 @@ func (s *suite[TTx]) execExpireLeases(t *testing.T) {
 	if err != nil || got != n {
 		t.Fatalf("ExpireLeases = %d, %v; want %d", got, err, n)
 	}
-	if moved, err := e.store.MarkPublished(ctx, fenceOf("a", held), []int64{recs[0].Seq}); err != nil || moved != 0 {
+	if moved, err := markPublished(ctx, e.store, fenceOf("a", held), []int64{recs[0].Seq}); err != nil || moved != 0 {
 		t.Fatalf("mark under an expired lease moved %d rows (%v), want 0", moved, err)
 	}
 	taken, err := e.store.AcquireLeases(ctx, "b", allPartitions(), time.Minute)
@@ -351,7 +351,7 @@ func (s *suite[TTx]) execExpireLeases(t *testing.T) {
 			t.Fatalf("partition %d: generation %d after expiry and takeover, want more than %d", l.Partition, l.Generation, held[i].Generation+1)
 		}
 	}
-	if moved, err := e.store.MarkPublished(ctx, fenceOf("b", taken), []int64{recs[0].Seq}); err != nil || moved != 1 {
+	if moved, err := markPublished(ctx, e.store, fenceOf("b", taken), []int64{recs[0].Seq}); err != nil || moved != 1 {
 		t.Fatalf("mark by the new owner moved %d rows (%v), want 1", moved, err)
 	}
 }

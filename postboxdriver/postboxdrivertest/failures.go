@@ -1,9 +1,11 @@
 package postboxdrivertest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,7 +25,8 @@ func (s *suite[TTx]) runFailures(t *testing.T) {
 	t.Run("ReusedDeadIDRecordsTheBatch", s.reusedDeadID)
 	t.Run("ReusedDeadIDRequeueLeavesItDead", s.reusedDeadIDRequeue)
 	t.Run("UnstorableErrorTextRecorded", s.unstorableErrorText)
-	t.Run("MarkFailedDeadNow", s.markFailedDeadNow)
+	t.Run("SettleDeadNow", s.markFailedDeadNow)
+	t.Run("SettleMixedOutcome", s.settleMixed)
 }
 
 // failing is a publisher that fails the envelopes fail picks, with the
@@ -300,7 +303,7 @@ func (s *suite[TTx]) unstorableErrorText(t *testing.T) {
 	}
 }
 
-// markFailedDeadNow is MarkFailed's Dead flag on the Executor itself: the
+// markFailedDeadNow is a Failure's Dead flag on the Executor itself: the
 // row dies on its first attempt, beside a row that only waits; a seq listed
 // twice is recorded once.
 func (s *suite[TTx]) markFailedDeadNow(t *testing.T) {
@@ -318,7 +321,7 @@ func (s *suite[TTx]) markFailedDeadNow(t *testing.T) {
 	if err != nil || len(recs) != 2 {
 		t.Fatalf("Fetch = %d rows, %v", len(recs), err)
 	}
-	out, err := e.store.MarkFailed(ctx, fence, []postboxdriver.Failure{
+	out, err := markFailed(ctx, e.store, fence, []postboxdriver.Failure{
 		{Seq: recs[0].Seq, Error: "first", Backoff: time.Hour},
 		{Seq: recs[1].Seq, Error: "retry", Backoff: time.Hour},
 		{Seq: recs[0].Seq, Error: "permanent", Dead: true},
@@ -328,10 +331,70 @@ func (s *suite[TTx]) markFailedDeadNow(t *testing.T) {
 	}
 	want := []postboxdriver.FailResult{{Seq: recs[0].Seq, Attempts: 1, Dead: true}, {Seq: recs[1].Seq, Attempts: 1}}
 	if fmt.Sprint(out) != fmt.Sprint(want) {
-		t.Fatalf("MarkFailed = %+v, want %+v", out, want)
+		t.Fatalf("failures recorded = %+v, want %+v", out, want)
 	}
 	dm, err := e.store.GetDeadMessage(ctx, recs[0].ID)
 	if err != nil || dm.Error != "permanent" || dm.Attempts != 1 {
 		t.Fatalf("GetDeadMessage = %+v, %v", dm, err)
+	}
+}
+
+// settleMixed is one batch's whole outcome in one Settle: rows published,
+// a row that waits for a retry, a row that dies, and a row not sent, which
+// stays pending as it was; under a fence that moved on, none of it.
+func (s *suite[TTx]) settleMixed(t *testing.T) {
+	e := s.setup(t)
+	ctx := context.Background()
+	if err := e.store.Insert(ctx, []postboxdriver.Row{row("t", "a"), row("t", "b"), row("t", "c"), row("t", "d"), row("t", "e")}); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := e.store.AcquireLeases(ctx, "x", allPartitions(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fence := fenceOf("x", ls)
+	recs, err := e.store.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
+	if err != nil || len(recs) != 5 {
+		t.Fatalf("Fetch = %d rows, %v", len(recs), err)
+	}
+	read := make([]int64, len(recs))
+	for i, r := range recs {
+		read[i] = r.Seq
+	}
+	o := postboxdriver.Outcome{
+		Read:      read,
+		Published: []int64{recs[0].Seq, recs[1].Seq},
+		Failed: []postboxdriver.Failure{
+			{Seq: recs[2].Seq, Error: "later", Backoff: time.Hour},
+			{Seq: recs[3].Seq, Error: "never", Dead: true},
+		},
+	}
+	// A fence whose leases moved on records nothing of it.
+	stale := fenceOf("x", ls)
+	for p := range stale.Generations {
+		stale.Generations[p]--
+	}
+	if got, err := e.store.Settle(ctx, stale, o, 25); err != nil || got.Published != 0 || len(got.Failed) != 0 {
+		t.Fatalf("Settle under a stale fence = %+v, %v; want nothing recorded", got, err)
+	}
+	if st := e.stats(t); st.Pending != 5 || st.Dead != 0 || st.Published != 0 {
+		t.Fatalf("after a stale Settle: %+v, want 5 pending", st)
+	}
+	got, err := e.store.Settle(ctx, fence, o, 25)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(got.Failed, func(a, b postboxdriver.FailResult) int { return cmp.Compare(a.Seq, b.Seq) })
+	want := []postboxdriver.FailResult{{Seq: recs[2].Seq, Attempts: 1}, {Seq: recs[3].Seq, Attempts: 1, Dead: true}}
+	if got.Published != 2 || fmt.Sprint(got.Failed) != fmt.Sprint(want) {
+		t.Fatalf("Settle = %+v; want 2 published and failures %+v", got, want)
+	}
+	if st := e.stats(t); st.Pending != 2 || st.Dead != 1 || st.Published != 2 {
+		t.Fatalf("after Settle: %+v; want 2 pending (one waiting, one not sent), 1 dead, 2 published", st)
+	}
+	// The row not sent is read again at once; the failed one waits.
+	recs2, err := e.store.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
+	if err != nil || len(recs2) != 1 || recs2[0].Seq != recs[4].Seq || recs2[0].Attempts != 0 {
+		t.Fatalf("Fetch after Settle = %+v, %v; want the unsent row alone", recs2, err)
 	}
 }

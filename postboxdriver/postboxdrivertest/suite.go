@@ -439,6 +439,22 @@ func fenceOf(owner string, ls []postboxdriver.Lease) postboxdriver.Fence {
 	return f
 }
 
+// markPublished settles a batch whose rows were all published.
+func markPublished(ctx context.Context, ex postboxdriver.Executor, f postboxdriver.Fence, seqs []int64) (int, error) {
+	s, err := ex.Settle(ctx, f, postboxdriver.Outcome{Read: seqs, Published: seqs}, 25)
+	return s.Published, err
+}
+
+// markFailed settles a batch whose rows all failed.
+func markFailed(ctx context.Context, ex postboxdriver.Executor, f postboxdriver.Fence, fails []postboxdriver.Failure, maxAttempts int) ([]postboxdriver.FailResult, error) {
+	read := make([]int64, len(fails))
+	for i, fl := range fails {
+		read[i] = fl.Seq
+	}
+	s, err := ex.Settle(ctx, f, postboxdriver.Outcome{Read: read, Failed: fails}, maxAttempts)
+	return s.Failed, err
+}
+
 // fetchAll takes every partition for owner and reads everything pending.
 func fetchAll[TTx any](t *testing.T, st postboxdriver.Store[TTx], owner string) []postboxdriver.Record {
 	t.Helper()
@@ -608,11 +624,11 @@ func (s *suite[TTx]) staleMarkChangesNothing(t *testing.T) {
 		seqs[i] = r.Seq
 		fails = append(fails, postboxdriver.Failure{Seq: r.Seq, Error: "x", Backoff: time.Hour})
 	}
-	if n, err := e.store.MarkPublished(ctx, fa, seqs); err != nil || n != 0 {
-		t.Fatalf("stale MarkPublished changed %d rows (%v), want 0", n, err)
+	if n, err := markPublished(ctx, e.store, fa, seqs); err != nil || n != 0 {
+		t.Fatalf("stale mark of published rows changed %d rows (%v), want 0", n, err)
 	}
-	if out, err := e.store.MarkFailed(ctx, fa, fails, 1); err != nil || len(out) != 0 {
-		t.Fatalf("stale MarkFailed changed %v (%v), want nothing", out, err)
+	if out, err := markFailed(ctx, e.store, fa, fails, 1); err != nil || len(out) != 0 {
+		t.Fatalf("stale mark of failures changed %v (%v), want nothing", out, err)
 	}
 	if st := e.stats(t); st.Pending != 20 || st.Dead != 0 {
 		t.Fatalf("after stale marks: %+v, want 20 pending and none dead", st)
@@ -620,8 +636,8 @@ func (s *suite[TTx]) staleMarkChangesNothing(t *testing.T) {
 	// The same relay id re-taking the partition later is a new generation:
 	// its old fence still matches nothing.
 	fb := fenceOf("fresh", b)
-	if n, err := e.store.MarkPublished(ctx, fb, seqs[:5]); err != nil || n != 5 {
-		t.Fatalf("owner MarkPublished = %d, %v; want 5", n, err)
+	if n, err := markPublished(ctx, e.store, fb, seqs[:5]); err != nil || n != 5 {
+		t.Fatalf("owner's mark of published rows = %d, %v; want 5", n, err)
 	}
 	if st := e.stats(t); st.Pending != 15 || st.Published != 5 {
 		t.Fatalf("after owner marks: %+v", st)
@@ -651,9 +667,9 @@ func (s *suite[TTx]) fetchHoldsBackRetriedKey(t *testing.T) {
 	if err != nil || len(recs) != 4 {
 		t.Fatalf("fetch: %d, %v", len(recs), err)
 	}
-	out, err := e.store.MarkFailed(ctx, f, []postboxdriver.Failure{{Seq: recs[0].Seq, Error: "boom", Backoff: time.Hour}}, 10)
+	out, err := markFailed(ctx, e.store, f, []postboxdriver.Failure{{Seq: recs[0].Seq, Error: "boom", Backoff: time.Hour}}, 10)
 	if err != nil || len(out) != 1 || out[0].Dead || out[0].Attempts != 1 {
-		t.Fatalf("MarkFailed = %v, %v", out, err)
+		t.Fatalf("mark of a failure = %v, %v", out, err)
 	}
 	recs, err = e.store.Fetch(ctx, postboxdriver.FetchParams{Fence: f, Limit: 10})
 	if err != nil {

@@ -336,7 +336,8 @@ func timeMarks(ctx context.Context, stores [2]postboxdriver.Executor, pending in
 				seqs[i] = recs[i].Seq
 			}
 			began := time.Now()
-			n, err := s.MarkPublished(ctx, fences[j], seqs)
+			settled, err := s.Settle(ctx, fences[j], postboxdriver.Outcome{Read: seqs, Published: seqs}, 25)
+			n := settled.Published
 			if err != nil {
 				return lat, err
 			}

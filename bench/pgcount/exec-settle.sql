@@ -1,0 +1,1 @@
+SELECT set_config('pb.s', ARRAY(SELECT seq FROM n_outbox ORDER BY seq LIMIT 256)::text, false); EXECUTE st('r', '{1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1}', current_setting('pb.s')::bigint[], '{}', '{}', '{}', '{}', 25);
