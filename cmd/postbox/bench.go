@@ -63,19 +63,23 @@ func newBenchDrain() *cobra.Command {
 				results = append(results, res)
 			}
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintln(tw, "\nrun\traw JetStream msg/s\tpostbox drain msg/s\tratio\tbacklog write msg/s\t")
+			fmt.Fprintln(tw, "\nrun\traw msg/s, no id\traw msg/s, Nats-Msg-Id\tpostbox drain msg/s\tratio to no id\tratio to Nats-Msg-Id\tbacklog write msg/s\t")
+			line := func(name string, r bench.DrainResult) {
+				fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t%.0f\t\n", name, r.RawPlainRate, r.RawRate, r.DrainRate, r.RatioPlain, r.Ratio, r.WriteRate)
+			}
 			for i, r := range results {
-				fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t%.2f\t%.0f\t\n", i+1, r.RawRate, r.DrainRate, r.Ratio, r.WriteRate)
+				line(fmt.Sprint(i+1), r)
 			}
 			med := bench.Median(results)
-			fmt.Fprintf(tw, "median\t%.0f\t%.0f\t%.2f\t%.0f\t\n", med.RawRate, med.DrainRate, med.Ratio, med.WriteRate)
+			line("median", med)
 			if med.CPUKnown {
 				// Both phases move the same messages into the same
 				// server: the difference is the outbox's own cost.
-				fmt.Fprintln(tw, "\nCPU µs per message\traw: publisher\tnats-server\ttotal\tdrain: relay\tpostgres\tnats-server\ttotal\t")
+				fmt.Fprintln(tw, "\nCPU µs per message\traw, no id: publisher\tnats-server\traw, Nats-Msg-Id: publisher\tnats-server\ttotal\tdrain: relay\tpostgres\tnats-server\ttotal\t")
 				row := func(name string, r bench.DrainResult) {
 					m := bench.Micros
-					fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", name,
+					fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", name,
+						m(r.RawPlainCPU.Self), m(r.RawPlainCPU.NATS),
 						m(r.RawCPU.Self), m(r.RawCPU.NATS), m(r.RawCPU.Self+r.RawCPU.NATS),
 						m(r.DrainCPU.Self), m(r.DrainCPU.Postgres), m(r.DrainCPU.NATS), m(r.DrainCPU.Total()))
 				}

@@ -9,6 +9,16 @@
 // to the same run's direct-publish floor, with the targets of docs/design.md §6;
 // drain.png shows the backlog and the drain rate over time for each run,
 // with that run's raw JetStream rate.
+//
+// Sweeps, one JSON file per point, comma-separated:
+//
+//	go run ./cmd/plot --drain-sweep d10k.json,d100k.json,d1m.json --latency-sweep l100.json,l1000.json --out ../docs/bench
+//
+// drain-sweep.png shows the drain rate over the backlog size (each file's
+// median) beside the same runs' raw JetStream rates, with and without
+// Nats-Msg-Id; latency-sweep.png shows p50 and p99 over the paced rate,
+// one pair of lines per mode (the relay's own client, or a separate one),
+// beside the same runs' direct-publish floor.
 package main
 
 import (
@@ -34,8 +44,18 @@ func main() {
 	drain := flag.String("drain", "", "JSON written by `postbox bench drain --json`")
 	out := flag.String("out", ".", "directory for latency.png and drain.png")
 	smooth := flag.Float64("smooth", 0.5, "seconds over which the drain rate is averaged")
+	drainSweep := flag.String("drain-sweep", "", "comma-separated JSON files of `postbox bench drain --json`, one per backlog size")
+	latencySweep := flag.String("latency-sweep", "", "comma-separated JSON files of `postbox bench latency --json`, one per rate and mode")
 	flag.Parse()
+	if *latency == "" && *drain == "" && *drainSweep == "" && *latencySweep == "" {
+		fmt.Fprintln(os.Stderr, "plot: nothing to draw: give --latency, --drain, --drain-sweep or --latency-sweep")
+		os.Exit(2)
+	}
 	if err := run(*latency, *drain, *out, *smooth); err != nil {
+		fmt.Fprintln(os.Stderr, "plot:", err)
+		os.Exit(1)
+	}
+	if err := sweeps(*drainSweep, *latencySweep, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "plot:", err)
 		os.Exit(1)
 	}
@@ -43,7 +63,7 @@ func main() {
 
 func run(latency, drain, out string, smooth float64) error {
 	if latency == "" && drain == "" {
-		return errors.New("nothing to draw: give --latency, --drain or both")
+		return nil
 	}
 	if smooth <= 0 {
 		return fmt.Errorf("--smooth must be positive, got %v", smooth)

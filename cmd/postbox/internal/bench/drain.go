@@ -54,18 +54,23 @@ type DrainSample struct {
 // DrainResult is one run's figures.
 type DrainResult struct {
 	Messages     int
-	RawRate      float64 // raw JetStream async publishes acknowledged per second
+	RawRate      float64 // raw JetStream async publishes with Nats-Msg-Id acknowledged per second
+	RawPlainRate float64 // the same without Nats-Msg-Id
 	WriteRate    float64 // rows written per second while filling the backlog
 	DrainRate    float64 // backlog rows published and acknowledged per second
 	DrainElapsed time.Duration
 	Ratio        float64 // DrainRate / RawRate
+	RatioPlain   float64 // DrainRate / RawPlainRate
 	// RawCPU and DrainCPU are the CPU time per message of this process
 	// (the raw publisher, then the relay), of PostgreSQL and of
 	// nats-server during each phase, read from /proc; CPUKnown is false
 	// where it could not be read. Both phases move the same messages to
 	// the same server, so the difference is what the outbox costs.
 	RawCPU, DrainCPU CPUUse
-	CPUKnown         bool
+	// RawPlainCPU is RawCPU's figure for the publishes without
+	// Nats-Msg-Id.
+	RawPlainCPU CPUUse
+	CPUKnown    bool
 	// Timeline holds the remaining rows sampled during the drain, when
 	// DrainOptions.SampleEvery asked for it: from the backlog at 0 s to
 	// 0 at the end.
@@ -96,46 +101,31 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	tag := randTag()
 	payload := makePayload(opts.PayloadBytes)
 
-	// The baseline: the same messages (payload and Nats-Msg-Id) published
-	// straight to JetStream, with the same window.
+	// The baselines: the same messages published straight to JetStream
+	// with the same window, first without an id, then with the
+	// Nats-Msg-Id that postbox sets (the server then checks each against
+	// its duplicate window).
 	raw, err := openStream(ctx, opts.NatsURL, "BENCH_RAW_"+tag, "bench.raw."+tag+".", opts.Replicas, jetstream.WithPublishAsyncMaxPending(opts.Window))
 	if err != nil {
 		return res, err
 	}
 	defer raw.close(ctx)
-	rawJS := raw.js
-	fmt.Fprintf(out, "raw JetStream: publishing %d messages of %d bytes, window %d\n", opts.Messages, opts.PayloadBytes, opts.Window)
+	fmt.Fprintf(out, "raw JetStream: publishing %d messages of %d bytes, window %d, without then with Nats-Msg-Id\n", opts.Messages, opts.PayloadBytes, opts.Window)
 	// The ids are made before the clock starts: the outbox makes its ids
 	// at write time too, not while draining.
 	ids := make([]string, opts.Messages)
 	for i := range ids {
 		ids[i] = postbox.NewID()
 	}
-	rawCPU := cpuPhase()
-	start := time.Now()
-	for i := 0; i < opts.Messages; i++ {
-		msg := nats.NewMsg("bench.raw." + tag + ".m")
-		msg.Data = payload
-		for {
-			_, err := rawJS.PublishMsgAsync(msg, jetstream.WithMsgID(ids[i]))
-			if err == nil {
-				break
-			}
-			// A window that stays full for a while is back-pressure, not
-			// failure: wait for it to drain and go on.
-			if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
-				return res, fmt.Errorf("raw publish: %w", err)
-			}
-		}
+	var ok bool
+	if res.RawPlainRate, res.RawPlainCPU, ok, err = publishRaw(ctx, raw.js, "bench.raw."+tag+".m", payload, opts.Messages, nil); err != nil {
+		return res, err
 	}
-	select {
-	case <-rawJS.PublishAsyncComplete():
-	case <-ctx.Done():
-		return res, ctx.Err()
+	if res.RawRate, res.RawCPU, res.CPUKnown, err = publishRaw(ctx, raw.js, "bench.raw."+tag+".m", payload, opts.Messages, ids); err != nil {
+		return res, err
 	}
-	res.RawRate = float64(opts.Messages) / time.Since(start).Seconds()
-	res.RawCPU, res.CPUKnown = rawCPU(opts.Messages)
-	fmt.Fprintf(out, "raw JetStream: %.0f msg/s\n", res.RawRate)
+	res.CPUKnown = res.CPUKnown && ok
+	fmt.Fprintf(out, "raw JetStream: %.0f msg/s without Nats-Msg-Id, %.0f msg/s with it\n", res.RawPlainRate, res.RawRate)
 
 	pool, err := pgxpool.New(ctx, opts.DatabaseURL)
 	if err != nil {
@@ -167,7 +157,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	}
 
 	fmt.Fprintf(out, "postbox: writing a backlog of %d messages to PostgreSQL (%d keys)\n", opts.Messages, opts.Keys)
-	start = time.Now()
+	start := time.Now()
 	const chunk = 1000
 	msgs := make([]postbox.Message, 0, chunk)
 	for i := 0; i < opts.Messages; i++ {
@@ -223,6 +213,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	res.DrainElapsed = time.Since(start)
 	res.DrainRate = float64(opts.Messages) / res.DrainElapsed.Seconds()
 	res.Ratio = res.DrainRate / res.RawRate
+	res.RatioPlain = res.DrainRate / res.RawPlainRate
 	if res.CPUKnown {
 		res.DrainCPU, res.CPUKnown = drainCPU(opts.Messages)
 	}
@@ -249,10 +240,47 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	}
 	fmt.Fprintf(out, "postbox: drained %d messages in %s: %.0f msg/s\n", opts.Messages, res.DrainElapsed.Round(time.Millisecond), res.DrainRate)
 	if res.CPUKnown {
-		fmt.Fprintf(out, "CPU per message, raw: publisher %s, nats-server %s; drain: relay %s, postgres %s, nats-server %s\n",
-			us(res.RawCPU.Self), us(res.RawCPU.NATS), us(res.DrainCPU.Self), us(res.DrainCPU.Postgres), us(res.DrainCPU.NATS))
+		fmt.Fprintf(out, "CPU per message, raw without id: publisher %s, nats-server %s; with id: publisher %s, nats-server %s; drain: relay %s, postgres %s, nats-server %s\n",
+			us(res.RawPlainCPU.Self), us(res.RawPlainCPU.NATS), us(res.RawCPU.Self), us(res.RawCPU.NATS), us(res.DrainCPU.Self), us(res.DrainCPU.Postgres), us(res.DrainCPU.NATS))
 	}
 	return res, nil
+}
+
+// publishRaw publishes n messages of payload to subject with
+// PublishMsgAsync, each with ids[i] as its Nats-Msg-Id when ids is not nil,
+// waits for every acknowledgement, and returns the rate and the CPU per
+// message of this process, PostgreSQL and nats-server meanwhile (known
+// reports whether /proc could be read).
+func publishRaw(ctx context.Context, js jetstream.JetStream, subject string, payload []byte, n int, ids []string) (rate float64, use CPUUse, known bool, err error) {
+	cpu := cpuPhase()
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		msg := nats.NewMsg(subject)
+		msg.Data = payload
+		var opts []jetstream.PublishOpt
+		if ids != nil {
+			opts = append(opts, jetstream.WithMsgID(ids[i]))
+		}
+		for {
+			_, err := js.PublishMsgAsync(msg, opts...)
+			if err == nil {
+				break
+			}
+			// A window that stays full for a while is back-pressure, not
+			// failure: wait for it to drain and go on.
+			if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+				return 0, CPUUse{}, false, fmt.Errorf("raw publish: %w", err)
+			}
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		return 0, CPUUse{}, false, ctx.Err()
+	}
+	rate = float64(n) / time.Since(start).Seconds()
+	use, known = cpu(n)
+	return rate, use, known, nil
 }
 
 // sampleRemaining counts table's rows every d from start, on a connection
@@ -325,10 +353,17 @@ func Median(runs []DrainResult) DrainResult {
 			Postgres: cpu(func(r DrainResult) time.Duration { return r.DrainCPU.Postgres }),
 			NATS:     cpu(func(r DrainResult) time.Duration { return r.DrainCPU.NATS }),
 		},
-		Messages:  runs[0].Messages,
-		RawRate:   pick(func(r DrainResult) float64 { return r.RawRate }),
-		DrainRate: pick(func(r DrainResult) float64 { return r.DrainRate }),
-		WriteRate: pick(func(r DrainResult) float64 { return r.WriteRate }),
-		Ratio:     pick(func(r DrainResult) float64 { return r.Ratio }),
+		Messages: runs[0].Messages,
+		RawPlainCPU: CPUUse{
+			Self:     cpu(func(r DrainResult) time.Duration { return r.RawPlainCPU.Self }),
+			Postgres: cpu(func(r DrainResult) time.Duration { return r.RawPlainCPU.Postgres }),
+			NATS:     cpu(func(r DrainResult) time.Duration { return r.RawPlainCPU.NATS }),
+		},
+		RawRate:      pick(func(r DrainResult) float64 { return r.RawRate }),
+		RawPlainRate: pick(func(r DrainResult) float64 { return r.RawPlainRate }),
+		RatioPlain:   pick(func(r DrainResult) float64 { return r.RatioPlain }),
+		DrainRate:    pick(func(r DrainResult) float64 { return r.DrainRate }),
+		WriteRate:    pick(func(r DrainResult) float64 { return r.WriteRate }),
+		Ratio:        pick(func(r DrainResult) float64 { return r.Ratio }),
 	}
 }

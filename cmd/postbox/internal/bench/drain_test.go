@@ -10,10 +10,10 @@ import (
 // the backlog) run in CI against the real PostgreSQL and NATS.
 func TestDrainSmall(t *testing.T) {
 	res := runBench(t, bench.Drain, bench.DrainOptions{Messages: 3000, Keys: 50})
-	if res.RawRate <= 0 || res.DrainRate <= 0 || res.Ratio <= 0 {
+	if res.RawRate <= 0 || res.RawPlainRate <= 0 || res.DrainRate <= 0 || res.Ratio <= 0 || res.RatioPlain <= 0 {
 		t.Fatalf("result %+v", res)
 	}
-	if m := bench.Median([]bench.DrainResult{res, res, res}); m.Ratio != res.Ratio {
+	if m := bench.Median([]bench.DrainResult{res, res, res}); m.Ratio != res.Ratio || m.RatioPlain != res.RatioPlain || m.RawPlainCPU != res.RawPlainCPU {
 		t.Fatalf("median of equal runs = %+v", m)
 	}
 }

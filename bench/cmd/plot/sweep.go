@@ -1,0 +1,237 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"image/color"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+)
+
+// sweeps draws drain-sweep.png and latency-sweep.png from the files named
+// (comma-separated), each where its list is not empty.
+func sweeps(drain, latency, out string) error {
+	if drain == "" && latency == "" {
+		return nil
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil { //nolint:gosec // a directory of figures, meant to be read
+		return fmt.Errorf("--out: %w", err)
+	}
+	if drain != "" {
+		var points []drainPoint
+		for _, f := range strings.Split(drain, ",") {
+			var r drainSweepFile
+			if err := readJSON(f, &r); err != nil {
+				return fmt.Errorf("--drain-sweep %s: %w", f, err)
+			}
+			if len(r.Runs) == 0 {
+				return fmt.Errorf("--drain-sweep %s: the file holds no runs", f)
+			}
+			points = append(points, r.point())
+		}
+		path := filepath.Join(out, "drain-sweep.png")
+		if err := plotDrainSweep(points, path); err != nil {
+			return err
+		}
+		fmt.Println("wrote", path)
+	}
+	if latency != "" {
+		var rs []latencyResult
+		for _, f := range strings.Split(latency, ",") {
+			var r latencyResult
+			if err := readJSON(f, &r); err != nil {
+				return fmt.Errorf("--latency-sweep %s: %w", f, err)
+			}
+			rs = append(rs, r)
+		}
+		path := filepath.Join(out, "latency-sweep.png")
+		if err := plotLatencySweep(rs, path); err != nil {
+			return err
+		}
+		fmt.Println("wrote", path)
+	}
+	return nil
+}
+
+// drainSweepFile is the part of `postbox bench drain --json` a sweep uses.
+type drainSweepFile struct {
+	Runs []struct {
+		Messages     int
+		RawRate      float64
+		RawPlainRate float64
+		DrainRate    float64
+	}
+}
+
+// drainPoint is one backlog size: the medians of its file's runs.
+type drainPoint struct {
+	messages               int
+	drain, rawID, rawPlain float64
+	runs                   int
+}
+
+func (f drainSweepFile) point() drainPoint {
+	median := func(get func(i int) float64) float64 {
+		xs := make([]float64, len(f.Runs))
+		for i := range f.Runs {
+			xs[i] = get(i)
+		}
+		sort.Float64s(xs)
+		n := len(xs)
+		if n%2 == 1 {
+			return xs[n/2]
+		}
+		return (xs[n/2-1] + xs[n/2]) / 2
+	}
+	return drainPoint{
+		messages: f.Runs[0].Messages,
+		drain:    median(func(i int) float64 { return f.Runs[i].DrainRate }),
+		rawID:    median(func(i int) float64 { return f.Runs[i].RawRate }),
+		rawPlain: median(func(i int) float64 { return f.Runs[i].RawPlainRate }),
+		runs:     len(f.Runs),
+	}
+}
+
+func plotDrainSweep(points []drainPoint, path string) error {
+	sort.Slice(points, func(i, j int) bool { return points[i].messages < points[j].messages })
+	p := plot.New()
+	p.Title.Text = "Backlog drain to NATS JetStream over the backlog size (median of each size's runs), beside the same runs' raw async publish"
+	p.X.Label.Text = "backlog (messages of 256 bytes), log scale"
+	p.Y.Label.Text = "messages per second"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{}
+	p.Add(plotter.NewGrid())
+	series := []struct {
+		name   string
+		get    func(drainPoint) float64
+		c      color.Color
+		dashed bool
+	}{
+		{"postbox drain", func(d drainPoint) float64 { return d.drain }, blue, false},
+		{"raw, Nats-Msg-Id", func(d drainPoint) float64 { return d.rawID }, orange, false},
+		{"raw, no id", func(d drainPoint) float64 { return d.rawPlain }, purple, false},
+		{"target: half the raw rate with Nats-Msg-Id", func(d drainPoint) float64 { return d.rawID / 2 }, green, true},
+	}
+	top := 0.0
+	for _, s := range series {
+		var xys plotter.XYs
+		for _, d := range points {
+			if v := s.get(d); v > 0 {
+				xys = append(xys, plotter.XY{X: float64(d.messages), Y: v})
+				top = math.Max(top, v)
+			}
+		}
+		if len(xys) == 0 {
+			continue
+		}
+		l, pts, err := plotter.NewLinePoints(xys)
+		if err != nil {
+			return err
+		}
+		l.Color, l.Width, pts.Color = s.c, vg.Points(2), s.c
+		if s.dashed {
+			l.Dashes = []vg.Length{vg.Points(6), vg.Points(4)}
+		}
+		p.Add(l, pts)
+		p.Legend.Add(s.name, l, pts)
+	}
+	if top == 0 {
+		return errors.New("--drain-sweep: no rates to draw")
+	}
+	p.Y.Min, p.Y.Max = 0, top*1.3
+	p.Legend.Top = true
+	return p.Save(12*vg.Inch, 6.5*vg.Inch, path)
+}
+
+func plotLatencySweep(rs []latencyResult, path string) error {
+	p := plot.New()
+	p.Title.Text = "Commit to JetStream ack over the paced rate: p50 and p99, beside the same runs' direct publish after commit"
+	p.X.Label.Text = "messages committed per second (one per transaction) as achieved, log scale"
+	p.Y.Label.Text = "ms, log scale"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{}
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = msTicks{}
+	p.Add(plotter.NewGrid())
+	const floor = 0.05 // ms: a log axis has no room for zero
+	brown := color.RGBA{R: 140, G: 86, B: 75, A: 255}
+	modes := []struct {
+		separate bool
+		name     string
+		c, base  color.Color
+	}{{false, "the relay's own client", blue, orange}, {true, "a separate client", purple, brown}}
+	minX, maxX := math.Inf(1), 0.0
+	for _, m := range modes {
+		var p50, p99, b50, b99 plotter.XYs
+		for _, r := range rs {
+			if r.SeparateWriter != m.separate {
+				continue
+			}
+			// The rate achieved: on a saturated machine the writers fall
+			// behind the rate asked for.
+			x := r.Achieved
+			if x <= 0 {
+				x = float64(r.Rate)
+			}
+			minX, maxX = math.Min(minX, x), math.Max(maxX, x)
+			p50 = append(p50, plotter.XY{X: x, Y: math.Max(r.Latency.P50, floor)})
+			p99 = append(p99, plotter.XY{X: x, Y: math.Max(r.Latency.P99, floor)})
+			if r.BaselineMeasured > 0 {
+				b50 = append(b50, plotter.XY{X: x, Y: math.Max(r.Baseline.P50, floor)})
+				b99 = append(b99, plotter.XY{X: x, Y: math.Max(r.Baseline.P99, floor)})
+			}
+		}
+		for _, s := range []struct {
+			xys    plotter.XYs
+			name   string
+			c      color.Color
+			dashed bool
+		}{
+			{p50, "postbox p50, " + m.name, m.c, false},
+			{p99, "postbox p99, " + m.name, m.c, true},
+			{b50, "direct publish p50, " + m.name + "'s runs", m.base, false},
+			{b99, "direct publish p99, " + m.name + "'s runs", m.base, true},
+		} {
+			if len(s.xys) == 0 {
+				continue
+			}
+			sort.Slice(s.xys, func(i, j int) bool { return s.xys[i].X < s.xys[j].X })
+			l, pts, err := plotter.NewLinePoints(s.xys)
+			if err != nil {
+				return err
+			}
+			l.Color, l.Width, pts.Color = s.c, vg.Points(2), s.c
+			if s.dashed {
+				l.Dashes = []vg.Length{vg.Points(6), vg.Points(4)}
+			}
+			p.Add(l, pts)
+			p.Legend.Add(s.name, l, pts)
+		}
+	}
+	if maxX == 0 {
+		return errors.New("--latency-sweep: no runs to draw")
+	}
+	for _, t := range []struct {
+		ms    float64
+		label string
+		c     color.Color
+	}{{2, "target p50 ≤ 2 ms", green}, {10, "target p99 ≤ 10 ms", red}} {
+		h, err := plotter.NewLine(plotter.XYs{{X: minX, Y: t.ms}, {X: maxX, Y: t.ms}})
+		if err != nil {
+			return err
+		}
+		h.Color, h.Dashes = t.c, []vg.Length{vg.Points(2), vg.Points(3)}
+		p.Add(h)
+		p.Legend.Add(t.label, h)
+	}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	return p.Save(12*vg.Inch, 7*vg.Inch, path)
+}
