@@ -25,7 +25,7 @@ func (s *suite[TTx]) runFailures(t *testing.T) {
 	t.Run("ReusedDeadIDRecordsTheBatch", s.reusedDeadID)
 	t.Run("ReusedDeadIDRequeueLeavesItDead", s.reusedDeadIDRequeue)
 	t.Run("UnstorableErrorTextRecorded", s.unstorableErrorText)
-	t.Run("SettleDeadNow", s.markFailedDeadNow)
+	t.Run("SettleDeadNow", s.settleDeadNow)
 	t.Run("SettleMixedOutcome", s.settleMixed)
 }
 
@@ -303,10 +303,10 @@ func (s *suite[TTx]) unstorableErrorText(t *testing.T) {
 	}
 }
 
-// markFailedDeadNow is a Failure's Dead flag on the Executor itself: the
+// settleDeadNow is a Failure's Dead flag on the Executor itself: the
 // row dies on its first attempt, beside a row that only waits; a seq listed
 // twice is recorded once.
-func (s *suite[TTx]) markFailedDeadNow(t *testing.T) {
+func (s *suite[TTx]) settleDeadNow(t *testing.T) {
 	e := s.setup(t)
 	ctx := context.Background()
 	if err := e.store.Insert(ctx, []postboxdriver.Row{row("t", "a"), row("t", "b")}); err != nil {
