@@ -309,18 +309,7 @@ func (s *suite[TTx]) unstorableErrorText(t *testing.T) {
 func (s *suite[TTx]) settleDeadNow(t *testing.T) {
 	e := s.setup(t)
 	ctx := context.Background()
-	if err := e.store.Insert(ctx, []postboxdriver.Row{row("t", "a"), row("t", "b")}); err != nil {
-		t.Fatal(err)
-	}
-	ls, err := e.store.AcquireLeases(ctx, "x", allPartitions(), time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fence := fenceOf("x", ls)
-	recs, err := e.store.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
-	if err != nil || len(recs) != 2 {
-		t.Fatalf("Fetch = %d rows, %v", len(recs), err)
-	}
+	_, fence, recs := leasedBatch(t, e.store, row("t", "a"), row("t", "b"))
 	out, err := markFailed(ctx, e.store, fence, []postboxdriver.Failure{
 		{Seq: recs[0].Seq, Error: "first", Backoff: time.Hour},
 		{Seq: recs[1].Seq, Error: "retry", Backoff: time.Hour},
@@ -345,18 +334,7 @@ func (s *suite[TTx]) settleDeadNow(t *testing.T) {
 func (s *suite[TTx]) settleMixed(t *testing.T) {
 	e := s.setup(t)
 	ctx := context.Background()
-	if err := e.store.Insert(ctx, []postboxdriver.Row{row("t", "a"), row("t", "b"), row("t", "c"), row("t", "d"), row("t", "e")}); err != nil {
-		t.Fatal(err)
-	}
-	ls, err := e.store.AcquireLeases(ctx, "x", allPartitions(), time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fence := fenceOf("x", ls)
-	recs, err := e.store.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
-	if err != nil || len(recs) != 5 {
-		t.Fatalf("Fetch = %d rows, %v", len(recs), err)
-	}
+	ls, fence, recs := leasedBatch(t, e.store, row("t", "a"), row("t", "b"), row("t", "c"), row("t", "d"), row("t", "e"))
 	read := make([]int64, len(recs))
 	for i, r := range recs {
 		read[i] = r.Seq
@@ -397,4 +375,24 @@ func (s *suite[TTx]) settleMixed(t *testing.T) {
 	if err != nil || len(recs2) != 1 || recs2[0].Seq != recs[4].Seq || recs2[0].Attempts != 0 {
 		t.Fatalf("Fetch after Settle = %+v, %v; want the unsent row alone", recs2, err)
 	}
+}
+
+// leasedBatch inserts rows, takes every partition's lease for "x", and
+// reads the rows back in one batch under that fence.
+func leasedBatch[TTx any](t *testing.T, st postboxdriver.Store[TTx], rows ...postboxdriver.Row) ([]postboxdriver.Lease, postboxdriver.Fence, []postboxdriver.Record) {
+	t.Helper()
+	ctx := context.Background()
+	if err := st.Insert(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := st.AcquireLeases(ctx, "x", allPartitions(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fence := fenceOf("x", ls)
+	recs, err := st.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
+	if err != nil || len(recs) != len(rows) {
+		t.Fatalf("Fetch = %d rows, %v; want %d", len(recs), err, len(rows))
+	}
+	return ls, fence, recs
 }

@@ -131,16 +131,9 @@ func plotDrainSweep(points []drainPoint, path string) error {
 		if len(xys) == 0 {
 			continue
 		}
-		l, pts, err := plotter.NewLinePoints(xys)
-		if err != nil {
+		if err := addSeries(p, xys, s.name, s.c, s.dashed); err != nil {
 			return err
 		}
-		l.Color, l.Width, pts.Color = s.c, vg.Points(2), s.c
-		if s.dashed {
-			l.Dashes = []vg.Length{vg.Points(6), vg.Points(4)}
-		}
-		p.Add(l, pts)
-		p.Legend.Add(s.name, l, pts)
 	}
 	if top == 0 {
 		return errors.New("--drain-sweep: no rates to draw")
@@ -203,16 +196,9 @@ func plotLatencySweep(rs []latencyResult, path string) error {
 				continue
 			}
 			sort.Slice(s.xys, func(i, j int) bool { return s.xys[i].X < s.xys[j].X })
-			l, pts, err := plotter.NewLinePoints(s.xys)
-			if err != nil {
+			if err := addSeries(p, s.xys, s.name, s.c, s.dashed); err != nil {
 				return err
 			}
-			l.Color, l.Width, pts.Color = s.c, vg.Points(2), s.c
-			if s.dashed {
-				l.Dashes = []vg.Length{vg.Points(6), vg.Points(4)}
-			}
-			p.Add(l, pts)
-			p.Legend.Add(s.name, l, pts)
 		}
 	}
 	if maxX == 0 {
@@ -234,4 +220,20 @@ func plotLatencySweep(rs []latencyResult, path string) error {
 	p.Legend.Top = true
 	p.Legend.Left = true
 	return p.Save(12*vg.Inch, 7*vg.Inch, path)
+}
+
+// addSeries draws xys as a line with its points, dashed or not, and names
+// it in the legend.
+func addSeries(p *plot.Plot, xys plotter.XYs, name string, c color.Color, dashed bool) error {
+	l, pts, err := plotter.NewLinePoints(xys)
+	if err != nil {
+		return err
+	}
+	l.Color, l.Width, pts.Color = c, vg.Points(2), c
+	if dashed {
+		l.Dashes = []vg.Length{vg.Points(6), vg.Points(4)}
+	}
+	p.Add(l, pts)
+	p.Legend.Add(name, l, pts)
+	return nil
 }
