@@ -25,38 +25,53 @@ func sweeps(drain, latency, out string) error {
 		return fmt.Errorf("--out: %w", err)
 	}
 	if drain != "" {
+		files, err := readEach[drainSweepFile]("--drain-sweep", drain)
+		if err != nil {
+			return err
+		}
 		var points []drainPoint
-		for _, f := range strings.Split(drain, ",") {
-			var r drainSweepFile
-			if err := readJSON(f, &r); err != nil {
-				return fmt.Errorf("--drain-sweep %s: %w", f, err)
-			}
+		for i, r := range files {
 			if len(r.Runs) == 0 {
-				return fmt.Errorf("--drain-sweep %s: the file holds no runs", f)
+				return fmt.Errorf("--drain-sweep %s: the file holds no runs", strings.Split(drain, ",")[i])
 			}
 			points = append(points, r.point())
 		}
-		path := filepath.Join(out, "drain-sweep.png")
-		if err := plotDrainSweep(points, path); err != nil {
+		if err := writeFigure(filepath.Join(out, "drain-sweep.png"), func(path string) error { return plotDrainSweep(points, path) }); err != nil {
 			return err
 		}
-		fmt.Println("wrote", path)
 	}
 	if latency != "" {
-		var rs []latencyResult
-		for _, f := range strings.Split(latency, ",") {
-			var r latencyResult
-			if err := readJSON(f, &r); err != nil {
-				return fmt.Errorf("--latency-sweep %s: %w", f, err)
-			}
-			rs = append(rs, r)
-		}
-		path := filepath.Join(out, "latency-sweep.png")
-		if err := plotLatencySweep(rs, path); err != nil {
+		rs, err := readEach[latencyResult]("--latency-sweep", latency)
+		if err != nil {
 			return err
 		}
-		fmt.Println("wrote", path)
+		if err := writeFigure(filepath.Join(out, "latency-sweep.png"), func(path string) error { return plotLatencySweep(rs, path) }); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// readEach reads each of the comma-separated JSON files of list, naming
+// flag and the file in an error.
+func readEach[T any](flag, list string) ([]T, error) {
+	var out []T
+	for _, f := range strings.Split(list, ",") {
+		var v T
+		if err := readJSON(f, &v); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", flag, f, err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// writeFigure writes one figure with plot and says so.
+func writeFigure(path string, plot func(path string) error) error {
+	if err := plot(path); err != nil {
+		return err
+	}
+	fmt.Println("wrote", path)
 	return nil
 }
 
