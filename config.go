@@ -141,8 +141,9 @@ type Config struct {
 	// message.
 	//
 	// The inbox: when the broker redelivers a message whose redeliveries
-	// ran and died MaxCrashes times in a row, with no failure or success
-	// recorded in between, the inbox writes it as a consumer dead message
+	// ran and died MaxCrashes times, with no counted failure recorded in
+	// between (an uncounted retry or a store failure in between does not
+	// restart the count), the inbox writes it as a consumer dead message
 	// instead of running it again and the subscriber acknowledges it. The
 	// count needs the broker's delivery count (Delivery.Delivered) to tell
 	// a redelivery: JetStream, RabbitMQ quorum queues and Redis streams

@@ -226,10 +226,11 @@ func (in *Inbox[TTx]) run(ctx context.Context, consumer string, d *Delivery, h H
 // says. A store failure counts nothing and asks for a redelivery.
 //
 // A redelivery (d.Delivered above 1, or 0 with d.Redelivered) is
-// counted before its handler runs, in one statement of its own, and the
-// count is cleared by any outcome recorded after it; a message whose
-// redeliveries ended MaxCrashes times in a row with no outcome, that is
-// with the process gone before the handler returned, is written as a
+// counted before its handler runs, in one statement of its own. A run
+// that ends with an outcome takes itself out of the count again, and a
+// recorded failure clears it; a message whose redeliveries ended
+// MaxCrashes times with no outcome since its last recorded failure, that
+// is with the process gone before the handler returned, is written as a
 // dead message (a *CrashLoopError) instead of running again. A first
 // delivery writes nothing for it.
 func (in *Inbox[TTx]) Handle(ctx context.Context, consumer string, d *Delivery, h Handler[TTx]) Verdict {
@@ -324,7 +325,7 @@ func (in *Inbox[TTx]) countsCrashes(consumer string, d *Delivery) bool {
 
 // settle records that a run counted by InboxStart ended with an outcome
 // that records nothing else (an uncounted retry, a store failure), so that
-// it is not taken for a crash. It runs even when ctx has ended (a
+// it is not taken for a crash; the crashes counted before it stay. It runs even when ctx has ended (a
 // shutdown is no crash either), within releaseBudget; if the store fails
 // it too, the run stays counted.
 func (in *Inbox[TTx]) settle(ctx context.Context, consumer string, d *Delivery, started bool) {

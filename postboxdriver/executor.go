@@ -213,9 +213,9 @@ type Executor interface {
 	// InboxStart records, in one statement outside any transaction, that
 	// a handler run of a redelivery of (consumer, messageID) begins, and
 	// returns the counts as they stood before it: Crashes is the runs so
-	// recorded that ended with no outcome since the last one (a failure
-	// recorded by RecordFailure, a run settled by InboxSettle), that is
-	// runs whose process exited before the handler returned.
+	// recorded since the last failure recorded by RecordFailure that were
+	// not settled by InboxSettle, that is runs whose process exited before
+	// the handler returned (or that are still running).
 	InboxStart(ctx context.Context, consumer, messageID string) (Attempts, error)
 	// InboxCrashes returns the Crashes count InboxStart would return now,
 	// writing nothing: the inbox reads it to know whether a redelivery is
@@ -223,7 +223,11 @@ type Executor interface {
 	InboxCrashes(ctx context.Context, consumer, messageID string) (int, error)
 	// InboxSettle records that a run begun with InboxStart ended with an
 	// outcome that records nothing else (a retry that spends no attempt, a
-	// store failure): the message's Crashes count starts again from zero.
+	// store failure): that run no longer counts in the message's Crashes,
+	// and the runs counted before it still do. A store failure or an
+	// uncounted retry between two crashes must not restart the count, or a
+	// message that kills the consumer beside a flapping database would
+	// never be bounded.
 	InboxSettle(ctx context.Context, consumer, messageID string) error
 	// PruneInbox deletes at most limit inbox records (and attempt counts)
 	// older than age, and returns how many, leaving the records that

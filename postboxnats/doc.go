@@ -159,7 +159,8 @@
 // MaxDeliver can stay -1 also for a message that kills the consuming
 // process: the inbox reads Delivery.Delivered (NumDelivered), counts the
 // run of every redelivery before its handler, and after
-// postbox.Config.MaxCrashes runs in a row that never returned, dead-letters
+// postbox.Config.MaxCrashes runs that never returned since its last
+// counted failure, dead-letters
 // the message on its next delivery (docs/design.md §4). Deliveries the
 // server makes without a handler run (a held message handed back, a pull
 // by a process that died first) count nothing.

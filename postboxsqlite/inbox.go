@@ -47,7 +47,7 @@ RETURNING attempts, first_failure_at, last_failure_at`),
 		start: r.Replace(`INSERT INTO {p}inbox_attempts (consumer, message_id, attempts, last_error, unsettled_runs) VALUES (?1, ?2, 0, '', 1)
 ON CONFLICT (consumer, message_id) DO UPDATE SET unsettled_runs = unsettled_runs + 1, last_failure_at = {now}
 RETURNING attempts, first_failure_at, last_failure_at, unsettled_runs - 1`),
-		settle:  r.Replace(`UPDATE {p}inbox_attempts SET unsettled_runs = 0 WHERE consumer = ?1 AND message_id = ?2 AND unsettled_runs <> 0`),
+		settle:  r.Replace(`UPDATE {p}inbox_attempts SET unsettled_runs = unsettled_runs - 1 WHERE consumer = ?1 AND message_id = ?2 AND unsettled_runs > 0`),
 		crashes: r.Replace(`SELECT coalesce((SELECT unsettled_runs FROM {p}inbox_attempts WHERE consumer = ?1 AND message_id = ?2), 0)`),
 		forget:  r.Replace(`DELETE FROM {p}inbox_attempts WHERE consumer = ? AND message_id = ?`),
 		bury: r.Replace(`INSERT INTO {p}consumer_dead (consumer, message_id, topic, key, payload, headers, error, attempts, first_failure_at, last_failure_at)

@@ -21,6 +21,7 @@ import (
 func (s *suite[TTx]) runInboxCrashes(t *testing.T) {
 	t.Run("CountsOnlyRunsWithNoOutcome", s.crashCount)
 	t.Run("CrashLoopDeadLettered", s.crashLoopDead)
+	t.Run("CrashLoopBoundedAcrossRetries", s.crashLoopAcrossRetries)
 	t.Run("OrdinaryRedeliveriesNeverCrashes", s.crashOrdinaryRedeliveries)
 	t.Run("SlowRunThatCommitsNeverDead", s.crashSlowRun)
 	t.Run("BatchHonoursTheBound", s.crashBatch)
@@ -98,7 +99,9 @@ func (s *suite[TTx]) crashSuspectAlone(t *testing.T) {
 }
 
 // InboxStart counts a run and returns the runs before it that recorded no
-// outcome; a failure or a settle clears the count, a bury forgets it.
+// outcome; a failure clears the count, a settle takes its own run out of
+// it (a store failure between two crashes must not restart the count),
+// and a bury forgets it.
 func (s *suite[TTx]) crashCount(t *testing.T) {
 	e := s.setup(t)
 	ctx := context.Background()
@@ -125,7 +128,17 @@ func (s *suite[TTx]) crashCount(t *testing.T) {
 	if err := st.InboxSettle(ctx, "billing", "m1"); err != nil {
 		t.Fatal(err)
 	}
-	start("m1", 1, 0) // so was the settle
+	start("m1", 1, 1) // the settled run is out of the count, the one before it stays
+	if err := st.InboxSettle(ctx, "billing", "m1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.InboxSettle(ctx, "billing", "m1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.InboxSettle(ctx, "billing", "m1"); err != nil {
+		t.Fatal(err)
+	}
+	start("m1", 1, 0) // settles beyond the runs counted take nothing below zero
 	if err := st.InboxSettle(ctx, "billing", "never-started"); err != nil {
 		t.Fatalf("settle of a message with no count: %v", err)
 	}
@@ -145,6 +158,35 @@ func (ie *inboxEnv[TTx]) crashed(t *testing.T, consumer, id string) {
 	t.Helper()
 	if _, err := ie.store.InboxStart(context.Background(), consumer, id); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A run that ends with an outcome recording nothing else (here an
+// uncounted retry; a store failure takes the same path) between the
+// crashes of a message does not restart their count: the message is
+// still dead-lettered once MaxCrashes runs have died.
+func (s *suite[TTx]) crashLoopAcrossRetries(t *testing.T) {
+	ie := s.inboxSetup(t, postbox.Config{MaxCrashes: 2})
+	ctx := context.Background()
+	d := delivery(postbox.NewID())
+	ran := 0
+	later := func(context.Context, TTx, *postbox.Delivery) error {
+		ran++
+		return postbox.RetryAfter(errors.New("later"), 0, false)
+	}
+	// Delivery 1 died recording nothing, delivery 2 died, delivery 3
+	// asked for a later delivery, delivery 4 died.
+	ie.crashed(t, "billing", d.ID)
+	d.Delivered = 3
+	if v := ie.inbox.Handle(ctx, "billing", d, later); v.Action != postbox.Retry || ran != 1 {
+		t.Fatalf("uncounted retry: %+v, runs %d", v, ran)
+	}
+	ie.crashed(t, "billing", d.ID)
+	d.Delivered = 5
+	v := ie.inbox.Handle(ctx, "billing", d, later)
+	var ce *postbox.CrashLoopError
+	if v.Action != postbox.DeadLettered || !errors.As(v.Err, &ce) || ce.Crashes != 2 || ran != 1 {
+		t.Fatalf("verdict %+v (err %v), handler runs %d; want dead-lettered after 2 crashes, no run", v, v.Err, ran)
 	}
 }
 
