@@ -61,10 +61,13 @@ type Reader struct {
 	// its partition.
 	lo    string
 	loSeq []int64
+	// loNext is an id above every id assigned before lo was taken.
+	loNext string
 	// An open band, when a read returned limit rows: the snapshot hi
 	// bounds it, and its rows up to seq cursor are done; bandMax holds
 	// the largest seq read of each partition in the band.
 	hi      string
+	hiNext  string
 	cursor  int64
 	bandMax []int64
 }
@@ -82,19 +85,29 @@ func NewReader(pool *pgxpool.Pool, prefix string, parts, limit int) *Reader {
     AND ($3::pg_snapshot IS NULL OR pg_visible_in_snapshot(o.xid, $3::pg_snapshot))
   ORDER BY o.seq LIMIT $5)`, k, k+1))
 	}
-	// The transactions running when lo was taken: their rows at or
-	// below the bound, one probe of the xid index each.
+	// The transactions running when lo was taken: those in its xip list,
+	// and those whose id was assigned before lo but above the last
+	// completed one, which PostgreSQL leaves out of the list (its xmax is
+	// the last completed id plus one, not the next id): their rows at or
+	// below the bound, by the xid index.
 	arms = append(arms, `(SELECT o.seq, o.partition, o.key, o.n, true AS xip FROM {p}log o
-  WHERE o.xid = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot))) AND o.seq <= ($2::bigint[])[o.partition + 1] AND o.seq > $4
+  WHERE (o.xid = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))
+         OR (o.xid >= pg_snapshot_xmax($1::pg_snapshot) AND o.xid < $6::xid8))
+    AND o.seq <= ($2::bigint[])[o.partition + 1] AND o.seq > $4
     AND ($3::pg_snapshot IS NULL OR pg_visible_in_snapshot(o.xid, $3::pg_snapshot)))`)
+	// The statement's own transaction id, assigned after its snapshot was
+	// taken, bounds the ids assigned before the snapshot: it is the next
+	// position's $6. Having an id, the statement commits like a write, so
+	// without waiting for a flush.
 	sql := `WITH b AS (` + strings.Join(arms, "\nUNION ALL\n") + `
 ORDER BY 1 LIMIT $5)
-SELECT pg_current_snapshot()::text, b.seq, b.partition, b.key, b.n, b.xip FROM (SELECT) AS one LEFT JOIN b ON true ORDER BY b.seq`
+SELECT pg_current_snapshot()::text, pg_current_xact_id()::text, b.seq, b.partition, b.key, b.n, b.xip
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS one LEFT JOIN b ON true ORDER BY b.seq`
 	return &Reader{
 		pool: pool, sql: strings.ReplaceAll(sql, "{p}", prefix), parts: parts, limit: limit,
 		// Nothing is visible in '1:1:': the first read starts at the log's
 		// beginning.
-		lo: "1:1:", loSeq: make([]int64, parts), bandMax: make([]int64, parts),
+		lo: "1:1:", loNext: "1", loSeq: make([]int64, parts), bandMax: make([]int64, parts),
 	}
 }
 
@@ -106,19 +119,19 @@ func (r *Reader) Read(ctx context.Context) ([]Row, error) {
 	if r.hi != "" {
 		hi = r.hi
 	}
-	rows, err := r.pool.Query(ctx, r.sql, r.lo, r.loSeq, hi, r.cursor, r.limit)
+	rows, err := r.pool.Query(ctx, r.sql, r.lo, r.loSeq, hi, r.cursor, r.limit, r.loNext)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	var out []Row
-	var snap string
+	var snap, next string
 	for rows.Next() {
 		var seq *int64
 		var part, n *int
 		var key *string
 		var xip *bool
-		if err := rows.Scan(&snap, &seq, &part, &key, &n, &xip); err != nil {
+		if err := rows.Scan(&snap, &next, &seq, &part, &key, &n, &xip); err != nil {
 			return nil, err
 		}
 		if seq != nil {
@@ -128,17 +141,18 @@ func (r *Reader) Read(ctx context.Context) ([]Row, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	r.advance(snap, out)
+	r.advance(snap, next, out)
 	return out, nil
 }
 
 // advance moves the position past rows, read under the statement's
-// snapshot snap (design §3, "The advance").
-func (r *Reader) advance(snap string, rows []Row) {
+// snapshot snap by a statement whose own id is next (design §3, "The
+// advance").
+func (r *Reader) advance(snap, next string, rows []Row) {
 	if r.hi == "" && len(rows) == r.limit {
 		// A backlog: the band up to this read's snapshot is read on in
 		// seq order, bounded by that snapshot.
-		r.hi = snap
+		r.hi, r.hiNext = snap, next
 		clear(r.bandMax)
 	}
 	for _, row := range rows {
@@ -151,15 +165,16 @@ func (r *Reader) advance(snap string, rows []Row) {
 		return
 	}
 	// The band is read whole: every row its snapshot saw is done, and a
-	// transaction not visible in it either was running then (the next
-	// xip arm) or got its id later and so drew seqs above every seq read.
+	// transaction not visible in it either had its id when the snapshot
+	// was taken (below next: the next xip arm) or got it later and so
+	// drew seqs above every seq read.
 	if r.hi != "" {
-		snap = r.hi
+		snap, next = r.hi, r.hiNext
 	}
-	r.lo = snap
+	r.lo, r.loNext = snap, next
 	for p := range r.loSeq {
 		r.loSeq[p] = max(r.loSeq[p], r.bandMax[p])
 	}
-	r.hi, r.cursor = "", 0
+	r.hi, r.hiNext, r.cursor = "", "", 0
 	clear(r.bandMax)
 }
