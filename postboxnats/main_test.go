@@ -53,12 +53,36 @@ func sharedEmbedded(t testing.TB) string {
 			// (a stream whose store could not be made), which its API
 			// answers only in general terms.
 			shared.srv.SetLogger(stderrLogger{}, false, false)
+			shared.err = anchorStream(shared.url)
 		}
 	})
 	if shared.err != nil {
 		t.Fatalf("embedded NATS: %v", shared.err)
 	}
 	return shared.url
+}
+
+// anchorStream gives the shared server's account a stream that no test
+// deletes. nats-server removes an account's store directory, in a
+// goroutine of its own, when a deleted stream was the account's last one;
+// a stream another test creates meanwhile then fails with "error creating
+// store for stream" (mkdir of the account's streams directory: no such
+// file or directory). The tests create and delete streams in parallel, so
+// the account must never be left without one.
+func anchorStream(url string) error {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "ANCHOR", Subjects: []string{"postbox-test-anchor.>"}, Storage: jetstream.FileStorage})
+	return err
 }
 
 // stderrLogger writes the embedded server's warnings and errors to the
