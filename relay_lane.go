@@ -39,8 +39,10 @@ type lane struct {
 	unsure bool
 }
 
-// notify wakes the lane for a wake-up of kind.
-func (l *lane) notify(kind wakeKind) { l.wake.send(kind, allParts) }
+// notify wakes the lane for a wake-up of kind. A lane reads all of its
+// partitions whatever was written, so its wake-ups name none: only the
+// relay's own wakeup, which picks the lanes, collects partitions.
+func (l *lane) notify(kind wakeKind) { l.wake.send(kind, 0) }
 
 // wakeKind says what a woken lane may expect to find.
 type wakeKind uint8

@@ -1,7 +1,6 @@
 package postbox_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net/url"
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/internal/tcpproxy"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxpgx"
@@ -43,7 +43,7 @@ func TestRelayReportsStalledDatabaseAndRecovers(t *testing.T) {
 	}
 	t.Cleanup(relayPool.Close)
 
-	logs := &syncBuffer{}
+	logs := &pubtest.Logs{}
 	broker := postboxtest.NewBroker(nil)
 	relay, err := postbox.NewClient(postboxpgx.New(relayPool), &postbox.Config{
 		Prefix: prefix, Publisher: broker, LeaseDuration: time.Second, BatchDeadline: 300 * time.Millisecond,
@@ -107,24 +107,6 @@ func TestRelayReportsStalledDatabaseAndRecovers(t *testing.T) {
 	if strings.Join(first, ",") != "before,during,after" {
 		t.Fatalf("first copies in the order %v, want before, during, after", first)
 	}
-}
-
-// syncBuffer is a bytes.Buffer for a logger writing from many goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // A broker that stores each message at once but acknowledges it only

@@ -18,6 +18,7 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/natsembed"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/postboxnats"
 )
 
@@ -325,7 +326,7 @@ func TestPerKeyLostDelivery(t *testing.T) {
 				_, js := connect(t, url)
 				s, base := stream(t, js, nil)
 				c := ensureConsumer(t, js, base, "c", func(cc *jetstream.ConsumerConfig) { cc.AckWait = time.Second })
-				logs := &logBuffer{}
+				logs := &pubtest.Logs{}
 				cfg := &postboxnats.SubscriberConfig{PerKey: true, Logger: slog.New(slog.NewTextHandler(logs, nil))}
 				if withStream {
 					cfg.Stream = s
@@ -362,25 +363,6 @@ func TestPerKeyLostDelivery(t *testing.T) {
 			})
 		}
 	})
-}
-
-// logBuffer is a log destination that tests read while the Subscriber
-// writes to it.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestSubscriberStreamMustBeTheConsumers: a Stream other than the
