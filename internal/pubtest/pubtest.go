@@ -1,8 +1,9 @@
 // Package pubtest holds what the broker adapters' tests share to drive a
 // postbox.Publisher: an outcome that checks the Publisher's contract (done
 // called exactly once) and a bounded wait for it, checks of a failure's
-// class, a Publisher counting failures by class, and the outbox tables of
-// an end-to-end test.
+// class, a Publisher counting failures by class, the outbox tables of an
+// end-to-end test, and a log destination tests read while the code under
+// test writes to it.
 package pubtest
 
 import (
