@@ -14,7 +14,8 @@ import (
 // daemonGCPercent is the daemon's GOGC unless the environment sets one:
 // a relay's garbage is the short-lived rows and envelopes of each batch,
 // and collecting half as often cut the relay's CPU per drained message by
-// about a fifth (26.6 to 20.9 µs, median of 3 alternating drains) for a
+// 17–21% (23.6 to 19.5 and 26.6 to 20.9 µs, medians of two sets of 3
+// alternating drains) for a
 // peak of 47–49 MiB draining 200,000 messages against 41–44 MiB
 // (BENCHMARKS.md, "The relay daemon's GOGC").
 const daemonGCPercent = 200
