@@ -3,7 +3,6 @@ module github.com/postbox-go/postbox/postboxsqlite
 go 1.26.0
 
 require (
-	github.com/google/uuid v1.6.0
 	github.com/postbox-go/postbox v0.0.0-00010101000000-000000000000
 	go.uber.org/goleak v1.3.0
 	modernc.org/sqlite v1.62.0
@@ -11,6 +10,7 @@ require (
 
 require (
 	github.com/dustin/go-humanize v1.1.0 // indirect
+	github.com/google/uuid v1.6.0 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect

@@ -186,7 +186,7 @@ func (s *store) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 	args := make([]any, 0, 6*len(rows))
 	for i := range rows {
 		r := &rows[i]
-		id, err := canonicalID(r.ID)
+		id, err := postboxdriver.CanonicalID(r.ID)
 		if err != nil {
 			return fmt.Errorf("postboxsqlite: row %d: %w", i, err)
 		}
