@@ -1,8 +1,8 @@
 // Package postboxdriver is the seam between postbox and a database.
 //
-// A driver adapts one database client (pgx, database/sql, SQLite) to the
-// operations the Client, the relay, the inbox, the operator tools and the
-// Idempotency-Key middleware need. It implements two things:
+// A driver adapts one database client (pgx, database/sql for PostgreSQL,
+// MySQL or SQLite) to the operations the Client, the relay, the inbox, the
+// operator tools and the Idempotency-Key middleware need. It implements two things:
 //
 //   - Driver[TTx].Open binds it to a table prefix and returns a Store;
 //   - the Store is an Executor on the driver's own connections, and
@@ -19,8 +19,8 @@
 // operations directly as well as end to end.
 //
 // Most programs never use this package directly; they construct a driver
-// with postboxpgx.New, postboxsql.New or postboxsqlite.New and hand it to
-// postbox.NewClient.
+// with postboxpgx.New, postboxsql.New, postboxmysql.New or
+// postboxsqlite.New and hand it to postbox.NewClient.
 package postboxdriver
 
 import (

@@ -14,7 +14,7 @@ import (
 // Times are the database clock's. Every operation wraps a missing table as
 // ErrNotMigrated.
 type Executor interface {
-	// Dialect names the SQL dialect: "postgres" or "sqlite".
+	// Dialect names the SQL dialect: "postgres", "mysql" or "sqlite".
 	Dialect() string
 
 	// Writing.

@@ -27,7 +27,11 @@ func (s *suite[TTx]) insertSQL(t *testing.T, e *env[TTx], r sqlRow) error {
 	if r.topic == "" {
 		r.topic = "contract.t"
 	}
-	if e.store.Dialect() == "sqlite" {
+	switch e.store.Dialect() {
+	case "mysql":
+		q := fmt.Sprintf("INSERT INTO %soutbox (id, topic, `key`, payload, headers) VALUES (?, ?, ?, ?, ?)", e.prefix)
+		return s.h.Exec(t, e.d, q, id, r.topic, r.key, r.payload, r.headers)
+	case "sqlite":
 		key, _ := r.key.(string)
 		q := fmt.Sprintf("INSERT INTO %soutbox (id, topic, key, payload, headers, partition) VALUES (?, ?, ?, ?, ?, ?)", e.prefix)
 		return s.h.Exec(t, e.d, q, id, r.topic, r.key, r.payload, r.headers, postboxdriver.PartitionOf(key, id, 64))
