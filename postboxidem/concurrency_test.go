@@ -18,9 +18,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/postbox-go/postbox/internal/mysqltest"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxidem"
+	"github.com/postbox-go/postbox/postboxmysql"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxsql"
 	"github.com/postbox-go/postbox/postboxsqlite"
@@ -149,7 +151,7 @@ func testOvertaken[TTx any](t *testing.T, e *env[TTx]) {
 // with these variables, serves one route whose handler writes an order and
 // an outbox message, says "running", and blocks until it is killed.
 const (
-	killHelperEnv = "POSTBOXIDEM_KILL_HELPER" // the backend: pgx, sql or sqlite
+	killHelperEnv = "POSTBOXIDEM_KILL_HELPER" // the backend: pgx, sql, mysql or sqlite
 	killPrefixEnv = "POSTBOXIDEM_KILL_PREFIX"
 	killPathEnv   = "POSTBOXIDEM_KILL_PATH" // the SQLite file
 )
@@ -244,6 +246,11 @@ func runKilledServer() int {
 		if d, err = postboxsql.New(sqlOpen()); err == nil {
 			err = killedServer(d, prefix)
 		}
+	case "mysql":
+		var d *postboxmysql.Driver
+		if d, err = postboxmysql.New(mysqlOpen()); err == nil {
+			err = killedServer(d, prefix)
+		}
 	case "sqlite":
 		var db *sql.DB
 		if db, err = postboxsqlite.Open(path); err == nil {
@@ -261,6 +268,14 @@ func runKilledServer() int {
 
 func sqlOpen() *sql.DB {
 	db, err := sql.Open("pgx", testdb.PostgresURL())
+	if err != nil {
+		panic(err)
+	}
+	return db
+}
+
+func mysqlOpen() *sql.DB {
+	db, err := postboxmysql.Open(mysqltest.DSN())
 	if err != nil {
 		panic(err)
 	}

@@ -6,7 +6,9 @@ require (
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/postbox-go/postbox v0.0.0-00010101000000-000000000000
+	github.com/postbox-go/postbox/internal/mysqltest v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/internal/sqlitetest v0.0.0-00010101000000-000000000000
+	github.com/postbox-go/postbox/postboxmysql v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxpgx v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxsql v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxsqlite v0.0.0-00010101000000-000000000000
@@ -14,7 +16,9 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.1.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
+	github.com/go-sql-driver/mysql v1.9.3 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -32,11 +36,13 @@ require (
 
 replace (
 	github.com/postbox-go/postbox => ..
+	github.com/postbox-go/postbox/internal/mysqltest => ../internal/mysqltest
 	github.com/postbox-go/postbox/internal/natsembed => ../internal/natsembed
 	github.com/postbox-go/postbox/internal/sqlitetest => ../internal/sqlitetest
 	github.com/postbox-go/postbox/postboxadmin => ../postboxadmin
 	github.com/postbox-go/postbox/postboxamqp => ../postboxamqp
 	github.com/postbox-go/postbox/postboxkafka => ../postboxkafka
+	github.com/postbox-go/postbox/postboxmysql => ../postboxmysql
 	github.com/postbox-go/postbox/postboxnats => ../postboxnats
 	github.com/postbox-go/postbox/postboxotel => ../postboxotel
 	github.com/postbox-go/postbox/postboxpgx => ../postboxpgx

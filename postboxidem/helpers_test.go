@@ -22,11 +22,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/mysqltest"
 	"github.com/postbox-go/postbox/internal/sqlitetest"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxidem"
 	"github.com/postbox-go/postbox/postboxmigrate"
+	"github.com/postbox-go/postbox/postboxmysql"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxsql"
 	"github.com/postbox-go/postbox/postboxsqlite"
@@ -87,6 +89,8 @@ func dbOf[TTx any](d postboxdriver.Driver[TTx]) (backendDB[TTx], error) {
 		db = sqlBackend[TTx]("postgres", d.DB())
 	case *postboxsqlite.Driver:
 		db = sqlBackend[TTx]("sqlite", d.DB())
+	case *postboxmysql.Driver:
+		db = sqlBackend[TTx]("mysql", d.DB())
 	default:
 		return db, fmt.Errorf("no database client for %T", d)
 	}
@@ -143,6 +147,17 @@ var sqliteSQL = dialectSQL{
 	holdClaims:    `UPDATE {p}idempotency SET state = 'processing', claim_expires_at = ` + sqliteNow + ` + 3600000 WHERE path = '/reject'`,
 }
 
+const mysqlNow = `(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000)`
+
+// mysqlSQL is MariaDB's (INSERT ... RETURNING is MariaDB's, not MySQL's).
+var mysqlSQL = dialectSQL{
+	createOrders:  `CREATE TABLE {p}orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, body LONGBLOB NOT NULL) ENGINE = InnoDB`,
+	insertOrder:   `INSERT INTO {p}orders (body) VALUES (?) RETURNING id`,
+	expireRecords: `UPDATE {p}idempotency SET expires_at = ` + mysqlNow + ` - 1000`,
+	expireClaims:  `UPDATE {p}idempotency SET claim_expires_at = ` + mysqlNow + ` - 1000 WHERE state = 'processing'`,
+	holdClaims:    `UPDATE {p}idempotency SET state = 'processing', claim_expires_at = ` + mysqlNow + ` + 3600000 WHERE path = '/reject'`,
+}
+
 func newPgx(t *testing.T) *env[pgx.Tx] {
 	pool := testdb.Pool(t)
 	prefix := testdb.Prefix(t)
@@ -161,6 +176,12 @@ func newSQL(t *testing.T) *env[*sql.Tx] {
 		t.Fatal(err)
 	}
 	return setup(t, "sql", d, prefix)
+}
+
+func newMySQL(t *testing.T) *env[*sql.Tx] {
+	d, prefix := mysqltest.Driver(t)
+	d.DB().SetMaxOpenConns(8)
+	return setup(t, "mysql", d, prefix)
 }
 
 func newSQLite(t *testing.T) *env[*sql.Tx] {
@@ -205,8 +226,11 @@ func openEnv[TTx any](name string, d postboxdriver.Driver[TTx], prefix string) (
 	}
 	e := &env[TTx]{name: name, prefix: prefix, driver: d, store: store, db: db, client: client}
 	base := postgresSQL
-	if db.dialect == "sqlite" {
+	switch db.dialect {
+	case "sqlite":
 		base = sqliteSQL
+	case "mysql":
+		base = mysqlSQL
 	}
 	r := strings.NewReplacer("{p}", prefix)
 	e.sql = dialectSQL{
@@ -217,11 +241,12 @@ func openEnv[TTx any](name string, d postboxdriver.Driver[TTx], prefix string) (
 	return e, nil
 }
 
-// each runs a test on PostgreSQL through pgx, through database/sql, and on
-// SQLite.
+// each runs a test on PostgreSQL through pgx, through database/sql, on
+// MariaDB and on SQLite.
 func each(t *testing.T, pg func(*testing.T, *env[pgx.Tx]), sq func(*testing.T, *env[*sql.Tx])) {
 	t.Run("pgx", func(t *testing.T) { pg(t, newPgx(t)) })
 	t.Run("sql", func(t *testing.T) { sq(t, newSQL(t)) })
+	t.Run("mysql", func(t *testing.T) { sq(t, newMySQL(t)) })
 	t.Run("sqlite", func(t *testing.T) { sq(t, newSQLite(t)) })
 }
 

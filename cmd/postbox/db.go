@@ -18,7 +18,6 @@ import (
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
-	"github.com/postbox-go/postbox/postboxsqlite"
 )
 
 // dbFlags are the flags every database command shares.
@@ -32,7 +31,7 @@ type dbFlags struct {
 func (f *dbFlags) register(cmd *cobra.Command) {
 	p := cmd.PersistentFlags()
 	p.StringVar(&f.url, "database", os.Getenv("POSTBOX_DATABASE_URL"),
-		"database: postgres://... for PostgreSQL, sqlite:PATH for SQLite (env POSTBOX_DATABASE_URL)")
+		"database: postgres://... for PostgreSQL, mysql://user:password@host:3306/dbname for MySQL and MariaDB, sqlite:PATH for SQLite (env POSTBOX_DATABASE_URL)")
 	p.StringVar(&f.prefix, "prefix", envOr("POSTBOX_PREFIX", postbox.DefaultPrefix), "table prefix (env POSTBOX_PREFIX)")
 	p.StringVar(&f.retention, "retention", envOr("POSTBOX_RETENTION", "168h"), "how long published messages are kept: the prune age and the replay horizon (env POSTBOX_RETENTION)")
 	p.BoolVar(&f.json, "json", false, "print JSON instead of tables")
@@ -93,7 +92,7 @@ func (f *dbFlags) open(cmd *cobra.Command) (*conn, error) {
 	mcfg := &postboxmigrate.Config{Prefix: f.prefix}
 	switch {
 	case f.url == "":
-		return nil, usagef("--database is required (or POSTBOX_DATABASE_URL): postgres://... or sqlite:PATH")
+		return nil, usagef("--database is required (or POSTBOX_DATABASE_URL): %s", relayd.URLForms)
 	case strings.HasPrefix(f.url, "postgres://"), strings.HasPrefix(f.url, "postgresql://"):
 		pcfg, err := pgxpool.ParseConfig(f.url)
 		if err != nil {
@@ -115,23 +114,17 @@ func (f *dbFlags) open(cmd *cobra.Command) (*conn, error) {
 		}
 		d := postboxpgx.New(pool)
 		return finish(d, ccfg, mcfg, pool.Close)
-	case strings.HasPrefix(f.url, "sqlite:"):
-		path := strings.TrimPrefix(strings.TrimPrefix(f.url, "sqlite:"), "//")
-		if path == "" {
+	case relayd.URLKind(f.url) != "":
+		if relayd.URLKind(f.url) == relayd.KindSQLite && strings.Trim(strings.TrimPrefix(f.url, "sqlite:"), "/") == "" {
 			return nil, usagef("--database sqlite: needs a file path, e.g. sqlite:/var/lib/app/app.db")
 		}
-		db, err := postboxsqlite.Open(path)
+		d, db, err := relayd.OpenSQL(f.url)
 		if err != nil {
-			return nil, err
-		}
-		d, err := postboxsqlite.New(db)
-		if err != nil {
-			_ = db.Close()
 			return nil, err
 		}
 		return finish(d, ccfg, mcfg, func() { _ = db.Close() })
 	default:
-		return nil, usagef("--database %q: want postgres://... or sqlite:PATH", relayd.Redact(f.url))
+		return nil, usagef("--database %q: want %s", relayd.Redact(f.url), relayd.URLForms)
 	}
 }
 

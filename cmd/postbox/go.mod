@@ -9,10 +9,12 @@ require (
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/postbox-go/postbox v0.0.0-00010101000000-000000000000
+	github.com/postbox-go/postbox/internal/mysqltest v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/internal/natsembed v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxadmin v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxamqp v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxkafka v0.0.0-00010101000000-000000000000
+	github.com/postbox-go/postbox/postboxmysql v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxnats v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxpgx v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxprom v0.0.0-00010101000000-000000000000
@@ -30,12 +32,14 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.1.0 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/chromedp/cdproto v0.159.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
+	github.com/go-sql-driver/mysql v1.9.3 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
@@ -71,12 +75,14 @@ require (
 
 replace (
 	github.com/postbox-go/postbox => ../..
+	github.com/postbox-go/postbox/internal/mysqltest => ../../internal/mysqltest
 	github.com/postbox-go/postbox/internal/natsembed => ../../internal/natsembed
 	github.com/postbox-go/postbox/internal/sqlitetest => ../../internal/sqlitetest
 	github.com/postbox-go/postbox/postboxadmin => ../../postboxadmin
 	github.com/postbox-go/postbox/postboxamqp => ../../postboxamqp
 	github.com/postbox-go/postbox/postboxidem => ../../postboxidem
 	github.com/postbox-go/postbox/postboxkafka => ../../postboxkafka
+	github.com/postbox-go/postbox/postboxmysql => ../../postboxmysql
 	github.com/postbox-go/postbox/postboxnats => ../../postboxnats
 	github.com/postbox-go/postbox/postboxotel => ../../postboxotel
 	github.com/postbox-go/postbox/postboxpgx => ../../postboxpgx

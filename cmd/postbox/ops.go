@@ -20,6 +20,7 @@ import (
 	"github.com/postbox-go/postbox/postboxadmin"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
+	"github.com/postbox-go/postbox/postboxmysql"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxsqlite"
 )
@@ -111,37 +112,57 @@ func newMigrate(f *dbFlags) *cobra.Command {
 		Short: "Print the migrations' SQL for goose, atlas or golang-migrate (no database needed)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			m, err := offlineMigrator(dialect, f.prefix)
+			m, closeDB, err := offlineMigrator(dialect, f.prefix)
 			if err != nil {
 				return err
 			}
+			defer closeDB()
 			_, err = io.WriteString(cmd.OutOrStdout(), m.SQL())
 			return err
 		},
 	}
-	sqlCmd.Flags().StringVar(&dialect, "dialect", "postgres", "postgres or sqlite")
+	sqlCmd.Flags().StringVar(&dialect, "dialect", "postgres", "postgres, mysql or sqlite")
 	cmd.AddCommand(sqlCmd)
 	return cmd
 }
 
-// offlineMigrator reads the embedded migrations without a connection.
-func offlineMigrator(dialect, prefix string) (*postboxmigrate.Migrator, error) {
+// offlineMigrator reads the embedded migrations without a connection; the
+// caller closes what it opened.
+func offlineMigrator(dialect, prefix string) (*postboxmigrate.Migrator, func(), error) {
 	cfg := &postboxmigrate.Config{Prefix: prefix}
+	var db *sql.DB
+	var d postboxdriver.Driver[*sql.Tx]
+	var err error
 	switch dialect {
 	case "postgres":
-		return postboxmigrate.New(postboxpgx.New(nil), cfg)
+		m, err := postboxmigrate.New(postboxpgx.New(nil), cfg)
+		return m, func() {}, err
 	case "sqlite":
-		db, err := sql.Open("sqlite", ":memory:") // never connected
-		if err != nil {
-			return nil, err
+		if db, err = sql.Open("sqlite", ":memory:"); err == nil { // never connected
+			d, err = postboxsqlite.New(db)
 		}
-		d, err := postboxsqlite.New(db)
-		if err != nil {
-			return nil, err
+	case "mysql":
+		if db, err = postboxmysql.Open(""); err == nil { // never connected
+			d, err = postboxmysql.New(db)
 		}
-		return postboxmigrate.New(d, cfg)
+	default:
+		return nil, nil, usagef("--dialect %q: want postgres, mysql or sqlite", dialect)
 	}
-	return nil, usagef("--dialect %q: want postgres or sqlite", dialect)
+	closeDB := func() {
+		if db != nil {
+			_ = db.Close()
+		}
+	}
+	if err != nil {
+		closeDB()
+		return nil, nil, err
+	}
+	m, err := postboxmigrate.New(d, cfg)
+	if err != nil {
+		closeDB()
+		return nil, nil, err
+	}
+	return m, closeDB, nil
 }
 
 func newStatus(f *dbFlags) *cobra.Command {

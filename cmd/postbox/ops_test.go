@@ -13,9 +13,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
+	"github.com/postbox-go/postbox/internal/mysqltest"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxpgx"
-	"github.com/postbox-go/postbox/postboxsqlite"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -53,13 +54,17 @@ func must(t *testing.T, args ...string) string {
 	return out
 }
 
-// databases returns a PostgreSQL and an SQLite target with fresh prefixes.
+// databases returns a PostgreSQL, a MySQL and an SQLite target with fresh
+// prefixes.
 func databases(t *testing.T) map[string][]string {
 	pool := testdb.Pool(t)
 	prefix := testdb.Prefix(t)
 	testdb.DropPrefix(t, pool, prefix)
+	myPrefix := mysqltest.Prefix()
+	mysqltest.DropPrefix(t, mysqltest.Open(t), myPrefix)
 	return map[string][]string{
 		"postgres": {"--database", testdb.PostgresURL(), "--prefix", prefix},
+		"mysql":    {"--database", mysqltest.DSN(), "--prefix", myPrefix},
 		"sqlite":   {"--database", "sqlite:" + filepath.Join(t.TempDir(), "ops.db"), "--prefix", "ops_"},
 	}
 }
@@ -157,8 +162,10 @@ func TestOperatorCommands(t *testing.T) {
 			if out := must(t, cmd("prune")...); !strings.Contains(out, "deleted 0 published message(s) older than 168h0m0s") {
 				t.Fatalf("prune: %s", out)
 			}
-			if out := must(t, cmd("migrate", "sql", "--dialect", "postgres")...); !strings.Contains(out, "CREATE TABLE") {
-				t.Fatalf("migrate sql: %s", out)
+			for _, dialect := range []string{"postgres", "mysql", "sqlite"} {
+				if out := must(t, cmd("migrate", "sql", "--dialect", dialect)...); !strings.Contains(out, "CREATE TABLE") {
+					t.Fatalf("migrate sql --dialect %s: %s", dialect, out)
+				}
 			}
 		})
 	}
@@ -178,13 +185,12 @@ func clientFor(t *testing.T, db []string) interface {
 		return nil
 	})
 	cfg := &postbox.Config{Prefix: db[3], Publisher: pub, MaxAttempts: 1}
-	if strings.HasPrefix(db[1], "sqlite:") {
-		sdb, err := postboxsqlite.Open(strings.TrimPrefix(db[1], "sqlite:"))
+	if relayd.URLKind(db[1]) != relayd.KindPostgres {
+		d, sdb, err := relayd.OpenSQL(db[1])
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = sdb.Close() })
-		d, _ := postboxsqlite.New(sdb)
 		c, err := postbox.NewClient(d, cfg)
 		if err != nil {
 			t.Fatal(err)

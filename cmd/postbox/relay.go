@@ -91,7 +91,7 @@ runs at GOGC=200 unless GOGC is set.
 	}
 	f := cmd.Flags()
 	f.StringVar(&path, "config", os.Getenv("POSTBOX_CONFIG"), "YAML configuration file (env POSTBOX_CONFIG)")
-	f.StringVar(&database, "database", "", "one database to relay from, overriding the file: postgres://... or sqlite:PATH")
+	f.StringVar(&database, "database", "", "one database to relay from, overriding the file: postgres://..., mysql://... or sqlite:PATH")
 	f.StringVar(&prefix, "prefix", "", "table prefix")
 	f.StringVar(&natsURL, "nats-url", "", "NATS server (default "+relayd.DefaultNATSURL+")")
 	f.StringVar(&listen, "admin-listen", "", "health, readiness and metrics listener (default "+relayd.DefaultAdminListen+"; off disables)")

@@ -64,7 +64,7 @@ func (c *Config) UsesNATS() bool {
 
 // Database is one database to relay from.
 type Database struct {
-	URL    string `yaml:"url"`    // postgres://... or sqlite:PATH
+	URL    string `yaml:"url"`    // postgres://..., mysql://... or sqlite:PATH
 	Prefix string `yaml:"prefix"` // default postbox_
 	// ConsumerPrefix names the tables of the consumers' inbox in this
 	// database whose dead messages the admin API serves
@@ -391,11 +391,8 @@ func (c *Config) Validate() error {
 		bad("databases", "", "at least one database is required (a file entry, or POSTBOX_DATABASE_URL)")
 	}
 	for i, db := range c.Databases {
-		switch {
-		case strings.HasPrefix(db.URL, "postgres://"), strings.HasPrefix(db.URL, "postgresql://"):
-		case strings.HasPrefix(db.URL, "sqlite:") && len(db.URL) > len("sqlite:"):
-		default:
-			bad(fmt.Sprintf("databases[%d].url", i), Redact(db.URL), "want postgres://... or sqlite:PATH")
+		if URLKind(db.URL) == "" {
+			bad(fmt.Sprintf("databases[%d].url", i), Redact(db.URL), "want "+URLForms)
 		}
 		if err := postbox.ValidatePrefix(db.Prefix); err != nil {
 			bad(fmt.Sprintf("databases[%d].prefix", i), db.Prefix, "%s", err.(*postbox.ValidationError).Reason) //nolint:errorlint // always this type

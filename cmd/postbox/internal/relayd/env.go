@@ -85,7 +85,7 @@ func duration(dst func(c *Config) *Duration) func(*Config, string) error {
 // command before the file.
 var EnvVars = []EnvVar{
 	{Name: "POSTBOX_CONFIG", Setting: "(the file)", Help: "YAML configuration file"},
-	{Name: "POSTBOX_DATABASE_URL", Setting: "databases", Help: "one database to relay from, replacing the file's list: postgres://... or sqlite:PATH",
+	{Name: "POSTBOX_DATABASE_URL", Setting: "databases", Help: "one database to relay from, replacing the file's list: postgres://..., mysql://... or sqlite:PATH",
 		set: func(c *Config, v string) error { c.Databases = []Database{{URL: v}}; return nil }},
 	{Name: "POSTBOX_PREFIX", Setting: "databases[].prefix", Help: "table prefix of every database",
 		set: func(c *Config, v string) error {

@@ -32,7 +32,6 @@ import (
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxprom"
 	"github.com/postbox-go/postbox/postboxredis"
-	"github.com/postbox-go/postbox/postboxsqlite"
 	"github.com/postbox-go/postbox/postboxwebhook"
 )
 
@@ -432,20 +431,17 @@ func (d *Daemon) publisher(name string, log *slog.Logger) (postbox.Publisher, er
 func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.Route, m postbox.Metrics, log *slog.Logger) (*shard, error) {
 	ccfg := cfg.clientConfig(db)
 	ccfg.Routes, ccfg.Metrics, ccfg.Logger = routes, m, log
-	if strings.HasPrefix(db.URL, "sqlite:") {
-		sdb, err := postboxsqlite.Open(strings.TrimPrefix(strings.TrimPrefix(db.URL, "sqlite:"), "//"))
+	if URLKind(db.URL) != KindPostgres {
+		drv, sdb, err := OpenSQL(db.URL)
 		if err != nil {
 			return nil, err
 		}
-		drv, err := postboxsqlite.New(sdb)
-		if err == nil {
-			var c, inbox *postbox.Client[*sql.Tx]
-			if c, err = postbox.NewClient(drv, ccfg); err == nil {
-				if inbox, err = consumerClient(drv, c, db); err == nil {
-					sh := newShard(c, c.Admin(), inbox.Inbox(), func() { _ = sdb.Close() })
-					sh.ping = sdb.PingContext
-					return sh, nil
-				}
+		var c, inbox *postbox.Client[*sql.Tx]
+		if c, err = postbox.NewClient(drv, ccfg); err == nil {
+			if inbox, err = consumerClient(drv, c, db); err == nil {
+				sh := newShard(c, c.Admin(), inbox.Inbox(), func() { _ = sdb.Close() })
+				sh.ping = sdb.PingContext
+				return sh, nil
 			}
 		}
 		_ = sdb.Close()
