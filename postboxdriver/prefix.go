@@ -16,3 +16,12 @@ var prefixRE = regexp.MustCompile(fmt.Sprintf(`^[a-z_][a-z0-9_]{0,%d}$`, MaxPref
 // digits and underscores, not starting with a digit, at most MaxPrefixLen
 // bytes. Drivers splice it into SQL, so they check it again.
 func ValidPrefix(prefix string) bool { return prefixRE.MatchString(prefix) }
+
+// CheckPrefix returns an error naming prefix when it cannot name tables
+// (ValidPrefix): what a driver's Open returns for it.
+func CheckPrefix(prefix string) error {
+	if !ValidPrefix(prefix) {
+		return fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most %d characters", prefix, MaxPrefixLen)
+	}
+	return nil
+}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/postbox-go/postbox/internal/sqlkit"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
@@ -95,46 +96,8 @@ GROUP BY p.topic ORDER BY p.topic`),
 	}
 }
 
-func millisOrNil(t time.Time) any {
-	if t.IsZero() {
-		return nil
-	}
-	return t.UnixMilli()
-}
-
-func limitOr100(n int) int {
-	if n <= 0 {
-		return 100
-	}
-	return n
-}
-
-func deadArgs(f postboxdriver.DeadFilter) []any {
-	return []any{jsonList(f.IDs), f.Topic, f.Key, millisOrNil(f.Since), millisOrNil(f.Until)}
-}
-
-type scanner interface{ Scan(dest ...any) error }
-
-func scanDeadMessage(r scanner) (postboxdriver.DeadMessage, error) {
-	var d postboxdriver.DeadMessage
-	var headers string
-	var created, dead int64
-	err := r.Scan(&d.Seq, &d.ID, &d.Topic, &d.Key, &d.Payload, &headers, &d.Attempts, &d.Error, &created, &dead)
-	if d.Payload == nil {
-		d.Payload = []byte{}
-	}
-	d.Headers = []byte(headers)
-	d.CreatedAt, d.DeadAt = time.UnixMilli(created), time.UnixMilli(dead)
-	return d, err
-}
-
 // notFound maps QueryRow's no-row error to ErrNotFound.
-func (s *store) notFound(err error) error {
-	if err == sql.ErrNoRows { //nolint:errorlint // QueryRow returns it unwrapped
-		return postboxdriver.ErrNotFound
-	}
-	return s.wrap(err)
-}
+func (s *store) notFound(err error) error { return s.wrap(sqlkit.NotFound(err)) }
 
 // PartitionStats implements postboxdriver.Executor.
 func (s *store) PartitionStats(ctx context.Context) (postboxdriver.PartitionStats, error) {
@@ -143,44 +106,32 @@ func (s *store) PartitionStats(ctx context.Context) (postboxdriver.PartitionStat
 		return p, s.wrap(err)
 	}
 	var err error
-	p.Leases, err = query(ctx, s.conn(), s.q.leases, nil, scanLease(&p.Now))
+	p.Leases, err = query(ctx, s.conn(), s.q.leases, nil, sqlkit.ScanLease(&p.Now))
 	return p, s.wrap(err)
 }
 
 // ConsumerDeadStats implements postboxdriver.Executor.
 func (s *store) ConsumerDeadStats(ctx context.Context) ([]postboxdriver.ConsumerDeadStat, error) {
-	out, err := query(ctx, s.conn(), s.aq.consumerDeadStats, nil, func(r *sql.Rows) (postboxdriver.ConsumerDeadStat, error) {
-		var c postboxdriver.ConsumerDeadStat
-		err := r.Scan(&c.Consumer, &c.Topic, &c.Count, &c.RequeueRequested)
-		return c, err
-	})
+	out, err := query(ctx, s.conn(), s.aq.consumerDeadStats, nil, sqlkit.ScanConsumerDeadStat)
 	return out, s.wrap(err)
 }
 
 // TopicStats implements postboxdriver.Executor.
 func (s *store) TopicStats(ctx context.Context) ([]postboxdriver.TopicStats, error) {
-	out, err := query(ctx, s.conn(), s.aq.topicStats, nil, func(r *sql.Rows) (postboxdriver.TopicStats, error) {
-		var t postboxdriver.TopicStats
-		var age, lag int64
-		err := r.Scan(&t.Topic, &t.Pending, &t.Dead, &age, &t.PublishedLastMinute, &lag)
-		t.OldestPendingAge = time.Duration(age) * time.Millisecond
-		t.PublishLagLastMinute = time.Duration(lag) * time.Millisecond
-		return t, err
-	})
+	out, err := query(ctx, s.conn(), s.aq.topicStats, nil, sqlkit.ScanTopicStats)
 	return out, s.wrap(err)
 }
 
 // ListDeadMessages implements postboxdriver.Executor.
 func (s *store) ListDeadMessages(ctx context.Context, f postboxdriver.DeadFilter) ([]postboxdriver.DeadMessage, error) {
-	out, err := query(ctx, s.conn(), s.aq.listDead, append(deadArgs(f), limitOr100(f.Limit)), func(r *sql.Rows) (postboxdriver.DeadMessage, error) {
-		return scanDeadMessage(r)
-	})
+	out, err := query(ctx, s.conn(), s.aq.listDead, append(sqlkit.DeadArgs(f), sqlkit.LimitOr100(f.Limit)),
+		func(r *sql.Rows) (postboxdriver.DeadMessage, error) { return sqlkit.ScanDeadMessage(r) })
 	return out, s.wrap(err)
 }
 
 // GetDeadMessage implements postboxdriver.Executor.
 func (s *store) GetDeadMessage(ctx context.Context, id string) (postboxdriver.DeadMessage, error) {
-	d, err := scanDeadMessage(s.aq.getDead.row(ctx, s.conn(), id))
+	d, err := sqlkit.ScanDeadMessage(s.aq.getDead.row(ctx, s.conn(), id))
 	return d, s.notFound(err)
 }
 
@@ -190,10 +141,10 @@ func (s *store) RequeueDeadMessages(ctx context.Context, f postboxdriver.DeadFil
 	var n int64
 	err := s.write(ctx, func(c conn) error {
 		var err error
-		if n, err = s.aq.requeueInsert.exec(ctx, c, deadArgs(f)...); err != nil {
+		if n, err = s.aq.requeueInsert.exec(ctx, c, sqlkit.DeadArgs(f)...); err != nil {
 			return err
 		}
-		_, err = s.aq.requeueDelete.exec(ctx, c, deadArgs(f)...)
+		_, err = s.aq.requeueDelete.exec(ctx, c, sqlkit.DeadArgs(f)...)
 		return err
 	})
 	return int(n), err
@@ -201,7 +152,7 @@ func (s *store) RequeueDeadMessages(ctx context.Context, f postboxdriver.DeadFil
 
 // DeleteDeadMessages implements postboxdriver.Executor.
 func (s *store) DeleteDeadMessages(ctx context.Context, f postboxdriver.DeadFilter) (int, error) {
-	n, err := s.aq.deleteDead.exec(ctx, s.conn(), deadArgs(f)...)
+	n, err := s.aq.deleteDead.exec(ctx, s.conn(), sqlkit.DeadArgs(f)...)
 	return int(n), s.wrap(err)
 }
 
@@ -272,23 +223,13 @@ func (s *store) Replay(ctx context.Context, r postboxdriver.ReplayParams) (int, 
 
 // ListReplays implements postboxdriver.Executor.
 func (s *store) ListReplays(ctx context.Context, limit int) ([]postboxdriver.ReplayAudit, error) {
-	out, err := query(ctx, s.conn(), s.aq.listReplays, []any{limitOr100(limit)}, func(r *sql.Rows) (postboxdriver.ReplayAudit, error) {
-		var a postboxdriver.ReplayAudit
-		var at, since, until int64
-		err := r.Scan(&a.ID, &at, &a.Actor, &since, &until, &a.Topic, &a.Key, &a.Count, &a.DryRun, &a.AsNew)
-		a.At, a.Since, a.Until = time.UnixMilli(at), time.UnixMilli(since), time.UnixMilli(until)
-		return a, err
-	})
+	out, err := query(ctx, s.conn(), s.aq.listReplays, []any{sqlkit.LimitOr100(limit)}, sqlkit.ScanReplayAudit)
 	return out, s.wrap(err)
 }
 
 // ReplayCounts implements postboxdriver.Executor.
 func (s *store) ReplayCounts(ctx context.Context, r postboxdriver.ReplayParams, recent time.Duration) ([]postboxdriver.ReplayCount, error) {
 	out, err := query(ctx, s.conn(), s.aq.replayCounts, []any{r.Since.UnixMilli(), r.Until.UnixMilli(), r.Topic, r.Key, recent.Milliseconds()},
-		func(rs *sql.Rows) (postboxdriver.ReplayCount, error) {
-			var n postboxdriver.ReplayCount
-			err := rs.Scan(&n.Topic, &n.Count, &n.Recent)
-			return n, err
-		})
+		sqlkit.ScanReplayCount)
 	return out, s.wrap(err)
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/postbox-go/postbox/internal/sqlkit"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
@@ -184,55 +185,36 @@ func (s *store) Partitions(ctx context.Context) (int, error) {
 	return n, s.wrap(err)
 }
 
-func scanLease(now *time.Time) func(r *sql.Rows) (postboxdriver.Lease, error) {
-	return func(r *sql.Rows) (postboxdriver.Lease, error) {
-		var l postboxdriver.Lease
-		var exp, at int64
-		err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &exp, &l.Expired, &at, &l.Crashed)
-		l.ExpiresAt, *now = time.UnixMilli(exp), time.UnixMilli(at)
-		return l, err
-	}
-}
-
 // Coordinate implements postboxdriver.Executor, in one transaction: the
 // heartbeat, the releases, the takes and renewals, and the membership
 // after them.
 func (s *store) Coordinate(ctx context.Context, relayID string, ttl time.Duration, want, drop, settled []int) (postboxdriver.Membership, error) {
 	var m postboxdriver.Membership
-	dropped := make(map[int]bool, len(drop))
-	for _, p := range drop {
-		dropped[p] = true
-	}
-	take := make([]int, 0, len(want))
-	for _, p := range want {
-		if !dropped[p] {
-			take = append(take, p)
-		}
-	}
+	take := sqlkit.Taking(want, drop)
 	err := s.write(ctx, func(c conn) error {
 		if _, err := s.q.heartbeat.exec(ctx, c, relayID, ttl.Milliseconds()); err != nil {
 			return err
 		}
 		if len(drop) > 0 {
-			if _, err := s.q.release.exec(ctx, c, relayID, intsJSON(drop)); err != nil {
+			if _, err := s.q.release.exec(ctx, c, relayID, sqlkit.Ints(drop)); err != nil {
 				return err
 			}
 		}
 		if len(settled) > 0 {
-			if _, err := s.q.settle.exec(ctx, c, relayID, intsJSON(settled)); err != nil {
+			if _, err := s.q.settle.exec(ctx, c, relayID, sqlkit.Ints(settled)); err != nil {
 				return err
 			}
 		}
 		if len(take) > 0 {
-			if _, err := s.q.acquire.exec(ctx, c, relayID, intsJSON(take), ttl.Milliseconds()); err != nil {
+			if _, err := s.q.acquire.exec(ctx, c, relayID, sqlkit.Ints(take), ttl.Milliseconds()); err != nil {
 				return err
 			}
 		}
 		var err error
-		if m.Live, err = query(ctx, c, s.q.live, []any{relayID}, scanString); err != nil {
+		if m.Live, err = query(ctx, c, s.q.live, []any{relayID}, sqlkit.ScanString); err != nil {
 			return err
 		}
-		m.Leases, err = query(ctx, c, s.q.leases, nil, scanLease(&m.Now))
+		m.Leases, err = query(ctx, c, s.q.leases, nil, sqlkit.ScanLease(&m.Now))
 		return err
 	})
 	// The binary collation orders as Go does; sorting again keeps the
@@ -250,19 +232,13 @@ func (s *store) Unregister(ctx context.Context, relayID string) error {
 // AcquireLeases implements postboxdriver.Executor.
 func (s *store) AcquireLeases(ctx context.Context, owner string, parts []int, ttl time.Duration) ([]postboxdriver.Lease, error) {
 	var out []postboxdriver.Lease
-	list := intsJSON(parts)
+	list := sqlkit.Ints(parts)
 	err := s.write(ctx, func(c conn) error {
 		if _, err := s.q.acquire.exec(ctx, c, owner, list, ttl.Milliseconds()); err != nil {
 			return err
 		}
 		var err error
-		out, err = query(ctx, c, s.q.owned, []any{owner, list}, func(r *sql.Rows) (postboxdriver.Lease, error) {
-			var l postboxdriver.Lease
-			var exp int64
-			err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &exp)
-			l.ExpiresAt = time.UnixMilli(exp)
-			return l, err
-		})
+		out, err = query(ctx, c, s.q.owned, []any{owner, list}, sqlkit.ScanOwnedLease)
 		return err
 	})
 	return out, err
@@ -270,7 +246,7 @@ func (s *store) AcquireLeases(ctx context.Context, owner string, parts []int, tt
 
 // ReleaseLeases implements postboxdriver.Executor.
 func (s *store) ReleaseLeases(ctx context.Context, owner string, parts []int) error {
-	_, err := s.q.release.exec(ctx, s.conn(), owner, intsJSON(parts))
+	_, err := s.q.release.exec(ctx, s.conn(), owner, sqlkit.Ints(parts))
 	return s.wrap(err)
 }
 
@@ -284,41 +260,12 @@ func (s *store) ExpireLeases(ctx context.Context, owner string) (int, error) {
 // consistent read: no row or gap locks, so writers never wait for it, nor
 // it for them.
 func (s *store) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
-	if len(p.Fence.Generations) == 0 || p.Limit <= 0 {
+	kind, args, ok := sqlkit.Fetch(p, likePatterns)
+	if !ok {
 		return nil, nil
 	}
-	parts := make([]int, 0, len(p.Fence.Generations))
-	for part := range p.Fence.Generations {
-		parts = append(parts, part)
-	}
-	args := []any{intsJSON(parts), p.Limit}
-	var q stmt
-	switch {
-	case p.Topics != nil && len(p.Topics) == 0:
-		return nil, nil
-	case p.Topics != nil:
-		q = s.q.fetchRouted
-		if p.BlockOnDead {
-			q = s.q.fetchRoutedStrict
-		}
-		args = append(args, jsonList(likePatterns(p.Topics)))
-	case p.BlockOnDead:
-		q = s.q.fetchStrict
-	default:
-		q = s.q.fetch
-	}
-	out, err := query(ctx, s.conn(), q, args, func(r *sql.Rows) (postboxdriver.Record, error) {
-		var rec postboxdriver.Record
-		var headers string
-		var created int64
-		err := r.Scan(&rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &headers, &rec.Partition, &rec.Attempts, &created)
-		if rec.Payload == nil {
-			rec.Payload = []byte{}
-		}
-		rec.Headers = []byte(headers)
-		rec.CreatedAt = time.UnixMilli(created)
-		return rec, err
-	})
+	q := [...]stmt{s.q.fetch, s.q.fetchStrict, s.q.fetchRouted, s.q.fetchRoutedStrict}[kind]
+	out, err := query(ctx, s.conn(), q, args, sqlkit.ScanRecord)
 	return out, s.wrap(err)
 }
 
@@ -356,7 +303,7 @@ func (s *store) fence(ctx context.Context, c conn, f postboxdriver.Fence) (strin
 			parts = append(parts, int(pg[0]))
 		}
 	}
-	return intsJSON(parts), nil
+	return sqlkit.Ints(parts), nil
 }
 
 // Settle implements postboxdriver.Executor, in one transaction that holds
@@ -391,7 +338,7 @@ func (s *store) Settle(ctx context.Context, f postboxdriver.Fence, o postboxdriv
 // publish copies the fenced rows seqs to the history and deletes them from
 // the outbox.
 func (s *store) publish(ctx context.Context, c conn, parts string, seqs []int64) (int, error) {
-	list := int64sJSON(seqs)
+	list := sqlkit.Int64s(seqs)
 	n, err := s.q.publish.exec(ctx, c, list, parts)
 	if err != nil {
 		return 0, err
@@ -428,7 +375,7 @@ func (s *store) fail(ctx context.Context, c conn, parts string, failures []postb
 		}
 		last[fl.Seq] = fl
 	}
-	rows, err := query(ctx, c, s.q.failing, []any{int64sJSON(seqs), parts}, func(r *sql.Rows) (postboxdriver.FailResult, error) {
+	rows, err := query(ctx, c, s.q.failing, []any{sqlkit.Int64s(seqs), parts}, func(r *sql.Rows) (postboxdriver.FailResult, error) {
 		var fr postboxdriver.FailResult
 		err := r.Scan(&fr.Seq, &fr.Attempts)
 		return fr, err
@@ -461,7 +408,7 @@ func (s *store) fail(ctx context.Context, c conn, parts string, failures []postb
 		for i, d := range dying {
 			ds[i] = d.Seq
 		}
-		if _, err := s.q.unbury.exec(ctx, c, int64sJSON(ds)); err != nil {
+		if _, err := s.q.unbury.exec(ctx, c, sqlkit.Int64s(ds)); err != nil {
 			return nil, err
 		}
 	}
@@ -486,7 +433,7 @@ func (s *store) ResolveCrashes(ctx context.Context, f postboxdriver.Fence, seqs 
 	if len(seqs) == 0 {
 		return nil, nil
 	}
-	list := int64sJSON(seqs)
+	list := sqlkit.Int64s(seqs)
 	var out []postboxdriver.Suspect
 	err := s.write(ctx, func(c conn) error {
 		parts, err := s.fence(ctx, c, f)
@@ -534,11 +481,7 @@ func (s *store) ResolveCrashes(ctx context.Context, f postboxdriver.Fence, seqs 
 				return err
 			}
 		}
-		out, err = query(ctx, c, s.q.suspects, []any{list}, func(r *sql.Rows) (postboxdriver.Suspect, error) {
-			var sp postboxdriver.Suspect
-			err := r.Scan(&sp.Seq, &sp.Crashes)
-			return sp, err
-		})
+		out, err = query(ctx, c, s.q.suspects, []any{list}, sqlkit.ScanSuspect)
 		return err
 	})
 	if err != nil {
@@ -590,10 +533,7 @@ func (s *store) MarkInFlight(ctx context.Context, f postboxdriver.Fence, seqs []
 
 // Stats implements postboxdriver.Executor.
 func (s *store) Stats(ctx context.Context) (postboxdriver.Stats, error) {
-	var st postboxdriver.Stats
-	var ageMS int64
-	err := s.q.stats.row(ctx, s.conn()).Scan(&st.Pending, &st.Dead, &ageMS, &st.Published)
-	st.OldestPendingAge = time.Duration(ageMS) * time.Millisecond
+	st, err := sqlkit.ScanStats(s.q.stats.row(ctx, s.conn()))
 	return st, s.wrap(err)
 }
 
@@ -691,37 +631,4 @@ func Statements(script string) []string {
 	}
 	flush()
 	return out
-}
-
-func intsJSON(xs []int) string {
-	b := make([]byte, 0, 2+4*len(xs))
-	b = append(b, '[')
-	for i, x := range xs {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, int64(x), 10)
-	}
-	return string(append(b, ']'))
-}
-
-func int64sJSON(xs []int64) string {
-	b := make([]byte, 0, 2+8*len(xs))
-	b = append(b, '[')
-	for i, x := range xs {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, x, 10)
-	}
-	return string(append(b, ']'))
-}
-
-// jsonList binds a list of strings as one JSON array.
-func jsonList(xs []string) string {
-	if len(xs) == 0 {
-		return "[]"
-	}
-	b, _ := json.Marshal(xs) // strings always marshal
-	return string(b)
 }

@@ -3,11 +3,11 @@ package postboxmysql
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/postbox-go/postbox/internal/sqlkit"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
@@ -104,25 +104,12 @@ func (s *store) deadIDs(ctx context.Context, c conn, consumer string, ids []stri
 		return nil, err
 	}
 	var out []string
-	err = scanAll(rows, func(r *sql.Rows) error {
-		id, err := scanString(r)
+	err = sqlkit.ScanAll(rows, func(r *sql.Rows) error {
+		id, err := sqlkit.ScanString(r)
 		out = append(out, id)
 		return err
 	})
 	return out, err
-}
-
-func scanConsumerDead(r scanner) (postboxdriver.DeadMessage, error) {
-	var d postboxdriver.DeadMessage
-	var headers string
-	var first, last, dead int64
-	err := r.Scan(&d.Consumer, &d.ID, &d.Topic, &d.Key, &d.Payload, &headers, &d.Error, &d.Attempts, &first, &last, &dead)
-	if d.Payload == nil {
-		d.Payload = []byte{}
-	}
-	d.Headers = []byte(headers)
-	d.FirstFailureAt, d.LastFailureAt, d.DeadAt = time.UnixMilli(first), time.UnixMilli(last), time.UnixMilli(dead)
-	return d, err
 }
 
 // InboxInsert implements postboxdriver.Executor.
@@ -162,7 +149,7 @@ func (s *store) InboxInsertMany(ctx context.Context, consumer string, ids []stri
 		if len(todo) == 0 {
 			return nil
 		}
-		_, err = s.iq.insertMany.exec(ctx, c, consumer, jsonList(todo))
+		_, err = s.iq.insertMany.exec(ctx, c, consumer, sqlkit.Strings(todo))
 		if err == nil {
 			inserted = todo
 			return nil
@@ -207,9 +194,10 @@ func (s *store) counted(ctx context.Context, upsert stmt, args ...any) (postboxd
 		if _, err := upsert.exec(ctx, c, args...); err != nil {
 			return err
 		}
-		var first, last int64
-		err := s.iq.counts.row(ctx, c, args[0], args[1]).Scan(&a.Attempts, &first, &last, &a.Crashes)
-		a.FirstFailureAt, a.LastFailureAt = time.UnixMilli(first), time.UnixMilli(last)
+		var crashes int
+		var err error
+		a, err = sqlkit.ScanAttempts(s.iq.counts.row(ctx, c, args[0], args[1]), &crashes)
+		a.Crashes = crashes
 		return err
 	})
 	return a, err
@@ -276,39 +264,25 @@ WHERE consumer = ? AND message_id IN `+in, args...)
 
 // BuryConsumerDead implements postboxdriver.Executor.
 func (s *store) BuryConsumerDead(ctx context.Context, d postboxdriver.DeadMessage) error {
-	var key any
-	if d.Key != "" {
-		key = d.Key
-	}
-	headers := string(d.Headers)
-	if headers == "" {
-		headers = "{}"
-	}
-	payload := d.Payload
-	if payload == nil {
-		payload = []byte{}
-	}
 	return s.write(ctx, func(c conn) error {
 		if _, err := s.iq.forget.exec(ctx, c, d.Consumer, d.ID); err != nil {
 			return err
 		}
-		_, err := s.iq.bury.exec(ctx, c,
-			d.Consumer, d.ID, d.Topic, key, payload, headers, d.Error, d.Attempts, d.FirstFailureAt.UnixMilli(), d.LastFailureAt.UnixMilli())
+		_, err := s.iq.bury.exec(ctx, c, sqlkit.BuryArgs(d)...)
 		return err
 	})
 }
 
 // ListConsumerDead implements postboxdriver.Executor.
 func (s *store) ListConsumerDead(ctx context.Context, f postboxdriver.DeadFilter) ([]postboxdriver.DeadMessage, error) {
-	out, err := query(ctx, s.conn(), s.iq.list,
-		[]any{f.Consumer, jsonList(f.IDs), f.Topic, f.Key, millisOrNil(f.Since), millisOrNil(f.Until), limitOr100(f.Limit)},
-		func(r *sql.Rows) (postboxdriver.DeadMessage, error) { return scanConsumerDead(r) })
+	out, err := query(ctx, s.conn(), s.iq.list, append(sqlkit.ConsumerDeadFilterArgs(f), sqlkit.LimitOr100(f.Limit)),
+		func(r *sql.Rows) (postboxdriver.DeadMessage, error) { return sqlkit.ScanConsumerDead(r) })
 	return out, s.wrap(err)
 }
 
 // GetConsumerDead implements postboxdriver.Executor.
 func (s *store) GetConsumerDead(ctx context.Context, consumer, messageID string) (postboxdriver.DeadMessage, error) {
-	d, err := scanConsumerDead(s.iq.get.row(ctx, s.conn(), consumer, messageID))
+	d, err := sqlkit.ScanConsumerDead(s.iq.get.row(ctx, s.conn(), consumer, messageID))
 	return d, s.notFound(err)
 }
 
@@ -317,7 +291,7 @@ func (s *store) TakeConsumerDead(ctx context.Context, consumer, messageID string
 	var d postboxdriver.DeadMessage
 	err := s.write(ctx, func(c conn) error {
 		var err error
-		if d, err = scanConsumerDead(s.iq.take.row(ctx, c, consumer, messageID)); err != nil {
+		if d, err = sqlkit.ScanConsumerDead(s.iq.take.row(ctx, c, consumer, messageID)); err != nil {
 			return err
 		}
 		_, err = s.iq.takeDelete.exec(ctx, c, consumer, messageID)
@@ -340,7 +314,7 @@ func (s *store) PruneConsumerDead(ctx context.Context, age time.Duration, limit 
 
 // RequestConsumerRequeue implements postboxdriver.Executor.
 func (s *store) RequestConsumerRequeue(ctx context.Context, f postboxdriver.DeadFilter) (int, error) {
-	args := []any{f.Consumer, jsonList(f.IDs), f.Topic, f.Key, millisOrNil(f.Since), millisOrNil(f.Until)}
+	args := sqlkit.ConsumerDeadFilterArgs(f)
 	var n int
 	err := s.write(ctx, func(c conn) error {
 		if err := s.iq.countRequeue.row(ctx, c, args...).Scan(&n); err != nil {
@@ -357,8 +331,8 @@ func (s *store) ListConsumerRequeues(ctx context.Context, consumers []string, li
 	if len(consumers) == 0 {
 		return nil, nil
 	}
-	out, err := query(ctx, s.conn(), s.iq.listRequeues, []any{jsonList(consumers), limitOr100(limit)},
-		func(r *sql.Rows) (postboxdriver.DeadMessage, error) { return scanConsumerDead(r) })
+	out, err := query(ctx, s.conn(), s.iq.listRequeues, []any{sqlkit.Strings(consumers), sqlkit.LimitOr100(limit)},
+		func(r *sql.Rows) (postboxdriver.DeadMessage, error) { return sqlkit.ScanConsumerDead(r) })
 	return out, s.wrap(err)
 }
 
@@ -368,31 +342,18 @@ func (s *store) FailConsumerRequeue(ctx context.Context, consumer, messageID, er
 	return n == 1, s.wrap(err)
 }
 
-// Savepoint implements postboxdriver.Executor.
+// Savepoint implements postboxdriver.Executor. On the pool it is
+// refused: in autocommit mode a savepoint ends with its statement.
 func (s *store) Savepoint(ctx context.Context, name string) error {
-	return s.savepoint(ctx, "SAVEPOINT ", name)
+	return sqlkit.Savepoint(ctx, s.tx, "SAVEPOINT ", name)
 }
 
 // RollbackToSavepoint implements postboxdriver.Executor.
 func (s *store) RollbackToSavepoint(ctx context.Context, name string) error {
-	return s.savepoint(ctx, "ROLLBACK TO SAVEPOINT ", name)
+	return sqlkit.Savepoint(ctx, s.tx, "ROLLBACK TO SAVEPOINT ", name)
 }
 
 // ReleaseSavepoint implements postboxdriver.Executor.
 func (s *store) ReleaseSavepoint(ctx context.Context, name string) error {
-	return s.savepoint(ctx, "RELEASE SAVEPOINT ", name)
-}
-
-// savepoint runs a savepoint statement in the caller's transaction. On the
-// pool it is refused: in autocommit mode a savepoint ends with its
-// statement.
-func (s *store) savepoint(ctx context.Context, verb, name string) error {
-	if s.tx == nil {
-		return postboxdriver.ErrNotInTx
-	}
-	if !postboxdriver.ValidSavepointName(name) {
-		return fmt.Errorf("postbox: savepoint name %q is not a lower-case SQL identifier", name)
-	}
-	_, err := s.tx.ExecContext(ctx, verb+name)
-	return err
+	return sqlkit.Savepoint(ctx, s.tx, "RELEASE SAVEPOINT ", name)
 }

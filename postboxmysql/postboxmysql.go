@@ -39,6 +39,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/postbox-go/postbox/internal/sqlkit"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
@@ -110,8 +111,8 @@ func (d *Driver) DB() *sql.DB { return d.db }
 
 // Open implements postboxdriver.Driver.
 func (d *Driver) Open(prefix string) (postboxdriver.Store[*sql.Tx], error) {
-	if !postboxdriver.ValidPrefix(prefix) {
-		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most %d characters", prefix, postboxdriver.MaxPrefixLen)
+	if err := postboxdriver.CheckPrefix(prefix); err != nil {
+		return nil, err
 	}
 	return &store{shared: &shared{
 		db: d.db, prefix: prefix,
@@ -141,11 +142,7 @@ type store struct {
 var _ postboxdriver.Store[*sql.Tx] = (*store)(nil)
 
 // conn is what *sql.DB, *sql.Tx and *sql.Conn share.
-type conn interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
+type conn = sqlkit.Conn
 
 // UnwrapExecutor implements postboxdriver.Store.
 func (s *store) UnwrapExecutor(tx *sql.Tx) postboxdriver.Executor {
@@ -358,7 +355,7 @@ func (st stmt) args(a ...any) []any {
 }
 
 func (st stmt) exec(ctx context.Context, c conn, a ...any) (int64, error) {
-	return affected(c.ExecContext(ctx, st.sql, st.args(a...)...))
+	return sqlkit.Affected(c.ExecContext(ctx, st.sql, st.args(a...)...))
 }
 
 func (st stmt) row(ctx context.Context, c conn, a ...any) *sql.Row {
@@ -367,38 +364,5 @@ func (st stmt) row(ctx context.Context, c conn, a ...any) *sql.Row {
 
 // query runs st on c and scans every row with scan.
 func query[T any](ctx context.Context, c conn, st stmt, args []any, scan func(r *sql.Rows) (T, error)) ([]T, error) {
-	rows, err := c.QueryContext(ctx, st.sql, st.args(args...)...)
-	if err != nil {
-		return nil, err
-	}
-	var out []T
-	err = scanAll(rows, func(r *sql.Rows) error {
-		v, err := scan(r)
-		out = append(out, v)
-		return err
-	})
-	return out, err
-}
-
-func affected(res sql.Result, err error) (int64, error) {
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
-func scanAll(rows *sql.Rows, fn func(*sql.Rows) error) error {
-	defer func() { _ = rows.Close() }()
-	for rows.Next() {
-		if err := fn(rows); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
-}
-
-func scanString(r *sql.Rows) (string, error) {
-	var s string
-	err := r.Scan(&s)
-	return s, err
+	return sqlkit.QueryAll(ctx, c, st.sql, st.args(args...), scan)
 }

@@ -11,12 +11,12 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
 	"modernc.org/sqlite"
 
+	"github.com/postbox-go/postbox/internal/sqlkit"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
@@ -210,46 +210,31 @@ func (s *store) Partitions(ctx context.Context) (int, error) {
 // membership after them.
 func (s *store) Coordinate(ctx context.Context, relayID string, ttl time.Duration, want, drop, settled []int) (postboxdriver.Membership, error) {
 	var m postboxdriver.Membership
-	dropped := make(map[int]bool, len(drop))
-	for _, p := range drop {
-		dropped[p] = true
-	}
-	take := make([]int, 0, len(want))
-	for _, p := range want {
-		if !dropped[p] {
-			take = append(take, p)
-		}
-	}
+	take := sqlkit.Taking(want, drop)
 	err := s.write(ctx, func(c conn) error {
 		if _, err := c.ExecContext(ctx, s.q.heartbeat, relayID, ttl.Milliseconds()); err != nil {
 			return err
 		}
 		if len(drop) > 0 {
-			if _, err := c.ExecContext(ctx, s.q.release, relayID, intsJSON(drop)); err != nil {
+			if _, err := c.ExecContext(ctx, s.q.release, relayID, sqlkit.Ints(drop)); err != nil {
 				return err
 			}
 		}
 		if len(settled) > 0 {
-			if _, err := c.ExecContext(ctx, s.q.settle, relayID, intsJSON(settled)); err != nil {
+			if _, err := c.ExecContext(ctx, s.q.settle, relayID, sqlkit.Ints(settled)); err != nil {
 				return err
 			}
 		}
 		if len(take) > 0 {
-			if _, err := c.ExecContext(ctx, s.q.acquire, relayID, intsJSON(take), ttl.Milliseconds()); err != nil {
+			if _, err := c.ExecContext(ctx, s.q.acquire, relayID, sqlkit.Ints(take), ttl.Milliseconds()); err != nil {
 				return err
 			}
 		}
 		var err error
-		if m.Live, err = queryAll(ctx, c, s.q.live, []any{relayID}, scanString); err != nil {
+		if m.Live, err = sqlkit.QueryAll(ctx, c, s.q.live, []any{relayID}, sqlkit.ScanString); err != nil {
 			return err
 		}
-		m.Leases, err = queryAll(ctx, c, s.q.leases, nil, func(r *sql.Rows) (postboxdriver.Lease, error) {
-			var l postboxdriver.Lease
-			var exp, now int64
-			err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &exp, &l.Expired, &now, &l.Crashed)
-			l.ExpiresAt, m.Now = time.UnixMilli(exp), time.UnixMilli(now)
-			return l, err
-		})
+		m.Leases, err = sqlkit.QueryAll(ctx, c, s.q.leases, nil, sqlkit.ScanLease(&m.Now))
 		return err
 	})
 	// SQLite's ORDER BY compares bytes, as Go does; sorting again keeps the
@@ -268,13 +253,7 @@ func (s *store) Unregister(ctx context.Context, relayID string) error {
 // which SQLite runs in a transaction of its own that starts by taking the
 // write lock, so it waits under the busy timeout like BEGIN IMMEDIATE.
 func (s *store) AcquireLeases(ctx context.Context, owner string, parts []int, ttl time.Duration) ([]postboxdriver.Lease, error) {
-	out, err := queryAll(ctx, s.conn(), s.q.acquire, []any{owner, intsJSON(parts), ttl.Milliseconds()}, func(r *sql.Rows) (postboxdriver.Lease, error) {
-		var l postboxdriver.Lease
-		var exp int64
-		err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &exp)
-		l.ExpiresAt = time.UnixMilli(exp)
-		return l, err
-	})
+	out, err := sqlkit.QueryAll(ctx, s.conn(), s.q.acquire, []any{owner, sqlkit.Ints(parts), ttl.Milliseconds()}, sqlkit.ScanOwnedLease)
 	if err != nil {
 		return nil, s.wrap(err)
 	}
@@ -284,58 +263,25 @@ func (s *store) AcquireLeases(ctx context.Context, owner string, parts []int, tt
 
 // ReleaseLeases implements postboxdriver.Executor.
 func (s *store) ReleaseLeases(ctx context.Context, owner string, parts []int) error {
-	_, err := s.conn().ExecContext(ctx, s.q.release, owner, intsJSON(parts))
+	_, err := s.conn().ExecContext(ctx, s.q.release, owner, sqlkit.Ints(parts))
 	return s.wrap(err)
 }
 
 // ExpireLeases implements postboxdriver.Executor.
 func (s *store) ExpireLeases(ctx context.Context, owner string) (int, error) {
-	n, err := affected(s.conn().ExecContext(ctx, s.q.expire, owner))
+	n, err := sqlkit.Affected(s.conn().ExecContext(ctx, s.q.expire, owner))
 	return int(n), s.wrap(err)
 }
 
 // Fetch implements postboxdriver.Executor. It only reads: in WAL mode it
 // neither waits for writers nor holds them up.
 func (s *store) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
-	if len(p.Fence.Generations) == 0 || p.Limit <= 0 {
+	kind, args, ok := sqlkit.Fetch(p, func(ps []string) []string { return ps })
+	if !ok {
 		return nil, nil
 	}
-	parts := make([]int, 0, len(p.Fence.Generations))
-	for part := range p.Fence.Generations {
-		parts = append(parts, part)
-	}
-	args := []any{intsJSON(parts), p.Limit}
-	var q string
-	switch {
-	case p.Topics != nil && len(p.Topics) == 0:
-		return nil, nil
-	case p.Topics != nil:
-		q = s.q.fetchRouted
-		if p.BlockOnDead {
-			q = s.q.fetchRoutedStrict
-		}
-		b, err := json.Marshal(p.Topics)
-		if err != nil {
-			return nil, err
-		}
-		args = append(args, string(b))
-	case p.BlockOnDead:
-		q = s.q.fetchStrict
-	default:
-		q = s.q.fetch
-	}
-	out, err := queryAll(ctx, s.conn(), q, args, func(r *sql.Rows) (postboxdriver.Record, error) {
-		var rec postboxdriver.Record
-		var headers string
-		var created int64
-		err := r.Scan(&rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &headers, &rec.Partition, &rec.Attempts, &created)
-		if rec.Payload == nil {
-			rec.Payload = []byte{} // SQLite hands an empty blob back as nil
-		}
-		rec.Headers = []byte(headers)
-		rec.CreatedAt = time.UnixMilli(created)
-		return rec, err
-	})
+	q := [...]string{s.q.fetch, s.q.fetchStrict, s.q.fetchRouted, s.q.fetchRoutedStrict}[kind]
+	out, err := sqlkit.QueryAll(ctx, s.conn(), q, args, sqlkit.ScanRecord)
 	return out, s.wrap(err)
 }
 
@@ -375,7 +321,7 @@ func (s *store) Settle(ctx context.Context, f postboxdriver.Fence, o postboxdriv
 // publish copies the fenced rows seqs to the history and deletes them from
 // the outbox, in the caller's write transaction.
 func (s *store) publish(ctx context.Context, c conn, owner, gens string, seqs []int64) (int, error) {
-	list := int64sJSON(seqs)
+	list := sqlkit.Int64s(seqs)
 	res, err := c.ExecContext(ctx, s.q.publish, list, owner, gens)
 	if err != nil {
 		return 0, err
@@ -443,7 +389,7 @@ func (s *store) fail(ctx context.Context, c conn, owner, gens string, fs []byte,
 	if err != nil {
 		return nil, err
 	}
-	if err := scanAll(rows, collect(true)); err != nil {
+	if err := sqlkit.ScanAll(rows, collect(true)); err != nil {
 		return nil, err
 	}
 	if len(out) > 0 {
@@ -451,7 +397,7 @@ func (s *store) fail(ctx context.Context, c conn, owner, gens string, fs []byte,
 		for i, fr := range out {
 			buried[i] = fr.Seq
 		}
-		if _, err := c.ExecContext(ctx, s.q.unbury, int64sJSON(buried)); err != nil {
+		if _, err := c.ExecContext(ctx, s.q.unbury, sqlkit.Int64s(buried)); err != nil {
 			return nil, err
 		}
 	}
@@ -460,7 +406,7 @@ func (s *store) fail(ctx context.Context, c conn, owner, gens string, fs []byte,
 	if err != nil {
 		return nil, err
 	}
-	if err := scanAll(rows, collect(false)); err != nil {
+	if err := sqlkit.ScanAll(rows, collect(false)); err != nil {
 		return nil, err
 	}
 	// RETURNING promises no order; make it deterministic.
@@ -476,13 +422,9 @@ func (s *store) ResolveCrashes(ctx context.Context, f postboxdriver.Fence, seqs 
 	if len(seqs) == 0 {
 		return nil, nil
 	}
-	list := int64sJSON(seqs)
+	list := sqlkit.Int64s(seqs)
 	suspects := func(c conn) ([]postboxdriver.Suspect, error) {
-		return queryAll(ctx, c, s.q.suspects, []any{list}, func(r *sql.Rows) (postboxdriver.Suspect, error) {
-			var sp postboxdriver.Suspect
-			err := r.Scan(&sp.Seq, &sp.Crashes)
-			return sp, err
-		})
+		return sqlkit.QueryAll(ctx, c, s.q.suspects, []any{list}, sqlkit.ScanSuspect)
 	}
 	// Rows marked in flight are only found after a relay died: a look
 	// first, which in WAL mode takes no lock, spares the write lock
@@ -517,16 +459,13 @@ func (s *store) MarkInFlight(ctx context.Context, f postboxdriver.Fence, seqs []
 	if len(seqs) == 0 && len(clear) == 0 {
 		return 0, nil
 	}
-	n, err := affected(s.conn().ExecContext(ctx, s.q.markInFlight, int64sJSON(seqs), f.Owner, generationsJSON(f), int(mark), int64sJSON(clear)))
+	n, err := sqlkit.Affected(s.conn().ExecContext(ctx, s.q.markInFlight, sqlkit.Int64s(seqs), f.Owner, generationsJSON(f), int(mark), sqlkit.Int64s(clear)))
 	return int(n), s.wrap(err)
 }
 
 // Stats implements postboxdriver.Executor.
 func (s *store) Stats(ctx context.Context) (postboxdriver.Stats, error) {
-	var st postboxdriver.Stats
-	var ageMS int64
-	err := s.conn().QueryRowContext(ctx, s.q.stats).Scan(&st.Pending, &st.Dead, &ageMS, &st.Published)
-	st.OldestPendingAge = time.Duration(ageMS) * time.Millisecond
+	st, err := sqlkit.ScanStats(s.conn().QueryRowContext(ctx, s.q.stats))
 	return st, s.wrap(err)
 }
 
@@ -537,7 +476,7 @@ func (s *store) Migrations() []postboxdriver.Migration {
 
 // AppliedMigrations implements postboxdriver.Executor.
 func (s *store) AppliedMigrations(ctx context.Context) ([]int, error) {
-	vs, err := queryAll(ctx, s.conn(), s.q.applied, nil, func(r *sql.Rows) (int, error) {
+	vs, err := sqlkit.QueryAll(ctx, s.conn(), s.q.applied, nil, func(r *sql.Rows) (int, error) {
 		var v int
 		return v, r.Scan(&v)
 	})
@@ -623,68 +562,6 @@ func isNoSuchTable(err error) bool {
 	return errors.As(err, &se) && strings.Contains(se.Error(), "no such table")
 }
 
-// queryAll runs a query on c and scans every row with scan.
-func queryAll[T any](ctx context.Context, c conn, query string, args []any, scan func(r *sql.Rows) (T, error)) ([]T, error) {
-	rows, err := c.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	var out []T
-	err = scanAll(rows, func(r *sql.Rows) error {
-		v, err := scan(r)
-		out = append(out, v)
-		return err
-	})
-	return out, err
-}
-
-func scanString(r *sql.Rows) (string, error) {
-	var s string
-	err := r.Scan(&s)
-	return s, err
-}
-
-func affected(res sql.Result, err error) (int64, error) {
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
-func scanAll(rows *sql.Rows, fn func(*sql.Rows) error) error {
-	defer func() { _ = rows.Close() }()
-	for rows.Next() {
-		if err := fn(rows); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
-}
-
-func intsJSON(xs []int) string {
-	b := make([]byte, 0, 2+4*len(xs))
-	b = append(b, '[')
-	for i, x := range xs {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, int64(x), 10)
-	}
-	return string(append(b, ']'))
-}
-
-func int64sJSON(xs []int64) string {
-	b := make([]byte, 0, 2+8*len(xs))
-	b = append(b, '[')
-	for i, x := range xs {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, x, 10)
-	}
-	return string(append(b, ']'))
-}
-
 // generationsJSON lays the fence out as a JSON array indexed by partition;
 // 0 is no generation at all.
 func generationsJSON(f postboxdriver.Fence) string {
@@ -700,5 +577,5 @@ func generationsJSON(f postboxdriver.Fence) string {
 			gens[p] = g
 		}
 	}
-	return int64sJSON(gens)
+	return sqlkit.Int64s(gens)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/postbox-go/postbox/internal/sqlkit"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
@@ -61,7 +62,7 @@ func (s *store) LookupIdempotency(ctx context.Context, keyHash []byte) (postboxd
 
 // ClaimIdempotency implements postboxdriver.Executor.
 func (s *store) ClaimIdempotency(ctx context.Context, a postboxdriver.IdempotencyClaim) (bool, error) {
-	took, err := queryAll(ctx, s.conn(), s.idq.claim, []any{a.KeyHash, a.Fingerprint, a.Method, a.Path, a.Token, a.TTLMillis, a.ClaimMillis},
+	took, err := sqlkit.QueryAll(ctx, s.conn(), s.idq.claim, []any{a.KeyHash, a.Fingerprint, a.Method, a.Path, a.Token, a.TTLMillis, a.ClaimMillis},
 		func(r *sql.Rows) (int, error) {
 			var one int
 			return one, r.Scan(&one)
@@ -71,7 +72,7 @@ func (s *store) ClaimIdempotency(ctx context.Context, a postboxdriver.Idempotenc
 
 // FinalizeIdempotency implements postboxdriver.Executor.
 func (s *store) FinalizeIdempotency(ctx context.Context, r postboxdriver.IdempotencyResponse) (bool, error) {
-	n, err := affected(s.conn().ExecContext(ctx, s.idq.finalize, r.KeyHash, r.Token, r.Status, r.Headers, r.Body, r.TooLarge, r.TTLMillis))
+	n, err := sqlkit.Affected(s.conn().ExecContext(ctx, s.idq.finalize, r.KeyHash, r.Token, r.Status, r.Headers, r.Body, r.TooLarge, r.TTLMillis))
 	return n == 1, s.wrap(err)
 }
 
@@ -83,6 +84,6 @@ func (s *store) ReleaseIdempotency(ctx context.Context, keyHash []byte, token st
 
 // PruneIdempotency implements postboxdriver.Executor.
 func (s *store) PruneIdempotency(ctx context.Context, limit int) (int, error) {
-	n, err := affected(s.conn().ExecContext(ctx, s.idq.prune, limit))
+	n, err := sqlkit.Affected(s.conn().ExecContext(ctx, s.idq.prune, limit))
 	return int(n), s.wrap(err)
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/postbox-go/postbox/internal/sqlkit"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
@@ -88,24 +89,11 @@ WHERE consumer = ?1 AND message_id = ?2`),
 	}
 }
 
-func scanConsumerDead(r scanner) (postboxdriver.DeadMessage, error) {
-	var d postboxdriver.DeadMessage
-	var headers string
-	var first, last, dead int64
-	err := r.Scan(&d.Consumer, &d.ID, &d.Topic, &d.Key, &d.Payload, &headers, &d.Error, &d.Attempts, &first, &last, &dead)
-	if d.Payload == nil {
-		d.Payload = []byte{}
-	}
-	d.Headers = []byte(headers)
-	d.FirstFailureAt, d.LastFailureAt, d.DeadAt = time.UnixMilli(first), time.UnixMilli(last), time.UnixMilli(dead)
-	return d, err
-}
-
 // InboxInsert implements postboxdriver.Executor. SQLite admits one writer
 // at a time, so a copy arriving while the first is uncommitted waits for
 // the write lock and then finds the record.
 func (s *store) InboxInsert(ctx context.Context, consumer, messageID string) (bool, error) {
-	n, err := affected(s.conn().ExecContext(ctx, s.iq.insert, consumer, messageID))
+	n, err := sqlkit.Affected(s.conn().ExecContext(ctx, s.iq.insert, consumer, messageID))
 	return n == 1, s.wrap(err)
 }
 
@@ -114,7 +102,7 @@ func (s *store) InboxInsertMany(ctx context.Context, consumer string, ids []stri
 	if len(ids) == 0 {
 		return []bool{}, nil
 	}
-	inserted, err := queryAll(ctx, s.conn(), s.iq.insertMany, []any{consumer, jsonList(ids)}, scanString)
+	inserted, err := sqlkit.QueryAll(ctx, s.conn(), s.iq.insertMany, []any{consumer, sqlkit.Strings(ids)}, sqlkit.ScanString)
 	if err != nil {
 		return nil, s.wrap(err)
 	}
@@ -128,25 +116,21 @@ func (s *store) InboxDelete(ctx context.Context, consumer string, ids []string) 
 	}
 	ids = slices.Clone(ids)
 	slices.Sort(ids)
-	_, err := s.conn().ExecContext(ctx, s.iq.deleteMany, consumer, jsonList(ids))
+	_, err := s.conn().ExecContext(ctx, s.iq.deleteMany, consumer, sqlkit.Strings(ids))
 	return s.wrap(err)
 }
 
 // RecordFailure implements postboxdriver.Executor.
 func (s *store) RecordFailure(ctx context.Context, consumer, messageID, errText string) (postboxdriver.Attempts, error) {
-	var a postboxdriver.Attempts
-	var first, last int64
-	err := s.conn().QueryRowContext(ctx, s.iq.failure, consumer, messageID, errText).Scan(&a.Attempts, &first, &last)
-	a.FirstFailureAt, a.LastFailureAt = time.UnixMilli(first), time.UnixMilli(last)
+	a, err := sqlkit.ScanAttempts(s.conn().QueryRowContext(ctx, s.iq.failure, consumer, messageID, errText))
 	return a, s.wrap(err)
 }
 
 // InboxStart implements postboxdriver.Executor.
 func (s *store) InboxStart(ctx context.Context, consumer, messageID string) (postboxdriver.Attempts, error) {
-	var a postboxdriver.Attempts
-	var first, last int64
-	err := s.conn().QueryRowContext(ctx, s.iq.start, consumer, messageID).Scan(&a.Attempts, &first, &last, &a.Crashes)
-	a.FirstFailureAt, a.LastFailureAt = time.UnixMilli(first), time.UnixMilli(last)
+	var crashes int
+	a, err := sqlkit.ScanAttempts(s.conn().QueryRowContext(ctx, s.iq.start, consumer, messageID), &crashes)
+	a.Crashes = crashes
 	return a, s.wrap(err)
 }
 
@@ -168,7 +152,7 @@ func (s *store) PruneInbox(ctx context.Context, age time.Duration, limit int) (i
 	var n int64
 	err := s.write(ctx, func(c conn) error {
 		var err error
-		if n, err = affected(c.ExecContext(ctx, s.iq.pruneInbox, age.Milliseconds(), limit)); err != nil {
+		if n, err = sqlkit.Affected(c.ExecContext(ctx, s.iq.pruneInbox, age.Milliseconds(), limit)); err != nil {
 			return err
 		}
 		_, err = c.ExecContext(ctx, s.iq.pruneAttempts, age.Milliseconds(), limit)
@@ -186,70 +170,55 @@ func (s *store) InboxKeep(ctx context.Context, consumer string, ids []string, ke
 	if keep < 0 {
 		ms = -1
 	}
-	_, err := s.conn().ExecContext(ctx, s.iq.keep, consumer, jsonList(ids), ms)
+	_, err := s.conn().ExecContext(ctx, s.iq.keep, consumer, sqlkit.Strings(ids), ms)
 	return s.wrap(err)
 }
 
 // BuryConsumerDead implements postboxdriver.Executor.
 func (s *store) BuryConsumerDead(ctx context.Context, d postboxdriver.DeadMessage) error {
-	var key any
-	if d.Key != "" {
-		key = d.Key
-	}
-	headers := string(d.Headers)
-	if headers == "" {
-		headers = "{}"
-	}
-	payload := d.Payload
-	if payload == nil {
-		payload = []byte{}
-	}
 	return s.write(ctx, func(c conn) error {
 		if _, err := c.ExecContext(ctx, s.iq.forget, d.Consumer, d.ID); err != nil {
 			return err
 		}
-		_, err := c.ExecContext(ctx, s.iq.bury,
-			d.Consumer, d.ID, d.Topic, key, payload, headers, d.Error, d.Attempts, d.FirstFailureAt.UnixMilli(), d.LastFailureAt.UnixMilli())
+		_, err := c.ExecContext(ctx, s.iq.bury, sqlkit.BuryArgs(d)...)
 		return err
 	})
 }
 
 // ListConsumerDead implements postboxdriver.Executor.
 func (s *store) ListConsumerDead(ctx context.Context, f postboxdriver.DeadFilter) ([]postboxdriver.DeadMessage, error) {
-	out, err := queryAll(ctx, s.conn(), s.iq.list,
-		[]any{f.Consumer, jsonList(f.IDs), f.Topic, f.Key, millisOrNil(f.Since), millisOrNil(f.Until), limitOr100(f.Limit)},
-		func(r *sql.Rows) (postboxdriver.DeadMessage, error) { return scanConsumerDead(r) })
+	out, err := sqlkit.QueryAll(ctx, s.conn(), s.iq.list, append(sqlkit.ConsumerDeadFilterArgs(f), sqlkit.LimitOr100(f.Limit)),
+		func(r *sql.Rows) (postboxdriver.DeadMessage, error) { return sqlkit.ScanConsumerDead(r) })
 	return out, s.wrap(err)
 }
 
 // GetConsumerDead implements postboxdriver.Executor.
 func (s *store) GetConsumerDead(ctx context.Context, consumer, messageID string) (postboxdriver.DeadMessage, error) {
-	d, err := scanConsumerDead(s.conn().QueryRowContext(ctx, s.iq.get, consumer, messageID))
+	d, err := sqlkit.ScanConsumerDead(s.conn().QueryRowContext(ctx, s.iq.get, consumer, messageID))
 	return d, s.notFound(err)
 }
 
 // TakeConsumerDead implements postboxdriver.Executor.
 func (s *store) TakeConsumerDead(ctx context.Context, consumer, messageID string) (postboxdriver.DeadMessage, error) {
-	d, err := scanConsumerDead(s.conn().QueryRowContext(ctx, s.iq.take, consumer, messageID))
+	d, err := sqlkit.ScanConsumerDead(s.conn().QueryRowContext(ctx, s.iq.take, consumer, messageID))
 	return d, s.notFound(err)
 }
 
 // DeleteConsumerDead implements postboxdriver.Executor.
 func (s *store) DeleteConsumerDead(ctx context.Context, consumer, messageID string) (bool, error) {
-	n, err := affected(s.conn().ExecContext(ctx, s.iq.del, consumer, messageID))
+	n, err := sqlkit.Affected(s.conn().ExecContext(ctx, s.iq.del, consumer, messageID))
 	return n == 1, s.wrap(err)
 }
 
 // PruneConsumerDead implements postboxdriver.Executor.
 func (s *store) PruneConsumerDead(ctx context.Context, age time.Duration, limit int) (int, error) {
-	n, err := affected(s.conn().ExecContext(ctx, s.iq.pruneDead, age.Milliseconds(), limit))
+	n, err := sqlkit.Affected(s.conn().ExecContext(ctx, s.iq.pruneDead, age.Milliseconds(), limit))
 	return int(n), s.wrap(err)
 }
 
 // RequestConsumerRequeue implements postboxdriver.Executor.
 func (s *store) RequestConsumerRequeue(ctx context.Context, f postboxdriver.DeadFilter) (int, error) {
-	n, err := affected(s.conn().ExecContext(ctx, s.iq.requestRequeue,
-		f.Consumer, jsonList(f.IDs), f.Topic, f.Key, millisOrNil(f.Since), millisOrNil(f.Until)))
+	n, err := sqlkit.Affected(s.conn().ExecContext(ctx, s.iq.requestRequeue, sqlkit.ConsumerDeadFilterArgs(f)...))
 	return int(n), s.wrap(err)
 }
 
@@ -258,44 +227,32 @@ func (s *store) ListConsumerRequeues(ctx context.Context, consumers []string, li
 	if len(consumers) == 0 {
 		return nil, nil
 	}
-	out, err := queryAll(ctx, s.conn(), s.iq.listRequeues, []any{jsonList(consumers), limitOr100(limit)},
-		func(r *sql.Rows) (postboxdriver.DeadMessage, error) { return scanConsumerDead(r) })
+	out, err := sqlkit.QueryAll(ctx, s.conn(), s.iq.listRequeues, []any{sqlkit.Strings(consumers), sqlkit.LimitOr100(limit)},
+		func(r *sql.Rows) (postboxdriver.DeadMessage, error) { return sqlkit.ScanConsumerDead(r) })
 	return out, s.wrap(err)
 }
 
 // FailConsumerRequeue implements postboxdriver.Executor.
 func (s *store) FailConsumerRequeue(ctx context.Context, consumer, messageID, errText string) (bool, error) {
-	n, err := affected(s.conn().ExecContext(ctx, s.iq.failRequeue, consumer, messageID, errText))
+	n, err := sqlkit.Affected(s.conn().ExecContext(ctx, s.iq.failRequeue, consumer, messageID, errText))
 	return n == 1, s.wrap(err)
 }
 
-// Savepoint implements postboxdriver.Executor.
+// Savepoint implements postboxdriver.Executor. On the pool it is
+// refused: SQLite would take a SAVEPOINT outside a transaction as the
+// start of one, left open on a pooled connection.
 func (s *store) Savepoint(ctx context.Context, name string) error {
-	return s.savepoint(ctx, "SAVEPOINT ", name)
+	return sqlkit.Savepoint(ctx, s.tx, "SAVEPOINT ", name)
 }
 
 // RollbackToSavepoint implements postboxdriver.Executor.
 func (s *store) RollbackToSavepoint(ctx context.Context, name string) error {
-	return s.savepoint(ctx, "ROLLBACK TO SAVEPOINT ", name)
+	return sqlkit.Savepoint(ctx, s.tx, "ROLLBACK TO SAVEPOINT ", name)
 }
 
 // ReleaseSavepoint implements postboxdriver.Executor.
 func (s *store) ReleaseSavepoint(ctx context.Context, name string) error {
-	return s.savepoint(ctx, "RELEASE SAVEPOINT ", name)
-}
-
-// savepoint runs a savepoint statement in the caller's transaction. On the
-// pool it is refused: SQLite would take a SAVEPOINT outside a transaction
-// as the start of one, left open on a pooled connection.
-func (s *store) savepoint(ctx context.Context, verb, name string) error {
-	if s.tx == nil {
-		return postboxdriver.ErrNotInTx
-	}
-	if !postboxdriver.ValidSavepointName(name) {
-		return fmt.Errorf("postbox: savepoint name %q is not a lower-case SQL identifier", name)
-	}
-	_, err := s.tx.ExecContext(ctx, verb+name)
-	return err
+	return sqlkit.Savepoint(ctx, s.tx, "RELEASE SAVEPOINT ", name)
 }
 
 // OldestSnapshot implements postboxdriver.Executor. A SQLite reader holds

@@ -3,6 +3,8 @@ package postboxsqlite
 import (
 	"context"
 	"time"
+
+	"github.com/postbox-go/postbox/internal/sqlkit"
 )
 
 // ClaimMaintenance implements postboxdriver.Executor: one upsert in a
@@ -11,7 +13,7 @@ import (
 func (s *store) ClaimMaintenance(ctx context.Context, task, owner string, ttl time.Duration) (bool, error) {
 	var claimed bool
 	err := s.write(ctx, func(c conn) error {
-		n, err := affected(c.ExecContext(ctx, `INSERT INTO `+s.prefix+`maintenance AS m (task, owner, expires_at)
+		n, err := sqlkit.Affected(c.ExecContext(ctx, `INSERT INTO `+s.prefix+`maintenance AS m (task, owner, expires_at)
 VALUES (?1, ?2, (SELECT `+nowExpr+`) + ?3)
 ON CONFLICT (task) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
 WHERE m.owner IS NULL OR m.owner = excluded.owner OR m.expires_at <= (SELECT `+nowExpr+`)`, task, owner, ttl.Milliseconds()))

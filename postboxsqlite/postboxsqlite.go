@@ -118,8 +118,8 @@ func (d *Driver) DB() *sql.DB { return d.db }
 
 // Open implements postboxdriver.Driver.
 func (d *Driver) Open(prefix string) (postboxdriver.Store[*sql.Tx], error) {
-	if !postboxdriver.ValidPrefix(prefix) {
-		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most %d characters", prefix, postboxdriver.MaxPrefixLen)
+	if err := postboxdriver.CheckPrefix(prefix); err != nil {
+		return nil, err
 	}
 	return &store{shared: &shared{
 		db: d.db, prefix: prefix,

@@ -82,8 +82,8 @@ var _ postboxdriver.Executor = (*Core)(nil)
 
 // New binds db, the driver's pool, to the tables named with prefix.
 func New(db DB, prefix string) (*Core, error) {
-	if !postboxdriver.ValidPrefix(prefix) {
-		return nil, fmt.Errorf("postbox: table prefix %q is not a lower-case SQL identifier of at most %d characters", prefix, postboxdriver.MaxPrefixLen)
+	if err := postboxdriver.CheckPrefix(prefix); err != nil {
+		return nil, err
 	}
 	d := &dialect{prefix: prefix, signalID: newSignalID(), q: makeQueries(prefix), aq: makeAdminQueries(prefix), iq: makeInboxQueries(prefix), idq: makeIdempotencyQueries(prefix)}
 	return &Core{dialect: d, db: db}, nil
