@@ -1,7 +1,6 @@
 package postboxmysql_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -13,27 +12,9 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/mysqltest"
-	"github.com/postbox-go/postbox/postboxmigrate"
+	"github.com/postbox-go/postbox/internal/pubtest"
 	"github.com/postbox-go/postbox/postboxtest"
 )
-
-// lockedBuffer is a log sink the relay's goroutines share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestSixteenWritersAndTheRelay: 16 writers commit a domain row and a
 // message each transaction, at InnoDB's default REPEATABLE READ, over a
@@ -43,14 +24,7 @@ func (l *lockedBuffer) String() string {
 // commit order.
 func TestSixteenWritersAndTheRelay(t *testing.T) {
 	ctx := context.Background()
-	d, prefix := mysqltest.Driver(t)
-	m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
+	d, prefix := mysqltest.Migrated(t)
 	db := d.DB()
 	db.SetMaxOpenConns(32)
 	const writers, keys = 16, 8
@@ -68,7 +42,7 @@ func TestSixteenWritersAndTheRelay(t *testing.T) {
 		}
 	}
 	broker := postboxtest.NewBroker(nil)
-	logs := &lockedBuffer{}
+	logs := &pubtest.Logs{}
 	c, err := postbox.NewClient(d, &postbox.Config{
 		Prefix: prefix, Publisher: broker, PollInterval: 5 * time.Millisecond, BatchSize: 50,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)),

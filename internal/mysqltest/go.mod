@@ -2,13 +2,15 @@ module github.com/postbox-go/postbox/internal/mysqltest
 
 go 1.26.0
 
-require github.com/postbox-go/postbox/postboxmysql v0.0.0-00010101000000-000000000000
+require (
+	github.com/postbox-go/postbox v0.0.0-00010101000000-000000000000
+	github.com/postbox-go/postbox/postboxmysql v0.0.0-00010101000000-000000000000
+)
 
 require (
 	filippo.io/edwards25519 v1.1.0 // indirect
 	github.com/go-sql-driver/mysql v1.9.3 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/postbox-go/postbox v0.0.0-00010101000000-000000000000 // indirect
 )
 
 replace (

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxmysql"
 )
 
@@ -78,6 +79,20 @@ func Driver(t testing.TB) (*postboxmysql.Driver, string) {
 	DropPrefix(t, db, p)
 	d, err := postboxmysql.New(db)
 	if err != nil {
+		t.Fatal(err)
+	}
+	return d, p
+}
+
+// Migrated is Driver with the prefix's tables migrated.
+func Migrated(t testing.TB) (*postboxmysql.Driver, string) {
+	t.Helper()
+	d, p := Driver(t)
+	m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	return d, p

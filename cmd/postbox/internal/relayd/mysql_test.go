@@ -12,7 +12,6 @@ import (
 
 	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
 	"github.com/postbox-go/postbox/internal/mysqltest"
-	"github.com/postbox-go/postbox/postboxmigrate"
 )
 
 // TestDaemonOnMySQL: the daemon relays from MariaDB (or MySQL) given a
@@ -20,14 +19,7 @@ import (
 // contract), to JetStream, and reports them published.
 func TestDaemonOnMySQL(t *testing.T) {
 	ctx := context.Background()
-	d, prefix := mysqltest.Driver(t)
-	m, err := postboxmigrate.New(d, &postboxmigrate.Config{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
+	d, prefix := mysqltest.Migrated(t)
 	_, url := embeddedNATS(t)
 	cfg, err := relayd.Load(writeFile(t, `
 nats:
