@@ -24,7 +24,8 @@
 //     writers.
 //
 // Nothing is needed in the DSN: times travel as integers, and statements
-// use only positional parameters.
+// use only positional parameters. Open and ParseDSN send each statement's
+// arguments with it (interpolateParams) unless the DSN says otherwise.
 package postboxmysql
 
 import (
@@ -32,6 +33,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -64,9 +66,9 @@ func New(db *sql.DB) (*Driver, error) {
 
 // Open returns a *sql.DB for a MySQL or MariaDB DSN in go-sql-driver/mysql's
 // form ("user:password@tcp(host:3306)/dbname"), or a URL
-// ("mysql://user:password@host:3306/dbname?param=value"). Like sql.Open,
-// it connects on first use: a server that is down is an error of the
-// first statement, which a relay retries.
+// ("mysql://user:password@host:3306/dbname?param=value", the parameters
+// being the driver's). Like sql.Open, it connects on first use: a server
+// that is down is an error of the first statement, which a relay retries.
 func Open(dsn string) (*sql.DB, error) {
 	cfg, err := ParseDSN(dsn)
 	if err != nil {
@@ -80,28 +82,41 @@ func Open(dsn string) (*sql.DB, error) {
 }
 
 // ParseDSN reads a DSN in go-sql-driver/mysql's form, or a mysql:// URL,
-// into the client's configuration.
+// into the client's configuration. Unless the DSN says otherwise
+// (interpolateParams, or a charset or collation of its own), statements
+// are sent with their arguments in one round trip (interpolateParams),
+// instead of a prepare, an execute and a close for each: the driver
+// escapes the arguments for utf8mb4, the connection's character set.
 func ParseDSN(dsn string) (*mysql.Config, error) {
-	if rest, ok := strings.CutPrefix(dsn, "mysql://"); ok {
-		userinfo, hostpath, found := strings.Cut(rest, "@")
-		if !found {
-			userinfo, hostpath = "", rest
+	var user *url.Userinfo
+	if strings.HasPrefix(dsn, "mysql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("postboxmysql: %w", err)
 		}
-		host, path, _ := strings.Cut(hostpath, "/")
+		host := u.Host
 		if host == "" {
 			host = "127.0.0.1:3306"
 		}
-		if !strings.Contains(host, ":") {
+		if u.Port() == "" && !strings.HasSuffix(host, ":") {
 			host += ":3306"
 		}
-		if userinfo != "" {
-			userinfo += "@"
+		user = u.User
+		dsn = "tcp(" + host + ")/" + strings.TrimPrefix(u.Path, "/")
+		if u.RawQuery != "" {
+			dsn += "?" + u.RawQuery
 		}
-		dsn = userinfo + "tcp(" + host + ")/" + path
 	}
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("postboxmysql: %w", err)
+	}
+	if user != nil {
+		cfg.User = user.Username()
+		cfg.Passwd, _ = user.Password()
+	}
+	if !strings.Contains(dsn, "interpolateParams") && !strings.Contains(dsn, "charset") && !strings.Contains(dsn, "collation") {
+		cfg.InterpolateParams = true
 	}
 	return cfg, nil
 }

@@ -15,6 +15,7 @@ func TestParseDSN(t *testing.T) {
 		{"mysql://root@127.0.0.1:3306/test", "127.0.0.1:3306", "root", "", "test"},
 		{"mysql://app:s3cret@db.internal/orders?maxAllowedPacket=0", "db.internal:3306", "app", "s3cret", "orders"},
 		{"app:pw@tcp(10.0.0.1:3307)/shop", "10.0.0.1:3307", "app", "pw", "shop"},
+		{"mysql://app:p%40ss%3Aw%2Fd@[::1]:3308/shop", "[::1]:3308", "app", "p@ss:w/d", "shop"},
 	} {
 		cfg, err := postboxmysql.ParseDSN(c.in)
 		if err != nil {
@@ -26,6 +27,16 @@ func TestParseDSN(t *testing.T) {
 	}
 	if _, err := postboxmysql.ParseDSN("mysql://root@127.0.0.1:3306/test?tls=nonsense-profile"); err == nil {
 		t.Error("an unknown TLS profile was accepted")
+	}
+	// Arguments go with their statement unless the DSN says otherwise.
+	for dsn, want := range map[string]bool{
+		"mysql://root@127.0.0.1/test":                         true,
+		"mysql://root@127.0.0.1/test?interpolateParams=false": false,
+		"root@tcp(127.0.0.1:3306)/test?collation=utf8mb4_bin": false,
+	} {
+		if cfg, err := postboxmysql.ParseDSN(dsn); err != nil || cfg.InterpolateParams != want {
+			t.Errorf("%s: interpolateParams %v (%v), want %v", dsn, cfg.InterpolateParams, err, want)
+		}
 	}
 }
 

@@ -282,7 +282,7 @@ func TestCLIReplaySaysWhatHappens(t *testing.T) {
 // problems in one error, and exits 2 before starting anything.
 func TestCLIRelayListsEveryConfigProblem(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "relay.yaml")
-	if err := os.WriteFile(p, []byte("databases: [{url: \"mysql://x\"}]\nrelay: {leese: 30s}\nadmin: {tokens: [{name: ops, value: \"${NOT_SET_ANYWHERE}\", scope: admin}]}\n"), 0o600); err != nil {
+	if err := os.WriteFile(p, []byte("databases: [{url: \"oracle://x\"}]\nrelay: {leese: 30s}\nadmin: {tokens: [{name: ops, value: \"${NOT_SET_ANYWHERE}\", scope: admin}]}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	out, code := run(t, "relay", "--config", p)

@@ -216,7 +216,7 @@ routes:
 // together: one start-up says everything that is wrong.
 func TestCheckListsFileAndSettingProblemsTogether(t *testing.T) {
 	cfg, err := relayd.Parse([]byte(`
-databases: [{url: "mysql://x", prefx: a_}]
+databases: [{url: "oracle://x", prefx: a_}]
 nats: {url: "http://x"}
 relay: {lease: soon, batch_size: -1}
 `), env(map[string]string{"POSTBOX_MAX_ATTEMPTS": "many"}))

@@ -81,7 +81,7 @@ func TestConfigErrors(t *testing.T) {
 	}
 	cfg, err := relayd.Load(writeFile(t, `
 databases:
-  - url: mysql://x
+  - url: oracle://x
     prefix: Bad
 nats:
   url: http://x
