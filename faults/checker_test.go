@@ -14,8 +14,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // The checker judges a run from what the harness recorded on its own: the
@@ -121,6 +119,7 @@ type report struct {
 	Seed           uint64          `json:"seed"`
 	Profile        profile         `json:"profile"`
 	Broker         string          `json:"broker"`           // nats or rabbitmq
+	Database       string          `json:"database"`         // PostgreSQL or MariaDB
 	Dedupe         string          `json:"dedupe"`           // broker or inbox: who drops the relays' re-sends
 	Pooler         string          `json:"pooler,omitempty"` // pgbouncer when PostgreSQL was reached through one
 	Started        time.Time       `json:"started"`
@@ -178,11 +177,11 @@ func (r *report) Summary() string {
 		fo = fmt.Sprintf(" | failover (%s): promoted %dms after the kill, first commit %dms and first publish %dms after the promotion, forgotten commits %d (published %d), effects lost %d, async warning %v",
 			f.Replication, f.KillToPromoteMs, f.FirstCommitMs, f.FirstPublishMs, f.Forgotten, f.ForgottenPublished, f.EffectsLost, f.AsyncWarning)
 	}
-	return fmt.Sprintf("%s seed=%d profile=%s broker=%s dedupe=%s elapsed=%s | tx %d: committed %d (poison %d), rolled back %d (aborted %d), unknown resolved %d | "+
+	return fmt.Sprintf("%s seed=%d profile=%s database=%s broker=%s dedupe=%s elapsed=%s | tx %d: committed %d (poison %d), rolled back %d (aborted %d), unknown resolved %d | "+
 		"stream %d stored, %d distinct, %d duplicates | effects %d, double applications %d, consumer dead letters %d, relay dead %d | "+
 		"crash-looping: relay %d (%d kills, at most %d for one, bound %d plus one per kill of a relay that gave up its crash marks), consumer %d (%d exits, at most %d for one, bound %d; order inversions across its restarts %d) | "+
 		"faults %d [%s], relay starts %d, unexpected exits %d | lag p50 %dms p99 %dms max %dms, worst backlog drain %dms, worst drain after a lift %dms, settled %v in %dms | violations %d %v",
-		verdict, r.Seed, r.Profile.Name, r.Broker, r.Dedupe, r.Elapsed, c.Transactions, c.Committed, c.CommittedPoison, c.RolledBack, c.Aborted, c.UnknownResolved,
+		verdict, r.Seed, r.Profile.Name, r.Database, r.Broker, r.Dedupe, r.Elapsed, c.Transactions, c.Committed, c.CommittedPoison, c.RolledBack, c.Aborted, c.UnknownResolved,
 		c.StreamMessages, c.StreamDistinct, c.StreamDuplicates, c.Effects, c.DupEffects, c.ConsumerDead, c.RelayDead,
 		c.RelayCrashMessages, c.RelayCrashKills, worst[crashRelay], relayCrashBound, c.ConsumerCrashMessages, c.ConsumerCrashExits, worst[crashConsumer], consumerCrashBound, c.ApplyOrderAcrossRestart,
 		len(r.Faults), strings.Join(kinds, " "), starts, exits, r.Lag.P50Ms, r.Lag.P99Ms, r.Lag.MaxMs, maxBacklog, maxLift, r.Settled, r.SettleMs,
@@ -235,25 +234,19 @@ func (h *harness) check(ctx context.Context) *report {
 		o.noApplyOrder = h.broker.name() + "'s subscriber does not promise per-key order (a requeued delivery goes behind later ones); the broker's own order of first copies is still checked (stream_order)"
 	}
 	p := h.prefix
-	rows, _ := h.pool.Query(ctx, `SELECT message_id, key, seq, applied_at FROM `+p+`effects`)
-	o.effects, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (effectRow, error) {
-		var e effectRow
-		return e, r.Scan(&e.ID, &e.Key, &e.Seq, &e.At)
-	})
-	if err != nil {
+	if o.effects, err = h.db.effects(ctx); err != nil {
 		t.Fatalf("checker: effects: %v", err)
 	}
-	strs := func(q string, args ...any) []string {
-		rows, _ := h.pool.Query(ctx, q, args...)
-		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	strs := func(table, col, cond string) []string {
+		out, err := h.db.column(ctx, table, col, cond)
 		if err != nil {
-			t.Fatalf("checker: %s: %v", q, err)
+			t.Fatalf("checker: %s.%s: %v", table, col, err)
 		}
 		return out
 	}
-	o.dups = strs(`SELECT message_id FROM ` + p + `dup_effects`)
-	o.consumerDead = strs(`SELECT message_id FROM `+p+`consumer_dead WHERE consumer = $1`, consumerName)
-	o.relayDead = strs(`SELECT id::text FROM ` + p + `dead`)
+	o.dups = strs("dup_effects", "message_id", "")
+	o.consumerDead = strs("consumer_dead", "message_id", "consumer = '"+consumerName+"'")
+	o.relayDead = strs("dead", "id", "")
 
 	var faults []*fault
 	if sched := h.faults(); sched != nil {
@@ -263,7 +256,7 @@ func (h *harness) check(ctx context.Context) *report {
 		// After a failover, the domain row each writer committed with its
 		// message says whether the new primary has the commit.
 		kept := map[string]bool{}
-		for _, id := range strs(`SELECT message_id FROM ` + p + `writes`) {
+		for _, id := range strs("writes", "message_id", "") {
 			kept[id] = true
 		}
 		o.forgotten = map[string]bool{}
@@ -286,12 +279,12 @@ func (h *harness) check(ctx context.Context) *report {
 	}
 	rep := judge(o, faults)
 	h.judgeFailover(o, rep)
-	_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM `+p+`outbox`).Scan(&rep.Counts.OutboxPending)
+	rep.Counts.OutboxPending, _ = h.db.count(ctx, "outbox")
 	rep.Counts.Transactions = h.hist.transactions()
 	rep.Counts.WriteErrors = h.writeErrs.Load()
 	rep.Seed, rep.Profile, rep.Started = h.seed, h.prof, h.started
 	rep.Settled, rep.SettleMs = h.settled, h.settledAt.Sub(h.writersDone).Milliseconds()
-	rep.Prefix, rep.Stream, rep.Dir, rep.Broker = p, h.broker.where(), h.dir, h.broker.name()
+	rep.Prefix, rep.Stream, rep.Dir, rep.Broker, rep.Database = p, h.broker.where(), h.dir, h.broker.name(), h.db.name()
 	for i, r := range h.relays {
 		starts, exits, crashes := r.stats()
 		clean := i < len(h.cleanStops) && h.cleanStops[i]

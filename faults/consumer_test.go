@@ -14,11 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // The consumer is a process of its own, so that a message can end it: the
@@ -30,7 +26,7 @@ const consumerVar = "POSTBOX_FAULTS_CONSUMER"
 // consumerCase is what the consumer process is told, as JSON in
 // consumerVar.
 type consumerCase struct {
-	DB     string            `json:"db"` // its PostgreSQL URL, application_name fx<run>consumer
+	DB     consumerDB        `json:"db"` // its database (database.consumer)
 	Prefix string            `json:"prefix"`
 	Broker string            `json:"broker"` // brokerName's
 	Vars   map[string]string `json:"vars"`   // the broker's (broker.consumerVars)
@@ -63,42 +59,46 @@ func consumeChild(v string) error {
 	ctx, stop := ossignal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	cfg, err := pgxpool.ParseConfig(c.DB)
-	if err != nil {
-		return err
-	}
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	client, err := postbox.NewClient(postboxpgx.New(pool), &postbox.Config{
+	cfg := &postbox.Config{
 		Prefix: c.Prefix, Logger: log,
 		MaxAttempts: 3, MaxCrashes: maxCrashes, BackoffBase: 50 * time.Millisecond, BackoffMax: 250 * time.Millisecond,
-	})
+	}
+	open := openPGConsumer
+	if c.DB.Kind == dbMariaDB {
+		open = openMariaConsumer
+	}
+	proc, closeDB, err := open(ctx, c, cfg, applier{crashFile: c.CrashFile})
 	if err != nil {
 		return err
 	}
+	defer closeDB()
 	sub, closeSub, err := consumerSubscriber(ctx, c.Broker, c.Vars, c.AckWait, log)
 	if err != nil {
 		return err
 	}
 	defer closeSub()
-	a := applier{prefix: c.Prefix, crashFile: c.CrashFile}
-	err = sub.Run(ctx, client.Inbox().Processor(consumerName, a.apply))
+	err = sub.Run(ctx, proc)
 	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
 		return nil // SIGTERM: a clean stop
 	}
 	return err
 }
 
-// applier is the consumer's handler.
+// applier is the consumer's handler, whatever the database: effect
+// inserts a message's effect (id, key, seq) unless it is there already,
+// dup records a second application (id), each in the dialect of the
+// database (openPGConsumer, openMariaConsumer), run by exec in the
+// handler's transaction.
 type applier struct {
-	prefix, crashFile string
+	crashFile   string
+	effect, dup string
 }
 
-func (a applier) apply(ctx context.Context, tx pgx.Tx, d *postbox.Delivery) error {
+// execFunc runs a statement in the handler's transaction and counts the
+// rows it wrote.
+type execFunc func(q string, args ...any) (rows int64, err error)
+
+func (a applier) apply(exec execFunc, d *postbox.Delivery) error {
 	var p payload
 	if err := json.Unmarshal(d.Payload, &p); err != nil {
 		return fmt.Errorf("undecodable payload: %w", err)
@@ -106,8 +106,7 @@ func (a applier) apply(ctx context.Context, tx pgx.Tx, d *postbox.Delivery) erro
 	if p.Poison {
 		return errPoison
 	}
-	tag, err := tx.Exec(ctx, `INSERT INTO `+a.prefix+`effects (message_id, key, seq, applied_at)
-		VALUES ($1, $2, $3, clock_timestamp()) ON CONFLICT (message_id) DO NOTHING`, d.ID, p.Key, p.Seq)
+	n, err := exec(a.effect, d.ID, p.Key, p.Seq)
 	if err != nil {
 		return err
 	}
@@ -120,10 +119,10 @@ func (a applier) apply(ctx context.Context, tx pgx.Tx, d *postbox.Delivery) erro
 		}
 		os.Exit(crashExit)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		// The inbox let a copy through: record the second application
 		// instead of failing, so the checker counts it.
-		_, err = tx.Exec(ctx, `INSERT INTO `+a.prefix+`dup_effects (message_id, applied_at) VALUES ($1, clock_timestamp())`, d.ID)
+		_, err = exec(a.dup, d.ID)
 	}
 	return err
 }

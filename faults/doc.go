@@ -23,6 +23,14 @@
 // replica (POSTBOX_FAILOVER_PROFILE: failover-sync or failover-async).
 //
 // Environment: POSTBOX_FAULTS_PROFILE (short, the default, or soak),
+// POSTBOX_FAULTS_DB (postgres, the default, or mariadb: a mariadbd of the
+// run's own, made with mariadb-install-db on a data directory and port of
+// its own, the relays connecting as the user fxrelay and the consumer as
+// fxconsumer, so that pg_terminate is KILL CONNECTION of their process
+// list entries, pg_restart stops mariadbd with SIGTERM or, immediate,
+// SIGKILL and starts it again on the same data, and xmin_hold is an open
+// START TRANSACTION WITH CONSISTENT SNAPSHOT; TestFaults only, and
+// PgBouncer, replicas and their failover, and the fleet are refused),
 // POSTBOX_FAULTS_BROKER (nats, the default, nats-cluster with the cluster
 // profile, or rabbitmq), POSTBOX_FAULTS_NATS_SYNC (nats-cluster: always),
 // POSTBOX_FAULTS_POOLER (pgbouncer: every connection through PgBouncer),
@@ -30,6 +38,7 @@
 // and the same writer decisions), POSTBOX_FAULTS_DEDUPE (NATS: broker or
 // inbox), POSTBOX_FAULTS_REPORT (the JSON report's path),
 // POSTBOX_FAULTS_DIR (keep the run's files: logs, history, stream), and
-// POSTBOX_FAULTS_NATS_SERVER, POSTBOX_FAULTS_PG_BINDIR and
-// POSTBOX_FAULTS_RABBITMQ_SBIN (where the server binaries are).
+// POSTBOX_FAULTS_NATS_SERVER, POSTBOX_FAULTS_PG_BINDIR,
+// POSTBOX_FAULTS_MARIADB_BINDIR and POSTBOX_FAULTS_RABBITMQ_SBIN (where
+// the server binaries are).
 package faults

@@ -176,6 +176,13 @@ func runProfile(t *testing.T, prof profile, plan func(*rand.Rand, profile) []*fa
 
 	rng := seeded(seed)
 	sched := plan(rng, prof)
+	db, err := databaseName()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if why := refuseOnMariaDB(prof, sched, fleet != nil); db == dbMariaDB && why != "" {
+		t.Fatalf("POSTBOX_FAULTS_DB=mariadb: profile %s cannot run on MariaDB: %s", prof.Name, why)
+	}
 	for _, f := range sched {
 		t.Logf("faults: scheduled %s", f)
 	}

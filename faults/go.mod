@@ -7,12 +7,15 @@ require (
 	github.com/nats-io/nats.go v1.55.0
 	github.com/postbox-go/postbox v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxamqp v0.0.0-00010101000000-000000000000
+	github.com/postbox-go/postbox/postboxmysql v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxnats v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxpgx v0.0.0-00010101000000-000000000000
 	github.com/rabbitmq/amqp091-go v1.16.0
 )
 
 require (
+	filippo.io/edwards25519 v1.1.0 // indirect
+	github.com/go-sql-driver/mysql v1.9.3 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
@@ -28,12 +31,14 @@ require (
 
 replace (
 	github.com/postbox-go/postbox => ..
+	github.com/postbox-go/postbox/internal/mysqltest => ../internal/mysqltest
 	github.com/postbox-go/postbox/internal/natsembed => ../internal/natsembed
 	github.com/postbox-go/postbox/internal/sqlitetest => ../internal/sqlitetest
 	github.com/postbox-go/postbox/postboxadmin => ../postboxadmin
 	github.com/postbox-go/postbox/postboxamqp => ../postboxamqp
 	github.com/postbox-go/postbox/postboxidem => ../postboxidem
 	github.com/postbox-go/postbox/postboxkafka => ../postboxkafka
+	github.com/postbox-go/postbox/postboxmysql => ../postboxmysql
 	github.com/postbox-go/postbox/postboxnats => ../postboxnats
 	github.com/postbox-go/postbox/postboxotel => ../postboxotel
 	github.com/postbox-go/postbox/postboxpgx => ../postboxpgx

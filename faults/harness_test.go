@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,14 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/pgbouncer"
 	"github.com/postbox-go/postbox/internal/tcpproxy"
-	"github.com/postbox-go/postbox/postboxmigrate"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 const (
@@ -41,14 +35,16 @@ type harness struct {
 	runID string
 
 	prefix string
-	dbURL  string
+	// db is the run's database (POSTBOX_FAULTS_DB); dbURL, replica,
+	// replLink, pooler, pool and pg are PostgreSQL's (newPGDatabase).
+	db    database
+	dbURL string
 	// replica, when the profile asks for one, is promoted by pg_failover.
 	replica *pgCluster
 	// replLink carries the replica's stream from the primary.
 	replLink *tcpproxy.Proxy
 	pooler   string        // "" or pgbouncer (POSTBOX_FAULTS_POOLER)
 	pool     *pgxpool.Pool // writers and the harness (application_name fx<run>writer)
-	client   *postbox.Client[pgx.Tx]
 	pg       *pgCluster
 	broker   broker
 	// Each relay reaches the broker and PostgreSQL through proxies of its
@@ -81,79 +77,16 @@ func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, di
 	t.Helper()
 	run := fmt.Sprintf("%d%d", os.Getpid()%100000, time.Now().UnixNano()%1_000_000)
 	h := &harness{t: t, prof: prof, seed: seed, dir: dir, runID: run, prefix: "fx" + run + "_"}
-	var err error
-	h.pg = startPG(t, ctx)
-	if h.pooler, err = poolerName(); err != nil {
-		t.Fatal(err)
-	}
-	// hosts are what the processes connect to, in the URL's order.
-	hosts, params := []string{h.pg.addr()}, ""
-	switch {
-	case h.pooler == "pgbouncer" && prof.Replica != "":
-		t.Fatal("faults: a pooler and a replica in one run are not supported")
-	case h.pooler == "pgbouncer":
-		// Everyone (writers, consumer, relays through their proxies)
-		// reaches PostgreSQL through PgBouncer in transaction pooling
-		// mode, with the pgx setting README's "Behind PgBouncer" names.
-		pb, err := pgbouncer.Start(ctx, pgbouncer.Config{Upstream: h.pg.addr(), Databases: []string{"postgres"}, PoolSize: 40})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pb.Stop)
-		hosts = []string{fmt.Sprintf("127.0.0.1:%d", pb.Port)}
-		params = "default_query_exec_mode=cache_describe"
-		t.Logf("faults: PostgreSQL through PgBouncer (transaction pooling) at %s", hosts[0])
-	case prof.Replica != "":
-		// A streaming replica, synchronous or not, that a failover
-		// promotes; everyone connects with both hosts and
-		// target_session_attrs=read-write, so that they find the primary
-		// wherever it is.
-		rp, err := tcpproxy.New(h.pg.addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(rp.Close)
-		h.replLink = rp
-		h.replica = startReplica(t, ctx, h.pg, rp.Addr())
-		if err := h.replicate(ctx, prof.Replica); err != nil {
-			t.Fatal(err)
-		}
-		hosts = append(hosts, h.replica.addr())
-		params = "target_session_attrs=read-write"
-		t.Logf("faults: PostgreSQL %s, with a %s streaming replica at %s", hosts[0], prof.Replica, hosts[1])
-	}
-	h.dbURL = pgURL(hosts, params)
-
-	h.pool = h.openPool(ctx, "writer", int32(prof.Writers+4))
-	m, err := postboxmigrate.New(postboxpgx.New(h.pool), &postboxmigrate.Config{Prefix: h.prefix})
+	kind, err := databaseName()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatalf("migrate: %v", err)
+	if kind == dbMariaDB {
+		h.db = newMariaDatabase(ctx, h)
+	} else {
+		h.db = newPGDatabase(ctx, h)
 	}
 	p := h.prefix
-	for _, q := range []string{
-		// The domain: one row per key, locked by each writer, so that write
-		// order per key is defined (docs/design.md §1, "write order").
-		`CREATE TABLE ` + p + `entities (key text PRIMARY KEY, seq integer NOT NULL DEFAULT 0)`,
-		// A domain row per message, in the writer's transaction: it settles
-		// a commit whose outcome the writer could not see.
-		`CREATE TABLE ` + p + `writes (message_id text PRIMARY KEY, key text NOT NULL, seq integer NOT NULL)`,
-		// The consumer's effects, written with the inbox record.
-		`CREATE TABLE ` + p + `effects (message_id text PRIMARY KEY, key text NOT NULL, seq integer NOT NULL, applied_at timestamptz NOT NULL)`,
-		// A second application of a message lands here instead of failing.
-		`CREATE TABLE ` + p + `dup_effects (message_id text NOT NULL, applied_at timestamptz NOT NULL)`,
-		`INSERT INTO ` + p + `entities (key) SELECT 'k' || lpad(g::text, 4, '0') FROM generate_series(0, ` + fmt.Sprint(prof.Keys-1) + `) g`,
-	} {
-		if _, err := h.pool.Exec(ctx, q); err != nil {
-			t.Fatalf("domain tables: %v", err)
-		}
-	}
-	h.client, err = postbox.NewClient(postboxpgx.New(h.pool), &postbox.Config{Prefix: p, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	switch brokerKind {
 	case "rabbitmq":
@@ -196,7 +129,7 @@ log:
 	for i := range prof.relays() {
 		// A proxy per host, the first of which the relay's faults use.
 		var via []string
-		for j, host := range hosts {
+		for j, host := range h.db.hosts() {
 			dp, err := tcpproxy.New(host)
 			if err != nil {
 				t.Fatal(err)
@@ -207,10 +140,9 @@ log:
 			}
 			via = append(via, dp.Addr())
 		}
-		url := pgURL(via, params)
 		env := append(append([]string(nil), base...),
 			"POSTBOX_CONFIG="+cfg,
-			"POSTBOX_DATABASE_URL="+withAppName(url, appName(run, fmt.Sprintf("relay%d", i))),
+			"POSTBOX_DATABASE_URL="+h.db.relayURL(via, i),
 			"POSTBOX_PREFIX="+p,
 			"POSTBOX_ADMIN_LISTEN=off",
 		)
@@ -226,7 +158,7 @@ log:
 		h.relays = append(h.relays, r)
 	}
 	h.consumer = newConsumerProc(t, consumerCase{
-		DB:     withAppName(h.dbURL, appName(run, "consumer")),
+		DB:     h.db.consumer(),
 		Prefix: p, Broker: brokerKind, Vars: h.broker.consumerVars(), AckWait: prof.ackWait(),
 		CrashFile: filepath.Join(dir, "consumer.crash"),
 	}, base, filepath.Join(dir, "consumer.log"))
@@ -242,7 +174,7 @@ log:
 		t.Fatal(err)
 	}
 	h.watch = &watcher{first: map[string]time.Time{}}
-	t.Logf("faults: prefix %s, %s %s, files in %s", p, h.broker.name(), h.broker.where(), dir)
+	t.Logf("faults: %s, prefix %s, %s %s, files in %s", h.db.name(), p, h.broker.name(), h.broker.where(), dir)
 	return h
 }
 
@@ -366,8 +298,7 @@ func (h *harness) waitSettled(ctx context.Context) bool {
 		// have is never published, and some effects the consumer made
 		// on the old primary are gone: wait for the rest, and for the
 		// effects to stop changing.
-		rows, _ := h.pool.Query(ctx, `SELECT message_id FROM `+h.prefix+`writes`)
-		kept, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		kept, err := h.db.column(ctx, "writes", "message_id", "")
 		if err == nil {
 			keep := map[string]bool{}
 			for _, id := range kept {
@@ -389,9 +320,9 @@ func (h *harness) waitSettled(ctx context.Context) bool {
 			}
 		}
 		var effects, dead, relayDead int
-		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.prefix+`effects`).Scan(&effects)
-		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.prefix+`consumer_dead`).Scan(&dead)
-		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM `+h.prefix+`dead`).Scan(&relayDead)
+		effects, _ = h.db.count(ctx, "effects")
+		dead, _ = h.db.count(ctx, "consumer_dead")
+		relayDead, _ = h.db.count(ctx, "dead")
 		if missing == 0 && effects >= want && dead >= poison+consumerCrash && relayDead >= relayCrash {
 			return true
 		}
@@ -452,7 +383,7 @@ func (h *harness) inject(ctx context.Context, sched []*fault) {
 				f.Note += " cont: " + err.Error()
 			}
 		case faultPGTerm:
-			f.Note = fmt.Sprintf("terminated %d backends", h.terminateLoop(ctx, f.Hold, f.Consumer))
+			f.Note = fmt.Sprintf("terminated %d connections", h.terminateLoop(ctx, f.Hold, f.Consumer))
 		case faultBlackhole:
 			lifts := make([]func(), len(h.proxies))
 			for i, p := range h.proxies {
@@ -499,7 +430,7 @@ func (h *harness) inject(ctx context.Context, sched []*fault) {
 				f.Note += " start: " + err.Error()
 			}
 		case faultPGRestart:
-			if err := h.pg.restart(ctx, f.Mode, f.Hold); err != nil {
+			if err := h.db.restart(ctx, f.Mode, f.Hold); err != nil {
 				f.Note = err.Error()
 			}
 		}
@@ -513,17 +444,9 @@ func (h *harness) inject(ctx context.Context, sched []*fault) {
 // consumer's too when asked, every 150ms for d.
 func (h *harness) terminateLoop(ctx context.Context, d time.Duration, consumer bool) int {
 	end := time.Now().Add(d)
-	pattern := appName(h.runID, "relay") + "%"
-	other := "-" // matches no application_name of ours
-	if consumer {
-		other = appName(h.runID, "consumer")
-	}
 	total := 0
 	for time.Now().Before(end) && ctx.Err() == nil {
-		var n int
-		err := h.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-			WHERE (application_name LIKE $1 OR application_name = $2) AND pid <> pg_backend_pid()`, pattern, other).Scan(&n)
-		if err == nil {
+		if n, err := h.db.terminate(ctx, consumer); err == nil {
 			total += n
 		}
 		sleep(ctx, 150*time.Millisecond)
@@ -531,15 +454,16 @@ func (h *harness) terminateLoop(ctx context.Context, d time.Duration, consumer b
 	return total
 }
 
-// holdXmin keeps a transaction with an xid and a snapshot open for d.
+// holdXmin keeps a transaction with a snapshot open for d: on PostgreSQL
+// it holds an xid and xmin back, on MariaDB InnoDB's purge.
 func (h *harness) holdXmin(ctx context.Context, d time.Duration) error {
 	// The database may still be coming back from an earlier fault (a
 	// restart, or PgBouncer's pause before it logs in again): try for a
 	// while, so that the fault tests what it says.
-	var tx pgx.Tx
+	var release func()
 	var err error
 	for try := time.Now(); ; {
-		if tx, err = h.beginXmin(ctx); err == nil || time.Since(try) > 10*time.Second || ctx.Err() != nil {
+		if release, err = h.db.snapshot(ctx); err == nil || time.Since(try) > 10*time.Second || ctx.Err() != nil {
 			break
 		}
 		sleep(ctx, 200*time.Millisecond)
@@ -547,27 +471,9 @@ func (h *harness) holdXmin(ctx context.Context, d time.Duration) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	var n int
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+h.prefix+`outbox`).Scan(&n); err != nil {
-		return err
-	}
+	defer release()
 	sleep(ctx, d)
 	return nil
-}
-
-// beginXmin opens a REPEATABLE READ transaction holding an xid.
-func (h *harness) beginXmin(ctx context.Context) (pgx.Tx, error) {
-	tx, err := h.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		return nil, err
-	}
-	var xid int64
-	if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&xid); err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	return tx, nil
 }
 
 // sleep waits d or until ctx ends.

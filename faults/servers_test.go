@@ -329,34 +329,51 @@ func (c *pgCluster) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	return waitReady(ctx, done, "postgres", c.log, func() error {
+		_, err := c.run(ctx, "pg_isready", "-q", "-h", "127.0.0.1", "-p", strconv.Itoa(c.port))
+		return err
+	})
+}
+
+// waitReady waits until ready succeeds, for at most 90s, or until the
+// server, which closes done when it exits, has ended.
+func waitReady(ctx context.Context, done <-chan struct{}, name, log string, ready func() error) error {
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		if _, err := c.run(ctx, "pg_isready", "-q", "-h", "127.0.0.1", "-p", strconv.Itoa(c.port)); err == nil {
+		err := ready()
+		if err == nil {
 			return nil
 		}
 		select {
 		case <-done:
-			return fmt.Errorf("postgres exited at start (see %s)", c.log)
+			return fmt.Errorf("%s exited at start (see %s)", name, log)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("postgres not ready after 90s (see %s)", c.log)
+			return fmt.Errorf("%s not ready after 90s: %w (see %s)", name, err, log)
 		}
 	}
 }
 
 // stop shuts the server down: "fast" (SIGINT: a clean shutdown) or
 // "immediate" (SIGQUIT: no checkpoint, recovery from the WAL at the next
-// start, as after a crash). SIGKILL after a minute.
+// start, as after a crash).
 func (c *pgCluster) stop(mode string) error {
-	sig := syscall.SIGINT
+	return stopServer(&c.proc, "postgres", mode, syscall.SIGINT, syscall.SIGQUIT)
+}
+
+// stopServer stops a database server with fast, or with immediate when
+// mode is "immediate", and SIGKILLs it when it has not stopped after a
+// minute.
+func stopServer(proc *child, name, mode string, fast, immediate syscall.Signal) error {
+	sig := fast
 	if mode == "immediate" {
-		sig = syscall.SIGQUIT
+		sig = immediate
 	}
-	if c.proc.stop(signal(sig), time.Minute) {
-		return fmt.Errorf("postgres did not stop (%s); killed", mode)
+	if proc.stop(signal(sig), time.Minute) {
+		return fmt.Errorf("%s did not stop (%s); killed", name, mode)
 	}
 	return nil
 }

@@ -203,14 +203,14 @@ func (h *harness) writeTx(ctx context.Context, n int, key string, poison []bool,
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	count := len(poison)
-	tx, err := h.pool.Begin(ctx)
+	tx, err := h.db.begin(ctx)
 	if err != nil {
 		h.writeErrs.Add(1)
 		return "", "begin: " + err.Error()
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	var last int
-	if err := tx.QueryRow(ctx, `UPDATE `+h.prefix+`entities SET seq = seq + $2 WHERE key = $1 RETURNING seq`, key, count).Scan(&last); err != nil {
+	defer func() { _ = tx.rollback(context.WithoutCancel(ctx)) }()
+	last, err := tx.lock(ctx, key, count)
+	if err != nil {
 		h.writeErrs.Add(1)
 		return "", "lock: " + err.Error()
 	}
@@ -226,22 +226,19 @@ func (h *harness) writeTx(ctx context.Context, n int, key string, poison []bool,
 		ids[i], seqs[i] = id, seq
 	}
 	outcome, note := rolledBack, ""
-	err = h.client.WriteTx(ctx, tx, msgs...)
-	if err == nil {
-		_, err = tx.Exec(ctx, `INSERT INTO `+h.prefix+`writes (message_id, key, seq) SELECT u.id, $3, u.seq FROM unnest($1::text[], $2::int[]) AS u(id, seq)`, ids, seqs, key)
-	}
+	err = tx.write(ctx, key, msgs, seqs)
 	switch {
 	case err != nil:
 		// Aborted: rolled back, so these must never be published either.
 		h.writeErrs.Add(1)
 		note = "aborted: " + err.Error()
-		_ = tx.Rollback(ctx)
+		_ = tx.rollback(ctx)
 	case rollback:
-		if err := tx.Rollback(ctx); err != nil {
+		if err := tx.rollback(ctx); err != nil {
 			note = "rollback error: " + err.Error()
 		}
 	default:
-		if err := tx.Commit(ctx); err != nil {
+		if err := tx.commit(ctx); err != nil {
 			outcome, note = unknown, "commit error: "+err.Error()
 		} else {
 			outcome = committed
@@ -258,15 +255,23 @@ func (h *harness) writeTx(ctx context.Context, n int, key string, poison []bool,
 // resolveUnknown settles commits whose outcome the writer could not see,
 // from the domain rows written in the same transaction.
 func (h *harness) resolveUnknown(ctx context.Context) {
-	for _, r := range h.hist.unknownIDs() {
-		var exists bool
-		if err := h.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+h.prefix+`writes WHERE message_id = $1)`, r.ID).Scan(&exists); err != nil {
-			h.t.Errorf("resolve unknown commit %s: %v", r.ID, err)
-			continue
-		}
+	unknown := h.hist.unknownIDs()
+	if len(unknown) == 0 {
+		return
+	}
+	ids, err := h.db.column(ctx, "writes", "message_id", "")
+	if err != nil {
+		h.t.Errorf("resolve %d unknown commits: %v", len(unknown), err)
+		return
+	}
+	written := map[string]bool{}
+	for _, id := range ids {
+		written[id] = true
+	}
+	for _, r := range unknown {
 		r.Resolved = true
 		r.Outcome = rolledBack
-		if exists {
+		if written[r.ID] {
 			r.Outcome = committed
 		}
 		h.hist.resolve(r)
