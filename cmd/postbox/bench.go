@@ -20,6 +20,13 @@ func databaseURLFlag(cmd *cobra.Command, p *string) {
 	cmd.Flags().StringVar(p, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL connection URL")
 }
 
+// anyDatabaseURLFlag adds the --database-url flag of a benchmark that also
+// runs on MySQL or MariaDB to cmd.
+func anyDatabaseURLFlag(cmd *cobra.Command, p *string) {
+	databaseURLFlag(cmd, p)
+	cmd.Flags().Lookup("database-url").Usage = "PostgreSQL connection URL, or mysql://user@host:3306/dbname for MySQL or MariaDB"
+}
+
 // natsURLFlag adds the --nats-url flag, the NATS server a benchmark
 // publishes to, to cmd.
 func natsURLFlag(cmd *cobra.Command, p *string) {
@@ -43,7 +50,7 @@ func newBenchDrain() *cobra.Command {
 	var jsonFile string
 	drain := &cobra.Command{
 		Use:   "drain",
-		Short: "Backlog drain, PostgreSQL to NATS JetStream, against the raw JetStream publish rate",
+		Short: "Backlog drain, PostgreSQL or MySQL/MariaDB to NATS JetStream, against the raw JetStream publish rate",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if opts.SampleEvery < 0 {
@@ -75,13 +82,13 @@ func newBenchDrain() *cobra.Command {
 			if med.CPUKnown {
 				// Both phases move the same messages into the same
 				// server: the difference is the outbox's own cost.
-				fmt.Fprintln(tw, "\nCPU µs per message\traw, no id: publisher\tnats-server\traw, Nats-Msg-Id: publisher\tnats-server\ttotal\tdrain: relay\tpostgres\tnats-server\ttotal\t")
+				fmt.Fprintf(tw, "\nCPU µs per message\traw, no id: publisher\tnats-server\traw, Nats-Msg-Id: publisher\tnats-server\ttotal\tdrain: relay\t%s\tnats-server\ttotal\t\n", med.Database)
 				row := func(name string, r bench.DrainResult) {
 					m := bench.Micros
 					fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", name,
 						m(r.RawPlainCPU.Self), m(r.RawPlainCPU.NATS),
 						m(r.RawCPU.Self), m(r.RawCPU.NATS), m(r.RawCPU.Self+r.RawCPU.NATS),
-						m(r.DrainCPU.Self), m(r.DrainCPU.Postgres), m(r.DrainCPU.NATS), m(r.DrainCPU.Total()))
+						m(r.DrainCPU.Self), m(r.DrainCPU.Database), m(r.DrainCPU.NATS), m(r.DrainCPU.Total()))
 				}
 				for i, r := range results {
 					row(fmt.Sprint(i+1), r)
@@ -97,7 +104,7 @@ func newBenchDrain() *cobra.Command {
 		},
 	}
 	f := drain.Flags()
-	databaseURLFlag(drain, &opts.DatabaseURL)
+	anyDatabaseURLFlag(drain, &opts.DatabaseURL)
 	natsURLFlag(drain, &opts.NatsURL)
 	f.IntVar(&opts.Messages, "messages", 100_000, "backlog size")
 	f.IntVar(&runs, "runs", 1, "repeat the measurement; the table shows each run and the median")

@@ -89,29 +89,37 @@ func procCPU(path string) (time.Duration, bool) {
 
 // CPUUse is the CPU time each side used during a phase, per message.
 type CPUUse struct {
-	Self     time.Duration // this process: the benchmark's client, or the relay
-	Postgres time.Duration // every process named postgres
+	Self time.Duration // this process: the benchmark's client, or the relay
+	// Database is every process of the database server: those named
+	// postgres, or mariadbd and mysqld (cpuPhase's names).
+	Database time.Duration
 	NATS     time.Duration // every process named nats-server
 }
 
 // Total is the sum of the three.
-func (c CPUUse) Total() time.Duration { return c.Self + c.Postgres + c.NATS }
+func (c CPUUse) Total() time.Duration { return c.Self + c.Database + c.NATS }
 
 // cpuPhase measures the CPU used between its call and the call of the
 // function it returns, divided by messages. A process that ends during
-// the phase loses its share; one that starts counts whole. The figure is
-// only as good as the machine is otherwise quiet: other work's postgres
-// backends count too.
-func cpuPhase() func(messages int) (CPUUse, bool) {
-	names := []string{"postgres", "nats-server"}
+// the phase loses its share; one that starts counts whole. The database
+// server is every process named in db, PostgreSQL's "postgres" when db is
+// empty. The figure is only as good as the machine is otherwise quiet:
+// other work's database backends count too.
+func cpuPhase(db ...string) func(messages int) (CPUUse, bool) {
+	if len(db) == 0 {
+		db = []string{"postgres"}
+	}
+	names := append([]string{"nats-server"}, db...)
 	before := cpuTimes(names...)
 	return func(messages int) (CPUUse, bool) {
 		return cpuBetween(before, cpuTimes(names...), messages)
 	}
 }
 
-// cpuBetween is the CPU each side used from before to after, per message.
-// A pid found under another name after is a reused one and counts whole.
+// cpuBetween is the CPU each side used from before to after, per message:
+// this process's, nats-server's, and every other process's read as the
+// database's. A pid found under another name after is a reused one and
+// counts whole.
 func cpuBetween(before, after map[int]proc, messages int) (CPUUse, bool) {
 	if before == nil || after == nil || messages <= 0 {
 		return CPUUse{}, false
@@ -127,7 +135,13 @@ func cpuBetween(before, after map[int]proc, messages int) (CPUUse, bool) {
 		}
 	}
 	n := time.Duration(messages)
-	return CPUUse{Self: sum["self"] / n, Postgres: sum["postgres"] / n, NATS: sum["nats-server"] / n}, true
+	var db time.Duration
+	for name, d := range sum {
+		if name != "self" && name != "nats-server" {
+			db += d
+		}
+	}
+	return CPUUse{Self: sum["self"] / n, Database: db / n, NATS: sum["nats-server"] / n}, true
 }
 
 // us formats d in microseconds with one decimal.

@@ -75,7 +75,7 @@ func TestCPUBetweenReadings(t *testing.T) {
 	})
 	b, a := cpuTimesAt(before, self, names...), cpuTimesAt(after, self, names...)
 	use, ok := cpuBetween(b, a, 10)
-	want := CPUUse{Self: 20 * clockTick, Postgres: 9 * clockTick, NATS: 10 * clockTick}
+	want := CPUUse{Self: 20 * clockTick, Database: 9 * clockTick, NATS: 10 * clockTick}
 	if !ok || use != want {
 		t.Fatalf("cpuBetween = %+v, %v; want %+v", use, ok, want)
 	}

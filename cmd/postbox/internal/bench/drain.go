@@ -12,10 +12,9 @@ import (
 	"os"
 	"runtime/pprof"
 	"sort"
+	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -53,6 +52,9 @@ type DrainSample struct {
 
 // DrainResult is one run's figures.
 type DrainResult struct {
+	// Database names the server the backlog was in: PostgreSQL, MariaDB
+	// or MySQL.
+	Database     string
 	Messages     int
 	RawRate      float64 // raw JetStream async publishes with Nats-Msg-Id acknowledged per second
 	RawPlainRate float64 // the same without Nats-Msg-Id
@@ -62,7 +64,7 @@ type DrainResult struct {
 	Ratio        float64 // DrainRate / RawRate
 	RatioPlain   float64 // DrainRate / RawPlainRate
 	// RawCPU and DrainCPU are the CPU time per message of this process
-	// (the raw publisher, then the relay), of PostgreSQL and of
+	// (the raw publisher, then the relay), of the database server and of
 	// nats-server during each phase, read from /proc; CPUKnown is false
 	// where it could not be read. Both phases move the same messages to
 	// the same server, so the difference is what the outbox costs.
@@ -100,6 +102,12 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	res := DrainResult{Messages: opts.Messages}
 	tag := randTag()
 	payload := makePayload(opts.PayloadBytes)
+	db, err := openDatabase(ctx, opts.DatabaseURL, 0, "")
+	if err != nil {
+		return res, err
+	}
+	defer db.close()
+	res.Database = db.name()
 
 	// The baselines: the same messages published straight to JetStream
 	// with the same window, first without an id, then with the
@@ -118,22 +126,17 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		ids[i] = postbox.NewID()
 	}
 	var ok bool
-	if res.RawPlainRate, res.RawPlainCPU, ok, err = publishRaw(ctx, raw.js, "bench.raw."+tag+".m", payload, opts.Messages, nil); err != nil {
+	if res.RawPlainRate, res.RawPlainCPU, ok, err = publishRaw(ctx, raw.js, "bench.raw."+tag+".m", payload, opts.Messages, nil, db.procs()); err != nil {
 		return res, err
 	}
-	if res.RawRate, res.RawCPU, res.CPUKnown, err = publishRaw(ctx, raw.js, "bench.raw."+tag+".m", payload, opts.Messages, ids); err != nil {
+	if res.RawRate, res.RawCPU, res.CPUKnown, err = publishRaw(ctx, raw.js, "bench.raw."+tag+".m", payload, opts.Messages, ids, db.procs()); err != nil {
 		return res, err
 	}
 	res.CPUKnown = res.CPUKnown && ok
 	fmt.Fprintf(out, "raw JetStream: %.0f msg/s without Nats-Msg-Id, %.0f msg/s with it\n", res.RawPlainRate, res.RawRate)
 
-	pool, err := pgxpool.New(ctx, opts.DatabaseURL)
-	if err != nil {
-		return res, err
-	}
-	defer pool.Close()
 	prefix := "bench_" + tag + "_"
-	driver, drop, err := migrated(ctx, pool, prefix)
+	drop, err := db.migrate(ctx, prefix)
 	if err != nil {
 		return res, err
 	}
@@ -148,7 +151,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		return res, err
 	}
 	defer func() { _ = pub.Close(context.WithoutCancel(ctx)) }()
-	client, err := postbox.NewClient(driver, &postbox.Config{
+	client, err := db.newClient(&postbox.Config{
 		Prefix: prefix, Publisher: pub, PublishWindow: opts.Window, BatchSize: opts.BatchSize, Lanes: opts.Lanes,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
@@ -156,7 +159,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		return res, err
 	}
 
-	fmt.Fprintf(out, "postbox: writing a backlog of %d messages to PostgreSQL (%d keys)\n", opts.Messages, opts.Keys)
+	fmt.Fprintf(out, "postbox: writing a backlog of %d messages to %s (%d keys)\n", opts.Messages, db.name(), opts.Keys)
 	start := time.Now()
 	const chunk = 1000
 	msgs := make([]postbox.Message, 0, chunk)
@@ -174,7 +177,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		}
 	}
 	res.WriteRate = float64(opts.Messages) / time.Since(start).Seconds()
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+prefix+"outbox"); err != nil {
+	if err := db.analyze(ctx, prefix+"outbox"); err != nil {
 		return res, err
 	}
 
@@ -190,7 +193,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		}
 		defer pprof.StopCPUProfile()
 	}
-	drainCPU := cpuPhase()
+	drainCPU := cpuPhase(db.procs()...)
 	start = time.Now()
 	if err := client.Start(ctx); err != nil {
 		return res, err
@@ -205,9 +208,9 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		}
 	}()
 	if opts.SampleEvery > 0 {
-		timeline = sampleRemaining(sctx, opts.DatabaseURL, prefix+"outbox", start, opts.SampleEvery, int64(opts.Messages))
+		timeline = sampleRemaining(sctx, db, prefix+"outbox", start, opts.SampleEvery, int64(opts.Messages))
 	}
-	if err := waitOutboxEmpty(ctx, pool, prefix, 20*time.Millisecond); err != nil {
+	if err := waitOutboxEmpty(ctx, db, prefix, 20*time.Millisecond); err != nil {
 		return res, err
 	}
 	res.DrainElapsed = time.Since(start)
@@ -240,8 +243,8 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	}
 	fmt.Fprintf(out, "postbox: drained %d messages in %s: %.0f msg/s\n", opts.Messages, res.DrainElapsed.Round(time.Millisecond), res.DrainRate)
 	if res.CPUKnown {
-		fmt.Fprintf(out, "CPU per message, raw without id: publisher %s, nats-server %s; with id: publisher %s, nats-server %s; drain: relay %s, postgres %s, nats-server %s\n",
-			us(res.RawPlainCPU.Self), us(res.RawPlainCPU.NATS), us(res.RawCPU.Self), us(res.RawCPU.NATS), us(res.DrainCPU.Self), us(res.DrainCPU.Postgres), us(res.DrainCPU.NATS))
+		fmt.Fprintf(out, "CPU per message, raw without id: publisher %s, nats-server %s; with id: publisher %s, nats-server %s; drain: relay %s, %s %s, nats-server %s\n",
+			us(res.RawPlainCPU.Self), us(res.RawPlainCPU.NATS), us(res.RawCPU.Self), us(res.RawCPU.NATS), us(res.DrainCPU.Self), strings.Join(db.procs(), "/"), us(res.DrainCPU.Database), us(res.DrainCPU.NATS))
 	}
 	return res, nil
 }
@@ -249,10 +252,11 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 // publishRaw publishes n messages of payload to subject with
 // PublishMsgAsync, each with ids[i] as its Nats-Msg-Id when ids is not nil,
 // waits for every acknowledgement, and returns the rate and the CPU per
-// message of this process, PostgreSQL and nats-server meanwhile (known
-// reports whether /proc could be read).
-func publishRaw(ctx context.Context, js jetstream.JetStream, subject string, payload []byte, n int, ids []string) (rate float64, use CPUUse, known bool, err error) {
-	cpu := cpuPhase()
+// message of this process, the database server (the processes named in
+// dbProcs) and nats-server meanwhile (known reports whether /proc could be
+// read).
+func publishRaw(ctx context.Context, js jetstream.JetStream, subject string, payload []byte, n int, ids []string, dbProcs []string) (rate float64, use CPUUse, known bool, err error) {
+	cpu := cpuPhase(dbProcs...)
 	start := time.Now()
 	for i := 0; i < n; i++ {
 		msg := nats.NewMsg(subject)
@@ -286,16 +290,16 @@ func publishRaw(ctx context.Context, js jetstream.JetStream, subject string, pay
 // sampleRemaining counts table's rows every d from start, on a connection
 // of its own, until ctx ends or the table is empty, then sends the
 // samples, which begin with total at 0 s.
-func sampleRemaining(ctx context.Context, url, table string, start time.Time, d time.Duration, total int64) <-chan []DrainSample {
+func sampleRemaining(ctx context.Context, db database, table string, start time.Time, d time.Duration, total int64) <-chan []DrainSample {
 	out := make(chan []DrainSample, 1)
 	go func() {
 		samples := []DrainSample{{Seconds: 0, Remaining: total}}
 		defer func() { out <- samples }()
-		conn, err := pgx.Connect(ctx, url)
+		count, release, err := db.counter(ctx)
 		if err != nil {
 			return
 		}
-		defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+		defer release()
 		tick := time.NewTicker(d)
 		defer tick.Stop()
 		for {
@@ -304,8 +308,8 @@ func sampleRemaining(ctx context.Context, url, table string, start time.Time, d 
 			case <-ctx.Done():
 				return
 			}
-			var n int64
-			if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+			n, err := count(ctx, table)
+			if err != nil {
 				return
 			}
 			samples = append(samples, DrainSample{Seconds: time.Since(start).Seconds(), Remaining: n})
@@ -343,20 +347,21 @@ func Median(runs []DrainResult) DrainResult {
 	}
 	return DrainResult{
 		CPUKnown: known,
+		Database: runs[0].Database,
 		RawCPU: CPUUse{
 			Self:     cpu(func(r DrainResult) time.Duration { return r.RawCPU.Self }),
-			Postgres: cpu(func(r DrainResult) time.Duration { return r.RawCPU.Postgres }),
+			Database: cpu(func(r DrainResult) time.Duration { return r.RawCPU.Database }),
 			NATS:     cpu(func(r DrainResult) time.Duration { return r.RawCPU.NATS }),
 		},
 		DrainCPU: CPUUse{
 			Self:     cpu(func(r DrainResult) time.Duration { return r.DrainCPU.Self }),
-			Postgres: cpu(func(r DrainResult) time.Duration { return r.DrainCPU.Postgres }),
+			Database: cpu(func(r DrainResult) time.Duration { return r.DrainCPU.Database }),
 			NATS:     cpu(func(r DrainResult) time.Duration { return r.DrainCPU.NATS }),
 		},
 		Messages: runs[0].Messages,
 		RawPlainCPU: CPUUse{
 			Self:     cpu(func(r DrainResult) time.Duration { return r.RawPlainCPU.Self }),
-			Postgres: cpu(func(r DrainResult) time.Duration { return r.RawPlainCPU.Postgres }),
+			Database: cpu(func(r DrainResult) time.Duration { return r.RawPlainCPU.Database }),
 			NATS:     cpu(func(r DrainResult) time.Duration { return r.RawPlainCPU.NATS }),
 		},
 		RawRate:      pick(func(r DrainResult) float64 { return r.RawRate }),

@@ -158,12 +158,12 @@ func dropPrefix(pool *pgxpool.Pool, prefix string) {
 
 // waitOutboxEmpty polls, every d, until the outbox under prefix holds no
 // row.
-func waitOutboxEmpty(ctx context.Context, pool *pgxpool.Pool, prefix string, d time.Duration) error {
+func waitOutboxEmpty(ctx context.Context, db database, prefix string, d time.Duration) error {
 	tick := time.NewTicker(d)
 	defer tick.Stop()
 	for {
-		var empty bool
-		if err := pool.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM "+prefix+"outbox)").Scan(&empty); err != nil {
+		empty, err := db.empty(ctx, prefix+"outbox")
+		if err != nil {
 			return err
 		}
 		if empty {

@@ -3,6 +3,7 @@ package bench
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,16 +15,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/postboxpgx"
+	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
 )
 
 // WriteOptions configure the write-overhead benchmark: domain transactions
 // with and without a postbox message in them.
 type WriteOptions struct {
+	// DatabaseURL is PostgreSQL's (postgres://) or MySQL's or MariaDB's
+	// (mysql://).
 	DatabaseURL  string
 	Duration     time.Duration // of each measured phase; default 5s
 	Runs         int           // default 5
@@ -37,14 +37,21 @@ type WriteOptions struct {
 	// SynchronousCommit, when set, is the writers' synchronous_commit
 	// ("off" takes the WAL flush out of each commit, which leaves the CPU
 	// cost of the statements to compare); default the server's.
+	// PostgreSQL only: MySQL's innodb_flush_log_at_trx_commit is the
+	// server's, for every session.
 	SynchronousCommit string
 	// Warmup is run once, uncounted, before the first measured phase, so
 	// connections and prepared statements exist; default 1s, negative
 	// skips it.
 	Warmup time.Duration
 	// Pipeline makes the postbox phase's transactions postboxpgx.Tx, whose
-	// messages go with the COMMIT in one round trip.
+	// messages go with the COMMIT in one round trip. PostgreSQL only.
 	Pipeline bool
+	// NoBare skips the third phase of each case, the bare row: the domain
+	// rows and as many rows of the outbox's columns inserted with plain
+	// SQL into a table with its primary key alone, no postbox rule, no
+	// other index. It is the database's raw insert rate for the same data.
+	NoBare bool
 	// NoSignals sets Config.NoSignals on the writing client: no change
 	// signals after its writes.
 	NoSignals bool
@@ -68,6 +75,14 @@ func (o *WriteOptions) Validate() error {
 	case o.BatchWriters < 0 || o.BatchWriters > 64:
 		return fmt.Errorf("--batch-writers must be between 1 and 64, got %d", o.BatchWriters)
 	}
+	if relayd.URLKind(o.DatabaseURL) == relayd.KindMySQL {
+		switch {
+		case o.SynchronousCommit != "":
+			return fmt.Errorf("--synchronous-commit is PostgreSQL's: on MySQL and MariaDB the commit's flush is the server's innodb_flush_log_at_trx_commit")
+		case o.Pipeline:
+			return fmt.Errorf("--pipeline is PostgreSQL's (postboxpgx.Begin)")
+		}
+	}
 	for _, w := range o.Writers {
 		if w < 1 || w > 64 {
 			return fmt.Errorf("--writers: each count must be between 1 and 64, got %d", w)
@@ -89,31 +104,72 @@ func (o *WriteOptions) defaults() {
 	o.Warmup = cmp.Or(o.Warmup, time.Second)
 }
 
-// WriteCase is one shape of transaction, measured without and with postbox.
+// WriteCase is one shape of transaction, measured without and with postbox
+// (and with a bare row instead, unless WriteOptions.NoBare).
 type WriteCase struct {
 	Writers int
 	Rows    int // domain rows, and messages, per transaction
 	Runs    []WriteRun
-	// Medians over the runs; Ratio is the median of the runs' ratios.
+	// Medians over the runs; Ratio and RatioToBare are the medians of the
+	// runs' ratios.
 	Without, With, Ratio float64
+	Bare, RatioToBare    float64
+	// The medians of the runs' CPU per transaction, figure by figure.
+	WithoutCPU, WithCPU, BareCPU CPUUse
 }
 
-// WriteRun is one run of a case: both phases, back to back.
+// WriteRun is one run of a case: its phases, back to back.
 type WriteRun struct {
 	Without, With float64 // committed transactions per second
 	Ratio         float64 // With / Without
+	// Bare is the rate with a bare row in place of each message, and
+	// RatioToBare With / Bare; zero with WriteOptions.NoBare.
+	Bare, RatioToBare float64
+	// The CPU per committed transaction of each phase: Self is the
+	// writers' (this process), Database the server's; CPUKnown is false
+	// where /proc could not be read.
+	WithoutCPU, WithCPU, BareCPU CPUUse
+	CPUKnown                     bool
 }
 
 // WriteResult is the benchmark's outcome.
 type WriteResult struct {
-	Cases []WriteCase
+	Database string // PostgreSQL, MariaDB or MySQL
+	Cases    []WriteCase
 	// Rows found in the tables at the end; they match the commits counted.
-	DomainRows, OutboxRows int64
-	// Average stored row sizes (pg_column_size of the row) and the tables'
-	// total sizes with their indexes, in bytes: how much more each message
-	// writes than a domain row.
-	DomainRowBytes, OutboxRowBytes     float64
-	DomainTableBytes, OutboxTableBytes int64
+	DomainRows, OutboxRows, BareRows int64
+	// Average stored row sizes and the tables' total sizes with their
+	// indexes, in bytes: how much more each message writes than a domain
+	// row. PostgreSQL's row size is pg_column_size of the row; InnoDB's
+	// is its estimate after ANALYZE TABLE (avg_row_length).
+	DomainRowBytes, OutboxRowBytes, BareRowBytes       float64
+	DomainTableBytes, OutboxTableBytes, BareTableBytes int64
+}
+
+// writeMode is what a transaction of the write benchmark holds besides its
+// domain rows.
+type writeMode int
+
+const (
+	withoutPostbox writeMode = iota // the domain rows alone
+	withPostbox                     // and Client.WriteTx of as many messages
+	bareRow                         // and as many bare rows, with plain SQL
+)
+
+func (m writeMode) String() string {
+	return [...]string{"without postbox", "with postbox   ", "bare row       "}[m]
+}
+
+// writeTables are the tables of a write benchmark's run.
+type writeTables struct{ orders, bare string }
+
+// writeRows are the rows of one transaction: the domain rows' columns, the
+// messages, and for the bare rows, their ids and stored headers.
+type writeRows struct {
+	customers    []string
+	amounts      []int64
+	msgs         []postbox.Message
+	ids, headers []string
 }
 
 // Write measures committed domain transactions per second at each writer
@@ -129,37 +185,36 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	}
 	opts.defaults()
 	maxWriters := slices.Max(append(slices.Clone(opts.Writers), opts.BatchWriters))
-	pool, err := writersPool(ctx, opts.DatabaseURL, maxWriters, func(cfg *pgxpool.Config) {
-		if opts.SynchronousCommit != "" {
-			cfg.ConnConfig.RuntimeParams["synchronous_commit"] = opts.SynchronousCommit
-		}
-	})
+	db, err := openDatabase(ctx, opts.DatabaseURL, maxWriters, opts.SynchronousCommit)
 	if err != nil {
 		return res, err
 	}
-	defer pool.Close()
+	defer db.close()
+	if pg, ok := db.(*pgDatabase); ok {
+		pg.pipeline = opts.Pipeline
+	}
+	res.Database = db.name()
 	prefix := "bench_" + randTag() + "_"
-	driver, drop, err := migrated(ctx, pool, prefix)
+	drop, err := db.migrate(ctx, prefix)
 	if err != nil {
 		return res, err
 	}
 	defer drop()
-	orders := prefix + "orders"
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+orders+` (
-		id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-		customer text NOT NULL,
-		amount_cents bigint NOT NULL,
-		status text NOT NULL,
-		created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+	tables := writeTables{orders: prefix + "orders", bare: prefix + "bare"}
+	if err := db.createWriteTables(ctx, tables.orders, tables.bare); err != nil {
 		return res, err
 	}
 	// A client that only writes: no publisher, no relay. The rows it
 	// writes stay pending; the benchmark measures the write alone.
-	client, err := postbox.NewClient(driver, &postbox.Config{Prefix: prefix, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), NoSignals: opts.NoSignals})
+	client, err := db.newClient(&postbox.Config{Prefix: prefix, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), NoSignals: opts.NoSignals})
 	if err != nil {
 		return res, err
 	}
-	w := &writeBench{pool: pool, client: client, orders: orders, payload: makePayload(opts.PayloadBytes), opts: opts}
+	w := &writeBench{db: db, client: client, tables: tables, payload: makePayload(opts.PayloadBytes), opts: opts}
+	modes := []writeMode{withoutPostbox, bareRow, withPostbox}
+	if opts.NoBare {
+		modes = []writeMode{withoutPostbox, withPostbox}
+	}
 
 	type shape struct{ writers, rows int }
 	var shapes []shape
@@ -169,18 +224,25 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	if opts.Batch > 0 {
 		shapes = append(shapes, shape{opts.BatchWriters, opts.Batch})
 	}
-	var wantDomain, wantOutbox int64
+	var wantDomain, wantOutbox, wantBare int64
+	count := func(mode writeMode, n int64) {
+		wantDomain += n
+		switch mode {
+		case withPostbox:
+			wantOutbox += n
+		case bareRow:
+			wantBare += n
+		}
+	}
+	fmt.Fprintf(out, "%s: writing to %sorders, and to %s\n", db.name(), prefix, map[bool]string{false: "the outbox or a bare row's table", true: "the outbox"}[opts.NoBare])
 	if opts.Warmup > 0 {
-		fmt.Fprintf(out, "warm-up: %s at %d writers, both phases\n", opts.Warmup, maxWriters)
-		for _, with := range []bool{false, true} {
-			n, _, err := w.phase(ctx, maxWriters, 1, with, opts.Warmup/2)
+		fmt.Fprintf(out, "warm-up: %s at %d writers, every phase\n", opts.Warmup, maxWriters)
+		for _, mode := range modes {
+			n, _, _, _, err := w.phase(ctx, maxWriters, 1, mode, opts.Warmup/time.Duration(len(modes)))
 			if err != nil {
 				return res, err
 			}
-			wantDomain += n
-			if with {
-				wantOutbox += n
-			}
+			count(mode, n)
 		}
 	}
 	res.Cases = make([]WriteCase, len(shapes))
@@ -189,29 +251,33 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	}
 	for run := range opts.Runs {
 		for i, s := range shapes {
-			// Alternate which phase goes first, run by run.
-			order := []bool{false, true}
+			// Alternate the order of the phases, run by run.
+			order := slices.Clone(modes)
 			if run%2 == 1 {
-				order = []bool{true, false}
+				slices.Reverse(order)
 			}
-			var r WriteRun
-			for _, with := range order {
-				n, rate, err := w.phase(ctx, s.writers, s.rows, with, opts.Duration)
+			r := WriteRun{CPUKnown: true}
+			for _, mode := range order {
+				n, rate, cpu, known, err := w.phase(ctx, s.writers, s.rows, mode, opts.Duration)
 				if err != nil {
 					return res, err
 				}
-				wantDomain += n * int64(s.rows)
-				label := "without postbox"
-				if with {
-					wantOutbox += n * int64(s.rows)
-					r.With = rate
-					label = "with postbox   "
-				} else {
-					r.Without = rate
+				count(mode, n*int64(s.rows))
+				r.CPUKnown = r.CPUKnown && known
+				switch mode {
+				case withoutPostbox:
+					r.Without, r.WithoutCPU = rate, cpu
+				case withPostbox:
+					r.With, r.WithCPU = rate, cpu
+				case bareRow:
+					r.Bare, r.BareCPU = rate, cpu
 				}
-				fmt.Fprintf(out, "run %d/%d  %2d writers  %3d row(s)/tx  %s  %8.0f tx/s\n", run+1, opts.Runs, s.writers, s.rows, label, rate)
+				fmt.Fprintf(out, "run %d/%d  %2d writers  %3d row(s)/tx  %s  %8.0f tx/s\n", run+1, opts.Runs, s.writers, s.rows, mode, rate)
 			}
 			r.Ratio = r.With / r.Without
+			if r.Bare > 0 {
+				r.RatioToBare = r.With / r.Bare
+			}
 			res.Cases[i].Runs = append(res.Cases[i].Runs, r)
 		}
 	}
@@ -220,55 +286,82 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 		c.Without = medianOf(c.Runs, func(r WriteRun) float64 { return r.Without })
 		c.With = medianOf(c.Runs, func(r WriteRun) float64 { return r.With })
 		c.Ratio = medianOf(c.Runs, func(r WriteRun) float64 { return r.Ratio })
+		c.Bare = medianOf(c.Runs, func(r WriteRun) float64 { return r.Bare })
+		c.RatioToBare = medianOf(c.Runs, func(r WriteRun) float64 { return r.RatioToBare })
+		cpu := func(f func(WriteRun) CPUUse) CPUUse {
+			d := func(g func(CPUUse) time.Duration) time.Duration {
+				return time.Duration(medianOf(c.Runs, func(r WriteRun) float64 { return float64(g(f(r))) }))
+			}
+			return CPUUse{
+				Self:     d(func(u CPUUse) time.Duration { return u.Self }),
+				Database: d(func(u CPUUse) time.Duration { return u.Database }),
+				NATS:     d(func(u CPUUse) time.Duration { return u.NATS }),
+			}
+		}
+		c.WithoutCPU = cpu(func(r WriteRun) CPUUse { return r.WithoutCPU })
+		c.WithCPU = cpu(func(r WriteRun) CPUUse { return r.WithCPU })
+		c.BareCPU = cpu(func(r WriteRun) CPUUse { return r.BareCPU })
 	}
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+orders).Scan(&res.DomainRows); err != nil {
+	for _, t := range []struct {
+		table string
+		n     *int64
+	}{{tables.orders, &res.DomainRows}, {prefix + "outbox", &res.OutboxRows}, {tables.bare, &res.BareRows}} {
+		if *t.n, err = db.count(ctx, t.table); err != nil {
+			return res, err
+		}
+	}
+	rowBytes, total, err := db.sizes(ctx, tables.orders, prefix+"outbox", tables.bare)
+	if err != nil {
 		return res, err
 	}
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+prefix+"outbox").Scan(&res.OutboxRows); err != nil {
-		return res, err
-	}
-	if err := pool.QueryRow(ctx, `SELECT
-		(SELECT coalesce(avg(pg_column_size(d.*)), 0) FROM `+orders+` d),
-		(SELECT coalesce(avg(pg_column_size(o.*)), 0) FROM `+prefix+`outbox o),
-		pg_total_relation_size($1), pg_total_relation_size($2)`, orders, prefix+"outbox").Scan(
-		&res.DomainRowBytes, &res.OutboxRowBytes, &res.DomainTableBytes, &res.OutboxTableBytes); err != nil {
-		return res, err
-	}
-	if res.DomainRows != wantDomain || res.OutboxRows != wantOutbox {
-		return res, fmt.Errorf("the tables hold %d domain rows and %d outbox rows, but %d and %d were committed", res.DomainRows, res.OutboxRows, wantDomain, wantOutbox)
+	res.DomainRowBytes, res.OutboxRowBytes, res.BareRowBytes = rowBytes[0], rowBytes[1], rowBytes[2]
+	res.DomainTableBytes, res.OutboxTableBytes, res.BareTableBytes = total[0], total[1], total[2]
+	if res.DomainRows != wantDomain || res.OutboxRows != wantOutbox || res.BareRows != wantBare {
+		return res, fmt.Errorf("the tables hold %d domain rows, %d outbox rows and %d bare rows, but %d, %d and %d were committed",
+			res.DomainRows, res.OutboxRows, res.BareRows, wantDomain, wantOutbox, wantBare)
 	}
 	return res, nil
 }
 
 type writeBench struct {
-	pool    *pgxpool.Pool
-	client  *postbox.Client[pgx.Tx]
-	orders  string
+	db      database
+	client  benchClient
+	tables  writeTables
 	payload []byte
 	opts    WriteOptions
 }
 
 // phase runs writers for d, each committing transactions of rows domain
-// rows (and as many messages when with is set) one after another; it
-// returns the transactions committed and their rate over the phase.
-func (w *writeBench) phase(ctx context.Context, writers, rows int, with bool, d time.Duration) (int64, float64, error) {
+// rows (and as many messages or bare rows, as mode says) one after
+// another; it returns the transactions committed, their rate over the
+// phase and the CPU per transaction of the writers (this process) and the
+// database server meanwhile (known reports whether /proc could be read).
+func (w *writeBench) phase(ctx context.Context, writers, rows int, mode writeMode, d time.Duration) (int64, float64, CPUUse, bool, error) {
 	var stop atomic.Bool
 	var committed atomic.Int64
 	errs := make(chan error, writers)
 	var wg sync.WaitGroup
+	cpu := cpuPhase(w.db.procs()...)
 	start := time.Now()
 	for n := range writers {
 		wg.Go(func() {
-			customers := make([]string, rows)
-			amounts := make([]int64, rows)
-			msgs := make([]postbox.Message, rows)
+			r := &writeRows{
+				customers: make([]string, rows),
+				amounts:   make([]int64, rows),
+				msgs:      make([]postbox.Message, rows),
+				ids:       make([]string, rows),
+				headers:   make([]string, rows),
+			}
 			for i := 0; !stop.Load(); i++ {
 				for j := range rows {
-					customers[j] = fmt.Sprintf("customer-%d", (n*7919+i*rows+j)%1000)
-					amounts[j] = int64(1000 + (i+j)%9000)
-					msgs[j] = postbox.Message{Topic: "orders.created", Key: customers[j], Payload: w.payload}
+					r.customers[j] = fmt.Sprintf("customer-%d", (n*7919+i*rows+j)%1000)
+					r.amounts[j] = int64(1000 + (i+j)%9000)
+					r.msgs[j] = postbox.Message{Topic: "orders.created", Key: r.customers[j], Payload: w.payload}
+					if mode == bareRow {
+						r.ids[j], r.headers[j] = w.bareRow(time.Now())
+					}
 				}
-				if err := w.tx(ctx, customers, amounts, msgs, with); err != nil {
+				if err := w.db.writeTx(ctx, w.client, w.tables, r, mode); err != nil {
 					errs <- err
 					stop.Store(true)
 					return
@@ -288,13 +381,14 @@ func (w *writeBench) phase(ctx context.Context, writers, rows int, with bool, d 
 	elapsed := time.Since(start)
 	close(errs)
 	if err := errors.Join(collect(errs)...); err != nil {
-		return committed.Load(), 0, err
+		return committed.Load(), 0, CPUUse{}, false, err
 	}
 	if err := ctx.Err(); err != nil {
-		return committed.Load(), 0, err
+		return committed.Load(), 0, CPUUse{}, false, err
 	}
 	n := committed.Load()
-	return n, float64(n) / elapsed.Seconds(), nil
+	use, known := cpu(int(n))
+	return n, float64(n) / elapsed.Seconds(), use, known, nil
 }
 
 func collect(errs <-chan error) []error {
@@ -305,34 +399,11 @@ func collect(errs <-chan error) []error {
 	return out
 }
 
-// tx is one domain transaction: the order rows, with one statement, and
-// with set, the messages through WriteTx (one more statement).
-// With Pipeline, the messages go with the COMMIT instead.
-func (w *writeBench) tx(ctx context.Context, customers []string, amounts []int64, msgs []postbox.Message, with bool) error {
-	body := func(tx pgx.Tx) error {
-		var err error
-		if len(customers) == 1 {
-			_, err = tx.Exec(ctx, "INSERT INTO "+w.orders+" (customer, amount_cents, status) VALUES ($1, $2, 'new')", customers[0], amounts[0])
-		} else {
-			_, err = tx.Exec(ctx, "INSERT INTO "+w.orders+" (customer, amount_cents, status) SELECT unnest($1::text[]), unnest($2::bigint[]), 'new'", customers, amounts)
-		}
-		if err != nil || !with {
-			return err
-		}
-		return w.client.WriteTx(ctx, tx, msgs...)
-	}
-	if !with || !w.opts.Pipeline {
-		return pgx.BeginFunc(ctx, w.pool, body)
-	}
-	tx, err := postboxpgx.Begin(ctx, w.pool)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if err := body(tx); err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
+// bareRow is a bare row's id and stored headers, those postbox stores for
+// a message without headers of its own: its source and time.
+func (w *writeBench) bareRow(now time.Time) (id, headers string) {
+	h, _ := json.Marshal(map[string]string{postbox.HeaderSource: w.client.Config().Source, postbox.HeaderTime: now.UTC().Format(time.RFC3339Nano)})
+	return postbox.NewID(), string(h)
 }
 
 // medianOf returns the median of f over xs; 0 for none.
