@@ -45,6 +45,10 @@ CREATE TABLE IF NOT EXISTS {prefix}outbox (
     -- index below holds only those and inserts pay little for it (MySQL
     -- has no partial index).
     retry_key    VARCHAR(766) AS (IF(attempts > 0, `key`, NULL)) VIRTUAL,
+    -- Set by postbox's own writer, which checked the row against the
+    -- table's rules in Go: the insert trigger (migration 5) then skips
+    -- them. Writers in other languages leave it out and are checked.
+    checked      BOOLEAN      NOT NULL DEFAULT FALSE,
     UNIQUE KEY {prefix}outbox_id_key (id),
     KEY {prefix}outbox_partition_idx (`partition`, seq),
     KEY {prefix}outbox_retry_idx (retry_key, seq),
