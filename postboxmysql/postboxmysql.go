@@ -19,9 +19,10 @@
 //     a larger packet is refused by the client before it reaches the
 //     table's rules.
 //   - Any transaction isolation for the application's transactions. The
-//     relay's own transactions run at READ COMMITTED, and its reads take no
-//     locks, so writers' gap locks never block it and it never blocks
-//     writers.
+//     relay reads with single statements outside any transaction of its
+//     own, consistent reads that take no locks, so writers' gap locks never
+//     block them; its writes run in transactions at READ COMMITTED, which
+//     lock only the rows they name.
 //
 // Nothing is needed in the DSN: times travel as integers, and statements
 // use only positional parameters. Open and ParseDSN send each statement's
