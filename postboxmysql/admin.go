@@ -13,7 +13,8 @@ import (
 type adminQueries struct {
 	partitionStats, consumerDeadStats, topicStats, listDead, getDead, requeueInsert, requeueDelete, deleteDead, prunePublished,
 	horizon, replayCount, replayInsert, replayDelete, replayAudit, listReplays,
-	replayNewAudit, replayNewInsert, replayNewCount, replayNewCounted, replayCounts stmt
+	replayNewAudit, replayNewInsert, replayNewCount, replayNewCounted, replayCounts,
+	claimTask, takeTask, taskOwner, releaseTask stmt
 }
 
 // deadWhere selects dead messages by ?1 (a JSON array of ids, empty for
@@ -87,6 +88,12 @@ ORDER BY p.seq`),
 			`  JSON_SET(p.headers, '$."` + postboxdriver.HeaderReplayOf + `"', p.id, '$."` + postboxdriver.HeaderReplay + `"', CAST(?5 AS CHAR))
 FROM {p}published p WHERE ` + replayNewWhere + `
 ORDER BY p.seq`),
+		// Maintenance claims (ClaimMaintenance): the task's row, made once.
+		claimTask: q(`INSERT IGNORE INTO {p}maintenance (task) VALUES (?1)`),
+		takeTask: q(`UPDATE {p}maintenance SET owner = ?2, expires_at = {now} + ?3
+WHERE task = ?1 AND (owner IS NULL OR owner = ?2 OR expires_at <= {now})`),
+		taskOwner:        q(`SELECT owner FROM {p}maintenance WHERE task = ?1`),
+		releaseTask:      q(`UPDATE {p}maintenance SET owner = NULL, expires_at = {now} WHERE task = ?1 AND owner = ?2`),
 		replayNewCount:   q(`SELECT count(*) FROM {p}published p WHERE ` + replayNewWhere),
 		replayNewCounted: q(`UPDATE {p}replays SET count = ?1 WHERE id = ?2`),
 		replayCounts: q(`SELECT p.topic, count(*),

@@ -30,8 +30,14 @@ func makeInboxQueries(p string) inboxQueries {
 	r := strings.NewReplacer("{p}", p, "{now}", nowExpr, "{dead}", consumerDeadColumns)
 	q := func(s string) stmt { return prep(r.Replace(s)) }
 	return inboxQueries{
+		// The ids in order, leaving out those with a dead message for the
+		// consumer. At REPEATABLE READ an INSERT ... SELECT reads the dead
+		// table with shared locks, so it sees a dead message committed
+		// since the transaction's snapshot.
 		insertMany: q(`INSERT INTO {p}inbox (consumer, message_id)
-SELECT ?1, j.v FROM JSON_TABLE(?2, '$[*]' COLUMNS (v VARCHAR(255) CHARACTER SET utf8mb4 PATH '$')) AS j ORDER BY j.v`),
+SELECT ?1, j.v FROM JSON_TABLE(?2, '$[*]' COLUMNS (v VARCHAR(255) CHARACTER SET utf8mb4 PATH '$')) AS j
+WHERE NOT EXISTS (SELECT 1 FROM {p}consumer_dead d WHERE d.consumer = ?1 AND d.message_id = j.v)
+ORDER BY j.v`),
 		insertOne:  q(`INSERT INTO {p}inbox (consumer, message_id) VALUES (?1, ?2)`),
 		take:       q(`SELECT {dead} FROM {p}consumer_dead WHERE consumer = ?1 AND message_id = ?2 FOR UPDATE`),
 		takeDelete: q(`DELETE FROM {p}consumer_dead WHERE consumer = ?1 AND message_id = ?2`),
@@ -121,49 +127,49 @@ func (s *store) InboxInsert(ctx context.Context, consumer, messageID string) (bo
 	return fresh[0], nil
 }
 
-// InboxInsertMany implements postboxdriver.Executor. The ids that are
-// neither dead nor recorded go in with one multi-row INSERT. InnoDB checks
-// a duplicate against an uncommitted record by waiting for its
-// transaction, so a copy arriving while the first is uncommitted waits for
-// it; when a record exists the statement fails as a whole (and only the
-// statement), and the ids go in one at a time instead, each duplicate
-// being a copy.
+// InboxInsertMany implements postboxdriver.Executor. One statement
+// records the ids that have no dead message, in id order; InnoDB checks a
+// duplicate against an uncommitted record by waiting for its transaction,
+// so a copy arriving while the first is uncommitted waits for it. When
+// every id went in, that is all. Otherwise (some were dead, or a record
+// existed, which fails the statement as a whole and only the statement),
+// the dead ones are read, and, after a duplicate, the others go in one at
+// a time, each duplicate being a copy.
 func (s *store) InboxInsertMany(ctx context.Context, consumer string, ids []string) ([]bool, error) {
 	if len(ids) == 0 {
 		return []bool{}, nil
 	}
+	sorted := slices.Clone(ids)
+	slices.Sort(sorted)
+	n, err := s.iq.insertMany.exec(ctx, s.conn(), consumer, sqlkit.Strings(sorted))
+	switch {
+	case err == nil && int(n) == len(ids):
+		return postboxdriver.Fresh(ids, sorted), nil
+	case err != nil && errNumber(err) != errDupEntry:
+		return nil, s.wrap(err)
+	}
+	duplicate := err != nil
 	var inserted []string
-	err := s.write(ctx, func(c conn) error {
+	err = s.write(ctx, func(c conn) error {
 		inserted = inserted[:0]
 		dead, err := s.deadIDs(ctx, c, consumer, ids)
 		if err != nil {
 			return err
 		}
-		todo := make([]string, 0, len(ids))
-		for _, id := range ids {
-			if !slices.Contains(dead, id) {
-				todo = append(todo, id)
-			}
-		}
-		slices.Sort(todo)
-		if len(todo) == 0 {
-			return nil
-		}
-		_, err = s.iq.insertMany.exec(ctx, c, consumer, sqlkit.Strings(todo))
-		if err == nil {
-			inserted = todo
-			return nil
-		}
-		if errNumber(err) != errDupEntry {
-			return err
-		}
-		for _, id := range todo {
-			_, err := s.iq.insertOne.exec(ctx, c, consumer, id)
+		for _, id := range sorted {
 			switch {
-			case err == nil:
+			case slices.Contains(dead, id):
+			case !duplicate:
+				// The statement above recorded every id but the dead ones.
 				inserted = append(inserted, id)
-			case errNumber(err) != errDupEntry:
-				return err
+			default:
+				_, err := s.iq.insertOne.exec(ctx, c, consumer, id)
+				switch {
+				case err == nil:
+					inserted = append(inserted, id)
+				case errNumber(err) != errDupEntry:
+					return err
+				}
 			}
 		}
 		return nil

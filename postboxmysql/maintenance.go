@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/postbox-go/postbox/postboxdriver"
@@ -18,26 +17,22 @@ import (
 // claiming together (an insert that met the row and then updated it would
 // hold a shared lock first, and two such deadlock).
 func (s *store) ClaimMaintenance(ctx context.Context, task, owner string, ttl time.Duration) (bool, error) {
-	r := strings.NewReplacer("{p}", s.prefix, "{now}", nowExpr)
-	update := prep(r.Replace(`UPDATE {p}maintenance SET owner = ?2, expires_at = {now} + ?3
-WHERE task = ?1 AND (owner IS NULL OR owner = ?2 OR expires_at <= {now})`))
-	if _, err := s.conn().ExecContext(ctx, `INSERT IGNORE INTO `+s.prefix+`maintenance (task) VALUES (?)`, task); err != nil {
+	if _, err := s.aq.claimTask.exec(ctx, s.conn(), task); err != nil {
 		return false, s.wrap(err)
 	}
 	var holder sql.NullString
 	err := s.write(ctx, func(c conn) error {
-		if _, err := update.exec(ctx, c, task, owner, ttl.Milliseconds()); err != nil {
+		if _, err := s.aq.takeTask.exec(ctx, c, task, owner, ttl.Milliseconds()); err != nil {
 			return err
 		}
-		return c.QueryRowContext(ctx, `SELECT owner FROM `+s.prefix+`maintenance WHERE task = ?`, task).Scan(&holder)
+		return s.aq.taskOwner.row(ctx, c, task).Scan(&holder)
 	})
 	return err == nil && holder.Valid && holder.String == owner, err
 }
 
 // ReleaseMaintenance implements postboxdriver.Executor.
 func (s *store) ReleaseMaintenance(ctx context.Context, task, owner string) error {
-	_, err := s.conn().ExecContext(ctx, `UPDATE `+s.prefix+`maintenance SET owner = NULL, expires_at = `+nowExpr+`
-WHERE task = ? AND owner = ?`, task, owner)
+	_, err := s.aq.releaseTask.exec(ctx, s.conn(), task, owner)
 	return s.wrap(err)
 }
 
