@@ -40,6 +40,19 @@ type DeadMessage struct {
 	DeadAt         time.Time
 }
 
+// Stored returns d's payload and headers as the tables hold them: an empty
+// payload rather than NULL, and "{}" for no headers.
+func (d DeadMessage) Stored() (payload []byte, headers string) {
+	payload, headers = d.Payload, string(d.Headers)
+	if payload == nil {
+		payload = []byte{}
+	}
+	if headers == "" {
+		headers = "{}"
+	}
+	return payload, headers
+}
+
 // DeadFilter selects dead messages. Fields left zero match everything;
 // callers that change rows must not pass an empty filter by accident
 // (postbox.Admin refuses one unless told All).

@@ -189,14 +189,7 @@ func (c *Core) BuryConsumerDead(ctx context.Context, d postboxdriver.DeadMessage
 	if d.Key != "" {
 		key = &d.Key
 	}
-	headers := string(d.Headers)
-	if headers == "" {
-		headers = "{}"
-	}
-	payload := d.Payload
-	if payload == nil {
-		payload = []byte{}
-	}
+	payload, headers := d.Stored()
 	_, err := c.exec(ctx, c.iq.bury, d.Consumer, d.ID, d.Topic, key, payload, headers, d.Error, d.Attempts, d.FirstFailureAt, d.LastFailureAt)
 	return err
 }

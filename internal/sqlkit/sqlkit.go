@@ -139,14 +139,7 @@ func BuryArgs(d postboxdriver.DeadMessage) []any {
 	if d.Key != "" {
 		key = d.Key
 	}
-	headers := string(d.Headers)
-	if headers == "" {
-		headers = "{}"
-	}
-	payload := d.Payload
-	if payload == nil {
-		payload = []byte{}
-	}
+	payload, headers := d.Stored()
 	return []any{d.Consumer, d.ID, d.Topic, key, payload, headers, d.Error, d.Attempts, d.FirstFailureAt.UnixMilli(), d.LastFailureAt.UnixMilli()}
 }
 
