@@ -96,9 +96,10 @@ type relay struct {
 	// then, so that a crashed relay's partitions wait no longer than its
 	// lease.
 	nextExpiry time.Time
-	// takeNow: the share has partitions free for the taking; the next
-	// renewal is due at once.
-	takeNow bool
+	// dueNow: the next renewal is due at once, because the share has
+	// partitions free for the taking, or partitions leaving it have no
+	// batch in flight and can be let go.
+	dueNow bool
 	// crashed holds the held partitions taken after their previous
 	// owner's lease ran out, at the generation taken; settled, those of
 	// them whose first batch was published with crash marks
@@ -219,7 +220,7 @@ func (r *relay) run(soft, hard context.Context) {
 		if r.nextExpiry.After(r.lastBeat) && r.nextExpiry.Before(due) {
 			due = r.nextExpiry
 		}
-		if r.takeNow {
+		if r.dueNow {
 			due = r.lastBeat
 		}
 		r.mu.Unlock()
@@ -270,6 +271,16 @@ func (r *relay) run(soft, hard context.Context) {
 		case r.maintTick <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// renewNow asks the coordinator for a renewal at once: another relay
+// joined, left or let partitions go (a change signal), or the last batch
+// in flight on a partition leaving the share has ended.
+func (r *relay) renewNow() {
+	select {
+	case r.renew <- struct{}{}:
+	default:
 	}
 }
 

@@ -241,10 +241,7 @@ func (l *lane) run(soft, hard context.Context) {
 			// the old generations, which would send the same rows again
 			// and again, until the coordinator has renewed.
 			r.fencedOut()
-			select {
-			case r.renew <- struct{}{}:
-			default:
-			}
+			r.renewNow()
 		}
 		switch {
 		case res.infra != nil:

@@ -89,11 +89,19 @@ func (r *relay) coordinate(ctx context.Context) (pending, moved bool, err error)
 	}
 	// A partition of the new share that is free already is taken by a
 	// renewal right away, not a PollInterval later: a crashed relay's
-	// partitions, found expired, wait no longer than they must.
-	r.takeNow = false
+	// partitions, found expired, wait no longer than they must. So is a
+	// partition leaving the share with no batch in flight let go: the
+	// relay whose share it joins is waiting for it.
+	r.dueNow = false
 	for _, l := range m.Leases {
 		if inTarget[l.Partition] && l.Expired {
-			r.takeNow = true
+			r.dueNow = true
+			break
+		}
+	}
+	for p := range r.leaving {
+		if r.busy[p] == 0 {
+			r.dueNow = true
 			break
 		}
 	}
@@ -272,14 +280,21 @@ func (r *relay) claim(now time.Time, n int) (postboxdriver.Fence, time.Time) {
 	return f, until
 }
 
-// done ends the batch claim counted.
+// done ends the batch claim counted. A partition leaving the share whose
+// last batch in flight this was is let go by a renewal at once.
 func (r *relay) done(f postboxdriver.Fence) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	release := false
 	for p := range f.Generations {
 		if r.busy[p]--; r.busy[p] == 0 {
 			delete(r.busy, p)
+			_, leaving := r.leaving[p]
+			release = release || leaving
 		}
+	}
+	r.mu.Unlock()
+	if release {
+		r.renewNow()
 	}
 }
 

@@ -112,8 +112,16 @@ func (r *relay) listen(ctx context.Context, l postboxdriver.Listener) {
 			pause = 0
 			r.listening.Store(true)
 			r.log.Debug("postbox relay listens for change signals")
+			// What another relay announced before this relay listened
+			// (a release for it as it joined, say) was not heard: a
+			// renewal now sees it.
+			r.renewNow()
 		}, func(h postboxdriver.Heard) {
 			r.signals.Add(1)
+			if h.Relays {
+				r.renewNow()
+				return
+			}
 			kind := wakeEarly
 			if h.Committed {
 				kind = wakeHeard

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxpgx"
@@ -75,4 +77,58 @@ func TestRelayHearsWritesOfOtherProcesses(t *testing.T) {
 	if err := polling.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Relays hand partitions over on the change signals, not at their next
+// renewal: with renewals minutes apart (a 10-minute lease, a 1-minute
+// poll), a relay joining gets its share, and the one that stays gets the
+// whole table back when the other stops, within the test's 30 s. Each
+// step is a few statements: the joining relay's announcement, the other's
+// renewal and release, another announcement, the take.
+func TestRelaysHandPartitionsOverOnSignals(t *testing.T) {
+	pool, prefix := testdb.Migrated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	broker := postboxtest.NewBroker(nil)
+	cfg := func() *postbox.Config {
+		return &postbox.Config{Prefix: prefix, Publisher: broker, PollInterval: time.Minute, LeaseDuration: 10 * time.Minute}
+	}
+	a, err := postbox.NewClient(postboxpgx.New(pool), cfg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := postbox.NewClient(postboxpgx.New(testdb.PoolAt(t, testdb.PostgresURL())), cfg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	holds := func(c *postbox.Client[pgx.Tx], whole bool) func() bool {
+		return func() bool {
+			_, share, held, parts, ok := postbox.RelayLanes(c)
+			want := parts
+			if !whole {
+				want = parts / 2
+			}
+			listening, _, _ := postbox.RelaySignals(c)
+			return ok && listening && share == want && held == want
+		}
+	}
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = a.Stop(context.WithoutCancel(ctx)) }()
+	waitFor(t, ctx, holds(a, true))
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, holds(b, false))
+	waitFor(t, ctx, holds(a, false))
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, holds(a, true))
+	// The partitions moved, and the rows written to them are published.
+	if err := a.Write(ctx, postbox.Message{Topic: "orders.paid", Key: "k", Payload: []byte("after")}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, func() bool { return len(payloadsOf(broker, "k")) == 1 })
 }

@@ -44,6 +44,11 @@ type Executor interface {
 	// again (the relay releasing it may not have published the suspect
 	// rows yet), and cleared on the partitions of settled that relayID
 	// holds or releases: those whose crash marks it has settled.
+	//
+	// A driver that is also a Listener announces a change among the
+	// relays (Heard.Relays) when the call registers relayID anew, frees
+	// leases or takes relayID out of the live set, and only then: the
+	// other relays renew at once instead of at their next renewal.
 	Coordinate(ctx context.Context, relayID string, ttl time.Duration, want, drop, settled []int) (Membership, error)
 	// Unregister removes relayID from the live set.
 	Unregister(ctx context.Context, relayID string) error

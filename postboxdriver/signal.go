@@ -29,6 +29,13 @@ type Heard struct {
 	// Committed says the writes the signal announces had committed: a
 	// relay reads once for it instead of polling fast.
 	Committed bool
+	// Relays says the signal announces no write but a change among the
+	// relays: one joined or left, or let partitions go (Executor.Coordinate
+	// on a driver that is also a Listener sends it). A relay hearing it
+	// renews its leases at once instead of at its next renewal, so that
+	// a partition changing hands waits for a few statements rather than
+	// a renewal interval.
+	Relays bool
 }
 
 // Listener is an Executor on which a relay can hear the signals of

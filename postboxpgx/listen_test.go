@@ -108,6 +108,83 @@ func TestListenHearsWritesOfAnotherClient(t *testing.T) {
 	}
 }
 
+// A relay's Coordinate on another pool announces a change among the relays
+// (Heard.Relays) when it registers anew, lets leases go, or leaves, and
+// only then: a plain renewal announces nothing, so that a steady fleet
+// sends no signals.
+func TestListenHearsRelaysJoinAndLeave(t *testing.T) {
+	pool, prefix := testdb.Migrated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l := listener(t, postboxpgx.New(pool), prefix)
+	ready, heard := make(chan struct{}), make(chan postboxdriver.Heard, 100)
+	lctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- l.Listen(lctx, func() { close(ready) }, func(h postboxdriver.Heard) { heard <- h })
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("listen ended before it was ready: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the listener never became ready")
+	}
+	other, err := postboxpgx.New(testdb.PoolAt(t, testdb.PostgresURL())).Open(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A marker sent with SQL after each call: it arrives after whatever
+	// the call sent, so that hearing it first proves the call sent nothing.
+	marker := func() {
+		t.Helper()
+		if _, err := pool.Exec(ctx, "SELECT pg_notify($1, '')", prefix+"outbox"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect := func(what string, relays bool) {
+		t.Helper()
+		marker()
+		select {
+		case h := <-heard:
+			if h.Relays != relays {
+				t.Fatalf("%s: heard %+v first, want Relays %v", what, h, relays)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s: nothing heard", what)
+		}
+		if !relays {
+			return
+		}
+		select {
+		case h := <-heard:
+			if h.Relays {
+				t.Fatalf("%s: announced twice", what)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s: the marker was not heard", what)
+		}
+	}
+	coordinate := func(ttl time.Duration, want, drop []int) {
+		t.Helper()
+		if _, err := other.Coordinate(ctx, "r1", ttl, want, drop, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	coordinate(time.Minute, []int{0, 1, 2}, nil)
+	expect("a relay joining", true)
+	coordinate(time.Minute, []int{0, 1, 2}, nil)
+	expect("a renewal", false)
+	coordinate(time.Minute, []int{0, 1}, []int{2})
+	expect("a relay letting a partition go", true)
+	coordinate(0, nil, []int{0, 1})
+	expect("a relay leaving", true)
+	stop()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("listen returned %v after its context ended, want context.Canceled", err)
+	}
+}
+
 // Through a transaction pooler a LISTEN would stay on a server connection
 // that goes on serving others: Listen refuses, with ErrNoSignals, and
 // leaves no server connection listening.

@@ -40,10 +40,19 @@ VALUES ($1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, $6::int)`),
 		// once its lease ran out (a released lease has no owner, and keeps
 		// the mark its last owner left: unsettled, it passes on); $5 are
 		// the partitions whose marks the caller settled.
+		//
+		// A relay registered anew (its heartbeat inserted, not updated:
+		// xmax is 0), leases freed, or a relay leaving (ttl 0) are
+		// announced on the change signals' channel ($6, payload $7), so
+		// that listening relays renew at once; a plain renewal announces
+		// nothing. The announce CTE is a SELECT, which runs only where it
+		// is read: the heartbeat's row reads it.
 		coordinate: r.Replace(`WITH beat AS (
   INSERT INTO {p}relays (id, expires_at) VALUES ($1, now() + $2 * interval '1 millisecond')
   ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
-  RETURNING id
+  RETURNING id, xmax = 0 AS joined
+), announce AS (
+  SELECT pg_notify($6, $7) FROM beat WHERE beat.joined OR $2 = 0 OR cardinality($4::int[]) > 0
 ), released AS (
   UPDATE {p}leases SET owner = NULL, expires_at = now(), crashed = crashed AND NOT (partition = ANY($5::int[]))
   WHERE owner = $1 AND partition = ANY($4::int[])
@@ -58,7 +67,7 @@ VALUES ($1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, $6::int)`),
     AND (owner IS NULL OR owner = $1 OR expires_at <= now())
   RETURNING partition, owner, generation, expires_at, crashed
 )
-SELECT -1, id, 0::bigint, now(), false, false FROM beat
+SELECT -1, id, (SELECT count(*) FROM announce), now(), false, false FROM beat
 UNION ALL
 SELECT -1, id, 0, now(), false, false FROM {p}relays WHERE expires_at > now() AND id <> $1
 UNION ALL
@@ -342,7 +351,7 @@ func (c *Core) Partitions(ctx context.Context) (int, error) {
 // Coordinate implements postboxdriver.Executor.
 func (c *Core) Coordinate(ctx context.Context, relayID string, ttl time.Duration, want, drop, settled []int) (postboxdriver.Membership, error) {
 	var m postboxdriver.Membership
-	rows, err := queryAll(ctx, c, c.q.coordinate, []any{relayID, ttl.Milliseconds(), int32s(want), int32s(drop), int32s(settled)}, func(r Rows) (postboxdriver.Lease, error) {
+	rows, err := queryAll(ctx, c, c.q.coordinate, []any{relayID, ttl.Milliseconds(), int32s(want), int32s(drop), int32s(settled), Channel(c.prefix), c.signalID + " " + signalRelays}, func(r Rows) (postboxdriver.Lease, error) {
 		var l postboxdriver.Lease
 		err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &l.ExpiresAt, &l.Expired, &l.Crashed)
 		return l, err

@@ -52,8 +52,12 @@ func (c *Core) Signal(ctx context.Context, committed bool) error {
 // signalCommitted ends the payload of a signal whose writes had committed.
 const signalCommitted = "committed"
 
+// signalRelays follows the Core's signal id in the payload of a change
+// among the relays (Coordinate): "client 1f2e… relays".
+const signalRelays = "relays"
+
 // readSignal reads a signal's payload: whether it is the Core's own, and
-// what it says. A signal sent with SQL, with any other payload, or with
+// what it says: writes, or a change among the relays. A signal sent with SQL, with any other payload, or with
 // no partition recorded names every partition, and is not known to come
 // after its writer's commit.
 func (c *Core) readSignal(payload string) (own bool, h postboxdriver.Heard) {
@@ -63,6 +67,10 @@ func (c *Core) readSignal(payload string) (own bool, h postboxdriver.Heard) {
 	id, rest, _ := strings.Cut(payload[len("client "):], " ")
 	if c.signalID == "client "+id {
 		return true, h
+	}
+	if rest == signalRelays {
+		h.Relays = true
+		return false, h
 	}
 	mask, flag, _ := strings.Cut(rest, " ")
 	m, err := strconv.ParseUint(mask, 16, 64)
