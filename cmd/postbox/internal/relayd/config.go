@@ -141,12 +141,26 @@ type Ready struct {
 	MaxPending int64 `yaml:"max_pending"`
 }
 
-// Stream is a JetStream stream to ensure.
+// Stream is a JetStream stream to ensure at start-up. A stream that does
+// not exist is created with these settings and the server's defaults for
+// the rest; one that exists keeps every setting these do not name (its
+// limits, retention, storage, placement), and takes Subjects, and
+// Duplicates and Replicas when they are set.
 type Stream struct {
-	Name       string   `yaml:"name"`
-	Subjects   []string `yaml:"subjects"`
+	Name string `yaml:"name"`
+	// Subjects replace the stream's subjects.
+	Subjects []string `yaml:"subjects"`
+	// Duplicates is the duplicate window; 0 keeps an existing stream's,
+	// and gives a new one the server's default (2m, or its max age when
+	// that is shorter).
 	Duplicates Duration `yaml:"duplicates"`
+	// Replicas is the number of copies of the stream on a JetStream
+	// cluster, 1 to 5; 0 keeps an existing stream's, and gives a new one 1.
+	Replicas int `yaml:"replicas"`
 }
+
+// maxStreamReplicas is JetStream's limit on a stream's replicas.
+const maxStreamReplicas = 5
 
 // Relay holds the relay's tuning; zero values take the library defaults.
 type Relay struct {
@@ -413,6 +427,9 @@ func (c *Config) Validate() error {
 		}
 		if len(s.Subjects) == 0 {
 			bad(fmt.Sprintf("nats.streams[%d].subjects", i), "", "at least one subject is required")
+		}
+		if s.Replicas < 0 || s.Replicas > maxStreamReplicas {
+			bad(fmt.Sprintf("nats.streams[%d].replicas", i), s.Replicas, "want 1 to %d, or 0 to keep an existing stream's count (1 for a new one)", maxStreamReplicas)
 		}
 	}
 	if len(c.Databases) > 0 {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -358,12 +359,84 @@ func (d *Daemon) connectNATS(ctx context.Context) error {
 	}
 	d.js = js
 	for _, s := range cfg.NATS.Streams {
-		if _, err := postboxnats.EnsureStream(ctx, js, jetstream.StreamConfig{Name: s.Name, Subjects: s.Subjects, Duplicates: time.Duration(s.Duplicates)}); err != nil {
+		if err := ensureStream(ctx, js, s, d.log); err != nil {
 			return fmt.Errorf("ensure stream %s: %w", s.Name, err)
 		}
 	}
 	d.pub, err = postboxnats.New(js, &postboxnats.Config{SubjectPrefix: cfg.NATS.SubjectPrefix})
 	return err
+}
+
+// ensureStream creates the stream s describes, with the server's defaults
+// for what s does not set, or, when it exists, changes only what s sets:
+// its subjects (replaced by s's), its duplicate window and its replicas
+// when s sets them. Every other setting of an existing stream (limits,
+// retention, storage, placement) is kept: a stream config sent as a whole
+// (postboxnats.EnsureStream) would reset each one it leaves out to the
+// server's default, scaling a three-replica stream down to one. An
+// existing stream that already has what s sets is left alone; a change is
+// logged at Info.
+func ensureStream(ctx context.Context, js jetstream.JetStream, s Stream, log *slog.Logger) error {
+	st, err := js.Stream(ctx, s.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+			Name: s.Name, Subjects: slices.Clone(s.Subjects), Duplicates: time.Duration(s.Duplicates), Replicas: s.Replicas,
+		})
+		if err == nil {
+			log.Info("postbox relay: stream created", slog.String("stream", s.Name))
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return err
+		}
+		// Another daemon created it meanwhile, with other settings:
+		// change it as any existing stream.
+		st, err = js.Stream(ctx, s.Name)
+	}
+	if err != nil {
+		return err
+	}
+	cfg := st.CachedInfo().Config
+	changes := applyStream(&cfg, s)
+	if len(changes) == 0 {
+		return nil
+	}
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return err
+	}
+	log.Info("postbox relay: stream updated", slog.String("stream", s.Name), slog.String("changed", strings.Join(changes, "; ")))
+	return nil
+}
+
+// applyStream sets in cfg, an existing stream's configuration, what s
+// sets, and describes each change ("duplicates 2m0s → 5m0s").
+func applyStream(cfg *jetstream.StreamConfig, s Stream) []string {
+	var changes []string
+	if !sameSubjects(cfg.Subjects, s.Subjects) {
+		changes = append(changes, fmt.Sprintf("subjects %v → %v", cfg.Subjects, s.Subjects))
+		cfg.Subjects = slices.Clone(s.Subjects)
+	}
+	if d := time.Duration(s.Duplicates); d != 0 && cfg.Duplicates != d {
+		changes = append(changes, fmt.Sprintf("duplicates %s → %s", cfg.Duplicates, d))
+		cfg.Duplicates = d
+	}
+	if s.Replicas != 0 && cfg.Replicas != s.Replicas {
+		changes = append(changes, fmt.Sprintf("replicas %d → %d", cfg.Replicas, s.Replicas))
+		cfg.Replicas = s.Replicas
+	}
+	return changes
+}
+
+// sameSubjects reports whether a and b hold the same subjects, in any
+// order.
+func sameSubjects(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
 }
 
 // publisher returns the publisher a route names, making it on first use.
