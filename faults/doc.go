@@ -21,6 +21,9 @@
 // TestFleet runs a fleet of 16 relays (POSTBOX_FLEET_PROFILE), and
 // TestFailover kills the primary under load and promotes its streaming
 // replica (POSTBOX_FAILOVER_PROFILE: failover-sync or failover-async).
+// TestShards runs one relay daemon serving two databases while faults hit
+// one of them (POSTBOX_SHARDS_PROFILE: shards), each shard judged on its
+// own and the other shard's waits reported.
 //
 // Environment: POSTBOX_FAULTS_PROFILE (short, the default, or soak),
 // POSTBOX_FAULTS_DB (postgres, the default, or mariadb: a mariadbd of the

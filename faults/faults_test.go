@@ -138,12 +138,12 @@ func chosen(t *testing.T, variable, def string, from map[string]profile) profile
 	return prof
 }
 
-// runProfile runs one profile: the schedule drawn by plan, the writers,
-// the relays and the consumer, then the checker, and writes the report.
-// fleet, when set, watches the leases during the run and adds its
-// figures to the report.
-func runProfile(t *testing.T, prof profile, plan func(*rand.Rand, profile) []*fault, fleet *fleetWatch) {
-	seed := uint64(time.Now().UnixNano())
+// runSetup reads the run's seed (POSTBOX_FAULTS_SEED, else the clock),
+// its directory (POSTBOX_FAULTS_DIR's run-<seed>, else a temporary one)
+// and its report's path (POSTBOX_FAULTS_REPORT, else report.json there).
+func runSetup(t *testing.T) (seed uint64, dir, reportPath string) {
+	t.Helper()
+	seed = uint64(time.Now().UnixNano())
 	if s := os.Getenv("POSTBOX_FAULTS_SEED"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
@@ -151,9 +151,7 @@ func runProfile(t *testing.T, prof profile, plan func(*rand.Rand, profile) []*fa
 		}
 		seed = v
 	}
-	t.Logf("faults: profile %s, seed %d (rerun with POSTBOX_FAULTS_SEED=%d)", prof.Name, seed, seed)
-
-	dir := os.Getenv("POSTBOX_FAULTS_DIR")
+	dir = os.Getenv("POSTBOX_FAULTS_DIR")
 	if dir == "" {
 		dir = t.TempDir()
 	} else {
@@ -162,10 +160,20 @@ func runProfile(t *testing.T, prof profile, plan func(*rand.Rand, profile) []*fa
 			t.Fatal(err)
 		}
 	}
-	reportPath := os.Getenv("POSTBOX_FAULTS_REPORT")
+	reportPath = os.Getenv("POSTBOX_FAULTS_REPORT")
 	if reportPath == "" {
 		reportPath = filepath.Join(dir, "report.json")
 	}
+	return seed, dir, reportPath
+}
+
+// runProfile runs one profile: the schedule drawn by plan, the writers,
+// the relays and the consumer, then the checker, and writes the report.
+// fleet, when set, watches the leases during the run and adds its
+// figures to the report.
+func runProfile(t *testing.T, prof profile, plan func(*rand.Rand, profile) []*fault, fleet *fleetWatch) {
+	seed, dir, reportPath := runSetup(t)
+	t.Logf("faults: profile %s, seed %d (rerun with POSTBOX_FAULTS_SEED=%d)", prof.Name, seed, seed)
 
 	// Everything the run does is bounded: the writers by WriteFor, the
 	// drain by DrainLimit, the rest by this.

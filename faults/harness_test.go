@@ -35,6 +35,9 @@ type harness struct {
 	runID string
 
 	prefix string
+	// topic is what the writers write to; empty for topic (TestShards
+	// gives each shard its own, and each its own stream).
+	topic string
 	// db is the run's database (POSTBOX_FAULTS_DB); dbURL, replica,
 	// replLink, pooler, pool and pg are PostgreSQL's (newPGDatabase).
 	db    database

@@ -57,6 +57,9 @@ type fault struct {
 	Relay int    `json:"relay"` // -1 when the fault targets no single relay
 	// Relays lists the relays a kill_many ends.
 	Relays []int `json:"relays,omitempty"`
+	// Target names what the fault hits when no other field does (one
+	// shard's database: shards_test.go).
+	Target string `json:"target,omitempty"`
 	// Consumer: pg_terminate also kills the consumer's connections.
 	Consumer bool `json:"consumer,omitempty"`
 	// Key: the crash-looping message's (crash_relay, crash_consumer).
@@ -85,6 +88,9 @@ func (f *fault) String() string {
 	}
 	if f.Key != "" {
 		target = "key " + f.Key
+	}
+	if f.Target != "" {
+		target = f.Target
 	}
 	kind := f.Kind
 	if f.Mode != "" {

@@ -221,7 +221,7 @@ func (h *harness) writeTx(ctx context.Context, n int, key string, poison []bool,
 		seq := last - count + 1 + i
 		id := postbox.NewID()
 		body, _ := json.Marshal(payload{ID: id, Key: key, Seq: seq, Poison: poison[i], Crash: crash})
-		msgs[i] = postbox.Message{ID: id, Topic: topic, Key: key, Payload: body, ContentType: "application/json"}
+		msgs[i] = postbox.Message{ID: id, Topic: h.writeTopic(), Key: key, Payload: body, ContentType: "application/json"}
 		recs[i] = histRec{ID: id, Key: key, Seq: seq, Poison: poison[i], Crash: crash, Writer: n}
 		ids[i], seqs[i] = id, seq
 	}
@@ -250,6 +250,15 @@ func (h *harness) writeTx(ctx context.Context, n int, key string, poison []bool,
 	}
 	h.hist.add(recs...)
 	return ids[count-1], outcome
+}
+
+// writeTopic is the topic the writers write to: the run's own when it
+// has one (a shard's, shards_test.go), else topic.
+func (h *harness) writeTopic() string {
+	if h.topic != "" {
+		return h.topic
+	}
+	return topic
 }
 
 // resolveUnknown settles commits whose outcome the writer could not see,

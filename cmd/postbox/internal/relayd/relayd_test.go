@@ -173,15 +173,7 @@ FROM generate_series(1, 200) g`); err != nil {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + d.Addr() + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := func(path string) (int, string) { return getPath(t, d, path) }
 	if code, body := get("/healthz"); code != 200 {
 		t.Fatalf("healthz %d %s", code, body)
 	}
@@ -440,4 +432,17 @@ func embeddedNATS(t *testing.T) (*server.Server, string) {
 	}
 	t.Cleanup(func() { natsembed.Shutdown(srv) })
 	return srv, url
+}
+
+// getPath GETs path from d's admin listener and returns the status and
+// the body.
+func getPath(t *testing.T, d *relayd.Daemon, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + d.Addr() + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

@@ -114,13 +114,7 @@ SELECT gen_random_uuid(), 'orders.created', '\x7b7d' FROM generate_series(1, $1)
 		t.Fatalf("metrics:\n%s", m)
 	}
 	// The status of a shard that is up lists every shard.
-	var status struct {
-		Shards []struct {
-			Shard string `json:"shard"`
-			Up    bool   `json:"up"`
-			Error string `json:"error"`
-		} `json:"shards"`
-	}
+	var status shardsStatus
 	if code := post(t, d, "GET", "/shards/0/v1/status", "", &status); code != 200 || len(status.Shards) != 2 ||
 		!status.Shards[0].Up || status.Shards[1].Up || !strings.Contains(status.Shards[1].Error, "does not exist") {
 		t.Fatalf("status: %d %+v", code, status)
@@ -154,4 +148,13 @@ SELECT gen_random_uuid(), 'orders.created', '\x7b7d' FROM generate_series(1, $1)
 		t.Fatal(err)
 	}
 	poolB.Close()
+}
+
+// shardsStatus is the shard list of GET /shards/N/v1/status.
+type shardsStatus struct {
+	Shards []struct {
+		Shard string `json:"shard"`
+		Up    bool   `json:"up"`
+		Error string `json:"error"`
+	} `json:"shards"`
 }
