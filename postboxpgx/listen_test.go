@@ -27,6 +27,35 @@ func listener(t *testing.T, d *postboxpgx.Driver, prefix string) postboxdriver.L
 	return l
 }
 
+// listening runs l.Listen until stop, which checks that it then ends with
+// context.Canceled, and returns what it hears once it is ready.
+func listening(t *testing.T, ctx context.Context, l postboxdriver.Listener) (heard chan postboxdriver.Heard, stop func()) {
+	t.Helper()
+	ready := make(chan struct{})
+	heard = make(chan postboxdriver.Heard, 100)
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- l.Listen(lctx, func() { close(ready) }, func(h postboxdriver.Heard) { heard <- h })
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("listen ended before it was ready: %v", err)
+	case <-ctx.Done():
+		cancel()
+		t.Fatal("the listener never became ready")
+	}
+	return heard, func() {
+		t.Helper()
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("listen returned %v after its context ended, want context.Canceled", err)
+		}
+	}
+}
+
 // A write through a Client on another pool (another process, as far as
 // the database can tell) reaches a listener on the same tables as a
 // change signal, sent after the write and outside its transaction.
@@ -35,19 +64,7 @@ func TestListenHearsWritesOfAnotherClient(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l := listener(t, postboxpgx.New(pool), prefix)
-	ready, heard := make(chan struct{}), make(chan postboxdriver.Heard, 100)
-	lctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- l.Listen(lctx, func() { close(ready) }, func(h postboxdriver.Heard) { heard <- h })
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("listen ended before it was ready: %v", err)
-	case <-ctx.Done():
-		t.Fatal("the listener never became ready")
-	}
+	heard, stop := listening(t, ctx, l)
 	writer, err := postbox.NewClient(postboxpgx.New(testdb.PoolAt(t, testdb.PostgresURL())), &postbox.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
@@ -103,9 +120,6 @@ func TestListenHearsWritesOfAnotherClient(t *testing.T) {
 	}
 	expect("pg_notify sent with SQL", nil, false)
 	stop()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("listen returned %v after its context ended, want context.Canceled", err)
-	}
 }
 
 // A relay's Coordinate on another pool announces a change among the relays
@@ -117,19 +131,7 @@ func TestListenHearsRelaysJoinAndLeave(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l := listener(t, postboxpgx.New(pool), prefix)
-	ready, heard := make(chan struct{}), make(chan postboxdriver.Heard, 100)
-	lctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- l.Listen(lctx, func() { close(ready) }, func(h postboxdriver.Heard) { heard <- h })
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("listen ended before it was ready: %v", err)
-	case <-ctx.Done():
-		t.Fatal("the listener never became ready")
-	}
+	heard, stop := listening(t, ctx, l)
 	other, err := postboxpgx.New(testdb.PoolAt(t, testdb.PostgresURL())).Open(prefix)
 	if err != nil {
 		t.Fatal(err)
@@ -180,9 +182,6 @@ func TestListenHearsRelaysJoinAndLeave(t *testing.T) {
 	coordinate(0, nil, []int{0, 1})
 	expect("a relay leaving", true)
 	stop()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("listen returned %v after its context ended, want context.Canceled", err)
-	}
 }
 
 // Through a transaction pooler a LISTEN would stay on a server connection
