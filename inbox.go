@@ -226,8 +226,9 @@ func (in *Inbox[TTx]) run(ctx context.Context, consumer string, d *Delivery, h H
 // says. A store failure counts nothing and asks for a redelivery.
 //
 // A redelivery (d.Delivered above 1, or 0 with d.Redelivered) is
-// counted before its handler runs, in one statement of its own. A run
-// that ends with an outcome takes itself out of the count again, and a
+// counted before its handler runs: one statement reads its count, another
+// adds the run. A run that ends with an uncounted retry or a store failure
+// takes itself out of the count again (a third), and a
 // recorded failure clears it; a message whose redeliveries ended
 // MaxCrashes times with no outcome since its last recorded failure, that
 // is with the process gone before the handler returned, is written as a

@@ -118,6 +118,19 @@ func (s *suite[TTx]) tableContractRules(t *testing.T) {
 			t.Errorf("topic %.20q key %.20v headers %s: err = %v, want one naming %s", b.row.topic, b.row.key, b.row.headers, err, want)
 		}
 	}
+	// A key holding a NUL byte, which Go refuses: PostgreSQL refuses such
+	// text itself, naming no rule (SQLSTATE 22021); the others name the
+	// key rule.
+	for _, key := range []string{"a\x00b", "\x00", "k\x00"} {
+		err := s.insertSQL(t, e, sqlRow{key: key, payload: []byte("p"), headers: `{}`})
+		want := e.prefix + "outbox_key_check"
+		if e.store.Dialect() == "postgres" {
+			want = "SQLSTATE 22021"
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("key %q: err = %v, want one naming %s", key, err, want)
+		}
+	}
 	// An update of the headers is held to the same rules.
 	if err := s.insertSQL(t, e, sqlRow{payload: []byte("p"), headers: `{"a": "b"}`}); err != nil {
 		t.Fatal(err)

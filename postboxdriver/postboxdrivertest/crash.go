@@ -28,6 +28,7 @@ const (
 	childPoison  = "POSTBOXDRIVERTEST_CHILD_POISON"
 	childLog     = "POSTBOXDRIVERTEST_CHILD_LOG"
 	childDelay   = "POSTBOXDRIVERTEST_CHILD_DELAY" // each publish's, in milliseconds
+	childHeld    = "POSTBOXDRIVERTEST_CHILD_HELD"  // above 0: BlockOnDead, and this many rows stay pending
 	childCrashes = 3                               // the children's MaxCrashes
 )
 
@@ -38,7 +39,8 @@ const (
 // The relay acknowledges every message, appending its key, payload and id
 // to a log the test reads, except the poison payload, on which it exits
 // with status 1 as a publisher killing the process would. Once nothing is
-// pending it stops and exits with status 0.
+// pending (with BlockOnDead, no more than the rows the test says a dead
+// message holds) it stops and exits with status 0.
 func Child[TTx any](open func(locator string) (postboxdriver.Driver[TTx], error)) {
 	locator := os.Getenv(childDB)
 	if locator == "" {
@@ -62,10 +64,11 @@ func runChild[TTx any](open func(string) (postboxdriver.Driver[TTx], error), loc
 	}
 	defer log.Close()
 	delay, _ := strconv.Atoi(os.Getenv(childDelay))
+	held, _ := strconv.Atoi(os.Getenv(childHeld))
 	pub := &childPublisher{log: log, poison: os.Getenv(childPoison), delay: time.Duration(delay) * time.Millisecond}
 	c, err := postbox.NewClient(d, &postbox.Config{
 		Prefix: os.Getenv(childPrefix), Publisher: pub, LeaseDuration: 2 * time.Second,
-		PollInterval: 10 * time.Millisecond, MaxCrashes: childCrashes,
+		PollInterval: 10 * time.Millisecond, MaxCrashes: childCrashes, BlockOnDead: held > 0,
 	})
 	if err != nil {
 		return err
@@ -84,7 +87,7 @@ func runChild[TTx any](open func(string) (postboxdriver.Driver[TTx], error), loc
 		if err != nil {
 			return err
 		}
-		if st.Pending == 0 {
+		if st.Pending <= int64(held) {
 			break
 		}
 	}
@@ -114,9 +117,10 @@ func (p *childPublisher) Publish(_ context.Context, env *postbox.Envelope, done 
 // crashRun is one crash test: its database, and the log its children
 // append their acknowledgements to.
 type crashRun[TTx any] struct {
-	s   *suite[TTx]
-	e   *env[TTx]
-	log string
+	s    *suite[TTx]
+	e    *env[TTx]
+	log  string
+	held int // above 0: the children run with BlockOnDead and leave this many rows pending
 }
 
 func (s *suite[TTx]) newCrashRun(t *testing.T) *crashRun[TTx] {
@@ -145,7 +149,8 @@ func (r *crashRun[TTx]) child(t *testing.T, poison string, delay time.Duration) 
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$") //nolint:gosec // the test binary itself
 	cmd.Env = append(os.Environ(), childDB+"="+r.s.h.Locate(t, r.e.d), childPrefix+"="+r.e.prefix,
-		childPoison+"="+poison, childLog+"="+r.log, childDelay+"="+strconv.Itoa(int(delay.Milliseconds())))
+		childPoison+"="+poison, childLog+"="+r.log, childDelay+"="+strconv.Itoa(int(delay.Milliseconds())),
+		childHeld+"="+strconv.Itoa(r.held))
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -259,22 +264,7 @@ func (s *suite[TTx]) crashLoopBounded(t *testing.T) {
 	r := s.newCrashRun(t)
 	want := r.writeCrashRows(t, keys(6), 5)
 	const poison = "key-3:2"
-	const most = 50 // a bound on the loop, far above what a loaded machine takes
-	deaths := 0
-	for {
-		err := r.child(t, poison, 0).wait()
-		var exit *exec.ExitError
-		if err == nil {
-			break
-		}
-		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
-			t.Fatalf("relay process: %v", err)
-		}
-		deaths++
-		if deaths > most {
-			t.Fatalf("%d relays died on the poison message; it should be dead after %d", deaths, childCrashes+2)
-		}
-	}
+	deaths := r.untilBuried(t, poison)
 	if deaths < childCrashes+2 {
 		t.Errorf("%d relays died; at least %d must have (one unmarked, one marked with others, %d alone)", deaths, childCrashes+2, childCrashes)
 	}
@@ -293,6 +283,68 @@ func (s *suite[TTx]) crashLoopBounded(t *testing.T) {
 		t.Errorf("%d messages still pending", st.Pending)
 	}
 	checkFirstAcks(t, r.acks(t), want, map[string]bool{poison: true})
+	t.Run("BlockOnDeadHoldsItsKey", s.crashBuriedHoldsKey)
+}
+
+// untilBuried starts relay after relay, each dying on the poison payload,
+// until one exits cleanly, and returns how many died.
+func (r *crashRun[TTx]) untilBuried(t *testing.T, poison string) int {
+	t.Helper()
+	const most = 50 // a bound on the loop, far above what a loaded machine takes
+	deaths := 0
+	for {
+		err := r.child(t, poison, 0).wait()
+		var exit *exec.ExitError
+		if err == nil {
+			return deaths
+		}
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+			t.Fatalf("relay process: %v", err)
+		}
+		deaths++
+		if deaths > most {
+			t.Fatalf("%d relays died on the poison message; it should be dead after %d", deaths, childCrashes+2)
+		}
+	}
+}
+
+// crashBuriedHoldsKey: with BlockOnDead, a message buried after MaxCrashes
+// holds its key's later messages, as any dead message does, while every
+// other message is published in key order; a relay without BlockOnDead
+// then publishes the two it held, in order.
+func (s *suite[TTx]) crashBuriedHoldsKey(t *testing.T) {
+	ctx := context.Background()
+	r := s.newCrashRun(t)
+	r.held = 2 // key-3:3 and key-3:4
+	want := r.writeCrashRows(t, keys(6), 5)
+	const poison = "key-3:2"
+	r.untilBuried(t, poison)
+	dead, err := r.e.store.ListDeadMessages(ctx, postboxdriver.DeadFilter{})
+	if err != nil || len(dead) != 1 || string(dead[0].Payload) != poison {
+		t.Fatalf("dead messages %+v, %v; want the poison message alone", dead, err)
+	}
+	behind := map[string]bool{poison: true, "key-3:3": true, "key-3:4": true}
+	acked := r.acks(t)
+	for _, env := range acked {
+		if behind[string(env.Payload)] {
+			t.Fatalf("%s published behind the buried message with BlockOnDead", env.Payload)
+		}
+	}
+	checkFirstAcks(t, acked, want, behind)
+	rec := &recorder{}
+	if res, err := r.e.client(t, rec, postbox.Config{BlockOnDead: true}).Drain(ctx); err != nil || res.Published != 0 || res.Waiting != 2 {
+		t.Fatalf("Drain with BlockOnDead = %+v, %v; want nothing published, 2 waiting", res, err)
+	}
+	if res, err := r.e.client(t, rec, postbox.Config{}).Drain(ctx); err != nil || res.Published != 2 || res.Waiting != 0 {
+		t.Fatalf("Drain without BlockOnDead = %+v, %v; want the 2 held published", res, err)
+	}
+	var got []string
+	for _, env := range rec.snapshot() {
+		got = append(got, string(env.Payload))
+	}
+	if fmt.Sprint(got) != "[key-3:3 key-3:4]" {
+		t.Fatalf("published %v after the buried message, want [key-3:3 key-3:4]", got)
+	}
 }
 
 // unrelatedKillsBuryNothing: relays killed with SIGKILL while they publish

@@ -19,6 +19,7 @@ func (s *suite[TTx]) runInboxFailures(t *testing.T) {
 	t.Run("RetryAfter", s.inboxRetryAfter)
 	t.Run("LateCopyOfDeadMessage", s.inboxLateCopyOfDead)
 	t.Run("PruneOneAtATime", s.inboxPruneOneAtATime)
+	t.Run("PruneKeepsDeadUntilHandled", s.inboxPruneKeepsDeadUntilHandled)
 }
 
 func (s *suite[TTx]) inboxPermanent(t *testing.T) {
@@ -149,9 +150,10 @@ func (s *suite[TTx]) inboxLateCopyOfDead(t *testing.T) {
 	}
 }
 
-// inboxPruneOneAtATime: three consumer processes prune the same tables at
-// once. One at a time holds the claim: while another process holds it, a
-// pass deletes nothing and says so; together they delete every old record
+// inboxPruneOneAtATime: three consumers, each a Client of its own (over
+// the one driver, in this one process), prune the same tables at once.
+// One pass at a time holds the claim: while another holds it, a pass
+// deletes nothing and says so; together they delete every old record
 // exactly once.
 func (s *suite[TTx]) inboxPruneOneAtATime(t *testing.T) {
 	ie := s.inboxSetup(t, postbox.Config{PruneBatch: 7, MaxAttempts: 1})
@@ -227,5 +229,76 @@ func (s *suite[TTx]) inboxPruneOneAtATime(t *testing.T) {
 	}
 	if res, err := ie.inbox.Prune(ctx); err != nil || res.Busy {
 		t.Fatalf("prune after an expired claim = %+v, %v", res, err)
+	}
+}
+
+// inboxPruneKeepsDeadUntilHandled: an Inbox whose DeadRetention is negative
+// keeps consumers' dead messages through Prune, however old, while its
+// InboxRetention still prunes the records; a kept dead message goes only
+// when it is handled (deleted or requeued), and a late copy of one still
+// runs nothing.
+func (s *suite[TTx]) inboxPruneKeepsDeadUntilHandled(t *testing.T) {
+	ie := s.inboxSetup(t, postbox.Config{DeadRetention: -1, PruneBatch: 2, MaxAttempts: 1})
+	ctx := context.Background()
+	var runs atomic.Int32
+	count := func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+		runs.Add(1)
+		return ie.effect(ctx, tx, d)
+	}
+	fail := func(context.Context, TTx, *postbox.Delivery) error { return errors.New("cannot apply") }
+	for range 5 {
+		if v := ie.inbox.Handle(ctx, "billing", delivery(postbox.NewID()), count); v.Action != postbox.Ack {
+			t.Fatal(v)
+		}
+	}
+	dead := make([]*postbox.Delivery, 3)
+	for i := range dead {
+		dead[i] = delivery(postbox.NewID())
+		if v := ie.inbox.Handle(ctx, "billing", dead[i], fail); v.Action != postbox.DeadLettered {
+			t.Fatal(v)
+		}
+	}
+	// Past the inbox's retention (8 days), and ten times the default
+	// DeadRetention (30 days).
+	s.h.Backdate(t, ie.d, ie.prefix, "inbox", "received_at", 9*24*time.Hour)
+	s.h.Backdate(t, ie.d, ie.prefix, "consumer_dead", "dead_at", 300*24*time.Hour)
+	kept := func() int {
+		t.Helper()
+		ds, err := ie.inbox.ListDead(ctx, postbox.DeadFilter{Consumer: "billing"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ds)
+	}
+	res, err := ie.inbox.Prune(ctx)
+	if err != nil || res.Busy || res.Inbox != 5 || res.Dead != 0 {
+		t.Fatalf("Prune = %+v, %v; want the 5 inbox records deleted and no dead message", res, err)
+	}
+	if n := kept(); n != 3 {
+		t.Fatalf("%d dead messages after Prune, want the 3 kept", n)
+	}
+	// A late copy of a kept dead message runs nothing, its inbox record
+	// pruned or not.
+	if v := ie.inbox.Handle(ctx, "billing", dead[0], count); v.Action != postbox.Ack || !v.Duplicate {
+		t.Fatalf("late copy of a kept dead message: %+v, want an ack of a copy", v)
+	}
+	// Handled, they go: one deleted, one requeued; the third stays.
+	if ok, err := ie.inbox.DeleteDead(ctx, "billing", dead[1].ID); err != nil || !ok {
+		t.Fatalf("DeleteDead = %v, %v", ok, err)
+	}
+	if err := ie.inbox.RequeueDead(ctx, "billing", dead[2].ID, count); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := ie.inbox.Prune(ctx); err != nil || res.Dead != 0 {
+		t.Fatalf("second Prune = %+v, %v; want no dead message deleted", res, err)
+	}
+	if n := kept(); n != 1 {
+		t.Fatalf("%d dead messages, want the 1 not handled", n)
+	}
+	if _, err := ie.inbox.GetDead(ctx, "billing", dead[0].ID); err != nil {
+		t.Fatalf("the dead message not handled: %v", err)
+	}
+	if runs.Load() != 6 {
+		t.Fatalf("handler runs = %d, want 6 (5 messages and the requeue)", runs.Load())
 	}
 }

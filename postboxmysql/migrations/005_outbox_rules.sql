@@ -4,25 +4,25 @@
 -- The topic, key and JSON-object rules are CHECK constraints of migration
 -- 1; these need a loop over the headers, so a procedure that both
 -- triggers call (on INSERT, and on an UPDATE that changes the headers or
--- the payload's size) checks them. Each error hnames its rule as the
--- table's hname followed by _<rule>_check, as on PostgreSQL:
+-- the payload's size) checks them. Each error names its rule as the
+-- table's name followed by _<rule>_check, as on PostgreSQL:
 --
 --   payload_size     the payload is at most 64 MiB (67108864 bytes), the
 --                    hard maximum of Config.MaxPayloadBytes; the cap a
 --                    Client configures (1 MiB by default) is Go's alone.
 --                    A payload also needs max_allowed_packet above its size
---   header_values    every header hvalue is a JSON string
---   header_names     every hname is an HTTP token of 1 to 128 bytes
---   header_reserved  no hname begins with ce-, ce_, cloudEvents:,
+--   header_values    every header value is a JSON string
+--   header_names     every name is an HTTP token of 1 to 128 bytes
+--   header_reserved  no name begins with ce-, ce_, cloudEvents:,
 --                    cloudEvents_, nats- or postbox- (in any case) or is
 --                    content-type, except the attributes a writer stores:
 --                    ce-source, ce-subject, ce-time and content-type,
 --                    spelled so, and the two a replay as new messages
 --                    sets (postbox-replay-of, postbox-replay)
---   header_text      every hvalue is at most 4096 bytes of text without
+--   header_text      every value is at most 4096 bytes of text without
 --                    control characters other than tab
 --   headers_count    at most 64 headers besides those four attributes
---   headers_size     at most 65536 bytes of hnames and values besides them
+--   headers_size     at most 65536 bytes of names and values besides them
 --
 -- Headers that are not a JSON object are left to the CHECK constraint.
 -- postbox's own writer sets checked (migration 1): it applied the rules in
