@@ -167,6 +167,18 @@ func runSetup(t *testing.T) (seed uint64, dir, reportPath string) {
 	return seed, dir, reportPath
 }
 
+// writeReport writes a run's report, as indented JSON, to path.
+func writeReport(t *testing.T, path string, rep any) {
+	t.Helper()
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatalf("write report: %v", err)
+	}
+}
+
 // runProfile runs one profile: the schedule drawn by plan, the writers,
 // the relays and the consumer, then the checker, and writes the report.
 // fleet, when set, watches the leases during the run and adds its
@@ -240,13 +252,7 @@ func runProfile(t *testing.T, prof profile, plan func(*rand.Rand, profile) []*fa
 		rep.Fleet = fleet.judge(h, rep)
 	}
 
-	b, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(reportPath, b, 0o600); err != nil {
-		t.Fatalf("write report: %v", err)
-	}
+	writeReport(t, reportPath, rep)
 	t.Logf("faults: report written to %s", reportPath)
 	t.Logf("faults: %s", rep.Summary())
 	shown := 0

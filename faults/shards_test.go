@@ -5,7 +5,6 @@ package faults
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -222,13 +221,7 @@ func runShards(t *testing.T, prof shardProfile) {
 		sr.Report.Elapsed, sr.Report.Dedupe = rep.Elapsed, dedupe
 	}
 
-	b, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(reportPath, b, 0o600); err != nil {
-		t.Fatalf("write report: %v", err)
-	}
+	writeReport(t, reportPath, rep)
 	t.Logf("shards: report written to %s", reportPath)
 	for _, sr := range rep.Shards {
 		t.Logf("shards: shard %d (%s): %s", sr.Shard, sr.Role, sr.Report.Summary())
