@@ -57,9 +57,9 @@ const signalCommitted = "committed"
 const signalRelays = "relays"
 
 // readSignal reads a signal's payload: whether it is the Core's own, and
-// what it says: writes, or a change among the relays. A signal sent with SQL, with any other payload, or with
-// no partition recorded names every partition, and is not known to come
-// after its writer's commit.
+// what it says: writes, or a change among the relays. A signal sent with
+// SQL, with any other payload, or with no partition recorded names every
+// partition, and is not known to come after its writer's commit.
 func (c *Core) readSignal(payload string) (own bool, h postboxdriver.Heard) {
 	if !strings.HasPrefix(payload, "client ") {
 		return false, h
