@@ -85,29 +85,36 @@ var giveUpLine = regexp.MustCompile(`^time=(\S+) .*msg="postbox relay publishes 
 // when it gave up crash marks.
 func giveUps(paths []string) (map[string][]time.Time, error) {
 	out := map[string][]time.Time{}
+	err := eachLogLine(paths, func(line string) {
+		if !strings.Contains(line, "without crash marks") {
+			return
+		}
+		if m := giveUpLine.FindStringSubmatch(line); m != nil {
+			if at, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
+				out[m[2]] = append(out[m[2]], at)
+			}
+		}
+	})
+	return out, err
+}
+
+// eachLogLine calls fn with each line of the logs at paths, in order.
+func eachLogLine(paths []string, fn func(line string)) error {
 	for _, p := range paths {
 		f, err := os.Open(p)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		sc := bufio.NewScanner(f)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
-			line := sc.Text()
-			if !strings.Contains(line, "without crash marks") {
-				continue
-			}
-			if m := giveUpLine.FindStringSubmatch(line); m != nil {
-				if at, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
-					out[m[2]] = append(out[m[2]], at)
-				}
-			}
+			fn(sc.Text())
 		}
 		err = sc.Err()
 		_ = f.Close()
 		if err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return out, nil
+	return nil
 }

@@ -3,7 +3,6 @@
 package faults
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -813,24 +812,14 @@ var shardWarning = regexp.MustCompile(`^time=\S+ level=WARN msg="[^"]*" shard=(\
 // shardWarnings counts the warnings in the daemons' logs, per shard.
 func shardWarnings(paths []string) (map[int]int, error) {
 	out := map[int]int{}
-	for _, p := range paths {
-		f, err := os.Open(p)
-		if err != nil {
-			return nil, err
+	err := eachLogLine(paths, func(line string) {
+		if m := shardWarning.FindStringSubmatch(line); m != nil {
+			k, _ := strconv.Atoi(m[1])
+			out[k]++
 		}
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			if m := shardWarning.FindStringSubmatch(sc.Text()); m != nil {
-				k, _ := strconv.Atoi(m[1])
-				out[k]++
-			}
-		}
-		err = sc.Err()
-		_ = f.Close()
-		if err != nil {
-			return nil, err
-		}
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
