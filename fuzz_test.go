@@ -84,60 +84,65 @@ func FuzzDecodeHeaders(f *testing.F) {
 	f.Add([]byte(`{"ce-source":"/shop","traceparent":"00-01"}`))
 	f.Add([]byte(`{"a": "\u00e9\"x", "b":"\ud83d\ude00", "a":"last"}`))
 	f.Add([]byte(" { } "))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		h, err := DecodeHeaders(b)
-		// Differential: whatever encoding/json reads as an object of
-		// non-null strings, the scanner reads the same.
-		var ref map[string]*string
-		if json.Unmarshal(b, &ref) == nil && ref != nil && !slices.Contains(slices.Collect(maps.Values(ref)), nil) {
-			if err != nil {
-				t.Fatalf("encoding/json reads %q as headers, DecodeHeaders fails: %v", b, err)
-			}
-			for k, v := range ref {
-				if h[k] != *v {
-					t.Fatalf("%q: header %q = %q, encoding/json reads %q", b, k, h[k], *v)
-				}
-			}
-			if len(h) != len(ref) {
-				t.Fatalf("%q: %d headers, encoding/json reads %d", b, len(h), len(ref))
-			}
-		}
+	f.Fuzz(checkDecodeHeaders)
+}
+
+// checkDecodeHeaders holds DecodeHeaders to encoding/json and to its
+// contract on the column b.
+func checkDecodeHeaders(t *testing.T, b []byte) {
+	t.Helper()
+	h, err := DecodeHeaders(b)
+	// Differential: whatever encoding/json reads as an object of
+	// non-null strings, the scanner reads the same.
+	var ref map[string]*string
+	if json.Unmarshal(b, &ref) == nil && ref != nil && !slices.Contains(slices.Collect(maps.Values(ref)), nil) {
 		if err != nil {
-			if h != nil {
-				t.Fatalf("error %v with a non-nil map", err)
-			}
-			return
+			t.Fatalf("encoding/json reads %q as headers, DecodeHeaders fails: %v", b, err)
 		}
-		if h == nil {
-			t.Fatal("nil map without an error")
-		}
-		if len(b) > 0 && !json.Valid(b) {
-			t.Fatalf("accepted %q, which is not JSON", b)
-		}
-		// The contract: a JSON object whose values are strings.
-		var raw map[string]any
-		if len(b) > 0 {
-			if err := json.Unmarshal(b, &raw); err != nil {
-				t.Fatalf("accepted %q, which is not a JSON object: %v", b, err)
-			}
-			for k, v := range raw {
-				if _, ok := v.(string); !ok {
-					t.Fatalf("value of %q is %T (%v), not a string, and is accepted; see TestDecodeHeadersContract", k, v, v)
-				}
+		for k, v := range ref {
+			if h[k] != *v {
+				t.Fatalf("%q: header %q = %q, encoding/json reads %q", b, k, h[k], *v)
 			}
 		}
-		re, err := json.Marshal(h)
-		if err != nil {
-			t.Fatal(err)
+		if len(h) != len(ref) {
+			t.Fatalf("%q: %d headers, encoding/json reads %d", b, len(h), len(ref))
 		}
-		h2, err := DecodeHeaders(re)
-		if err != nil {
-			t.Fatalf("re-encoded headers %s do not decode: %v", re, err)
+	}
+	if err != nil {
+		if h != nil {
+			t.Fatalf("error %v with a non-nil map", err)
 		}
-		if !reflect.DeepEqual(h, h2) {
-			t.Fatalf("round trip changed the headers:\n%q\n%q", h, h2)
+		return
+	}
+	if h == nil {
+		t.Fatal("nil map without an error")
+	}
+	if len(b) > 0 && !json.Valid(b) {
+		t.Fatalf("accepted %q, which is not JSON", b)
+	}
+	// The contract: a JSON object whose values are strings.
+	var raw map[string]any
+	if len(b) > 0 {
+		if err := json.Unmarshal(b, &raw); err != nil {
+			t.Fatalf("accepted %q, which is not a JSON object: %v", b, err)
 		}
-	})
+		for k, v := range raw {
+			if _, ok := v.(string); !ok {
+				t.Fatalf("value of %q is %T (%v), not a string, and is accepted; see TestDecodeHeadersContract", k, v, v)
+			}
+		}
+	}
+	re, err := json.Marshal(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2, err := DecodeHeaders(re)
+	if err != nil {
+		t.Fatalf("re-encoded headers %s do not decode: %v", re, err)
+	}
+	if !reflect.DeepEqual(h, h2) {
+		t.Fatalf("round trip changed the headers:\n%q\n%q", h, h2)
+	}
 }
 
 // canonicalUUID is 8-4-4-4-12 hex digits.

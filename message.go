@@ -1,6 +1,8 @@
 package postbox
 
 import (
+	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -8,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -321,12 +324,15 @@ func newEnvelope(id, topic, key string, payload []byte, h map[string]string, sou
 //
 // The relay decodes every row's headers, so this is a scanner for exactly
 // that shape rather than encoding/json (which cost a fifth of the relay's
-// CPU); strings with escapes are handed to encoding/json one at a time.
+// CPU). The column is copied into one string, of which every plain name
+// and value is a part; strings with escapes are unescaped on their own,
+// and those it cannot read simply (surrogates, bad escapes, non-ASCII
+// bytes) are handed to encoding/json one at a time.
 func DecodeHeaders(b []byte) (map[string]string, error) {
 	if len(b) == 0 {
 		return map[string]string{}, nil
 	}
-	d := headerDecoder{b: b}
+	d := headerDecoder{b: b, s: string(b)}
 	h, err := d.object()
 	if err != nil {
 		return nil, fmt.Errorf("postbox: headers are not a JSON object of strings: %w", err)
@@ -334,8 +340,14 @@ func DecodeHeaders(b []byte) (map[string]string, error) {
 	return h, nil
 }
 
+// envelopeAttributes is how many headers newEnvelope adds to those of a
+// row that stores its ce-source and ce-time, as a writer's rows do:
+// DecodeHeaders makes room for them, so the relay's map is made once.
+const envelopeAttributes = 5
+
 type headerDecoder struct {
 	b []byte
+	s string // b as a string; plain names and values are parts of it
 	i int
 }
 
@@ -362,16 +374,24 @@ func (d *headerDecoder) expect(c byte) error {
 	return nil
 }
 
+// sizeHint is the size to make the map of the object in d.b: an entry
+// has four quotes unless its strings hold escaped ones, so a quarter of
+// the quotes bounds the entries (capped at MaxHeaders, for an object
+// whose strings hold many), plus the attributes newEnvelope adds.
+func (d *headerDecoder) sizeHint() int {
+	return min(bytes.Count(d.b, []byte{'"'})/4, MaxHeaders) + envelopeAttributes
+}
+
 func (d *headerDecoder) object() (map[string]string, error) {
 	if err := d.expect('{'); err != nil {
 		return nil, err
 	}
-	h := make(map[string]string, 8)
 	d.space()
 	if d.i < len(d.b) && d.b[d.i] == '}' {
 		d.i++
-		return h, d.end()
+		return make(map[string]string, 8), d.end()
 	}
+	h := make(map[string]string, d.sizeHint())
 	for {
 		k, err := d.str()
 		if err != nil {
@@ -409,8 +429,31 @@ func (d *headerDecoder) end() error {
 	return nil
 }
 
+// plainByte reports the bytes a JSON string holds as they are, as far as
+// the scanner can tell on its own: printable ASCII but the quote and the
+// backslash.
+var plainByte = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// special8 reports whether the eight bytes of w (little-endian) hold one
+// that is not a plainByte: a quote, a backslash, a control character or
+// a non-ASCII byte. No borrow crosses into a byte from plain bytes below
+// it, so the lowest such byte always shows, and none shows without one.
+func special8(w uint64) bool {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	q := w ^ '"'*lo
+	e := w ^ '\\'*lo
+	return ((w-0x20*lo)&^w|(q-lo)&^q|(e-lo)&^e|w)&hi != 0
+}
+
 // str reads a JSON string. Plain ones (no escape, valid UTF-8, no control
-// character) are sliced out directly; the rest go to encoding/json.
+// character) are parts of d.s; those with escapes are unescaped by
+// unescape when it can, else by encoding/json, which also repairs invalid
+// UTF-8.
 func (d *headerDecoder) str() (string, error) {
 	d.space()
 	if d.i >= len(d.b) || d.b[d.i] != '"' {
@@ -420,14 +463,31 @@ func (d *headerDecoder) str() (string, error) {
 		return "", fmt.Errorf("offset %d: want a string", d.i)
 	}
 	start := d.i
-	plain := true
-	for j := start + 1; j < len(d.b); j++ {
-		c := d.b[j]
-		switch {
+	escaped, ascii := false, true
+	for j := start + 1; ; {
+		// Plain bytes eight at a time, then one at a time up to the next
+		// other one.
+		for j+8 <= len(d.b) && !special8(binary.LittleEndian.Uint64(d.b[j:])) {
+			j += 8
+		}
+		for j < len(d.b) && plainByte[d.b[j]] {
+			j++
+		}
+		if j >= len(d.b) {
+			break
+		}
+		switch c := d.b[j]; {
 		case c == '"':
 			d.i = j + 1
-			if plain {
-				return string(d.b[start+1 : j]), nil
+			raw := d.b[start+1 : j]
+			switch {
+			case !escaped && (ascii || utf8.Valid(raw)):
+				// encoding/json would copy it as it is.
+				return d.s[start+1 : j], nil
+			case escaped && ascii:
+				if s, ok := unescape(raw); ok {
+					return s, nil
+				}
 			}
 			var s string
 			if err := json.Unmarshal(d.b[start:j+1], &s); err != nil {
@@ -435,13 +495,77 @@ func (d *headerDecoder) str() (string, error) {
 			}
 			return s, nil
 		case c == '\\':
-			plain = false
-			j++ // skip the escaped byte, so an escaped quote does not end the string
+			escaped = true
+			j += 2 // past the escaped byte, so an escaped quote does not end the string
 		case c < 0x20:
 			return "", fmt.Errorf("offset %d: control character in a string", j)
-		case c >= 0x80:
-			plain = false // let encoding/json check (and repair) the UTF-8
+		default:
+			ascii = false
+			j++
 		}
 	}
 	return "", fmt.Errorf("unterminated string")
+}
+
+// unescape decodes the inside of a JSON string with escapes, as
+// encoding/json does, when it holds only printable ASCII and the escapes
+// \" \\ \/ \b \f \n \r \t and \uXXXX outside the surrogates. For
+// anything else it returns false, leaving it to encoding/json.
+func unescape(raw []byte) (string, bool) {
+	var sb strings.Builder
+	sb.Grow(len(raw))
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		if c != '\\' {
+			if c < 0x20 || c >= 0x80 {
+				return "", false
+			}
+			sb.WriteByte(c)
+			continue
+		}
+		i++
+		if i >= len(raw) {
+			return "", false
+		}
+		switch raw[i] {
+		case '"', '\\', '/':
+			sb.WriteByte(raw[i])
+		case 'b':
+			sb.WriteByte('\b')
+		case 'f':
+			sb.WriteByte('\f')
+		case 'n':
+			sb.WriteByte('\n')
+		case 'r':
+			sb.WriteByte('\r')
+		case 't':
+			sb.WriteByte('\t')
+		case 'u':
+			if i+4 >= len(raw) {
+				return "", false
+			}
+			var r rune
+			for _, h := range raw[i+1 : i+5] {
+				switch {
+				case h >= '0' && h <= '9':
+					h -= '0'
+				case h >= 'a' && h <= 'f':
+					h -= 'a' - 10
+				case h >= 'A' && h <= 'F':
+					h -= 'A' - 10
+				default:
+					return "", false
+				}
+				r = r<<4 | rune(h)
+			}
+			if utf16.IsSurrogate(r) {
+				return "", false
+			}
+			sb.WriteRune(r)
+			i += 4
+		default:
+			return "", false
+		}
+	}
+	return sb.String(), true
 }

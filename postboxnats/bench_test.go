@@ -186,3 +186,104 @@ func BenchmarkPublisher(b *testing.B) {
 		})
 	}
 }
+
+// encodeTarget is a Publisher for benchmarks that send nothing: the
+// machine's NATS server when it is reachable, else the embedded one.
+func encodeTarget(b *testing.B, cfg *postboxnats.Config) *postboxnats.Publisher {
+	b.Helper()
+	url := realNATSURL()
+	if reachable(url) != nil {
+		url = sharedEmbedded(b)
+	}
+	_, js := connect(b, url)
+	return publisher(b, js, cfg)
+}
+
+// benchRow is a stored headers column of the "typical" shape the root
+// package's benchmarks make with encodeHeaders: CloudEvents attributes,
+// three headers of the message's own and the writer's trace context.
+const benchRow = `{"ce-source":"/shop/orders","ce-subject":"order-42","ce-time":"2026-01-02T03:04:05.123456Z",` +
+	`"content-type":"application/json","traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",` +
+	`"tracestate":"vendor=opaque","x-correlation-id":"c0ffee00-1234-4abc-8def-0123456789ab","x-schema":"orders.v3","x-tenant":"acme"}`
+
+// benchEnvelope is the envelope the relay makes of benchRow: the stored
+// headers with the attributes derived from the row.
+func benchEnvelope(b *testing.B) *postbox.Envelope {
+	b.Helper()
+	h, err := postbox.DecodeHeaders([]byte(benchRow))
+	if err != nil {
+		b.Fatal(err)
+	}
+	addRowAttributes(h, "01943b6e-7c1a-7d2e-9f3a-0123456789ab", "orders.created", "order-42")
+	return &postbox.Envelope{
+		ID: "01943b6e-7c1a-7d2e-9f3a-0123456789ab", Topic: "orders.created", Key: "order-42",
+		Payload: []byte(`{"order":42,"total":"99.90","currency":"EUR"}`), Headers: h, Attempt: 1,
+	}
+}
+
+// addRowAttributes adds what the relay derives from a row to its decoded
+// headers, as it does for the rows of benchRow's shape.
+func addRowAttributes(h map[string]string, id, topic, key string) {
+	h[postbox.HeaderSpecVersion] = "1.0"
+	h[postbox.HeaderReplayHorizon] = "604800"
+	h[postbox.HeaderID] = id
+	h[postbox.HeaderType] = topic
+	h[postbox.HeaderPartitionKey] = key
+}
+
+// BenchmarkEncodeMsg is the Publisher's encoding of an envelope into the
+// NATS message it sends: subject, headers, Nats-Msg-Id. "idonly" and
+// "cloudevents" are BenchmarkPublisher's envelopes, "typical" the relay's
+// envelope of a typical row.
+//
+//	go test -run '^$' -bench 'EncodeMsg|RowToMsg' -benchmem -count 5 ./postboxnats/
+func BenchmarkEncodeMsg(b *testing.B) {
+	id := "01943b6e-7c1a-7d2e-9f3a-0123456789ab"
+	cases := []struct {
+		name string
+		env  *postbox.Envelope
+	}{
+		{"idonly", &postbox.Envelope{ID: id, Topic: "bench", Payload: make([]byte, benchPayload), Attempt: 1}},
+		{"cloudevents", &postbox.Envelope{ID: id, Topic: "bench", Payload: make([]byte, benchPayload), Attempt: 1, Headers: map[string]string{
+			postbox.HeaderSpecVersion: "1.0",
+			postbox.HeaderID:          id,
+			postbox.HeaderType:        "bench",
+			postbox.HeaderSource:      "postbox",
+			postbox.HeaderTime:        "2026-01-02T03:04:05.123456Z",
+			postbox.HeaderContentType: "application/octet-stream",
+		}}},
+		{"typical", benchEnvelope(b)},
+	}
+	p := encodeTarget(b, &postboxnats.Config{SubjectPrefix: "bench.", MaxPending: benchWindow})
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := postboxnats.EncodeMsg(p, c.env); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkRowToMsg is the whole path of a typical row from its stored
+// headers to the NATS message: decode, add the row's attributes, encode.
+func BenchmarkRowToMsg(b *testing.B) {
+	p := encodeTarget(b, &postboxnats.Config{SubjectPrefix: "bench.", MaxPending: benchWindow})
+	row := []byte(benchRow)
+	payload := []byte(`{"order":42,"total":"99.90","currency":"EUR"}`)
+	id := "01943b6e-7c1a-7d2e-9f3a-0123456789ab"
+	b.ReportAllocs()
+	for b.Loop() {
+		h, err := postbox.DecodeHeaders(row)
+		if err != nil {
+			b.Fatal(err)
+		}
+		addRowAttributes(h, id, "orders.created", "order-42")
+		env := &postbox.Envelope{ID: id, Topic: "orders.created", Key: "order-42", Payload: payload, Headers: h, Attempt: 1}
+		if _, err := postboxnats.EncodeMsg(p, env); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
