@@ -192,10 +192,14 @@ func isNil(v any) bool {
 }
 
 // notify wakes the relay in this process, the lanes that read parts, and,
-// through the change signal, those in others.
+// through the change signal, those in others: unless this process's relay
+// holds every partition and no other relay is live, when no relay
+// elsewhere could read the rows.
 func (c *Client[TTx]) notify(kind wakeKind, parts uint64) {
 	c.wake.send(kind, parts)
-	c.signal.send(kind == wakeEarly)
+	if !c.wake.alone.Load() {
+		c.signal.send(kind == wakeEarly)
+	}
 }
 
 // partsOf is the mask of the partitions rows fall in, for the relay

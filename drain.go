@@ -61,7 +61,7 @@ func (c *Client[TTx]) Drain(ctx context.Context) (DrainResult, error) {
 		if len(fence.Generations) == 0 {
 			return res, errors.New("postbox: drain: the leases ran out; raise LeaseDuration")
 		}
-		step, err := r.step(ctx, ctx, fence, until, true)
+		step, _, err := r.step(ctx, ctx, fence, until, true, nil)
 		if err != nil {
 			if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 				// The read ran into the leases' end, not the caller's.

@@ -23,7 +23,7 @@ type Metrics interface {
 type BatchReport struct {
 	Relay    string
 	Size     int           // rows read
-	Duration time.Duration // from the read to the end of the marks
+	Duration time.Duration // from the read to the end of the marks; to the last acknowledgement for a batch recorded with the next read (postboxdriver.SettleFetcher)
 	// Published, Failed and Dead count rows by topic: acknowledged and
 	// marked; failed as message failures (an attempt spent); moved to the
 	// dead table in this batch.

@@ -331,6 +331,9 @@ func checkConnections(ctx context.Context, ex postboxdriver.Executor, cfg *Confi
 }
 
 func (r *relay) shutdown(ctx context.Context) {
+	if r.wake != nil {
+		r.wake.alone.Store(false)
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
 	defer cancel()
 	r.leave(ctx)

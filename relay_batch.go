@@ -36,13 +36,26 @@ type stepResult struct {
 // A batch on partitions taken after their owner's lease ran out is
 // published with crash marks (relay_crash.go); calm says the lane's broker
 // answered its last batch, which the lone publishes of suspects wait for.
-func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, until time.Time, calm bool) (stepResult, error) {
+//
+// pr is the lane's last batch, whose record waits for this read (nil for
+// none): it is recorded in the read's statement, or alone when that
+// fails, and its claim ended. The batch step returns instead of recording
+// it (nil when it recorded its batch) is the caller's to hand to the next
+// step or to flush; its claim on fence holds until then.
+func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, until time.Time, calm bool, pr *prior) (stepResult, *prior, error) {
 	// A read that outlives the lease is of no use, so it is bounded by it.
 	fctx, cancel := context.WithDeadline(soft, until)
-	recs, err := r.ex.Fetch(fctx, r.fetchParams(fence))
+	var recs []postboxdriver.Record
+	var err error
+	var before stepResult
+	if pr != nil {
+		before, recs, err = r.recordWithRead(fctx, hard, pr, r.fetchParams(fence))
+	} else {
+		recs, err = r.ex.Fetch(fctx, r.fetchParams(fence))
+	}
 	cancel()
 	if err != nil || len(recs) == 0 {
-		return stepResult{}, err
+		return before, nil, err
 	}
 	began := time.Now()
 	deadline := began.Add(r.cfg.BatchDeadline)
@@ -56,10 +69,16 @@ func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, unti
 		r.solo.RLock()
 		out = r.publish(hard, deadline, until, recs)
 		r.solo.RUnlock()
+		if r.deferrable(fence, recs, out) {
+			return stepResult{read: len(recs), fencedOut: before.fencedOut, markErr: before.markErr},
+				&prior{fence: fence, recs: recs, out: out, took: time.Since(began)}, nil
+		}
 	} else {
 		out, m = r.publishMarked(hard, deadline, until, fence, recs, sus, calm)
 	}
 	res, rep := r.record(hard, fence, recs, out)
+	res.fencedOut += before.fencedOut
+	res.markErr = errors.Join(before.markErr, res.markErr)
 	if sus != nil {
 		if res.markErr == nil && res.fencedOut == 0 {
 			m.recorded(out)
@@ -71,11 +90,96 @@ func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, unti
 			r.settle(fence, sus, recs)
 		}
 	}
-	if m := r.cfg.Metrics; m != nil {
-		rep.Duration = time.Since(began)
+	r.report(rep, time.Since(began))
+	return res, nil, nil
+}
+
+// report hands a batch's report, if any, to the metrics.
+func (r *relay) report(rep *BatchReport, took time.Duration) {
+	if m := r.cfg.Metrics; m != nil && rep != nil {
+		rep.Duration = took
 		m.RelayBatch(rep)
 	}
-	return res, nil
+}
+
+// prior is a lane's last batch, when it only published and was small:
+// its record waits for the lane's next read and goes in the same
+// statement (postboxdriver.SettleFetcher), so that a relay kept busy by a
+// trickle of writes sends one statement a batch rather than two. The
+// lane records it alone when no read comes within priorLinger, and at a
+// stop.
+type prior struct {
+	fence postboxdriver.Fence
+	recs  []postboxdriver.Record
+	out   batchResult
+	took  time.Duration // from the read to the last acknowledgement
+}
+
+// Which batches wait for the next read to be recorded: at most
+// priorMaxRows published rows, for at most priorLinger. A crash of the
+// relay sends them again, as it does the publishes in flight: each lane
+// adds at most priorMaxRows to what a crash sends twice.
+const (
+	priorMaxRows = 8
+	priorLinger  = 10 * time.Millisecond
+)
+
+// deferrable says whether a batch published under fence may wait for the
+// lane's next read to be recorded: the store can record it with a read,
+// every row was acknowledged, there are few, the read was not full (a
+// backlog reads again at once, and records alone), and no partition of
+// fence is leaving the relay's share, whose release waits for the record.
+func (r *relay) deferrable(fence postboxdriver.Fence, recs []postboxdriver.Record, out batchResult) bool {
+	if _, ok := r.ex.(postboxdriver.SettleFetcher); !ok || r.wake == nil {
+		return false
+	}
+	if out.infra != nil || len(out.failed) > 0 || len(out.published) != len(recs) ||
+		len(recs) > priorMaxRows || len(recs) >= r.cfg.BatchSize {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for p := range fence.Generations {
+		if _, leaving := r.leaving[p]; leaving {
+			return false
+		}
+	}
+	return true
+}
+
+// recordWithRead records pr in the statement that reads the next batch
+// (params), and ends pr's claim. When that statement fails, pr is
+// recorded alone. It returns what recording pr found (fenced-out rows, a
+// failure to record) and the read.
+func (r *relay) recordWithRead(fctx, hard context.Context, pr *prior, params postboxdriver.FetchParams) (stepResult, []postboxdriver.Record, error) {
+	defer r.done(pr.fence)
+	settled, recs, err := r.ex.(postboxdriver.SettleFetcher).SettleFetch(fctx, pr.fence, pr.outcome(), r.cfg.MaxAttempts, params)
+	var res stepResult
+	var rep *BatchReport
+	if err != nil {
+		res, rep = r.record(hard, pr.fence, pr.recs, pr.out)
+	} else {
+		res, rep = r.recorded(pr.fence, pr.recs, pr.out, settled, nil)
+	}
+	r.report(rep, pr.took)
+	return stepResult{fencedOut: res.fencedOut, markErr: res.markErr}, recs, err
+}
+
+// flush records pr alone and ends its claim: no read came for it in time,
+// or the lane stops.
+func (r *relay) flush(hard context.Context, pr *prior) stepResult {
+	defer r.done(pr.fence)
+	res, rep := r.record(hard, pr.fence, pr.recs, pr.out)
+	r.report(rep, pr.took)
+	return res
+}
+
+func (pr *prior) outcome() postboxdriver.Outcome {
+	read := make([]int64, len(pr.recs))
+	for i := range pr.recs {
+		read[i] = pr.recs[i].Seq
+	}
+	return postboxdriver.Outcome{Read: read, Published: pr.out.published}
 }
 
 // fetchParams selects the next batch under fence: always from the start of
@@ -262,6 +366,9 @@ func (r *relay) failure(rec *postboxdriver.Record, err error) postboxdriver.Fail
 // to mark is published again. With metrics on it also returns the batch's
 // report, counted per topic.
 func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, recs []postboxdriver.Record, out batchResult) (stepResult, *BatchReport) {
+	if len(out.published) == 0 && len(out.failed) == 0 {
+		return r.recorded(fence, recs, out, postboxdriver.Settled{}, nil)
+	}
 	var cancel context.CancelFunc
 	if ctx.Err() != nil {
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
@@ -272,6 +379,17 @@ func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, recs []po
 		ctx, cancel = context.WithTimeout(ctx, r.cfg.LeaseDuration)
 	}
 	defer cancel()
+	read := make([]int64, len(recs))
+	for i := range recs {
+		read[i] = recs[i].Seq
+	}
+	settled, err := r.ex.Settle(ctx, fence, postboxdriver.Outcome{Read: read, Published: out.published, Failed: out.failed}, r.cfg.MaxAttempts)
+	return r.recorded(fence, recs, out, settled, err)
+}
+
+// recorded is the result and the report of a batch whose outcome Settle
+// (or SettleFetch) recorded as settled, or failed to record with err.
+func (r *relay) recorded(fence postboxdriver.Fence, recs []postboxdriver.Record, out batchResult, settled postboxdriver.Settled, err error) (stepResult, *BatchReport) {
 	res := stepResult{read: len(recs), failed: len(out.failed), infra: out.infra}
 	var rep *BatchReport
 	var bySeq map[int64]*postboxdriver.Record
@@ -286,11 +404,6 @@ func (r *relay) record(ctx context.Context, fence postboxdriver.Fence, recs []po
 	if len(out.published) == 0 && len(out.failed) == 0 {
 		return res, rep
 	}
-	read := make([]int64, len(recs))
-	for i := range recs {
-		read[i] = recs[i].Seq
-	}
-	settled, err := r.ex.Settle(ctx, fence, postboxdriver.Outcome{Read: read, Published: out.published, Failed: out.failed}, r.cfg.MaxAttempts)
 	if err != nil {
 		res.markErr = fmt.Errorf("record the outcome of %d published and %d failed rows (they will be published again): %w",
 			len(out.published), len(out.failed), err)

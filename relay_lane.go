@@ -37,6 +37,9 @@ type lane struct {
 	// unsure: the lane's last batch met an infrastructure failure of the
 	// broker's; suspects wait for a batch without one (relay_crash.go).
 	unsure bool
+	// prior is the lane's last batch while its record waits for the
+	// lane's next read (relay_batch.go), nil otherwise.
+	prior *prior
 }
 
 // notify wakes the lane for a wake-up of kind. A lane reads all of its
@@ -80,6 +83,10 @@ type wakeup struct {
 	heard     atomic.Bool
 	committed atomic.Bool
 	parts     atomic.Uint64 // a mask of the partitions written; allParts: unknown
+	// alone: the relay woken holds every partition and no other relay is
+	// live, so no relay elsewhere has a use for a change signal (the
+	// relay's last renewal says so; a relay that joins is heard at once).
+	alone atomic.Bool
 }
 
 // allParts is the partition mask of a write whose partitions are unknown.
@@ -191,10 +198,12 @@ func (l *lane) run(soft, hard context.Context) {
 			}
 		}
 	}
+	defer l.flush(soft, hard)
 	for soft.Err() == nil {
 		if l.n >= r.activeLanes() {
 			// Not needed for the relay's share: wait for the renewal
 			// that grows it (notifyLanes).
+			l.flush(soft, hard)
 			select {
 			case <-l.wake.ch:
 			case <-soft.Done():
@@ -202,19 +211,34 @@ func (l *lane) run(soft, hard context.Context) {
 			poll, p = minPoll, pacePolled
 			continue
 		}
-		fence, until := r.claim(time.Now(), l.n)
+		fence, until := r.claim(time.Now(), l.n, l.prior)
 		if len(fence.Generations) == 0 {
 			// Nothing to read.
+			l.flush(soft, hard)
 			l.idle(soft, r.cfg.PollInterval)
 			continue
 		}
-		res, err := r.step(soft, hard, fence, until, !l.unsure)
-		r.done(fence)
+		res, next, err := r.step(soft, hard, fence, until, !l.unsure, l.prior)
+		l.prior = next
+		if next == nil {
+			r.done(fence)
+		}
+		if res.fencedOut > 0 {
+			// The lease of some partition passed on: stop reading under
+			// the old generations, which would send the same rows again
+			// and again, until the coordinator has renewed.
+			r.fencedOut()
+			r.renewNow()
+		}
 		switch {
 		case err != nil:
 			if soft.Err() == nil {
 				l.pause(soft, "fetch", err)
 			}
+			continue
+		case res.read == 0 && res.markErr != nil:
+			// The record of the batch before, which went with this read.
+			l.pause(soft, "mark", res.markErr)
 			continue
 		case res.read == 0:
 			if l.sleep(soft, poll) {
@@ -236,30 +260,59 @@ func (l *lane) run(soft, hard context.Context) {
 		}
 		woken(false)
 		l.unsure = res.infra != nil && !errors.Is(res.infra, errCrashMarks)
-		if res.fencedOut > 0 {
-			// The lease of some partition passed on: stop reading under
-			// the old generations, which would send the same rows again
-			// and again, until the coordinator has renewed.
-			r.fencedOut()
-			r.renewNow()
-		}
 		switch {
 		case res.infra != nil:
 			l.pause(soft, "publish", res.infra)
 		case res.markErr != nil:
+			l.flush(soft, hard)
 			l.pause(soft, "mark", res.markErr)
 		default:
 			l.infraPause = 0
 			if p == paceAnnounced && res.read < r.cfg.BatchSize && res.fencedOut == 0 {
 				// Whatever was committed since this batch's read has
 				// woken the lane again: no read at once to find out.
-				if l.sleep(soft, poll) {
+				if l.rest(soft, hard, poll) {
 					woken(true)
 				} else {
 					p = pacePolled
 				}
 			}
 		}
+	}
+}
+
+// rest is the lane's wait for a wake-up after a batch, for at most d. A
+// batch whose record waits for the next read (prior) waits priorLinger at
+// most: a wake-up within it reads, and records it in the same statement;
+// otherwise it is recorded alone and the lane sleeps on. It reports a
+// wake-up.
+func (l *lane) rest(soft, hard context.Context, d time.Duration) bool {
+	if l.prior != nil {
+		linger := min(d, priorLinger)
+		if l.idle(soft, linger) {
+			return true
+		}
+		l.flush(soft, hard)
+		if d -= linger; d <= 0 || soft.Err() != nil {
+			return false
+		}
+	}
+	return l.sleep(soft, d)
+}
+
+// flush records the lane's batch that waits for a read, if any, alone.
+func (l *lane) flush(soft, hard context.Context) {
+	if l.prior == nil {
+		return
+	}
+	res := l.r.flush(hard, l.prior)
+	l.prior = nil
+	if res.fencedOut > 0 {
+		l.r.fencedOut()
+		l.r.renewNow()
+	}
+	if res.markErr != nil {
+		l.pause(soft, "mark", res.markErr)
 	}
 }
 

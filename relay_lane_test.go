@@ -72,12 +72,12 @@ func TestLaneFencesSplitTheHeldPartitions(t *testing.T) {
 func TestLaneChangeWaitsForTheBatchInFlight(t *testing.T) {
 	r := newLaneRelay(4, 64)
 	now := time.Now()
-	old, _ := r.claim(now, 3) // partitions 3, 7, 11, …
+	old, _ := r.claim(now, 3, nil) // partitions 3, 7, 11, …
 	if _, ok := old.Generations[7]; !ok {
 		t.Fatalf("lane 3 of 4 claimed %v, want partition 7 among them", sortedKeys(old.Generations))
 	}
 	r.active = 2 // the share halved: lane 1 now reads 1, 3, 5, 7, …
-	f, _ := r.claim(now, 1)
+	f, _ := r.claim(now, 1, nil)
 	for p := range f.Generations {
 		if p%4 == 3 {
 			t.Fatalf("lane 1 claimed partition %d while lane 3's batch on it is in flight", p)
@@ -86,12 +86,12 @@ func TestLaneChangeWaitsForTheBatchInFlight(t *testing.T) {
 	if len(f.Generations) != 16 {
 		t.Fatalf("lane 1 claimed %d partitions, want the 16 not in flight elsewhere", len(f.Generations))
 	}
-	if g, _ := r.claim(now, 3); len(g.Generations) > 0 {
+	if g, _ := r.claim(now, 3, nil); len(g.Generations) > 0 {
 		t.Fatalf("lane 3, no longer reading, claimed %v", sortedKeys(g.Generations))
 	}
 	r.done(f)
 	r.done(old)
-	f, _ = r.claim(now, 1)
+	f, _ = r.claim(now, 1, nil)
 	if len(f.Generations) != 32 {
 		t.Fatalf("lane 1 claimed %d partitions once lane 3's batch was done, want 32", len(f.Generations))
 	}

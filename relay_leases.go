@@ -106,6 +106,9 @@ func (r *relay) coordinate(ctx context.Context) (pending, moved bool, err error)
 		}
 	}
 	r.target = target
+	if r.wake != nil {
+		r.wake.alone.Store(len(m.Live) == 1 && len(r.held) == r.nparts)
+	}
 	if n := laneCount(len(r.lanes), len(target), r.nparts); n != r.active {
 		r.log.Info("postbox relay lanes", slog.Int("lanes", n), slog.Int("share", len(target)), slog.Int("partitions", r.nparts))
 		r.active = n
@@ -264,14 +267,24 @@ func (r *relay) heldInOrder() []int {
 // reading one partition at once would send its rows twice and out of
 // order. The lane calls done with the fence when its
 // batch is marked.
-func (r *relay) claim(now time.Time, n int) (postboxdriver.Fence, time.Time) {
+//
+// pr is the lane's own batch whose record waits for this read (nil for
+// none): its partitions are claimed again, since that record goes in the
+// read's statement, before anything of the new batch is sent.
+func (r *relay) claim(now time.Time, n int, pr *prior) (postboxdriver.Fence, time.Time) {
 	f, until := r.fence(now, n)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for p, g := range f.Generations {
 		// The held set may have changed between fence's lock and this
 		// one: only what is still held at the same generation counts.
-		if r.held[p] != g || r.busy[p] > 0 {
+		mine := 0
+		if pr != nil {
+			if pg, ok := pr.fence.Generations[p]; ok && pg == g {
+				mine = 1
+			}
+		}
+		if r.held[p] != g || r.busy[p] > mine {
 			delete(f.Generations, p)
 			continue
 		}

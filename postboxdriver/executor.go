@@ -331,3 +331,17 @@ type Executor interface {
 	// exclusive of other migrators. Applying an applied version is a no-op.
 	ApplyMigration(ctx context.Context, m Migration) error
 }
+
+// SettleFetcher is an Executor that can record the publishes of one batch
+// and read the next batch in a single round trip. It is optional. A relay
+// whose batches are small (a steady trickle rather than a backlog)
+// records a batch that only published with its next read, when that read
+// comes soon, and so sends one statement a batch instead of two.
+type SettleFetcher interface {
+	// SettleFetch records o as Settle(ctx, f, o, maxAttempts) does and
+	// then reads as Fetch(ctx, p) does; the read never returns a row o
+	// published, even one whose record the fence refused. o holds no
+	// failures: a batch that failed is recorded by Settle. When it
+	// returns an error, nothing of o was recorded.
+	SettleFetch(ctx context.Context, f Fence, o Outcome, maxAttempts int, p FetchParams) (Settled, []Record, error)
+}

@@ -13,6 +13,9 @@ import (
 type queries struct {
 	insert, insertOne, partitions, coordinate, unregister, acquire, release, fetch, fetchStrict, fetchRouted, fetchRoutedStrict,
 	settle, resolveCrashes, markInFlight, expire, stats string
+	// settleFetch are the fetches as settleFetchSQL makes them, indexed
+	// like fetchVariant.
+	settleFetch [4]string
 }
 
 func makeQueries(p string) queries {
@@ -91,6 +94,10 @@ RETURNING partition, owner, generation, expires_at`),
 		fetchStrict:       r.Replace(fetchSQL(true, false)),
 		fetchRouted:       r.Replace(fetchSQL(false, true)),
 		fetchRoutedStrict: r.Replace(fetchSQL(true, true)),
+		settleFetch: [4]string{
+			r.Replace(settleFetchSQL(false, false)), r.Replace(settleFetchSQL(true, false)),
+			r.Replace(settleFetchSQL(false, true)), r.Replace(settleFetchSQL(true, true)),
+		},
 		// A batch's outcome in one statement ($1 the owner, $2 the
 		// generations by partition, $3 the published seqs; $4–$7 the
 		// failures: seqs, errors, backoffs in ms, dead; $8 the attempt
@@ -215,27 +222,75 @@ FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async`),
 // waits with it. Finding those rows scans the fenced partitions' pending
 // rows once per read, a cost paid only when routes are set.
 func fetchSQL(strict, routed bool) string {
-	var with, topic, unrouted, dead string
+	with, read := fetchParts(strict, routed)
+	if with != "" {
+		with = "WITH " + with + "\n"
+	}
+	return with + strings.Replace(read, "{exclude}", "", 1)
+}
+
+// settleFetchSQL records the publishes of a batch and reads the next one
+// in one statement (Core.SettleFetch): the fetch of fetchSQL, with the
+// published rows moved to the history as settle moves them, fenced by
+// the generations the batch was read under ($o the owner, $g the
+// generations by partition, $s the published seqs, numbered after the
+// fetch's own parameters). The read's snapshot is the statement's, taken
+// before the move, so it leaves the moved rows out by their seqs. The
+// first column of every row is the count of rows moved; a read that finds
+// nothing returns one row of NULLs beside it. The statement commits
+// without waiting for its WAL flush, as settle does.
+func settleFetchSQL(strict, routed bool) string {
+	with, read := fetchParts(strict, routed)
+	n := 2
+	if routed {
+		n = 3
+	}
+	params := strings.NewReplacer("$o", fmt.Sprintf("$%d", n+1), "$g", fmt.Sprintf("$%d", n+2), "$s", fmt.Sprintf("$%d", n+3))
+	if with != "" {
+		with += ",\n"
+	}
+	read = strings.Replace(read, "{exclude}", `
+  AND NOT (o.seq = ANY($s::bigint[]))`, 1)
+	return params.Replace(`WITH ` + with + `moved AS (
+  DELETE FROM {p}outbox o USING {p}leases l
+  WHERE o.seq = ANY($s::bigint[])
+    AND l.partition = o.partition AND l.owner = $o AND l.generation = ($g::bigint[])[o.partition + 1]
+  RETURNING o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts
+), ins AS (
+  INSERT INTO {p}published (seq, id, topic, key, payload, headers, partition, created_at, attempts)
+  SELECT * FROM moved
+  RETURNING 1
+), settled AS (
+  SELECT count(*)::int AS n, set_config('synchronous_commit', 'off', true) AS async FROM ins
+), next AS (
+` + read + `
+)
+SELECT s.n, x.* FROM settled s LEFT JOIN next x ON true ORDER BY x.seq`)
+}
+
+// fetchParts is fetchSQL as its CTE (routed only, else "") and its
+// SELECT, so that settleFetchSQL can put its own CTEs beside them.
+func fetchParts(strict, routed bool) (with, read string) {
+	var topic, unrouted, dead string
 	if strict {
 		dead = `
     OR EXISTS (SELECT 1 FROM {p}dead d WHERE d.key = o.key AND d.seq < o.seq)`
 	}
 	if routed {
-		with = `WITH unrouted AS (
+		with = `unrouted AS (
   SELECT key, min(seq) AS seq FROM {p}outbox
   WHERE key IS NOT NULL AND partition = ANY($1::int[]) AND NOT (topic LIKE ANY($3::text[]))
   GROUP BY key
-)
-`
+)`
 		topic = `
   AND o.topic LIKE ANY($3::text[])`
 		unrouted = `
     OR EXISTS (SELECT 1 FROM unrouted u WHERE u.key = o.key AND u.seq < o.seq)`
 	}
-	return with + `SELECT o.seq, o.id::text, o.topic, coalesce(o.key, ''), o.payload, o.headers::text, o.partition, o.attempts, o.created_at
+	return with, `SELECT o.seq, o.id::text, o.topic, coalesce(o.key, ''), o.payload, o.headers::text, o.partition, o.attempts, o.created_at
 FROM {p}outbox o
 WHERE o.partition = ANY($1::int[])
-  AND o.available_at <= now()` + topic + `
+  AND o.available_at <= now()` + topic + `{exclude}
   AND (o.key IS NULL OR NOT (
     EXISTS (SELECT 1 FROM {p}outbox b
             WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > now())` + dead + unrouted + `))
@@ -402,36 +457,89 @@ func (c *Core) ExpireLeases(ctx context.Context, owner string) (int, error) {
 
 // Fetch implements postboxdriver.Executor.
 func (c *Core) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
+	v, args := fetchArgs(p)
+	if v < 0 {
+		return nil, nil
+	}
+	q := [4]string{c.q.fetch, c.q.fetchStrict, c.q.fetchRouted, c.q.fetchRoutedStrict}[v]
+	return queryAll(ctx, c, q, args, func(r Rows) (postboxdriver.Record, error) {
+		var rec postboxdriver.Record
+		err := scanRecord(r, &rec)
+		return rec, err
+	})
+}
+
+// fetchArgs picks the fetch statement for p, as an index into fetch,
+// fetchStrict, fetchRouted and fetchRoutedStrict (-1 when p reads
+// nothing), and its arguments.
+func fetchArgs(p postboxdriver.FetchParams) (int, []any) {
 	parts := make([]int32, 0, len(p.Fence.Generations))
 	for part := range p.Fence.Generations {
 		parts = append(parts, int32(part))
 	}
-	if len(parts) == 0 || p.Limit <= 0 {
-		return nil, nil
+	if len(parts) == 0 || p.Limit <= 0 || p.Topics != nil && len(p.Topics) == 0 {
+		return -1, nil
 	}
 	args := []any{parts, p.Limit}
-	var q string
-	switch {
-	case p.Topics != nil && len(p.Topics) == 0:
-		return nil, nil
-	case p.Topics != nil:
-		q = c.q.fetchRouted
-		if p.BlockOnDead {
-			q = c.q.fetchRoutedStrict
-		}
-		args = append(args, likePatterns(p.Topics))
-	case p.BlockOnDead:
-		q = c.q.fetchStrict
-	default:
-		q = c.q.fetch
+	v := 0
+	if p.BlockOnDead {
+		v = 1
 	}
-	return queryAll(ctx, c, q, args, func(r Rows) (postboxdriver.Record, error) {
+	if p.Topics != nil {
+		v += 2
+		args = append(args, likePatterns(p.Topics))
+	}
+	return v, args
+}
+
+func scanRecord(r Rows, rec *postboxdriver.Record) error {
+	var headers string
+	err := r.Scan(&rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &headers, &rec.Partition, &rec.Attempts, &rec.CreatedAt)
+	rec.Headers = []byte(headers)
+	return err
+}
+
+// SettleFetch implements postboxdriver.SettleFetcher, in one statement.
+func (c *Core) SettleFetch(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int, p postboxdriver.FetchParams) (postboxdriver.Settled, []postboxdriver.Record, error) {
+	if len(o.Failed) > 0 {
+		return postboxdriver.Settled{}, nil, fmt.Errorf("postbox: SettleFetch records publishes only, and was given %d failures", len(o.Failed))
+	}
+	v, args := fetchArgs(p)
+	if v < 0 || len(o.Published) == 0 {
+		settled, err := c.Settle(ctx, f, o, maxAttempts)
+		if err != nil || v < 0 {
+			return settled, nil, err
+		}
+		recs, err := c.Fetch(ctx, p)
+		return settled, recs, err
+	}
+	var settled postboxdriver.Settled
+	var recs []postboxdriver.Record
+	rows, err := c.db.Query(ctx, c.q.settleFetch[v], append(args, f.Owner, generations(f), o.Published)...)
+	if err != nil {
+		return settled, nil, c.wrap(err)
+	}
+	// The read's columns are NULL on the one row a read that found
+	// nothing returns.
+	err = scanAll(rows, func(r Rows) error {
+		var seq *int64
 		var rec postboxdriver.Record
-		var headers string
-		err := r.Scan(&rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &headers, &rec.Partition, &rec.Attempts, &rec.CreatedAt)
-		rec.Headers = []byte(headers)
-		return rec, err
+		var headers *string
+		var id, topic, key *string
+		var part, attempts *int
+		var created *time.Time
+		if err := r.Scan(&settled.Published, &seq, &id, &topic, &key, &rec.Payload, &headers, &part, &attempts, &created); err != nil || seq == nil {
+			return err
+		}
+		rec.Seq, rec.ID, rec.Topic, rec.Key, rec.Headers = *seq, *id, *topic, *key, []byte(*headers)
+		rec.Partition, rec.Attempts, rec.CreatedAt = *part, *attempts, *created
+		recs = append(recs, rec)
+		return nil
 	})
+	if err != nil {
+		return postboxdriver.Settled{}, nil, c.wrap(err)
+	}
+	return settled, recs, nil
 }
 
 // OldestSnapshot implements postboxdriver.Executor: the oldest

@@ -27,6 +27,7 @@ func (s *suite[TTx]) runFailures(t *testing.T) {
 	t.Run("UnstorableErrorTextRecorded", s.unstorableErrorText)
 	t.Run("SettleDeadNow", s.settleDeadNow)
 	t.Run("SettleMixedOutcome", s.settleMixed)
+	t.Run("SettleFetch", s.settleFetch)
 }
 
 // failing is a publisher that fails the envelopes fail picks, with the
@@ -374,6 +375,78 @@ func (s *suite[TTx]) settleMixed(t *testing.T) {
 	recs2, err := e.store.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
 	if err != nil || len(recs2) != 1 || recs2[0].Seq != recs[4].Seq || recs2[0].Attempts != 0 {
 		t.Fatalf("Fetch after Settle = %+v, %v; want the unsent row alone", recs2, err)
+	}
+}
+
+// settleFetch records a batch's publishes in the statement that reads the
+// next batch (postboxdriver.SettleFetcher, for the drivers that have it):
+// the published rows go to the history and are not read again, the row
+// not sent is, with the rows written since; under a stale fence nothing is
+// recorded, and the published rows are not read either; a read that finds
+// nothing still records.
+func (s *suite[TTx]) settleFetch(t *testing.T) {
+	e := s.setup(t)
+	sf, ok := e.store.(postboxdriver.SettleFetcher)
+	if !ok {
+		t.Skip("the driver records and reads in separate calls")
+	}
+	ctx := context.Background()
+	ls, fence, recs := leasedBatch(t, e.store, row("t", "a"), row("t", "b"), row("t", "c"))
+	if err := e.store.Insert(ctx, []postboxdriver.Row{row("t", "d")}); err != nil {
+		t.Fatal(err)
+	}
+	o := postboxdriver.Outcome{Read: []int64{recs[0].Seq, recs[1].Seq, recs[2].Seq}, Published: []int64{recs[0].Seq, recs[1].Seq}}
+	params := postboxdriver.FetchParams{Fence: fence, Limit: 10}
+	if _, _, err := sf.SettleFetch(ctx, fence, postboxdriver.Outcome{Read: o.Read, Failed: []postboxdriver.Failure{{Seq: recs[2].Seq, Error: "x"}}}, 25, params); err == nil {
+		t.Fatal("SettleFetch took a failure; want it refused")
+	}
+	stale := fenceOf("x", ls)
+	for p := range stale.Generations {
+		stale.Generations[p]--
+	}
+	got, next, err := sf.SettleFetch(ctx, stale, o, 25, params)
+	if err != nil || got.Published != 0 || len(next) != 2 || next[0].Seq != recs[2].Seq || next[1].Key != "d" {
+		t.Fatalf("SettleFetch under a stale fence = %+v, %+v, %v; want nothing recorded, the unsent and the new row read", got, next, err)
+	}
+	if st := e.stats(t); st.Pending != 4 || st.Published != 0 {
+		t.Fatalf("after a stale SettleFetch: %+v, want 4 pending", st)
+	}
+	got, next, err = sf.SettleFetch(ctx, fence, o, 25, params)
+	if err != nil || got.Published != 2 || len(next) != 2 || next[0].Seq != recs[2].Seq || next[1].Key != "d" {
+		t.Fatalf("SettleFetch = %+v, %+v, %v; want 2 recorded, the unsent and the new row read", got, next, err)
+	}
+	if st := e.stats(t); st.Pending != 2 || st.Published != 2 {
+		t.Fatalf("after SettleFetch: %+v, want 2 pending and 2 published", st)
+	}
+	o = postboxdriver.Outcome{Read: []int64{next[0].Seq, next[1].Seq}, Published: []int64{next[0].Seq, next[1].Seq}}
+	got, next, err = sf.SettleFetch(ctx, fence, o, 25, params)
+	if err != nil || got.Published != 2 || len(next) != 0 {
+		t.Fatalf("SettleFetch of the last rows = %+v, %+v, %v; want 2 recorded and nothing read", got, next, err)
+	}
+	if st := e.stats(t); st.Pending != 0 || st.Published != 4 {
+		t.Fatalf("after the last SettleFetch: %+v, want 4 published", st)
+	}
+	// Every kind of read: strict, routed, both.
+	for i, p := range []postboxdriver.FetchParams{
+		{Fence: fence, Limit: 10, BlockOnDead: true},
+		{Fence: fence, Limit: 10, Topics: []string{"t*"}},
+		{Fence: fence, Limit: 10, Topics: []string{"t"}, BlockOnDead: true},
+	} {
+		rows := []postboxdriver.Row{row("t", fmt.Sprint("k", i))}
+		if p.Topics != nil {
+			rows = append(rows, row("u", fmt.Sprint("u", i)))
+		}
+		if err := e.store.Insert(ctx, rows); err != nil {
+			t.Fatal(err)
+		}
+		recs, err := e.store.Fetch(ctx, p)
+		if err != nil || len(recs) != 1 {
+			t.Fatalf("Fetch %+v = %+v, %v; want the row of topic t", p, recs, err)
+		}
+		got, next, err := sf.SettleFetch(ctx, fence, postboxdriver.Outcome{Read: []int64{recs[0].Seq}, Published: []int64{recs[0].Seq}}, 25, p)
+		if err != nil || got.Published != 1 || len(next) != 0 {
+			t.Fatalf("SettleFetch %+v = %+v, %+v, %v; want 1 recorded and nothing read (topic u is not routed)", p, got, next, err)
+		}
 	}
 }
 

@@ -642,6 +642,8 @@ func (c *statementCounter) snapshot() statementCounts {
 func (c *statementCounter) kind(sql string) string {
 	s := strings.Join(strings.Fields(sql), " ")
 	switch {
+	case strings.Contains(s, "ORDER BY o.seq") && strings.Contains(s, "DELETE FROM "+c.prefix+"outbox"):
+		return "mark and fetch"
 	case strings.Contains(s, "ORDER BY o.seq"):
 		return "fetch pending rows"
 	case strings.Contains(s, "INSERT INTO "+c.prefix+"relays"):
