@@ -340,8 +340,10 @@ type Executor interface {
 type SettleFetcher interface {
 	// SettleFetch records o as Settle(ctx, f, o, maxAttempts) does and
 	// then reads as Fetch(ctx, p) does; the read never returns a row o
-	// published, even one whose record the fence refused. o holds no
-	// failures: a batch that failed is recorded by Settle. When it
-	// returns an error, nothing of o was recorded.
+	// published. When the fence refused the record of any of o's
+	// publishes it reads nothing: the lease of some partition moved on,
+	// and the caller renews before it reads again, as after Settle. o
+	// holds no failures: a batch that failed is recorded by Settle. When
+	// it returns an error, nothing of o was recorded.
 	SettleFetch(ctx context.Context, f Fence, o Outcome, maxAttempts int, p FetchParams) (Settled, []Record, error)
 }

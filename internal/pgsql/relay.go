@@ -235,8 +235,10 @@ func fetchSQL(strict, routed bool) string {
 // the generations the batch was read under ($o the owner, $g the
 // generations by partition, $s the published seqs, numbered after the
 // fetch's own parameters). The read's snapshot is the statement's, taken
-// before the move, so it leaves the moved rows out by their seqs. The
-// first column of every row is the count of rows moved; a read that finds
+// before the move, so it leaves the moved rows out by their seqs; and it
+// returns nothing when the fence refused any of them, since the relay then
+// renews before it reads (its view of what it holds is stale). The first
+// column of every row is the count of rows moved; a read that finds
 // nothing returns one row of NULLs beside it. The statement commits
 // without waiting for its WAL flush, as settle does.
 func settleFetchSQL(strict, routed bool) string {
@@ -265,7 +267,7 @@ func settleFetchSQL(strict, routed bool) string {
 ), next AS (
 ` + read + `
 )
-SELECT s.n, x.* FROM settled s LEFT JOIN next x ON true ORDER BY x.seq`)
+SELECT s.n, x.* FROM settled s LEFT JOIN next x ON s.n = cardinality($s::bigint[]) ORDER BY x.seq`)
 }
 
 // fetchParts is fetchSQL as its CTE (routed only, else "") and its
