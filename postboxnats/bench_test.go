@@ -144,14 +144,7 @@ func BenchmarkPublisher(b *testing.B) {
 			for i, id := range ids(b.N) {
 				envs[i] = postbox.Envelope{ID: id, Topic: "bench", Payload: payload, Attempt: 1}
 				if headers {
-					envs[i].Headers = map[string]string{
-						postbox.HeaderSpecVersion: "1.0",
-						postbox.HeaderID:          id,
-						postbox.HeaderType:        "bench",
-						postbox.HeaderSource:      "postbox",
-						postbox.HeaderTime:        "2026-01-02T03:04:05.123456Z",
-						postbox.HeaderContentType: "application/octet-stream",
-					}
+					envs[i].Headers = cloudEventsHeaders(id)
 				}
 			}
 			var wg sync.WaitGroup
@@ -184,6 +177,19 @@ func BenchmarkPublisher(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
 		})
+	}
+}
+
+// cloudEventsHeaders is the CloudEvents attributes of a benchmark
+// envelope with id.
+func cloudEventsHeaders(id string) map[string]string {
+	return map[string]string{
+		postbox.HeaderSpecVersion: "1.0",
+		postbox.HeaderID:          id,
+		postbox.HeaderType:        "bench",
+		postbox.HeaderSource:      "postbox",
+		postbox.HeaderTime:        "2026-01-02T03:04:05.123456Z",
+		postbox.HeaderContentType: "application/octet-stream",
 	}
 }
 
@@ -244,14 +250,7 @@ func BenchmarkEncodeMsg(b *testing.B) {
 		env  *postbox.Envelope
 	}{
 		{"idonly", &postbox.Envelope{ID: id, Topic: "bench", Payload: make([]byte, benchPayload), Attempt: 1}},
-		{"cloudevents", &postbox.Envelope{ID: id, Topic: "bench", Payload: make([]byte, benchPayload), Attempt: 1, Headers: map[string]string{
-			postbox.HeaderSpecVersion: "1.0",
-			postbox.HeaderID:          id,
-			postbox.HeaderType:        "bench",
-			postbox.HeaderSource:      "postbox",
-			postbox.HeaderTime:        "2026-01-02T03:04:05.123456Z",
-			postbox.HeaderContentType: "application/octet-stream",
-		}}},
+		{"cloudevents", &postbox.Envelope{ID: id, Topic: "bench", Payload: make([]byte, benchPayload), Attempt: 1, Headers: cloudEventsHeaders(id)}},
 		{"typical", benchEnvelope(b)},
 	}
 	p := encodeTarget(b, &postboxnats.Config{SubjectPrefix: "bench.", MaxPending: benchWindow})

@@ -124,16 +124,7 @@ RETURNING partition, owner, generation, expires_at`),
 		// key order. This takes a disk flush out of every relay cycle. The
 		// first row, whose seq is NULL, counts the published rows; it is
 		// a SELECT of its own so that the setting is made whatever moved.
-		settle: r.Replace(`WITH moved AS (
-  DELETE FROM {p}outbox o USING {p}leases l
-  WHERE o.seq = ANY($3::bigint[])
-    AND l.partition = o.partition AND l.owner = $1 AND l.generation = ($2::bigint[])[o.partition + 1]
-  RETURNING o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts
-), ins AS (
-  INSERT INTO {p}published (seq, id, topic, key, payload, headers, partition, created_at, attempts)
-  SELECT * FROM moved
-  RETURNING 1
-), f AS (
+		settle: r.Replace(`WITH ` + strings.NewReplacer("$o", "$1", "$g", "$2", "$s", "$3").Replace(moveToHistory) + `, f AS (
   SELECT * FROM unnest($4::bigint[], $5::text[], $6::bigint[], $7::boolean[]) AS f(seq, err, backoff_ms, dead)
 ), owned AS (
   SELECT o.seq, (o.attempts + 1 >= $8 OR f.dead) AS dies FROM {p}outbox o JOIN f ON f.seq = o.seq JOIN {p}leases l
@@ -211,6 +202,21 @@ FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async`),
 	}
 }
 
+// moveToHistory is the CTEs that move a batch's published rows ($s) to
+// the history, fenced by the owner ($o) and its generations by partition
+// ($g): settle's and settleFetchSQL's, which number the parameters.
+// ins counts the rows moved.
+const moveToHistory = `moved AS (
+  DELETE FROM {p}outbox o USING {p}leases l
+  WHERE o.seq = ANY($s::bigint[])
+    AND l.partition = o.partition AND l.owner = $o AND l.generation = ($g::bigint[])[o.partition + 1]
+  RETURNING o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts
+), ins AS (
+  INSERT INTO {p}published (seq, id, topic, key, payload, headers, partition, created_at, attempts)
+  SELECT * FROM moved
+  RETURNING 1
+)`
+
 // fetchSQL reads pending rows in seq order. A keyed row is held back while
 // an older row of its key waits for a retry (or is dead, when strict):
 // only rows that failed before can do that, and the partial retry index
@@ -253,16 +259,7 @@ func settleFetchSQL(strict, routed bool) string {
 	}
 	read = strings.Replace(read, "{exclude}", `
   AND NOT (o.seq = ANY($s::bigint[]))`, 1)
-	return params.Replace(`WITH ` + with + `moved AS (
-  DELETE FROM {p}outbox o USING {p}leases l
-  WHERE o.seq = ANY($s::bigint[])
-    AND l.partition = o.partition AND l.owner = $o AND l.generation = ($g::bigint[])[o.partition + 1]
-  RETURNING o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition, o.created_at, o.attempts
-), ins AS (
-  INSERT INTO {p}published (seq, id, topic, key, payload, headers, partition, created_at, attempts)
-  SELECT * FROM moved
-  RETURNING 1
-), settled AS (
+	return params.Replace(`WITH ` + with + moveToHistory + `, settled AS (
   SELECT count(*)::int AS n, set_config('synchronous_commit', 'off', true) AS async FROM ins
 ), next AS (
 ` + read + `
