@@ -23,7 +23,7 @@ type Metrics interface {
 type BatchReport struct {
 	Relay    string
 	Size     int           // rows read
-	Duration time.Duration // from the read to the end of the marks; to the last acknowledgement for a batch recorded with the next read (postboxdriver.SettleFetcher)
+	Duration time.Duration // from the read to the end of the marks; to the last acknowledgement for a small batch whose mark waited for the next read (postboxdriver.SettleFetcher), whether it then went with that read or alone
 	// Published, Failed and Dead count rows by topic: acknowledged and
 	// marked; failed as message failures (an attempt spent); moved to the
 	// dead table in this batch.

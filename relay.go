@@ -256,6 +256,11 @@ func (r *relay) run(soft, hard context.Context) {
 			if soft.Err() != nil {
 				return
 			}
+			if r.wake != nil {
+				// Its leases may pass to a relay that needs the
+				// signals: the writes of this process send them again.
+				r.wake.alone.Store(false)
+			}
 			retry = min(max(retry*2, minInfraPause), r.cfg.LeaseDuration/10)
 			r.log.Warn("postbox relay could not renew its leases", slog.Duration("retry", retry), slog.Any("error", err))
 			continue

@@ -49,7 +49,12 @@ func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, unti
 	var err error
 	var before stepResult
 	if pr != nil {
-		before, recs, err = r.recordWithRead(fctx, hard, pr, r.fetchParams(fence))
+		// The statement records as well as reads: a soft stop does not
+		// cut it short, or a record PostgreSQL committed would be
+		// recorded again by the fallback and reported fenced out.
+		rctx, rcancel := context.WithDeadline(hard, until)
+		before, recs, err = r.recordWithRead(rctx, hard, pr, r.fetchParams(fence))
+		rcancel()
 	} else {
 		recs, err = r.ex.Fetch(fctx, r.fetchParams(fence))
 	}

@@ -232,13 +232,11 @@ func (l *lane) run(soft, hard context.Context) {
 		}
 		switch {
 		case err != nil:
+			// With it, the record of the batch before, which went alone
+			// when the read failed and may have failed too.
 			if soft.Err() == nil {
-				l.pause(soft, "fetch", err)
+				l.pause(soft, "fetch", errors.Join(err, res.markErr))
 			}
-			continue
-		case res.read == 0 && res.markErr != nil:
-			// The record of the batch before, which went with this read.
-			l.pause(soft, "mark", res.markErr)
 			continue
 		case res.read == 0:
 			if l.sleep(soft, poll) {
@@ -264,8 +262,7 @@ func (l *lane) run(soft, hard context.Context) {
 		case res.infra != nil:
 			l.pause(soft, "publish", res.infra)
 		case res.markErr != nil:
-			l.flush(soft, hard)
-			l.pause(soft, "mark", res.markErr)
+			l.pause(soft, "mark", errors.Join(res.markErr, l.record(hard)))
 		default:
 			l.infraPause = 0
 			if p == paceAnnounced && res.read < r.cfg.BatchSize && res.fencedOut == 0 {
@@ -284,26 +281,40 @@ func (l *lane) run(soft, hard context.Context) {
 // rest is the lane's wait for a wake-up after a batch, for at most d. A
 // batch whose record waits for the next read (prior) waits priorLinger at
 // most: a wake-up within it reads, and records it in the same statement;
-// otherwise it is recorded alone and the lane sleeps on. It reports a
-// wake-up.
+// otherwise it is recorded alone and the lane sleeps on for d. It reports
+// a wake-up.
 func (l *lane) rest(soft, hard context.Context, d time.Duration) bool {
 	if l.prior != nil {
 		linger := min(d, priorLinger)
 		if l.idle(soft, linger) {
 			return true
 		}
-		l.flush(soft, hard)
-		if d -= linger; d <= 0 || soft.Err() != nil {
+		if err := l.record(hard); err != nil {
+			l.pause(soft, "mark", err)
+			return false
+		}
+		if soft.Err() != nil {
 			return false
 		}
 	}
+	// The whole d after the linger, so that a lane at PollInterval still
+	// goes into deep idle.
 	return l.sleep(soft, d)
 }
 
-// flush records the lane's batch that waits for a read, if any, alone.
+// flush records the lane's batch that waits for a read, if any, alone,
+// and pauses when that fails.
 func (l *lane) flush(soft, hard context.Context) {
+	if err := l.record(hard); err != nil {
+		l.pause(soft, "mark", err)
+	}
+}
+
+// record records the lane's batch that waits for a read, if any, alone,
+// and returns the failure to record it.
+func (l *lane) record(hard context.Context) error {
 	if l.prior == nil {
-		return
+		return nil
 	}
 	res := l.r.flush(hard, l.prior)
 	l.prior = nil
@@ -311,9 +322,7 @@ func (l *lane) flush(soft, hard context.Context) {
 		l.r.fencedOut()
 		l.r.renewNow()
 	}
-	if res.markErr != nil {
-		l.pause(soft, "mark", res.markErr)
-	}
+	return res.markErr
 }
 
 // sleep is a lane's wait after a read that found nothing: d, or, once the
