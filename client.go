@@ -90,13 +90,13 @@ func (c *Client[TTx]) WriteTx(ctx context.Context, tx TTx, msgs ...Message) erro
 	if err := ex.Insert(ctx, rows); err != nil {
 		return fmt.Errorf("postbox: write: %w", err)
 	}
-	parts := c.partsOf(rows)
-	if ac, ok := ex.(postboxdriver.AfterCommitter); ok && ac.AfterCommit(func() { c.notify(wakeCommitted, parts) }) {
+	parts, ids := c.writtenOf(rows)
+	if ac, ok := ex.(postboxdriver.AfterCommitter); ok && ac.AfterCommit(func() { c.notify(wakeCommitted, parts, ids) }) {
 		return nil // the relays are woken once the rows are there
 	}
 	// The transaction is not committed yet; the relays, woken now, look
 	// again shortly after on their fast poll and find the rows then.
-	c.notify(wakeEarly, parts)
+	c.notify(wakeEarly, parts, nil)
 	return nil
 }
 
@@ -109,7 +109,8 @@ func (c *Client[TTx]) Write(ctx context.Context, msgs ...Message) error {
 	if err := c.store.Insert(ctx, rows); err != nil {
 		return fmt.Errorf("postbox: write: %w", err)
 	}
-	c.notify(wakeCommitted, c.partsOf(rows))
+	parts, ids := c.writtenOf(rows)
+	c.notify(wakeCommitted, parts, ids)
 	return nil
 }
 
@@ -194,27 +195,37 @@ func isNil(v any) bool {
 // notify wakes the relay in this process, the lanes that read parts, and,
 // through the change signal, those in others: unless this process's relay
 // holds every partition and no other relay is live, when no relay
-// elsewhere could read the rows.
-func (c *Client[TTx]) notify(kind wakeKind, parts uint64) {
-	c.wake.send(kind, parts)
+// elsewhere could read the rows. A wake-up for committed rows names them
+// (ids), so that a lane that has read them already is not woken.
+func (c *Client[TTx]) notify(kind wakeKind, parts uint64, ids []written) {
+	c.wake.send(kind, parts, ids)
 	if !c.wake.alone.Load() {
 		c.signal.send(kind == wakeEarly)
 	}
 }
 
-// partsOf is the mask of the partitions rows fall in, for the relay
-// running in this process; allParts when there is none or its partitions
-// do not fit in a mask.
-func (c *Client[TTx]) partsOf(rows []postboxdriver.Row) uint64 {
+// writtenOf is the mask of the partitions rows fall in, for the relay
+// running in this process, and the rows by id and partition; allParts
+// and no rows when there is no relay or its partitions do not fit in a
+// mask, and no rows past maxNamed.
+func (c *Client[TTx]) writtenOf(rows []postboxdriver.Row) (uint64, []written) {
 	n := int(c.nparts.Load())
 	if n < 1 || n > 64 {
-		return allParts
+		return allParts, nil
+	}
+	var ids []written
+	if len(rows) <= maxNamed {
+		ids = make([]written, len(rows))
 	}
 	var mask uint64
 	for i := range rows {
-		mask |= 1 << postboxdriver.PartitionOf(rows[i].Key, rows[i].ID, n)
+		p := postboxdriver.PartitionOf(rows[i].Key, rows[i].ID, n)
+		mask |= 1 << p
+		if ids != nil {
+			ids[i] = written{id: rows[i].ID, part: p}
+		}
 	}
-	return mask
+	return mask, ids
 }
 
 // Start runs the relay in the background until Stop. It fails fast when no

@@ -37,5 +37,5 @@ func ClientWoken[TTx any](c *Client[TTx]) (woken, early bool) {
 		woken = true
 	default:
 	}
-	return woken, c.wake.take() == wakeEarly
+	return woken, c.wake.take().kind == wakeEarly
 }

@@ -232,7 +232,11 @@ func (r *relay) run(soft, hard context.Context) {
 			select {
 			case <-r.wake.ch:
 				t.Stop()
-				r.wakeFor(r.wake.partitions(), r.wake.take())
+				if o := r.wake.take(); o.named {
+					r.wakeFor(o.partitions(), o.kind, o.ids)
+				} else {
+					r.wakeFor(o.partitions(), o.kind, nil)
+				}
 				continue
 			case <-r.renew:
 				t.Stop()

@@ -13,13 +13,14 @@ import (
 
 // stepResult is what one relay cycle did.
 type stepResult struct {
-	read      int   // rows read; 0 means nothing was available
-	published int   // acknowledged and marked
-	failed    int   // message failures (an attempt spent, or dead)
-	dead      int   // rows moved to the dead messages
-	fencedOut int   // acknowledged rows whose mark changed nothing: the lease moved on
-	infra     error // the batch's infrastructure failure: nothing of it spent an attempt
-	markErr   error // recording the outcome failed; those rows stay pending
+	read      int                    // rows read; 0 means nothing was available
+	published int                    // acknowledged and marked
+	failed    int                    // message failures (an attempt spent, or dead)
+	dead      int                    // rows moved to the dead messages
+	fencedOut int                    // acknowledged rows whose mark changed nothing: the lease moved on
+	infra     error                  // the batch's infrastructure failure: nothing of it spent an attempt
+	markErr   error                  // recording the outcome failed; those rows stay pending
+	recs      []postboxdriver.Record // the rows read
 }
 
 // step is the relay's one cycle, run by every lane and by Drain: read the
@@ -75,7 +76,7 @@ func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, unti
 		out = r.publish(hard, deadline, until, recs)
 		r.solo.RUnlock()
 		if r.deferrable(fence, recs, out) {
-			return stepResult{read: len(recs), fencedOut: before.fencedOut, markErr: before.markErr},
+			return stepResult{read: len(recs), fencedOut: before.fencedOut, markErr: before.markErr, recs: recs},
 				&prior{fence: fence, recs: recs, out: out, took: time.Since(began)}, nil
 		}
 	} else {
@@ -84,6 +85,7 @@ func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, unti
 	res, rep := r.record(hard, fence, recs, out)
 	res.fencedOut += before.fencedOut
 	res.markErr = errors.Join(before.markErr, res.markErr)
+	res.recs = recs
 	if sus != nil {
 		if res.markErr == nil && res.fencedOut == 0 {
 			m.recorded(out)
@@ -121,12 +123,16 @@ type prior struct {
 }
 
 // Which batches wait for the next read to be recorded: at most
-// priorMaxRows published rows, for at most priorLinger. A crash of the
-// relay sends them again, as it does the publishes in flight: each lane
-// adds at most priorMaxRows to what a crash sends twice.
+// priorMaxRows published rows, for at most priorLinger, which is the
+// default PollInterval: a lane at rest then records its last batch with
+// the read of its next poll. A crash of the relay sends them again, as it
+// does the publishes in flight: each lane adds at most priorMaxRows to
+// what a crash sends twice. A partition leaving the relay's share wakes
+// the lanes (its renewal moved the held set), whose next read records
+// the batch at once.
 const (
 	priorMaxRows = 8
-	priorLinger  = 10 * time.Millisecond
+	priorLinger  = DefaultPollInterval
 )
 
 // deferrable says whether a batch published under fence may wait for the

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/bits"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,12 +41,14 @@ type lane struct {
 	// prior is the lane's last batch while its record waits for the
 	// lane's next read (relay_batch.go), nil otherwise.
 	prior *prior
+	// recent is what the lane's last reads returned.
+	recent recentRead
 }
 
 // notify wakes the lane for a wake-up of kind. A lane reads all of its
 // partitions whatever was written, so its wake-ups name none: only the
 // relay's own wakeup, which picks the lanes, collects partitions.
-func (l *lane) notify(kind wakeKind) { l.wake.send(kind, 0) }
+func (l *lane) notify(kind wakeKind) { l.wake.send(kind, 0, nil) }
 
 // wakeKind says what a woken lane may expect to find.
 type wakeKind uint8
@@ -76,55 +79,112 @@ const (
 // wakeup is a wake-up channel that remembers which kinds of wake-up were
 // sent since it was last taken. The relay's own, a Client's, also says
 // which partitions were written, so that only the lanes reading them are
-// woken.
+// woken, and which committed rows: a lane whose recent reads already
+// returned every one of them is not woken for nothing.
 type wakeup struct {
-	ch        chan struct{}
-	early     atomic.Bool
-	heard     atomic.Bool
-	committed atomic.Bool
-	parts     atomic.Uint64 // a mask of the partitions written; allParts: unknown
+	ch chan struct{}
+	mu sync.Mutex
+	// What the wake-ups sent since the last take were, under mu.
+	sent, early, heard, committed bool
+	// unnamed: one of them was not for committed rows it named (ids).
+	unnamed bool
+	ids     []written
+	parts   uint64 // a mask of the partitions written; allParts: unknown
 	// alone: the relay woken holds every partition and no other relay is
 	// live, so no relay elsewhere has a use for a change signal (the
 	// relay's last renewal says so; a relay that joins is heard at once).
 	alone atomic.Bool
 }
 
+// written is a committed row a wake-up is for: its id, and its
+// partition, by which the relay's wakeup passes it to the lane reading it.
+type written struct {
+	id   string
+	part int
+}
+
+// maxNamed bounds the rows a wakeup names between two takes; past it the
+// wake-ups name none, and the lane woken reads.
+const maxNamed = 64
+
 // allParts is the partition mask of a write whose partitions are unknown.
 const allParts = ^uint64(0)
 
 func newWakeup() *wakeup { return &wakeup{ch: make(chan struct{}, 1)} }
 
-// send sends a wake-up of kind for the partitions in mask.
-func (w *wakeup) send(kind wakeKind, mask uint64) {
+// send sends a wake-up of kind for the partitions in mask. A wake-up for
+// committed rows names them in ids, or names none with nil.
+func (w *wakeup) send(kind wakeKind, mask uint64, ids []written) {
+	w.mu.Lock()
+	w.sent = true
 	switch kind {
 	case wakeEarly:
-		w.early.Store(true)
+		w.early = true
 	case wakeHeard:
-		w.heard.Store(true)
+		w.heard = true
 	case wakeCommitted:
-		w.committed.Store(true)
+		w.committed = true
 	}
-	w.parts.Or(mask)
+	if kind != wakeCommitted || ids == nil || len(w.ids)+len(ids) > maxNamed {
+		w.unnamed, w.ids = true, nil
+	} else if !w.unnamed {
+		w.ids = append(w.ids, ids...)
+	}
+	w.parts |= mask
+	w.mu.Unlock()
 	select {
 	case w.ch <- struct{}{}:
 	default:
 	}
 }
 
-// take returns, and forgets, the kind of the wake-ups sent since the last
-// call, the one that promises least: early if any was, else heard, else
-// committed.
-func (w *wakeup) take() wakeKind {
-	early, heard, committed := w.early.Swap(false), w.heard.Swap(false), w.committed.Swap(false)
+// woke is what the wake-ups sent since the last take were.
+type woke struct {
+	// sent: there was one. Each wake-up's channel token follows its
+	// record, so a token found with nothing sent is one whose wake-up
+	// an earlier take answered.
+	sent bool
+	// kind is the one that promises least: early if any was, else heard,
+	// else committed, else other.
+	kind wakeKind
+	// named: all were for committed rows, every one of which is in ids.
+	named bool
+	ids   []written
+	parts uint64
+}
+
+// take returns, and forgets, what the wake-ups sent since the last call
+// were.
+func (w *wakeup) take() woke {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	k := wakeOther
 	switch {
-	case early:
-		return wakeEarly
-	case heard:
-		return wakeHeard
-	case committed:
-		return wakeCommitted
+	case w.early:
+		k = wakeEarly
+	case w.heard:
+		k = wakeHeard
+	case w.committed:
+		k = wakeCommitted
 	}
-	return wakeOther
+	out := woke{sent: w.sent, kind: k, named: w.sent && !w.unnamed, ids: w.ids, parts: w.parts}
+	w.sent, w.early, w.heard, w.committed, w.unnamed = false, false, false, false, false
+	w.ids, w.parts = nil, 0
+	return out
+}
+
+// partitions lists the partitions of a wake-up's mask, nil for every
+// partition.
+func (o woke) partitions() []int {
+	mask := o.parts
+	if mask == allParts {
+		return nil
+	}
+	parts := make([]int, 0, bits.OnesCount64(mask))
+	for ; mask != 0; mask &= mask - 1 {
+		parts = append(parts, bits.TrailingZeros64(mask))
+	}
+	return parts
 }
 
 // pace is what a lane expects of the rows it reads next, from the
@@ -144,20 +204,6 @@ const (
 	// commits (wakeCommitted).
 	paceAnnounced
 )
-
-// partitions returns, and forgets, the partitions written since the last
-// call: nil when they are unknown.
-func (w *wakeup) partitions() []int {
-	mask := w.parts.Swap(0)
-	if mask == allParts {
-		return nil
-	}
-	parts := make([]int, 0, bits.OnesCount64(mask))
-	for ; mask != 0; mask &= mask - 1 {
-		parts = append(parts, bits.TrailingZeros64(mask))
-	}
-	return parts
-}
 
 // laneCount is how many lanes a relay with lanes lanes reads with when
 // its share is share of the table's nparts partitions: lanes for the
@@ -184,8 +230,8 @@ func (l *lane) run(soft, hard context.Context) {
 	poll, p := minPoll, pacePolled
 	// woken takes the wake-ups sent since the last look: after a sleep
 	// they ended (slept), or while a batch ran.
-	woken := func(slept bool) {
-		switch l.wake.take() {
+	woken := func(kind wakeKind, slept bool) {
+		switch kind {
 		case wakeCommitted:
 			poll, p = r.cfg.PollInterval, paceAnnounced
 		case wakeHeard:
@@ -220,6 +266,7 @@ func (l *lane) run(soft, hard context.Context) {
 		}
 		res, next, err := r.step(soft, hard, fence, until, !l.unsure, l.prior)
 		l.prior = next
+		l.recent.add(res.recs)
 		if next == nil {
 			r.done(fence)
 		}
@@ -239,8 +286,8 @@ func (l *lane) run(soft, hard context.Context) {
 			}
 			continue
 		case res.read == 0:
-			if l.sleep(soft, poll) {
-				woken(true)
+			if kind, ok := l.sleep(soft, poll); ok {
+				woken(kind, true)
 			} else {
 				switch {
 				case p == paceHeard && poll*2 > signalSpacing:
@@ -256,7 +303,10 @@ func (l *lane) run(soft, hard context.Context) {
 		if p != paceAnnounced {
 			poll = minPoll
 		}
-		woken(false)
+		// The wake-ups sent while the batch ran: those for rows its read
+		// returned are answered already.
+		kind, owed := l.look()
+		woken(kind, false)
 		l.unsure = res.infra != nil && !errors.Is(res.infra, errCrashMarks)
 		switch {
 		case res.infra != nil:
@@ -265,11 +315,11 @@ func (l *lane) run(soft, hard context.Context) {
 			l.pause(soft, "mark", errors.Join(res.markErr, l.record(hard)))
 		default:
 			l.infraPause = 0
-			if p == paceAnnounced && res.read < r.cfg.BatchSize && res.fencedOut == 0 {
+			if p == paceAnnounced && res.read < r.cfg.BatchSize && res.fencedOut == 0 && !owed {
 				// Whatever was committed since this batch's read has
 				// woken the lane again: no read at once to find out.
-				if l.rest(soft, hard, poll) {
-					woken(true)
+				if kind, ok := l.rest(soft, hard, poll); ok {
+					woken(kind, true)
 				} else {
 					p = pacePolled
 				}
@@ -278,24 +328,29 @@ func (l *lane) run(soft, hard context.Context) {
 	}
 }
 
-// rest is the lane's wait for a wake-up after a batch, for at most d. A
-// batch whose record waits for the next read (prior) waits priorLinger at
-// most: a wake-up within it reads, and records it in the same statement;
-// otherwise it is recorded alone and the lane sleeps on for d. It reports
-// a wake-up.
-func (l *lane) rest(soft, hard context.Context, d time.Duration) bool {
-	if l.prior != nil {
-		linger := min(d, priorLinger)
-		if l.idle(soft, linger) {
-			return true
-		}
-		if err := l.record(hard); err != nil {
-			l.pause(soft, "mark", err)
-			return false
-		}
-		if soft.Err() != nil {
-			return false
-		}
+// rest is the lane's wait for a wake-up after a batch, for at most d. It
+// reports a wake-up and its kind. A batch whose record waits for the next
+// read (prior) is recorded by the read that ends the wait: the one a
+// wake-up calls for, or the poll at the end of d. When d is longer than
+// priorLinger, the record goes alone after priorLinger and the lane sleeps
+// on for d.
+func (l *lane) rest(soft, hard context.Context, d time.Duration) (wakeKind, bool) {
+	if l.prior == nil {
+		return l.sleep(soft, d)
+	}
+	if d <= priorLinger {
+		// Not a deep idle: the read at the end of d records the batch.
+		return l.idle(soft, d)
+	}
+	if kind, ok := l.idle(soft, priorLinger); ok {
+		return kind, true
+	}
+	if err := l.record(hard); err != nil {
+		l.pause(soft, "mark", err)
+		return wakeOther, false
+	}
+	if soft.Err() != nil {
+		return wakeOther, false
 	}
 	// The whole d after the linger, so that a lane at PollInterval still
 	// goes into deep idle.
@@ -328,8 +383,8 @@ func (l *lane) record(hard context.Context) error {
 // sleep is a lane's wait after a read that found nothing: d, or, once the
 // lane has backed off to PollInterval with several lanes running, a deep
 // idle in which the relay's idle probe does the looking. It reports a
-// wake-up.
-func (l *lane) sleep(ctx context.Context, d time.Duration) bool {
+// wake-up and its kind.
+func (l *lane) sleep(ctx context.Context, d time.Duration) (wakeKind, bool) {
 	r := l.r
 	if d < r.cfg.PollInterval || r.activeLanes() == 1 {
 		return l.idle(ctx, d)
@@ -339,17 +394,81 @@ func (l *lane) sleep(ctx context.Context, d time.Duration) bool {
 	return l.idle(ctx, deepIdle*d)
 }
 
-// idle waits for d, a wake-up or the end of ctx; it reports a wake-up.
-func (l *lane) idle(ctx context.Context, d time.Duration) bool {
+// idle waits for d, a wake-up or the end of ctx; it reports a wake-up and
+// its kind. A wake-up that only names rows the lane's recent reads
+// returned is no reason to read: it waits on.
+func (l *lane) idle(ctx context.Context, d time.Duration) (wakeKind, bool) {
 	t := time.NewTimer(d)
 	defer t.Stop()
+	for {
+		select {
+		case <-l.wake.ch:
+			if kind, ok := l.answer(l.wake.take()); ok {
+				return kind, true
+			}
+		case <-t.C:
+			return wakeOther, false
+		case <-ctx.Done():
+			return wakeOther, false
+		}
+	}
+}
+
+// look takes the wake-ups sent to the lane since it last looked, and
+// reports whether they call for a read, and of which kind.
+func (l *lane) look() (wakeKind, bool) {
+	// The token first: a wake-up sent after the take below leaves its
+	// own.
 	select {
 	case <-l.wake.ch:
-		return true
-	case <-t.C:
-	case <-ctx.Done():
+	default:
 	}
-	return false
+	return l.answer(l.wake.take())
+}
+
+// answer says whether wake-ups taken call for a read: they do unless none
+// was sent since the last take, or each was for committed rows that the
+// lane's recent reads returned, which it has therefore published or holds
+// for a retry.
+func (l *lane) answer(o woke) (wakeKind, bool) {
+	if !o.sent || o.named && l.recent.hasAll(o.ids) {
+		return wakeOther, false
+	}
+	return o.kind, true
+}
+
+// recentRead is the ids of the rows a lane's last reads returned, the
+// latest recentMax, to tell a wake-up for rows already read from one for
+// rows still to read. A message written again under an id the lane read
+// moments before may therefore wait for the lane's poll.
+type recentRead struct {
+	ids  [recentMax]string
+	next int
+}
+
+const recentMax = 64
+
+func (s *recentRead) add(recs []postboxdriver.Record) {
+	for i := max(len(recs)-recentMax, 0); i < len(recs); i++ {
+		s.ids[s.next] = recs[i].ID
+		s.next = (s.next + 1) % recentMax
+	}
+}
+
+func (s *recentRead) hasAll(ws []written) bool {
+	for _, w := range ws {
+		found := false
+		for _, id := range s.ids {
+			if id == w.id {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
 }
 
 func (l *lane) pause(ctx context.Context, what string, err error) {

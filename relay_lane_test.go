@@ -1,8 +1,12 @@
 package postbox
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/postbox-go/postbox/postboxdriver"
 )
 
 func TestLaneCountFollowsTheShare(t *testing.T) {
@@ -119,7 +123,7 @@ func TestWakeForWakesTheLanesThatReadThePartitions(t *testing.T) {
 		return woken
 	}
 	for p := range 64 {
-		r.wakeFor([]int{p}, wakeEarly)
+		r.wakeFor([]int{p}, wakeEarly, nil)
 		woken := drain()
 		if _, held := r.held[p]; !held {
 			if len(woken) != 0 {
@@ -135,8 +139,96 @@ func TestWakeForWakesTheLanesThatReadThePartitions(t *testing.T) {
 			t.Fatalf("partition %d woke lanes %v, whose fence does not hold it", p, woken)
 		}
 	}
-	r.wakeFor(nil, wakeEarly)
+	r.wakeFor(nil, wakeEarly, nil)
 	if woken := drain(); len(woken) != 3 {
 		t.Fatalf("a signal for every partition woke lanes %v, want the 3 reading", woken)
+	}
+}
+
+// A wake-up for committed rows names them to the lane reading their
+// partition, and the lane reads for it unless its recent reads returned
+// every row it names. Any other wake-up, or one naming no rows, calls for
+// a read.
+func TestNamedWakeUpsForRowsAlreadyReadWakeNoRead(t *testing.T) {
+	r := newLaneRelay(2, 4) // lane 0 reads partitions 0 and 2, lane 1 reads 1 and 3
+	l0, l1 := r.lanes[0], r.lanes[1]
+	l0.recent.add([]postboxdriver.Record{{ID: "a"}, {ID: "b"}})
+	cases := []struct {
+		name  string
+		wake  func()
+		owed0 bool // lane 0 reads
+		owed1 bool
+	}{
+		{"rows lane 0 read", func() { r.wakeFor([]int{0, 2}, wakeCommitted, []written{{"a", 0}, {"b", 2}}) }, false, false},
+		{"one row it did not read", func() { r.wakeFor([]int{0, 2}, wakeCommitted, []written{{"a", 0}, {"c", 2}}) }, true, false},
+		{"a row of lane 1's", func() { r.wakeFor([]int{0, 1}, wakeCommitted, []written{{"a", 0}, {"b", 1}}) }, false, true},
+		{"committed rows not named", func() { r.wakeFor([]int{0}, wakeCommitted, nil) }, true, false},
+		{"an early wake-up", func() { r.wakeFor([]int{0}, wakeEarly, nil) }, true, false},
+		{"rows read, then a renewal", func() {
+			r.wakeFor([]int{0}, wakeCommitted, []written{{"a", 0}})
+			l0.notify(wakeOther)
+		}, true, false},
+		{"nothing", func() {}, false, false},
+	}
+	for _, c := range cases {
+		c.wake()
+		if _, owed := l0.look(); owed != c.owed0 {
+			t.Errorf("%s: lane 0 reads %v, want %v", c.name, owed, c.owed0)
+		}
+		if _, owed := l1.look(); owed != c.owed1 {
+			t.Errorf("%s: lane 1 reads %v, want %v", c.name, owed, c.owed1)
+		}
+	}
+}
+
+// Past maxNamed rows between two looks, a wake-up names none, and the
+// lane reads.
+func TestTooManyNamedRowsCallForARead(t *testing.T) {
+	w := newWakeup()
+	ids := make([]written, maxNamed)
+	for i := range ids {
+		ids[i] = written{id: "x"}
+	}
+	w.send(wakeCommitted, 1, ids)
+	if o := w.take(); !o.named || len(o.ids) != maxNamed {
+		t.Fatalf("%d rows: named %v with %d ids, want named with all", maxNamed, o.named, len(o.ids))
+	}
+	w.send(wakeCommitted, 1, ids)
+	w.send(wakeCommitted, 1, ids[:1])
+	if o := w.take(); o.named || o.ids != nil || !o.sent || o.kind != wakeCommitted {
+		t.Fatalf("%d rows: %+v, want sent, committed and not named", maxNamed+1, o)
+	}
+}
+
+// A lane resting after a batch waits on through a wake-up for rows it
+// read, and ends its wait on one for a row it did not.
+func TestIdleWaitsThroughWakeUpsForRowsRead(t *testing.T) {
+	l := newLaneRelay(1, 1).lanes[0]
+	l.recent.add([]postboxdriver.Record{{ID: "a"}})
+	l.wake.send(wakeCommitted, 1, []written{{"a", 0}})
+	if _, ok := l.idle(context.Background(), 20*time.Millisecond); ok {
+		t.Fatal("a wake-up for a row the lane read ended its wait")
+	}
+	l.wake.send(wakeCommitted, 1, []written{{"a", 0}})
+	l.wake.send(wakeCommitted, 1, []written{{"b", 0}})
+	if kind, ok := l.idle(context.Background(), time.Hour); !ok || kind != wakeCommitted {
+		t.Fatalf("a wake-up for a row not read: woken %v, kind %v", ok, kind)
+	}
+}
+
+// The recent reads keep the last recentMax ids.
+func TestRecentReadsKeepTheLatest(t *testing.T) {
+	var s recentRead
+	recs := make([]postboxdriver.Record, recentMax+10)
+	for i := range recs {
+		recs[i].ID = fmt.Sprint(i)
+	}
+	s.add(recs[:5])
+	s.add(recs[5:])
+	if s.hasAll([]written{{id: "9"}}) {
+		t.Fatal("an id read more than recentMax rows ago is still recent")
+	}
+	if !s.hasAll([]written{{id: "10"}, {id: fmt.Sprint(recentMax + 9)}}) {
+		t.Fatal("the latest recentMax ids are not all recent")
 	}
 }

@@ -126,7 +126,7 @@ func (r *relay) listen(ctx context.Context, l postboxdriver.Listener) {
 			if h.Committed {
 				kind = wakeHeard
 			}
-			r.wakeFor(h.Partitions, kind)
+			r.wakeFor(h.Partitions, kind, nil)
 		})
 		r.listening.Store(false)
 		if ctx.Err() != nil {
@@ -149,8 +149,9 @@ func (r *relay) listen(ctx context.Context, l postboxdriver.Listener) {
 
 // wakeFor wakes the lanes that read parts, every reading lane for nil,
 // with a wake-up of kind. A partition the relay does not hold wakes none:
-// its owner hears of the write too.
-func (r *relay) wakeFor(parts []int, kind wakeKind) {
+// its owner hears of the write too. A wake-up for committed rows that
+// names them (ids) names to each lane the rows of its partitions.
+func (r *relay) wakeFor(parts []int, kind wakeKind, ids []written) {
 	if parts == nil {
 		r.notifyLanes(kind)
 		return
@@ -161,9 +162,28 @@ func (r *relay) wakeFor(parts []int, kind wakeKind) {
 	if active == 0 {
 		return
 	}
-	for _, p := range parts {
-		if i := sort.SearchInts(held, p); i < len(held) && held[i] == p {
-			r.lanes[i%active].notify(kind)
+	laneOf := func(p int) (*lane, bool) {
+		i := sort.SearchInts(held, p)
+		if i < len(held) && held[i] == p {
+			return r.lanes[i%active], true
 		}
+		return nil, false
+	}
+	if ids == nil {
+		for _, p := range parts {
+			if l, ok := laneOf(p); ok {
+				l.notify(kind)
+			}
+		}
+		return
+	}
+	byLane := map[*lane][]written{}
+	for _, w := range ids {
+		if l, ok := laneOf(w.part); ok {
+			byLane[l] = append(byLane[l], w)
+		}
+	}
+	for l, ws := range byLane {
+		l.wake.send(kind, 0, ws)
 	}
 }
