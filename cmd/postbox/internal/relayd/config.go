@@ -428,6 +428,9 @@ func (c *Config) Validate() error {
 		if len(s.Subjects) == 0 {
 			bad(fmt.Sprintf("nats.streams[%d].subjects", i), "", "at least one subject is required")
 		}
+		if s.Duplicates < 0 {
+			bad(fmt.Sprintf("nats.streams[%d].duplicates", i), time.Duration(s.Duplicates).String(), "want a positive window, or 0 to keep an existing stream's (the server's default for a new one)")
+		}
 		if s.Replicas < 0 || s.Replicas > maxStreamReplicas {
 			bad(fmt.Sprintf("nats.streams[%d].replicas", i), s.Replicas, "want 1 to %d, or 0 to keep an existing stream's count (1 for a new one)", maxStreamReplicas)
 		}

@@ -236,24 +236,41 @@ func TestConfigStreamReplicas(t *testing.T) {
 		replicas string
 		ok       bool
 	}{{"0", true}, {"1", true}, {"3", true}, {"5", true}, {"7", false}, {"-1", false}} {
-		cfg, err := Parse([]byte(`
+		checkStreamField(t, "replicas", tc.replicas, tc.ok)
+	}
+}
+
+// nats.streams[].duplicates is 0 (keep) or a positive window.
+func TestConfigStreamDuplicates(t *testing.T) {
+	for _, tc := range []struct {
+		duplicates string
+		ok         bool
+	}{{"0s", true}, {"2m", true}, {"-1m", false}} {
+		checkStreamField(t, "duplicates", tc.duplicates, tc.ok)
+	}
+}
+
+// checkStreamField validates a configuration whose one stream sets field
+// to value: it passes when ok, else fails naming the field.
+func checkStreamField(t *testing.T, field, value string, ok bool) {
+	t.Helper()
+	cfg, err := Parse([]byte(`
 databases: [{url: "postgres://h/db"}]
 nats:
-  streams: [{name: S, subjects: ["s.>"], replicas: `+tc.replicas+`}]
+  streams: [{name: S, subjects: ["s.>"], `+field+`: `+value+`}]
 `), func(string) string { return "" })
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = cfg.Validate()
-		var ce *postbox.ConfigError
-		named := errors.As(err, &ce) && slices.ContainsFunc(ce.Problems, func(p *postbox.ValidationError) bool {
-			return p.Field == "nats.streams[0].replicas"
-		})
-		if tc.ok && err != nil {
-			t.Fatalf("replicas %s: %v", tc.replicas, err)
-		}
-		if !tc.ok && !named {
-			t.Fatalf("replicas %s: want a problem naming nats.streams[0].replicas, got %v", tc.replicas, err)
-		}
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = cfg.Validate()
+	var ce *postbox.ConfigError
+	named := errors.As(err, &ce) && slices.ContainsFunc(ce.Problems, func(p *postbox.ValidationError) bool {
+		return p.Field == "nats.streams[0]."+field
+	})
+	if ok && err != nil {
+		t.Fatalf("%s %s: %v", field, value, err)
+	}
+	if !ok && !named {
+		t.Fatalf("%s %s: want a problem naming nats.streams[0].%s, got %v", field, value, field, err)
 	}
 }
