@@ -264,6 +264,25 @@ func (c *Client[TTx]) Stop(ctx context.Context) error {
 	return run.stop(ctx)
 }
 
+// RelayState reports what the relay started in this process is doing:
+// whether it runs, and the failure to reach its database it is retrying,
+// if any, since when. An operator's health check or status page reads it:
+// a relay that runs but cannot renew its leases, read or record is not
+// relaying.
+func (c *Client[TTx]) RelayState() RelayState {
+	c.mu.Lock()
+	run := c.running
+	c.mu.Unlock()
+	if run == nil {
+		return RelayState{}
+	}
+	st := RelayState{Running: true}
+	if f, ok := run.r.failing.oldest(); ok {
+		st.Err, st.Since = f.err, f.since
+	}
+	return st
+}
+
 // Stats reports the state of the outbox.
 func (c *Client[TTx]) Stats(ctx context.Context) (postboxdriver.Stats, error) {
 	return c.store.Stats(ctx)

@@ -107,6 +107,10 @@ type relay struct {
 	crashed map[int]int64
 	settled map[int]int64
 
+	// failing holds the relay's failures to reach its database that it
+	// still retries (Client.RelayState).
+	failing failing
+
 	// solo: a batch publishes under its read lock; a publish that must be
 	// the only one in flight in the relay (relay_crash.go) takes the write
 	// lock.
@@ -148,6 +152,69 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs ro
 	}
 	r.active = len(r.lanes)
 	return r, nil
+}
+
+// RelayState is what the relay running in a Client's process is doing
+// (Client.RelayState).
+type RelayState struct {
+	// Running: the relay was started and not stopped.
+	Running bool
+	// Err is the relay's failure to reach its database that it is still
+	// retrying: the renewal of its leases, a lane's read or a lane's record
+	// of a batch that failed and has not succeeded since. The oldest of
+	// them when several fail. Nil while they work. A broker's failures
+	// are not the database's and are left out.
+	Err error
+	// Since is when the failures of Err began; zero with no Err.
+	Since time.Time
+}
+
+// failing holds a relay's failures to reach its database, by source: the
+// coordinator's renewals (coordinatorSource) and each lane's reads and
+// records (the lane's number). A source's success clears it.
+type failing struct {
+	mu sync.Mutex
+	by map[int]failure
+}
+
+type failure struct {
+	err   error
+	since time.Time
+}
+
+const coordinatorSource = -1
+
+// set records src's outcome: a failure keeps the time its run of
+// failures began; nil clears it.
+func (f *failing) set(src int, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err == nil {
+		delete(f.by, src)
+		return
+	}
+	if f.by == nil {
+		f.by = map[int]failure{}
+	}
+	since := time.Now()
+	if old, ok := f.by[src]; ok {
+		since = old.since
+	}
+	f.by[src] = failure{err: err, since: since}
+}
+
+// oldest is the failure that began first, if any.
+func (f *failing) oldest() (failure, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out failure
+	found := false
+	for _, x := range f.by {
+		if !found || x.since.Before(out.since) {
+			out, found = x, true
+		}
+	}
+	return out, found
 }
 
 func (r *relay) start() *relayRun {
@@ -260,6 +327,7 @@ func (r *relay) run(soft, hard context.Context) {
 			if soft.Err() != nil {
 				return
 			}
+			r.failing.set(coordinatorSource, fmt.Errorf("renewing its leases: %w", err))
 			if r.wake != nil {
 				// Its leases may pass to a relay that needs the
 				// signals: the writes of this process send them again.
@@ -270,6 +338,7 @@ func (r *relay) run(soft, hard context.Context) {
 			continue
 		}
 		retry = 0
+		r.failing.set(coordinatorSource, nil)
 		// The lanes hear of a renewal only when it changed what they
 		// read: a wake-up after every renewal (eight a lease) would
 		// make each idle lane read and poll fast again each time.

@@ -3,6 +3,7 @@ package postbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/bits"
 	"math/rand/v2"
@@ -248,8 +249,10 @@ func (l *lane) run(soft, hard context.Context) {
 	for soft.Err() == nil {
 		if l.n >= r.activeLanes() {
 			// Not needed for the relay's share: wait for the renewal
-			// that grows it (notifyLanes).
+			// that grows it (notifyLanes). Its failures to read are
+			// no longer the relay's.
 			l.flush(soft, hard)
+			r.failing.set(l.n, nil)
 			select {
 			case <-l.wake.ch:
 			case <-soft.Done():
@@ -270,6 +273,9 @@ func (l *lane) run(soft, hard context.Context) {
 		if next == nil {
 			r.done(fence)
 		}
+		if err == nil {
+			l.recorded(res.markErr)
+		}
 		if res.fencedOut > 0 {
 			// The lease of some partition passed on: stop reading under
 			// the old generations, which would send the same rows again
@@ -282,7 +288,9 @@ func (l *lane) run(soft, hard context.Context) {
 			// With it, the record of the batch before, which went alone
 			// when the read failed and may have failed too.
 			if soft.Err() == nil {
-				l.pause(soft, "fetch", errors.Join(err, res.markErr))
+				err = errors.Join(err, res.markErr)
+				r.failing.set(l.n, fmt.Errorf("lane %d reading its partitions: %w", l.n, err))
+				l.pause(soft, "fetch", err)
 			}
 			continue
 		case res.read == 0:
@@ -377,7 +385,21 @@ func (l *lane) record(hard context.Context) error {
 		l.r.fencedOut()
 		l.r.renewNow()
 	}
+	if res.markErr != nil {
+		l.recorded(res.markErr)
+	}
 	return res.markErr
+}
+
+// recorded keeps the relay's account of the lane's failures to reach the
+// database (RelayState) after a read that worked: err is its batch's
+// failure to record, nil when the batch was recorded or waits for the
+// next read.
+func (l *lane) recorded(err error) {
+	if err != nil {
+		err = fmt.Errorf("lane %d recording a batch: %w", l.n, err)
+	}
+	l.r.failing.set(l.n, err)
 }
 
 // sleep is a lane's wait after a read that found nothing: d, or, once the

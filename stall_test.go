@@ -71,8 +71,12 @@ func TestRelayReportsStalledDatabaseAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, ctx, func() bool { return len(payloadsOf(broker, "k")) == 1 })
+	if st := relay.RelayState(); !st.Running || st.Err != nil {
+		t.Fatalf("relay state before the partition: %+v, want running without a failure", st)
+	}
 
 	lift := proxy.Blackhole()
+	cut := time.Now()
 	if err := writer.Write(ctx, postbox.Message{Topic: "orders.paid", Key: "k", Payload: []byte("during")}); err != nil {
 		t.Fatal(err)
 	}
@@ -88,6 +92,11 @@ func TestRelayReportsStalledDatabaseAndRecovers(t *testing.T) {
 	})
 	if got := payloadsOf(broker, "k"); len(got) != 1 {
 		t.Fatalf("published %v while the database was unreachable", got)
+	}
+	// The relay says it is failing, since the partition began.
+	waitFor(t, ctx, func() bool { return relay.RelayState().Err != nil })
+	if st := relay.RelayState(); !st.Running || st.Since.Before(cut) || !strings.Contains(st.Err.Error(), "deadline exceeded") {
+		t.Fatalf("relay state during the partition: %+v, want running, failing on a deadline since after %v", st, cut)
 	}
 	lift()
 
@@ -107,6 +116,9 @@ func TestRelayReportsStalledDatabaseAndRecovers(t *testing.T) {
 	if strings.Join(first, ",") != "before,during,after" {
 		t.Fatalf("first copies in the order %v, want before, during, after", first)
 	}
+	// Once its renewals, reads and records work again, the failure is
+	// gone.
+	waitFor(t, ctx, func() bool { return relay.RelayState().Err == nil })
 }
 
 // A broker that stores each message at once but acknowledges it only

@@ -79,11 +79,12 @@ const (
 // ShardStatus is one shard's state (Config.Shards).
 type ShardStatus struct {
 	Shard string
-	// Up: its relay runs (a relay that runs retries its own failures).
+	// Up: its relay runs and reaches its database (postbox.RelayState).
 	Up bool
-	// Error is why it is down, while it is retried.
+	// Error is why it is down, while it is retried: its relay could not
+	// start, or runs and fails to renew its leases, read or record.
 	Error string
-	// Since is when it went up, or first failed to.
+	// Since is when it went up, or began to fail.
 	Since time.Time
 }
 

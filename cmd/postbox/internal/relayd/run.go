@@ -67,6 +67,7 @@ type shard struct {
 	client interface {
 		Start(context.Context) error
 		Stop(context.Context) error
+		RelayState() postbox.RelayState
 	}
 	admin *postbox.Admin
 	// consumers serves the consumers' dead messages of the database's
@@ -105,6 +106,13 @@ func (sh *shard) state() postboxadmin.ShardStatus {
 	st := postboxadmin.ShardStatus{Shard: sh.name, Up: sh.started, Since: sh.since}
 	if sh.down != nil {
 		st.Error = sh.down.Error()
+	}
+	if sh.started {
+		// A relay that runs but cannot reach its database is not
+		// relaying: down, since its failures began, while it retries.
+		if rs := sh.client.RelayState(); rs.Err != nil {
+			st.Up, st.Error, st.Since = false, "the relay runs and retries: "+rs.Err.Error(), rs.Since
+		}
 	}
 	return st
 }
@@ -667,7 +675,7 @@ func (d *Daemon) Ready(ctx context.Context) error {
 	}
 	for _, sh := range d.shards {
 		if st := sh.state(); !st.Up {
-			problems = append(problems, fmt.Sprintf("shard %s: down, its relay not started (%s); retried with backoff while the other shards relay", sh.name, st.Error))
+			problems = append(problems, fmt.Sprintf("shard %s: down (%s); retried with backoff while the other shards relay", sh.name, st.Error))
 			continue
 		}
 		st, err := sh.admin.Status(ctx)

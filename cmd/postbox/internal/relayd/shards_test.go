@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/tcpproxy"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
@@ -157,4 +158,57 @@ type shardsStatus struct {
 		Up    bool   `json:"up"`
 		Error string `json:"error"`
 	} `json:"shards"`
+}
+
+// A shard whose relay runs but loses its database is reported down, with
+// the relay's failure and since when, until the database answers again.
+func TestShardDownWhileItsRelayRuns(t *testing.T) {
+	_, prefix := testdb.Migrated(t)
+	_, natsURL := embeddedNATS(t)
+	u, err := url.Parse(testdb.PostgresURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := tcpproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	u.Host = proxy.Addr()
+	d := startDaemon(t, `
+databases:
+  - {url: "`+u.String()+`", prefix: `+prefix+`}
+nats:
+  subject_prefix: "down."
+  streams: [{name: DOWN, subjects: ["down.>"]}]
+relay: {lease: 1s, poll_interval: 20ms}
+`, map[string]string{"POSTBOX_NATS_URL": natsURL})
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("waited in vain: %s; shards %+v", what, d.Shards())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFor("the shard up", func() bool { return d.Shards()[0].Up })
+
+	cut := time.Now()
+	proxy.Refuse(true)
+	proxy.Reset()
+	waitFor("the shard down while its relay runs", func() bool {
+		st := d.Shards()[0]
+		return !st.Up && strings.Contains(st.Error, "the relay runs and retries")
+	})
+	if st := d.Shards()[0]; st.Since.Before(cut) {
+		t.Fatalf("down since %v, before the database went away at %v", st.Since, cut)
+	}
+	if err := d.Ready(context.Background()); err == nil || !strings.Contains(err.Error(), "shard 0: down") {
+		t.Fatalf("readiness with the shard's database gone: %v", err)
+	}
+
+	proxy.Refuse(false)
+	waitFor("the shard up again", func() bool { st := d.Shards()[0]; return st.Up && st.Error == "" })
 }
