@@ -86,9 +86,9 @@ func newBenchDrain() *cobra.Command {
 				row := func(name string, r bench.DrainResult) {
 					m := bench.Micros
 					fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", name,
-						m(r.RawPlainCPU.Self), m(r.RawPlainCPU.NATS),
-						m(r.RawCPU.Self), m(r.RawCPU.NATS), m(r.RawCPU.Self+r.RawCPU.NATS),
-						m(r.DrainCPU.Self), m(r.DrainCPU.Database), m(r.DrainCPU.NATS), m(r.DrainCPU.Total()))
+						m(r.RawPlainCPU.Self), m(r.RawPlainCPU.Broker),
+						m(r.RawCPU.Self), m(r.RawCPU.Broker), m(r.RawCPU.Self+r.RawCPU.Broker),
+						m(r.DrainCPU.Self), m(r.DrainCPU.Database), m(r.DrainCPU.Broker), m(r.DrainCPU.Total()))
 				}
 				for i, r := range results {
 					row(fmt.Sprint(i+1), r)

@@ -91,10 +91,10 @@ distribution for the plot.`,
 			if res.CPUKnown {
 				m := bench.Micros
 				fmt.Fprintf(out, "CPU µs per message: postbox: this process %.1f, postgres %.1f, nats-server %.1f, total %.1f",
-					m(res.CPU.Self), m(res.CPU.Database), m(res.CPU.NATS), m(res.CPU.Total()))
+					m(res.CPU.Self), m(res.CPU.Database), m(res.CPU.Broker), m(res.CPU.Total()))
 				if res.BaselineCPUKnown {
 					fmt.Fprintf(out, "; baseline: this process %.1f, postgres %.1f, nats-server %.1f, total %.1f",
-						m(res.BaselineCPU.Self), m(res.BaselineCPU.Database), m(res.BaselineCPU.NATS), m(res.BaselineCPU.Total()))
+						m(res.BaselineCPU.Self), m(res.BaselineCPU.Database), m(res.BaselineCPU.Broker), m(res.BaselineCPU.Total()))
 				}
 				fmt.Fprintln(out)
 			}

@@ -22,7 +22,9 @@ amqp091-go straight to a quorum queue (made by postboxamqp.EnsureTopology) with
 publisher confirms and a window of outstanding confirms: the raw baseline. Then it
 writes a backlog of N such messages into the outbox and times a relay at default
 settings draining it through postboxamqp to a second quorum queue, and checks the
-queue holds exactly N. Queues, exchanges and tables are deleted at the end.`,
+queue holds exactly N. Each phase's CPU per message is read from /proc for this
+process, PostgreSQL and RabbitMQ (beam.smp). Queues, exchanges and tables are
+deleted at the end.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := opts.Validate(); err != nil {
@@ -46,11 +48,27 @@ queue holds exactly N. Queues, exchanges and tables are deleted at the end.`,
 			var dr []bench.DrainResult
 			for i, r := range results {
 				fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t%.2f\t%.0f\t%d\t\n", i+1, r.RawRate, r.DrainRate, r.Ratio, r.WriteRate, r.QueueDepth)
-				dr = append(dr, bench.DrainResult{Messages: r.Messages, RawRate: r.RawRate, DrainRate: r.DrainRate, WriteRate: r.WriteRate, Ratio: r.Ratio})
+				dr = append(dr, bench.DrainResult{Messages: r.Messages, RawRate: r.RawRate, DrainRate: r.DrainRate, WriteRate: r.WriteRate, Ratio: r.Ratio,
+					RawCPU: r.RawCPU, DrainCPU: r.DrainCPU, CPUKnown: r.CPUKnown})
 			}
+			med := bench.Median(dr)
 			if len(results) > 1 {
-				med := bench.Median(dr)
 				fmt.Fprintf(tw, "median\t%.0f\t%.0f\t%.2f\t%.0f\t\t\n", med.RawRate, med.DrainRate, med.Ratio, med.WriteRate)
+			}
+			if med.CPUKnown {
+				m := bench.Micros
+				fmt.Fprintln(tw, "\nCPU µs per message\traw: publisher\tRabbitMQ\ttotal\tdrain: relay\tPostgreSQL\tRabbitMQ\ttotal\t")
+				row := func(name string, r bench.DrainResult) {
+					fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", name,
+						m(r.RawCPU.Self), m(r.RawCPU.Broker), m(r.RawCPU.Self+r.RawCPU.Broker),
+						m(r.DrainCPU.Self), m(r.DrainCPU.Database), m(r.DrainCPU.Broker), m(r.DrainCPU.Total()))
+				}
+				for i, r := range dr {
+					row(fmt.Sprint(i+1), r)
+				}
+				if len(dr) > 1 {
+					row("median", med)
+				}
 			}
 			return tw.Flush()
 		},
@@ -64,5 +82,6 @@ queue holds exactly N. Queues, exchanges and tables are deleted at the end.`,
 	f.IntVar(&opts.Window, "window", 256, "outstanding confirms of the raw baseline")
 	f.BoolVar(&opts.Classic, "classic", false, "classic queues instead of quorum queues")
 	f.DurationVar(&opts.Timeout, "timeout", 30*60e9, "bound on the drain")
+	f.StringVar(&opts.CPUProfile, "cpuprofile", "", "write a CPU profile of the drain phase to this file")
 	return cmd
 }

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -93,11 +95,13 @@ type CPUUse struct {
 	// Database is every process of the database server: those named
 	// postgres, or mariadbd and mysqld (cpuPhase's names).
 	Database time.Duration
-	NATS     time.Duration // every process named nats-server
+	// Broker is every process of the broker's server: nats-server, or
+	// RabbitMQ's beam.smp (cpuPhaseOf's broker).
+	Broker time.Duration
 }
 
 // Total is the sum of the three.
-func (c CPUUse) Total() time.Duration { return c.Self + c.Database + c.NATS }
+func (c CPUUse) Total() time.Duration { return c.Self + c.Database + c.Broker }
 
 // cpuPhase measures the CPU used between its call and the call of the
 // function it returns, divided by messages. A process that ends during
@@ -106,21 +110,26 @@ func (c CPUUse) Total() time.Duration { return c.Self + c.Database + c.NATS }
 // empty. The figure is only as good as the machine is otherwise quiet:
 // other work's database backends count too.
 func cpuPhase(db ...string) func(messages int) (CPUUse, bool) {
+	return cpuPhaseOf("nats-server", db...)
+}
+
+// cpuPhaseOf is cpuPhase with the broker's server named broker.
+func cpuPhaseOf(broker string, db ...string) func(messages int) (CPUUse, bool) {
 	if len(db) == 0 {
 		db = []string{"postgres"}
 	}
-	names := append([]string{"nats-server"}, db...)
+	names := append([]string{broker}, db...)
 	before := cpuTimes(names...)
 	return func(messages int) (CPUUse, bool) {
-		return cpuBetween(before, cpuTimes(names...), messages)
+		return cpuBetween(before, cpuTimes(names...), messages, broker)
 	}
 }
 
 // cpuBetween is the CPU each side used from before to after, per message:
-// this process's, nats-server's, and every other process's read as the
-// database's. A pid found under another name after is a reused one and
-// counts whole.
-func cpuBetween(before, after map[int]proc, messages int) (CPUUse, bool) {
+// this process's, the broker's (the processes named broker), and every
+// other process's read as the database's. A pid found under another name
+// after is a reused one and counts whole.
+func cpuBetween(before, after map[int]proc, messages int, broker string) (CPUUse, bool) {
 	if before == nil || after == nil || messages <= 0 {
 		return CPUUse{}, false
 	}
@@ -137,11 +146,11 @@ func cpuBetween(before, after map[int]proc, messages int) (CPUUse, bool) {
 	n := time.Duration(messages)
 	var db time.Duration
 	for name, d := range sum {
-		if name != "self" && name != "nats-server" {
+		if name != "self" && name != broker {
 			db += d
 		}
 	}
-	return CPUUse{Self: sum["self"] / n, Database: db / n, NATS: sum["nats-server"] / n}, true
+	return CPUUse{Self: sum["self"] / n, Database: db / n, Broker: sum[broker] / n}, true
 }
 
 // us formats d in microseconds with one decimal.
@@ -151,3 +160,23 @@ func us(d time.Duration) string {
 
 // Micros is d in microseconds, for tables.
 func Micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// startCPUProfile writes a CPU profile of this process to path until stop
+// is first called; with an empty path it does nothing.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path) //nolint:gosec // the operator's own --cpuprofile
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return sync.OnceFunc(func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}), nil
+}

@@ -74,12 +74,12 @@ func TestCPUBetweenReadings(t *testing.T) {
 		50:   {"postgres", stat(20)},
 	})
 	b, a := cpuTimesAt(before, self, names...), cpuTimesAt(after, self, names...)
-	use, ok := cpuBetween(b, a, 10)
-	want := CPUUse{Self: 20 * clockTick, Database: 9 * clockTick, NATS: 10 * clockTick}
+	use, ok := cpuBetween(b, a, 10, "nats-server")
+	want := CPUUse{Self: 20 * clockTick, Database: 9 * clockTick, Broker: 10 * clockTick}
 	if !ok || use != want {
 		t.Fatalf("cpuBetween = %+v, %v; want %+v", use, ok, want)
 	}
-	if _, ok := cpuBetween(nil, a, 10); ok {
+	if _, ok := cpuBetween(nil, a, 10, "nats-server"); ok {
 		t.Fatal("a missing reading counted")
 	}
 	if m := cpuTimesAt(t.TempDir(), self, names...); m != nil {

@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"runtime/pprof"
 	"sort"
 	"strings"
 	"time"
@@ -182,17 +180,11 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	}
 
 	fmt.Fprintf(out, "postbox: draining the backlog to JetStream (batch %d, window %d)\n", opts.BatchSize, opts.Window)
-	if opts.CPUProfile != "" {
-		f, err := os.Create(opts.CPUProfile)
-		if err != nil {
-			return res, err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return res, err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(opts.CPUProfile)
+	if err != nil {
+		return res, err
 	}
+	defer stopProfile()
 	drainCPU := cpuPhase(db.procs()...)
 	start = time.Now()
 	if err := client.Start(ctx); err != nil {
@@ -244,7 +236,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	fmt.Fprintf(out, "postbox: drained %d messages in %s: %.0f msg/s\n", opts.Messages, res.DrainElapsed.Round(time.Millisecond), res.DrainRate)
 	if res.CPUKnown {
 		fmt.Fprintf(out, "CPU per message, raw without id: publisher %s, nats-server %s; with id: publisher %s, nats-server %s; drain: relay %s, %s %s, nats-server %s\n",
-			us(res.RawPlainCPU.Self), us(res.RawPlainCPU.NATS), us(res.RawCPU.Self), us(res.RawCPU.NATS), us(res.DrainCPU.Self), strings.Join(db.procs(), "/"), us(res.DrainCPU.Database), us(res.DrainCPU.NATS))
+			us(res.RawPlainCPU.Self), us(res.RawPlainCPU.Broker), us(res.RawCPU.Self), us(res.RawCPU.Broker), us(res.DrainCPU.Self), strings.Join(db.procs(), "/"), us(res.DrainCPU.Database), us(res.DrainCPU.Broker))
 	}
 	return res, nil
 }
@@ -351,18 +343,18 @@ func Median(runs []DrainResult) DrainResult {
 		RawCPU: CPUUse{
 			Self:     cpu(func(r DrainResult) time.Duration { return r.RawCPU.Self }),
 			Database: cpu(func(r DrainResult) time.Duration { return r.RawCPU.Database }),
-			NATS:     cpu(func(r DrainResult) time.Duration { return r.RawCPU.NATS }),
+			Broker:   cpu(func(r DrainResult) time.Duration { return r.RawCPU.Broker }),
 		},
 		DrainCPU: CPUUse{
 			Self:     cpu(func(r DrainResult) time.Duration { return r.DrainCPU.Self }),
 			Database: cpu(func(r DrainResult) time.Duration { return r.DrainCPU.Database }),
-			NATS:     cpu(func(r DrainResult) time.Duration { return r.DrainCPU.NATS }),
+			Broker:   cpu(func(r DrainResult) time.Duration { return r.DrainCPU.Broker }),
 		},
 		Messages: runs[0].Messages,
 		RawPlainCPU: CPUUse{
 			Self:     cpu(func(r DrainResult) time.Duration { return r.RawPlainCPU.Self }),
 			Database: cpu(func(r DrainResult) time.Duration { return r.RawPlainCPU.Database }),
-			NATS:     cpu(func(r DrainResult) time.Duration { return r.RawPlainCPU.NATS }),
+			Broker:   cpu(func(r DrainResult) time.Duration { return r.RawPlainCPU.Broker }),
 		},
 		RawRate:      pick(func(r DrainResult) float64 { return r.RawRate }),
 		RawPlainRate: pick(func(r DrainResult) float64 { return r.RawPlainRate }),

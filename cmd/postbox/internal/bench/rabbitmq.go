@@ -30,6 +30,9 @@ type RabbitMQOptions struct {
 	Classic bool
 	// Timeout bounds the drain; default 30 minutes.
 	Timeout time.Duration
+	// CPUProfile, when set, names a file that receives a CPU profile of
+	// the drain phase (the relay, in this process).
+	CPUProfile string
 }
 
 // RabbitMQResult is one run's figures.
@@ -41,6 +44,12 @@ type RabbitMQResult struct {
 	DrainElapsed time.Duration
 	Ratio        float64 // DrainRate / RawRate
 	QueueDepth   int     // messages in the drain's queue at the end
+	// RawCPU and DrainCPU are the CPU per message of this process (the
+	// raw publisher, then the relay), PostgreSQL's and RabbitMQ's
+	// (beam.smp) in each phase; CPUKnown is false where /proc is not
+	// readable.
+	RawCPU, DrainCPU CPUUse
+	CPUKnown         bool
 }
 
 // Validate checks the options, naming the flag of each bad value.
@@ -106,9 +115,12 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 		kind = "classic"
 	}
 	fmt.Fprintf(out, "raw RabbitMQ: publishing %d persistent messages of %d bytes to a %s queue, %d confirms outstanding\n", opts.Messages, len(payload), kind, opts.Window)
+	rawCPU := cpuPhaseOf(rabbitMQProcess)
 	if res.RawRate, err = rawConfirmed(ctx, conn, raw.Exchange, payload, opts.Messages, opts.Window); err != nil {
 		return res, err
 	}
+	var rawKnown bool
+	res.RawCPU, rawKnown = rawCPU(opts.Messages)
 	if n, err := queueDepth(conn, raw.Queue); err != nil {
 		return res, err
 	} else if n != opts.Messages {
@@ -158,6 +170,12 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 	fmt.Fprintf(out, "postbox: draining the backlog to RabbitMQ through postboxamqp (relay defaults)\n")
 	dctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
+	stopProfile, err := startCPUProfile(opts.CPUProfile)
+	if err != nil {
+		return res, err
+	}
+	defer stopProfile()
+	drainCPU := cpuPhaseOf(rabbitMQProcess)
 	began = time.Now()
 	if err := client.Start(dctx); err != nil {
 		return res, err
@@ -185,6 +203,10 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 		}
 	}
 	res.DrainElapsed = time.Since(began)
+	var drainKnown bool
+	res.DrainCPU, drainKnown = drainCPU(opts.Messages)
+	res.CPUKnown = rawKnown && drainKnown
+	stopProfile()
 	res.DrainRate = float64(opts.Messages) / res.DrainElapsed.Seconds()
 	res.Ratio = res.DrainRate / res.RawRate
 	if err := client.Stop(ctx); err != nil {
@@ -197,8 +219,15 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 		return res, fmt.Errorf("queue %s holds %d messages after the drain, want %d", drain.Queue, res.QueueDepth, opts.Messages)
 	}
 	fmt.Fprintf(out, "postbox: drained %d messages in %s: %.0f msg/s; the queue holds %d\n", opts.Messages, res.DrainElapsed.Round(time.Millisecond), res.DrainRate, res.QueueDepth)
+	if res.CPUKnown {
+		fmt.Fprintf(out, "CPU per message, raw: publisher %s, RabbitMQ %s; drain: relay %s, postgres %s, RabbitMQ %s\n",
+			us(res.RawCPU.Self), us(res.RawCPU.Broker), us(res.DrainCPU.Self), us(res.DrainCPU.Database), us(res.DrainCPU.Broker))
+	}
 	return res, nil
 }
+
+// rabbitMQProcess is the name of RabbitMQ's server process.
+const rabbitMQProcess = "beam.smp"
 
 // rawConfirmed publishes n persistent, mandatory messages with a message
 // id each, keeping at most window confirms outstanding, and returns the

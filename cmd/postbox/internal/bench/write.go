@@ -295,7 +295,7 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 			return CPUUse{
 				Self:     d(func(u CPUUse) time.Duration { return u.Self }),
 				Database: d(func(u CPUUse) time.Duration { return u.Database }),
-				NATS:     d(func(u CPUUse) time.Duration { return u.NATS }),
+				Broker:   d(func(u CPUUse) time.Duration { return u.Broker }),
 			}
 		}
 		c.WithoutCPU = cpu(func(r WriteRun) CPUUse { return r.WithoutCPU })
