@@ -220,7 +220,11 @@ const moveToHistory = `moved AS (
 // fetchSQL reads pending rows in seq order. A keyed row is held back while
 // an older row of its key waits for a retry (or is dead, when strict):
 // only rows that failed before can do that, and the partial retry index
-// holds exactly those, so the check costs nothing while nothing fails.
+// holds exactly those. Whether it holds any is asked once per statement
+// (an uncorrelated EXISTS, which PostgreSQL runs once, before the AND
+// that it guards), so while nothing fails no row probes the index: a
+// probe per row cost a 500-row read a fifth of its time. The dead
+// messages' key index is asked the same way.
 //
 // Routed, it reads only the topics matching $3 (LIKE patterns), and a
 // keyed row is also held back by an older row of its key that no route
@@ -273,7 +277,8 @@ func fetchParts(strict, routed bool) (with, read string) {
 	var topic, unrouted, dead string
 	if strict {
 		dead = `
-    OR EXISTS (SELECT 1 FROM {p}dead d WHERE d.key = o.key AND d.seq < o.seq)`
+    OR EXISTS (SELECT 1 FROM {p}dead d0 WHERE d0.key IS NOT NULL)
+       AND EXISTS (SELECT 1 FROM {p}dead d WHERE d.key = o.key AND d.seq < o.seq)`
 	}
 	if routed {
 		with = `unrouted AS (
@@ -291,8 +296,9 @@ FROM {p}outbox o
 WHERE o.partition = ANY($1::int[])
   AND o.available_at <= now()` + topic + `{exclude}
   AND (o.key IS NULL OR NOT (
-    EXISTS (SELECT 1 FROM {p}outbox b
-            WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > now())` + dead + unrouted + `))
+    EXISTS (SELECT 1 FROM {p}outbox r WHERE r.attempts > 0 AND r.key IS NOT NULL)
+    AND EXISTS (SELECT 1 FROM {p}outbox b
+                WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > now())` + dead + unrouted + `))
 ORDER BY o.seq
 LIMIT $2`
 }
