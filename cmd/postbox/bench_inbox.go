@@ -53,7 +53,17 @@ Each phase's counters are then checked against the messages sent (exactly once).
 				row(fmt.Sprint(i+1), r, func(f func(bench.InboxResult) float64) float64 { return f(r) })
 			}
 			// Ratios are medians of the per-run ratios.
-			row("median", bench.MedianInbox(results), func(f func(bench.InboxResult) float64) float64 { return bench.MedianOf(results, f) })
+			med := bench.MedianInbox(results)
+			row("median", med, func(f func(bench.InboxResult) float64) float64 { return bench.MedianOf(results, f) })
+			if len(med.CPU) > 0 {
+				m := bench.Micros
+				fmt.Fprintln(tw, "\nCPU µs per message, median\tthis process\tPostgreSQL\tnats-server\ttotal\t")
+				for _, phase := range []string{"raw", "plain", "single", "batch"} {
+					if u, ok := med.CPU[phase]; ok {
+						fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t\n", phase, m(u.Self), m(u.Database), m(u.Broker), m(u.Total()))
+					}
+				}
+			}
 			return tw.Flush()
 		},
 	}

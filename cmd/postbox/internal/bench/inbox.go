@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"runtime/pprof"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -64,6 +61,9 @@ type InboxResult struct {
 	BatchRate float64
 	// BatchCommits counts the batched phase's transactions.
 	BatchCommits int
+	// CPU is each phase's CPU per message by process, by the phase's
+	// name ("raw", "plain", "single", "batch"), where /proc is readable.
+	CPU map[string]CPUUse
 }
 
 // Best is the rate of the last inbox phase that ran: batched, else one
@@ -100,7 +100,7 @@ func (o *InboxOptions) defaults() {
 // that every phase applied every message exactly once.
 func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, error) {
 	opts.defaults()
-	res := InboxResult{Messages: opts.Messages}
+	res := InboxResult{Messages: opts.Messages, CPU: map[string]CPUUse{}}
 	tag := randTag()
 	subject := "bench.inbox." + tag
 	stream, err := openStream(ctx, opts.NatsURL, "BENCH_INBOX_"+tag, subject+".", 0, jetstream.WithPublishAsyncMaxPending(256))
@@ -187,17 +187,12 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 			}
 			return v
 		})
-		if profile != "" {
-			f, err := os.Create(filepath.Clean(profile))
-			if err != nil {
-				return 0, err
-			}
-			defer f.Close()
-			if err := pprof.StartCPUProfile(f); err != nil {
-				return 0, err
-			}
-			defer pprof.StopCPUProfile()
+		stopProfile, err := startCPUProfile(profile)
+		if err != nil {
+			return 0, err
 		}
+		defer stopProfile()
+		cpu := cpuPhase()
 		runCtx, stop := context.WithCancel(ctx)
 		ran := make(chan error, 1)
 		start := time.Now()
@@ -235,6 +230,10 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 		}
 		rate := float64(opts.Messages) / elapsed.Seconds()
 		fmt.Fprintf(out, "  %s: %d messages in %s: %.0f msg/s\n", name, opts.Messages, elapsed.Round(time.Millisecond), rate)
+		if use, ok := cpu(opts.Messages); ok {
+			res.CPU[name] = use
+			fmt.Fprintf(out, "  %s: CPU per message: this process %s, postgres %s, nats-server %s\n", name, us(use.Self), us(use.Database), us(use.Broker))
+		}
 		return rate, nil
 	}
 
@@ -389,7 +388,26 @@ func MedianInbox(runs []InboxResult) InboxResult {
 		SingleRate:   pick(func(r InboxResult) float64 { return r.SingleRate }),
 		BatchRate:    pick(func(r InboxResult) float64 { return r.BatchRate }),
 		BatchCommits: int(pick(func(r InboxResult) float64 { return float64(r.BatchCommits) })),
+		CPU:          medianCPU(runs),
 	}
+}
+
+// medianCPU is the median of each phase's CPU per message, process by
+// process, over the runs that measured the phase.
+func medianCPU(runs []InboxResult) map[string]CPUUse {
+	out := map[string]CPUUse{}
+	for _, phase := range []string{"raw", "plain", "single", "batch"} {
+		var self, db, broker []float64
+		for _, r := range runs {
+			if u, ok := r.CPU[phase]; ok {
+				self, db, broker = append(self, float64(u.Self)), append(db, float64(u.Database)), append(broker, float64(u.Broker))
+			}
+		}
+		if len(self) > 0 {
+			out[phase] = CPUUse{Self: time.Duration(median(self)), Database: time.Duration(median(db)), Broker: time.Duration(median(broker))}
+		}
+	}
+	return out
 }
 
 // MedianOf returns the median over runs of one figure, such as a ratio
