@@ -33,6 +33,9 @@ type Client[TTx any] struct {
 
 	mu      sync.Mutex
 	running *relayRun
+	// live is running, for RelayState, which must not wait for a Start
+	// that is reaching the database.
+	live atomic.Pointer[relayRun]
 }
 
 // NewClient makes a Client over driver. cfg may be nil for all defaults;
@@ -245,6 +248,7 @@ func (c *Client[TTx]) Start(ctx context.Context) error {
 	}
 	c.nparts.Store(int64(r.nparts))
 	c.running = r.start()
+	c.live.Store(c.running)
 	return nil
 }
 
@@ -257,6 +261,7 @@ func (c *Client[TTx]) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	run := c.running
 	c.running = nil
+	c.live.Store(nil)
 	c.mu.Unlock()
 	if run == nil {
 		return ErrNotStarted
@@ -270,9 +275,7 @@ func (c *Client[TTx]) Stop(ctx context.Context) error {
 // a relay that runs but cannot renew its leases, read or record is not
 // relaying.
 func (c *Client[TTx]) RelayState() RelayState {
-	c.mu.Lock()
-	run := c.running
-	c.mu.Unlock()
+	run := c.live.Load()
 	if run == nil {
 		return RelayState{}
 	}

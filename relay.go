@@ -343,7 +343,12 @@ func (r *relay) run(soft, hard context.Context) {
 		// read: a wake-up after every renewal (eight a lease) would
 		// make each idle lane read and poll fast again each time.
 		if moved {
-			r.notifyLanes(wakeOther)
+			// Every lane, also one the renewal left without a share:
+			// a batch it has yet to record holds its partitions' claim
+			// until it does (lane.rest).
+			for _, l := range r.lanes {
+				l.notify(wakeOther)
+			}
 		}
 		select {
 		case r.maintTick <- struct{}{}:

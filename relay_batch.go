@@ -20,7 +20,7 @@ type stepResult struct {
 	fencedOut int                    // acknowledged rows whose mark changed nothing: the lease moved on
 	infra     error                  // the batch's infrastructure failure: nothing of it spent an attempt
 	markErr   error                  // recording the outcome failed; those rows stay pending
-	recs      []postboxdriver.Record // the rows read
+	recs      []postboxdriver.Record // the rows read, each published, failed or left on an infrastructure failure; nil after a batch with crash marks
 }
 
 // step is the relay's one cycle, run by every lane and by Drain: read the
@@ -85,7 +85,11 @@ func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, unti
 	res, rep := r.record(hard, fence, recs, out)
 	res.fencedOut += before.fencedOut
 	res.markErr = errors.Join(before.markErr, res.markErr)
-	res.recs = recs
+	if sus == nil {
+		// A batch published with crash marks may leave rows for the next
+		// batch, sent and failed by no one: they are not answered.
+		res.recs = recs
+	}
 	if sus != nil {
 		if res.markErr == nil && res.fencedOut == 0 {
 			m.recorded(out)
@@ -128,8 +132,8 @@ type prior struct {
 // the read of its next poll. A crash of the relay sends them again, as it
 // does the publishes in flight: each lane adds at most priorMaxRows to
 // what a crash sends twice. A partition leaving the relay's share wakes
-// the lanes (its renewal moved the held set), whose next read records
-// the batch at once.
+// every lane (its renewal moved the held set), whose next read, or whose
+// turn to wait for a share, records the batch at once.
 const (
 	priorMaxRows = 8
 	priorLinger  = DefaultPollInterval

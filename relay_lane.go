@@ -262,8 +262,11 @@ func (l *lane) run(soft, hard context.Context) {
 		}
 		fence, until := r.claim(time.Now(), l.n, l.prior)
 		if len(fence.Generations) == 0 {
-			// Nothing to read.
-			l.flush(soft, hard)
+			// Nothing to read, and so no failure of the lane's to
+			// report once its last batch is recorded.
+			if l.flush(soft, hard) {
+				r.failing.set(l.n, nil)
+			}
 			l.idle(soft, r.cfg.PollInterval)
 			continue
 		}
@@ -366,11 +369,13 @@ func (l *lane) rest(soft, hard context.Context, d time.Duration) (wakeKind, bool
 }
 
 // flush records the lane's batch that waits for a read, if any, alone,
-// and pauses when that fails.
-func (l *lane) flush(soft, hard context.Context) {
+// and pauses when that fails. It reports whether nothing failed.
+func (l *lane) flush(soft, hard context.Context) bool {
 	if err := l.record(hard); err != nil {
 		l.pause(soft, "mark", err)
+		return false
 	}
+	return true
 }
 
 // record records the lane's batch that waits for a read, if any, alone,
@@ -450,8 +455,10 @@ func (l *lane) look() (wakeKind, bool) {
 
 // answer says whether wake-ups taken call for a read: they do unless none
 // was sent since the last take, or each was for committed rows that the
-// lane's recent reads returned, which it has therefore published or holds
-// for a retry.
+// lane's recent reads returned, which it has therefore published, failed
+// (they wait for their retry), or left on an infrastructure failure (the
+// lane pauses and reads again). A batch with crash marks, which may leave
+// rows for the next, adds none (stepResult.recs).
 func (l *lane) answer(o woke) (wakeKind, bool) {
 	if !o.sent || o.named && l.recent.hasAll(o.ids) {
 		return wakeOther, false

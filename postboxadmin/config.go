@@ -84,7 +84,7 @@ type ShardStatus struct {
 	// Error is why it is down, while it is retried: its relay could not
 	// start, or runs and fails to renew its leases, read or record.
 	Error string
-	// Since is when it went up, or began to fail.
+	// Since is when its relay started, or when its failures began.
 	Since time.Time
 }
 

@@ -560,13 +560,10 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 	return nil, err
 }
 
-// up is postbox_shard_up's reading: the relay runs and the database
-// answers within a second.
+// up is postbox_shard_up's reading: the relay runs and reaches its
+// database (shard.state), and the database answers within a second.
 func (sh *shard) up() bool {
-	sh.mu.Lock()
-	started := sh.started
-	sh.mu.Unlock()
-	if !started {
+	if !sh.state().Up {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
