@@ -3,7 +3,6 @@ package postbox_test
 import (
 	"context"
 	"log/slog"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/pubtest"
-	"github.com/postbox-go/postbox/internal/tcpproxy"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxtest"
@@ -25,19 +23,10 @@ import (
 // instead of hanging in a statement until TCP gives up.
 func TestRelayReportsStalledDatabaseAndRecovers(t *testing.T) {
 	direct, prefix := testdb.Migrated(t)
-	u, err := url.Parse(testdb.PostgresURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := tcpproxy.New(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
-	u.Host = proxy.Addr()
+	proxied, proxy := testdb.Proxied(t, testdb.PostgresURL())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	relayPool, err := pgxpool.New(ctx, u.String())
+	relayPool, err := pgxpool.New(ctx, proxied)
 	if err != nil {
 		t.Fatal(err)
 	}

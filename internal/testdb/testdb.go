@@ -20,6 +20,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx" for database/sql
 
 	"github.com/postbox-go/postbox/internal/pgbouncer"
+	"github.com/postbox-go/postbox/internal/tcpproxy"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
@@ -180,4 +181,23 @@ func PoolAt(t testing.TB, databaseURL string) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// Proxied is databaseURL reached through a TCP proxy of its own on
+// loopback, which the test cuts, stalls or resets (tcpproxy), and the
+// proxy. The proxy closes when t ends, after the cleanups registered
+// after this call.
+func Proxied(t testing.TB, databaseURL string) (string, *tcpproxy.Proxy) {
+	t.Helper()
+	u, err := url.Parse(databaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := tcpproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	u.Host = proxy.Addr()
+	return u.String(), proxy
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
 )
@@ -23,4 +24,19 @@ func startDaemon(t *testing.T, yaml string, vars map[string]string) *relayd.Daem
 	}
 	t.Cleanup(func() { _ = d.Stop(context.Background()) })
 	return d
+}
+
+// shardsWait returns a wait for a condition, failing t with label, what
+// it waited for and d's shards when limit passes first.
+func shardsWait(t *testing.T, d *relayd.Daemon, limit time.Duration, label string) func(what string, ok func() bool) {
+	return func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(limit)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%swaited in vain: %s; shards %+v", label, what, d.Shards())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/tcpproxy"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
@@ -69,17 +68,12 @@ func shardFailsWhileRunning(t *testing.T, mode string) {
 	if _, err := m.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
-	proxy, err := tcpproxy.New(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close) // after the daemon's Stop, registered later
-	u.Host = proxy.Addr()
+	proxied, proxy := testdb.Proxied(t, u.String()) // closed after the daemon's Stop, registered later
 
 	d := startDaemon(t, `
 databases:
   - {url: "`+testdb.PostgresURL()+`", prefix: `+prefixA+`}
-  - {url: "`+u.String()+`", prefix: `+prefixB+`}
+  - {url: "`+proxied+`", prefix: `+prefixB+`}
 nats:
   subject_prefix: "later."
   streams: [{name: LATER, subjects: ["later.>"]}]
@@ -103,16 +97,7 @@ admin: {listen: "127.0.0.1:0"}
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor := func(what string, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(90 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: waited in vain: %s; shards %+v", mode, what, d.Shards())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	waitFor := shardsWait(t, d, 90*time.Second, mode+": ")
 	// held is how many messages the stream holds of each shard's topic.
 	held := func() (a, b uint64) {
 		info, err := stream.Info(ctx, jetstream.WithSubjectFilter("later.>"))

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/tcpproxy"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
@@ -61,16 +60,7 @@ admin: {listen: "127.0.0.1:0"}
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	waitFor := func(what string, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("waited in vain: %s; shards %+v", what, d.Shards())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	waitFor := shardsWait(t, d, time.Minute, "")
 	streamHolds := func(n uint64) func() bool {
 		return func() bool {
 			s, err := js.Stream(ctx, "SHARDS")
@@ -165,34 +155,16 @@ type shardsStatus struct {
 func TestShardDownWhileItsRelayRuns(t *testing.T) {
 	_, prefix := testdb.Migrated(t)
 	_, natsURL := embeddedNATS(t)
-	u, err := url.Parse(testdb.PostgresURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := tcpproxy.New(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
-	u.Host = proxy.Addr()
+	proxied, proxy := testdb.Proxied(t, testdb.PostgresURL())
 	d := startDaemon(t, `
 databases:
-  - {url: "`+u.String()+`", prefix: `+prefix+`}
+  - {url: "`+proxied+`", prefix: `+prefix+`}
 nats:
   subject_prefix: "down."
   streams: [{name: DOWN, subjects: ["down.>"]}]
 relay: {lease: 1s, poll_interval: 20ms}
 `, map[string]string{"POSTBOX_NATS_URL": natsURL})
-	waitFor := func(what string, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("waited in vain: %s; shards %+v", what, d.Shards())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	waitFor := shardsWait(t, d, time.Minute, "")
 	waitFor("the shard up", func() bool { return d.Shards()[0].Up })
 
 	cut := time.Now()
