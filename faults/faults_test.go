@@ -139,8 +139,9 @@ func chosen(t *testing.T, variable, def string, from map[string]profile) profile
 }
 
 // runSetup reads the run's seed (POSTBOX_FAULTS_SEED, else the clock),
-// its directory (POSTBOX_FAULTS_DIR's run-<seed>, else a temporary one)
-// and its report's path (POSTBOX_FAULTS_REPORT, else report.json there).
+// its directory (POSTBOX_FAULTS_DIR's run-<seed>, else a temporary one,
+// removed when the test passes and kept for its logs when it fails) and
+// its report's path (POSTBOX_FAULTS_REPORT, else report.json there).
 func runSetup(t *testing.T) (seed uint64, dir, reportPath string) {
 	t.Helper()
 	seed = uint64(time.Now().UnixNano())
@@ -153,7 +154,20 @@ func runSetup(t *testing.T) (seed uint64, dir, reportPath string) {
 	}
 	dir = os.Getenv("POSTBOX_FAULTS_DIR")
 	if dir == "" {
-		dir = t.TempDir()
+		d, err := os.MkdirTemp("", "postbox-faults-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir = d
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("faults: the run's files are kept in %s", dir)
+				return
+			}
+			if err := os.RemoveAll(dir); err != nil {
+				t.Errorf("faults: remove the run's files: %v", err)
+			}
+		})
 	} else {
 		dir = filepath.Join(dir, fmt.Sprintf("run-%d", seed))
 		if err := os.MkdirAll(dir, 0o750); err != nil {
