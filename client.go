@@ -31,11 +31,11 @@ type Client[TTx any] struct {
 	inbox  *Inbox[TTx]
 	admin  *Admin
 
+	// mu orders Start and Stop; running, the relay they started, is
+	// written under it and read without it (RelayState must not wait for
+	// a Start that is reaching the database).
 	mu      sync.Mutex
-	running *relayRun
-	// live is running, for RelayState, which must not wait for a Start
-	// that is reaching the database.
-	live atomic.Pointer[relayRun]
+	running atomic.Pointer[relayRun]
 }
 
 // NewClient makes a Client over driver. cfg may be nil for all defaults;
@@ -239,7 +239,7 @@ func (c *Client[TTx]) Start(ctx context.Context) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.running != nil {
+	if c.running.Load() != nil {
 		return ErrStarted
 	}
 	r, err := newRelay(ctx, c.store, c.cfg, c.routes, c.wake)
@@ -247,8 +247,7 @@ func (c *Client[TTx]) Start(ctx context.Context) error {
 		return err
 	}
 	c.nparts.Store(int64(r.nparts))
-	c.running = r.start()
-	c.live.Store(c.running)
+	c.running.Store(r.start())
 	return nil
 }
 
@@ -259,9 +258,7 @@ func (c *Client[TTx]) Start(ctx context.Context) error {
 // Stop returns ctx's error once the relay has exited.
 func (c *Client[TTx]) Stop(ctx context.Context) error {
 	c.mu.Lock()
-	run := c.running
-	c.running = nil
-	c.live.Store(nil)
+	run := c.running.Swap(nil)
 	c.mu.Unlock()
 	if run == nil {
 		return ErrNotStarted
@@ -275,7 +272,7 @@ func (c *Client[TTx]) Stop(ctx context.Context) error {
 // a relay that runs but cannot renew its leases, read or record is not
 // relaying.
 func (c *Client[TTx]) RelayState() RelayState {
-	run := c.live.Load()
+	run := c.running.Load()
 	if run == nil {
 		return RelayState{}
 	}

@@ -4,9 +4,7 @@ package postbox
 // size of its share, how many partitions it holds, and the table's
 // partition count; ok is false when c runs no relay.
 func RelayLanes[TTx any](c *Client[TTx]) (lanes, share, held, partitions int, ok bool) {
-	c.mu.Lock()
-	run := c.running
-	c.mu.Unlock()
+	run := c.running.Load()
 	if run == nil {
 		return 0, 0, 0, 0, false
 	}
@@ -19,9 +17,7 @@ func RelayLanes[TTx any](c *Client[TTx]) (lanes, share, held, partitions int, ok
 // RelaySignals reports whether c's running relay listens for change
 // signals, and how many it has heard; ok is false when c runs no relay.
 func RelaySignals[TTx any](c *Client[TTx]) (listening bool, heard int64, ok bool) {
-	c.mu.Lock()
-	run := c.running
-	c.mu.Unlock()
+	run := c.running.Load()
 	if run == nil {
 		return false, 0, false
 	}

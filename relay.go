@@ -299,11 +299,8 @@ func (r *relay) run(soft, hard context.Context) {
 			select {
 			case <-r.wake.ch:
 				t.Stop()
-				if o := r.wake.take(); o.named {
-					r.wakeFor(o.partitions(), o.kind, o.ids)
-				} else {
-					r.wakeFor(o.partitions(), o.kind, nil)
-				}
+				o := r.wake.take()
+				r.wakeFor(o.partitions(), o.kind, o.ids)
 				continue
 			case <-r.renew:
 				t.Stop()

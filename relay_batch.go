@@ -86,11 +86,10 @@ func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, unti
 	res.fencedOut += before.fencedOut
 	res.markErr = errors.Join(before.markErr, res.markErr)
 	if sus == nil {
-		// A batch published with crash marks may leave rows for the next
-		// batch, sent and failed by no one: they are not answered.
 		res.recs = recs
-	}
-	if sus != nil {
+	} else {
+		// A batch published with crash marks may leave rows for the next
+		// batch, sent and failed by no one: it reports no rows read.
 		if res.markErr == nil && res.fencedOut == 0 {
 			m.recorded(out)
 		}

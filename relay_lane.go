@@ -85,12 +85,12 @@ const (
 type wakeup struct {
 	ch chan struct{}
 	mu sync.Mutex
-	// What the wake-ups sent since the last take were, under mu.
+	// What the wake-ups sent since the last take were, under mu. ids,
+	// once one was sent, is nil unless every one of them was for
+	// committed rows it named.
 	sent, early, heard, committed bool
-	// unnamed: one of them was not for committed rows it named (ids).
-	unnamed bool
-	ids     []written
-	parts   uint64 // a mask of the partitions written; allParts: unknown
+	ids                           []written
+	parts                         uint64 // a mask of the partitions written; allParts: unknown
 	// alone: the relay woken holds every partition and no other relay is
 	// live, so no relay elsewhere has a use for a change signal (the
 	// relay's last renewal says so; a relay that joins is heard at once).
@@ -117,6 +117,13 @@ func newWakeup() *wakeup { return &wakeup{ch: make(chan struct{}, 1)} }
 // committed rows names them in ids, or names none with nil.
 func (w *wakeup) send(kind wakeKind, mask uint64, ids []written) {
 	w.mu.Lock()
+	// Named so far: nothing sent yet, or only named rows (ids not nil).
+	named := !w.sent || w.ids != nil
+	if named && kind == wakeCommitted && len(ids) > 0 && len(w.ids)+len(ids) <= maxNamed {
+		w.ids = append(w.ids, ids...)
+	} else {
+		w.ids = nil
+	}
 	w.sent = true
 	switch kind {
 	case wakeEarly:
@@ -125,11 +132,6 @@ func (w *wakeup) send(kind wakeKind, mask uint64, ids []written) {
 		w.heard = true
 	case wakeCommitted:
 		w.committed = true
-	}
-	if kind != wakeCommitted || ids == nil || len(w.ids)+len(ids) > maxNamed {
-		w.unnamed, w.ids = true, nil
-	} else if !w.unnamed {
-		w.ids = append(w.ids, ids...)
 	}
 	w.parts |= mask
 	w.mu.Unlock()
@@ -148,8 +150,8 @@ type woke struct {
 	// kind is the one that promises least: early if any was, else heard,
 	// else committed, else other.
 	kind wakeKind
-	// named: all were for committed rows, every one of which is in ids.
-	named bool
+	// ids, when not nil: all were for committed rows, every one of
+	// which is in ids.
 	ids   []written
 	parts uint64
 }
@@ -168,8 +170,8 @@ func (w *wakeup) take() woke {
 	case w.committed:
 		k = wakeCommitted
 	}
-	out := woke{sent: w.sent, kind: k, named: w.sent && !w.unnamed, ids: w.ids, parts: w.parts}
-	w.sent, w.early, w.heard, w.committed, w.unnamed = false, false, false, false, false
+	out := woke{sent: w.sent, kind: k, ids: w.ids, parts: w.parts}
+	w.sent, w.early, w.heard, w.committed = false, false, false, false
 	w.ids, w.parts = nil, 0
 	return out
 }
@@ -460,7 +462,7 @@ func (l *lane) look() (wakeKind, bool) {
 // lane pauses and reads again). A batch with crash marks, which may leave
 // rows for the next, adds none (stepResult.recs).
 func (l *lane) answer(o woke) (wakeKind, bool) {
-	if !o.sent || o.named && l.recent.hasAll(o.ids) {
+	if !o.sent || o.ids != nil && l.recent.hasAll(o.ids) {
 		return wakeOther, false
 	}
 	return o.kind, true
