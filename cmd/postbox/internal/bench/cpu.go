@@ -153,6 +153,18 @@ func cpuBetween(before, after map[int]proc, messages int, broker string) (CPUUse
 	return CPUUse{Self: sum["self"] / n, Database: db / n, Broker: sum[broker] / n}, true
 }
 
+// medianUse is the median of each side's CPU over uses, side by side.
+func medianUse(uses []CPUUse) CPUUse {
+	side := func(f func(CPUUse) time.Duration) time.Duration {
+		return time.Duration(medianOf(uses, func(u CPUUse) float64 { return float64(f(u)) }))
+	}
+	return CPUUse{
+		Self:     side(func(u CPUUse) time.Duration { return u.Self }),
+		Database: side(func(u CPUUse) time.Duration { return u.Database }),
+		Broker:   side(func(u CPUUse) time.Duration { return u.Broker }),
+	}
+}
+
 // us formats d in microseconds with one decimal.
 func us(d time.Duration) string {
 	return strconv.FormatFloat(float64(d)/float64(time.Microsecond), 'f', 1, 64) + " µs"

@@ -330,32 +330,24 @@ func Median(runs []DrainResult) DrainResult {
 		}
 		return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
 	}
-	cpu := func(f func(DrainResult) time.Duration) time.Duration {
-		return time.Duration(pick(func(r DrainResult) float64 { return float64(f(r)) }))
+	cpu := func(f func(DrainResult) CPUUse) CPUUse {
+		uses := make([]CPUUse, len(runs))
+		for i, r := range runs {
+			uses[i] = f(r)
+		}
+		return medianUse(uses)
 	}
 	known := true
 	for _, r := range runs {
 		known = known && r.CPUKnown
 	}
 	return DrainResult{
-		CPUKnown: known,
-		Database: runs[0].Database,
-		RawCPU: CPUUse{
-			Self:     cpu(func(r DrainResult) time.Duration { return r.RawCPU.Self }),
-			Database: cpu(func(r DrainResult) time.Duration { return r.RawCPU.Database }),
-			Broker:   cpu(func(r DrainResult) time.Duration { return r.RawCPU.Broker }),
-		},
-		DrainCPU: CPUUse{
-			Self:     cpu(func(r DrainResult) time.Duration { return r.DrainCPU.Self }),
-			Database: cpu(func(r DrainResult) time.Duration { return r.DrainCPU.Database }),
-			Broker:   cpu(func(r DrainResult) time.Duration { return r.DrainCPU.Broker }),
-		},
-		Messages: runs[0].Messages,
-		RawPlainCPU: CPUUse{
-			Self:     cpu(func(r DrainResult) time.Duration { return r.RawPlainCPU.Self }),
-			Database: cpu(func(r DrainResult) time.Duration { return r.RawPlainCPU.Database }),
-			Broker:   cpu(func(r DrainResult) time.Duration { return r.RawPlainCPU.Broker }),
-		},
+		CPUKnown:     known,
+		Database:     runs[0].Database,
+		RawCPU:       cpu(func(r DrainResult) CPUUse { return r.RawCPU }),
+		DrainCPU:     cpu(func(r DrainResult) CPUUse { return r.DrainCPU }),
+		Messages:     runs[0].Messages,
+		RawPlainCPU:  cpu(func(r DrainResult) CPUUse { return r.RawPlainCPU }),
 		RawRate:      pick(func(r DrainResult) float64 { return r.RawRate }),
 		RawPlainRate: pick(func(r DrainResult) float64 { return r.RawPlainRate }),
 		RatioPlain:   pick(func(r DrainResult) float64 { return r.RatioPlain }),

@@ -397,14 +397,14 @@ func MedianInbox(runs []InboxResult) InboxResult {
 func medianCPU(runs []InboxResult) map[string]CPUUse {
 	out := map[string]CPUUse{}
 	for _, phase := range []string{"raw", "plain", "single", "batch"} {
-		var self, db, broker []float64
+		var uses []CPUUse
 		for _, r := range runs {
 			if u, ok := r.CPU[phase]; ok {
-				self, db, broker = append(self, float64(u.Self)), append(db, float64(u.Database)), append(broker, float64(u.Broker))
+				uses = append(uses, u)
 			}
 		}
-		if len(self) > 0 {
-			out[phase] = CPUUse{Self: time.Duration(median(self)), Database: time.Duration(median(db)), Broker: time.Duration(median(broker))}
+		if len(uses) > 0 {
+			out[phase] = medianUse(uses)
 		}
 	}
 	return out

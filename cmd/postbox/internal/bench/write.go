@@ -289,14 +289,11 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 		c.Bare = medianOf(c.Runs, func(r WriteRun) float64 { return r.Bare })
 		c.RatioToBare = medianOf(c.Runs, func(r WriteRun) float64 { return r.RatioToBare })
 		cpu := func(f func(WriteRun) CPUUse) CPUUse {
-			d := func(g func(CPUUse) time.Duration) time.Duration {
-				return time.Duration(medianOf(c.Runs, func(r WriteRun) float64 { return float64(g(f(r))) }))
+			uses := make([]CPUUse, len(c.Runs))
+			for i, r := range c.Runs {
+				uses[i] = f(r)
 			}
-			return CPUUse{
-				Self:     d(func(u CPUUse) time.Duration { return u.Self }),
-				Database: d(func(u CPUUse) time.Duration { return u.Database }),
-				Broker:   d(func(u CPUUse) time.Duration { return u.Broker }),
-			}
+			return medianUse(uses)
 		}
 		c.WithoutCPU = cpu(func(r WriteRun) CPUUse { return r.WithoutCPU })
 		c.WithCPU = cpu(func(r WriteRun) CPUUse { return r.WithCPU })
