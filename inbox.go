@@ -204,17 +204,43 @@ func (in *Inbox[TTx]) run(ctx context.Context, consumer string, d *Delivery, h H
 		ran, err := in.processTx(ctx, tx, consumer, d.ID, func(ctx context.Context, tx TTx) error {
 			return callHandler(ctx, h, tx, d)
 		})
-		if keep, ok := in.keepFor(d, !ran); ok && err == nil {
-			err = in.store.UnwrapExecutor(tx).InboxKeep(ctx, consumer, []string{d.ID}, keep)
-		}
-		dup = !ran && err == nil
 		var ve *ValidationError
-		if err != nil && ran || errors.As(err, &ve) {
+		switch {
+		case err != nil && ran && in.connLost(ctx, tx):
+			// The handler's statements failed because the transaction
+			// lost its connection: the database failed, not the handler.
+			return err
+		case err != nil && ran || errors.As(err, &ve):
 			return &handlerError{err}
+		case err != nil:
+			return err
 		}
-		return err
+		if keep, ok := in.keepFor(d, !ran); ok {
+			if err := in.store.UnwrapExecutor(tx).InboxKeep(ctx, consumer, []string{d.ID}, keep); err != nil {
+				return err
+			}
+		}
+		dup = !ran
+		return nil
 	})
 	return dup, err
+}
+
+// connCheckBudget bounds the question whether a failed handler's
+// transaction lost its connection (Inbox.connLost).
+const connCheckBudget = time.Second
+
+// connLost reports whether tx lost its connection to the database, where
+// the store can tell (postboxdriver.ConnChecker). It asks within
+// connCheckBudget, even when ctx has ended.
+func (in *Inbox[TTx]) connLost(ctx context.Context, tx TTx) bool {
+	c, ok := in.store.(postboxdriver.ConnChecker[TTx])
+	if !ok {
+		return false
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), connCheckBudget)
+	defer cancel()
+	return c.ConnLost(cctx, tx)
 }
 
 // Handle processes one delivery for consumer: begin, inbox, handler,

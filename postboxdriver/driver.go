@@ -85,6 +85,20 @@ type Store[TTx any] interface {
 	InTx(ctx context.Context, fn func(tx TTx) error) error
 }
 
+// ConnChecker is implemented by a Store that can tell when one of its
+// transactions has lost its connection to the database: the server ended
+// it (a restart, an administrator's kill) or the network did. The inbox
+// asks after a handler returned an error: a run whose transaction lost its
+// connection failed in the database, not in the handler, so it is settled
+// as a store failure, spending none of the message's attempts and keeping
+// its count of crashes. Without it, every handler error is the handler's.
+type ConnChecker[TTx any] interface {
+	// ConnLost reports whether tx's connection is gone. It may ask the
+	// database with a statement in tx, which has failed already, within
+	// ctx.
+	ConnLost(ctx context.Context, tx TTx) bool
+}
+
 // Row is one message to insert.
 type Row struct {
 	ID      string // UUID, canonical text form

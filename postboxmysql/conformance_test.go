@@ -56,7 +56,29 @@ func TestConformance(t *testing.T) {
 			_, err := d.(*postboxmysql.Driver).DB().ExecContext(context.Background(), query, args...)
 			return err
 		},
-		Locate:   func(*testing.T, postboxdriver.Driver[*sql.Tx]) string { return mysqltest.DSN() },
+		Locate: func(*testing.T, postboxdriver.Driver[*sql.Tx]) string { return mysqltest.DSN() },
+		Sever: func(t *testing.T, d postboxdriver.Driver[*sql.Tx], tx *sql.Tx) {
+			ctx := context.Background()
+			var id int64
+			if err := tx.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			db := d.(*postboxmysql.Driver).DB()
+			if _, err := db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id)); err != nil {
+				t.Fatal(err)
+			}
+			// KILL marks the thread; it ends when it next looks.
+			for {
+				var n int
+				if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?", id).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n == 0 {
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		},
 		Features: postboxdrivertest.Features{ConcurrentWriters: true},
 	})
 }

@@ -155,7 +155,10 @@ type store struct {
 	tx *sql.Tx
 }
 
-var _ postboxdriver.Store[*sql.Tx] = (*store)(nil)
+var (
+	_ postboxdriver.Store[*sql.Tx]       = (*store)(nil)
+	_ postboxdriver.ConnChecker[*sql.Tx] = (*store)(nil)
+)
 
 // conn is what *sql.DB, *sql.Tx and *sql.Conn share.
 type conn = sqlkit.Conn
@@ -192,6 +195,11 @@ func (s *store) InTx(ctx context.Context, fn func(tx *sql.Tx) error) (err error)
 		return err
 	}
 	return s.wrap(tx.Commit())
+}
+
+// ConnLost implements postboxdriver.ConnChecker.
+func (s *store) ConnLost(ctx context.Context, tx *sql.Tx) bool {
+	return sqlkit.ConnLost(ctx, tx)
 }
 
 // maxInsertRows bounds the rows of one INSERT: five placeholders a row

@@ -65,7 +65,14 @@ func harness(databaseURL string) postboxdrivertest.Harness[pgx.Tx] {
 			_, err := d.(*postboxpgx.Driver).Pool().Exec(context.Background(), query, args...)
 			return err
 		},
-		Locate:   func(*testing.T, postboxdriver.Driver[pgx.Tx]) string { return testdb.PostgresURL() },
+		Locate: func(*testing.T, postboxdriver.Driver[pgx.Tx]) string { return testdb.PostgresURL() },
+		Sever: func(t *testing.T, _ postboxdriver.Driver[pgx.Tx], tx pgx.Tx) {
+			var pid int
+			if err := tx.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+				t.Fatal(err)
+			}
+			testdb.Terminate(t, pid)
+		},
 		Features: postboxdrivertest.Features{ConcurrentWriters: true},
 	}
 }

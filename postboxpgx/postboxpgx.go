@@ -28,7 +28,10 @@ type Driver struct {
 	pool *pgxpool.Pool
 }
 
-var _ postboxdriver.Driver[pgx.Tx] = (*Driver)(nil)
+var (
+	_ postboxdriver.Driver[pgx.Tx]      = (*Driver)(nil)
+	_ postboxdriver.ConnChecker[pgx.Tx] = (*store)(nil)
+)
 
 // New returns a driver over pool.
 func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
@@ -59,6 +62,13 @@ func (s *store) UnwrapExecutor(tx pgx.Tx) postboxdriver.Executor {
 
 func (s *store) InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, s.pool, fn)
+}
+
+// ConnLost implements postboxdriver.ConnChecker: pgx closes a connection
+// that failed or that the server ended, so asking costs no round trip.
+func (s *store) ConnLost(_ context.Context, tx pgx.Tx) bool {
+	c := tx.Conn()
+	return c != nil && c.IsClosed()
 }
 
 // conn is what a pool and a transaction share.

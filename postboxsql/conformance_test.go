@@ -69,7 +69,14 @@ func harness(databaseURL string) postboxdrivertest.Harness[*sql.Tx] {
 			_, err := d.(*postboxsql.Driver).DB().ExecContext(context.Background(), query, args...)
 			return err
 		},
-		Locate:   func(*testing.T, postboxdriver.Driver[*sql.Tx]) string { return testdb.PostgresURL() },
+		Locate: func(*testing.T, postboxdriver.Driver[*sql.Tx]) string { return testdb.PostgresURL() },
+		Sever: func(t *testing.T, _ postboxdriver.Driver[*sql.Tx], tx *sql.Tx) {
+			var pid int
+			if err := tx.QueryRowContext(context.Background(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+				t.Fatal(err)
+			}
+			testdb.Terminate(t, pid)
+		},
 		Features: postboxdrivertest.Features{ConcurrentWriters: true},
 	}
 }

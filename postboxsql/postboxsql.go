@@ -16,6 +16,7 @@ import (
 
 	"github.com/postbox-go/postbox/internal/pgsql"
 	"github.com/postbox-go/postbox/internal/pgxq"
+	"github.com/postbox-go/postbox/internal/sqlkit"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
@@ -28,7 +29,10 @@ type Driver struct {
 	db *sql.DB
 }
 
-var _ postboxdriver.Driver[*sql.Tx] = (*Driver)(nil)
+var (
+	_ postboxdriver.Driver[*sql.Tx]      = (*Driver)(nil)
+	_ postboxdriver.ConnChecker[*sql.Tx] = (*store)(nil)
+)
 
 // New returns a driver over db.
 func New(db *sql.DB) (*Driver, error) {
@@ -61,6 +65,11 @@ func (s *store) UnwrapExecutor(tx *sql.Tx) postboxdriver.Executor {
 
 func (s *store) InTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return inTx(ctx, s.db, fn)
+}
+
+// ConnLost implements postboxdriver.ConnChecker.
+func (s *store) ConnLost(ctx context.Context, tx *sql.Tx) bool {
+	return sqlkit.ConnLost(ctx, tx)
 }
 
 func inTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) (err error) {

@@ -2,13 +2,15 @@
 // postboxmysql) share: the query helpers, lists bound as one JSON array,
 // and the scans of postbox's rows as both store them, with times as
 // BIGINT unix milliseconds of the database clock. The statements
-// themselves are each dialect's own.
+// themselves are each dialect's own. ConnLost serves postboxsql too.
 package sqlkit
 
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -21,6 +23,27 @@ type Conn interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// ConnLost reports whether tx's connection is gone, for
+// postboxdriver.ConnChecker. database/sql drivers refuse a statement on a
+// connection they found broken or closed by the server with
+// driver.ErrBadConn. A connection the server closed while idle is found
+// broken only by the next statement, which fails with an error of the
+// driver's own; so a statement that fails otherwise is followed by a
+// second one. (An error the server answered, as PostgreSQL does in a
+// failed transaction, fails both.)
+func ConnLost(ctx context.Context, tx *sql.Tx) bool {
+	for range 2 {
+		_, err := tx.ExecContext(ctx, "SELECT 1")
+		switch {
+		case err == nil || ctx.Err() != nil || errors.Is(err, sql.ErrTxDone):
+			return false
+		case errors.Is(err, driver.ErrBadConn):
+			return true
+		}
+	}
+	return false
 }
 
 // Scanner is a *sql.Row or a *sql.Rows.

@@ -201,3 +201,17 @@ func Proxied(t testing.TB, databaseURL string) (string, *tcpproxy.Proxy) {
 	u.Host = proxy.Addr()
 	return u.String(), proxy
 }
+
+// Terminate ends the PostgreSQL backend pid from a connection of its own,
+// as an administrator's pg_terminate_backend or a restart of the server
+// does, and returns once the backend has exited.
+func Terminate(t testing.TB, pid int) {
+	t.Helper()
+	ctx := context.Background()
+	pool := Pool(t)
+	defer pool.Close()
+	var ended bool
+	if err := pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 60000)", pid).Scan(&ended); err != nil || !ended {
+		t.Fatalf("testdb: terminate backend %d: %v, %v", pid, ended, err)
+	}
+}

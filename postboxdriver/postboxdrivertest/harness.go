@@ -37,6 +37,12 @@ type Harness[TTx any] struct {
 	// TestMain hands such a process to Child, which opens the database
 	// from this name.
 	Locate func(t *testing.T, d postboxdriver.Driver[TTx]) string
+	// Sever ends the database connection under tx from another
+	// connection, as an administrator's kill or a restart of the server
+	// does, and returns once the server has ended it. Nil where the
+	// database has no connections to end (SQLite): the tests that need it
+	// are skipped.
+	Sever func(t *testing.T, d postboxdriver.Driver[TTx], tx TTx)
 	// Features declares what differs between databases.
 	Features Features
 }

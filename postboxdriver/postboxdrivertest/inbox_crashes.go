@@ -22,6 +22,7 @@ func (s *suite[TTx]) runInboxCrashes(t *testing.T) {
 	t.Run("CountsOnlyRunsWithNoOutcome", s.crashCount)
 	t.Run("CrashLoopDeadLettered", s.crashLoopDead)
 	t.Run("CrashLoopBoundedAcrossRetries", s.crashLoopAcrossRetries)
+	t.Run("CrashLoopBoundedAcrossLostConnections", s.crashLoopAcrossLostConnections)
 	t.Run("OrdinaryRedeliveriesNeverCrashes", s.crashOrdinaryRedeliveries)
 	t.Run("SlowRunThatCommitsNeverDead", s.crashSlowRun)
 	t.Run("BatchHonoursTheBound", s.crashBatch)
@@ -187,6 +188,49 @@ func (s *suite[TTx]) crashLoopAcrossRetries(t *testing.T) {
 	var ce *postbox.CrashLoopError
 	if v.Action != postbox.DeadLettered || !errors.As(v.Err, &ce) || ce.Crashes != 2 || ran != 1 {
 		t.Fatalf("verdict %+v (err %v), handler runs %d; want dead-lettered after 2 crashes, no run", v, v.Err, ran)
+	}
+}
+
+// A handler whose transaction lost its connection (the server restarted,
+// or killed it) failed in the database, not in the handler: the run spends
+// no attempt and keeps the crashes counted before it, so that a message
+// that kills the consumer beside a database that fails now and then is
+// still dead-lettered once MaxCrashes runs have died.
+func (s *suite[TTx]) crashLoopAcrossLostConnections(t *testing.T) {
+	if s.h.Sever == nil {
+		t.Skip("the database has no connections to lose")
+	}
+	// One attempt: a lost connection taken for the handler's failure
+	// would make the message dead at once.
+	ie := s.inboxSetup(t, postbox.Config{MaxCrashes: 2, MaxAttempts: 1})
+	ctx := context.Background()
+	d := delivery(postbox.NewID())
+	ran := 0
+	severed := func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
+		ran++
+		s.h.Sever(t, ie.d, tx)
+		return ie.effect(ctx, tx, d)
+	}
+	// Delivery 1 died recording nothing, delivery 2 died, delivery 3 lost
+	// its connection, delivery 4 died.
+	ie.crashed(t, "billing", d.ID)
+	d.Delivered = 3
+	v := ie.inbox.Handle(ctx, "billing", d, severed)
+	if v.Action != postbox.Retry || v.Attempts != 0 || v.Err == nil || ran != 1 {
+		t.Fatalf("lost connection: %+v (err %v), handler runs %d; want a retry spending no attempt", v, v.Err, ran)
+	}
+	if _, err := ie.inbox.GetDead(ctx, "billing", d.ID); err == nil {
+		t.Fatal("a lost connection made the message dead")
+	}
+	ie.crashed(t, "billing", d.ID)
+	d.Delivered = 5
+	v = ie.inbox.Handle(ctx, "billing", d, severed)
+	var ce *postbox.CrashLoopError
+	if v.Action != postbox.DeadLettered || !errors.As(v.Err, &ce) || ce.Crashes != 2 || ran != 1 {
+		t.Fatalf("verdict %+v (err %v), handler runs %d; want dead-lettered after 2 crashes, no run", v, v.Err, ran)
+	}
+	if n := ie.effects(t); n != 0 {
+		t.Fatalf("effects = %d, want none", n)
 	}
 }
 
