@@ -115,6 +115,14 @@ func TestFaultsChecker(t *testing.T) {
 		}
 		return out
 	}
+	// The consumer's deaths, each on a delivery with the count given.
+	consumerDeaths := func(id string, counts ...int) []crashRec {
+		out := deaths(id, "consumer", len(counts))
+		for i, n := range counts {
+			out[i].Life, out[i].Delivered = "", n
+		}
+		return out
+	}
 
 	t.Run("crashes", func(t *testing.T) {
 		// Each crash-looping message dead after its bound of deaths, or
@@ -136,8 +144,9 @@ func TestFaultsChecker(t *testing.T) {
 			consumerDead: []string{"p", "ck"},
 			relayDead:    []string{"rk"},
 			// One death more than the bound, in a relay that had given
-			// up its crash marks before.
-			crashes: append(append(deaths("rk", "relay0", 3), deaths("rk", "relay2", relayCrashBound-2)...), deaths("ck", "consumer", consumerCrashBound)...),
+			// up its crash marks before; and one more than the bound
+			// for ck, on what the broker sent again as a first delivery.
+			crashes: append(append(deaths("rk", "relay0", 3), deaths("rk", "relay2", relayCrashBound-2)...), consumerDeaths("ck", 1, 1, 2, 3, 4)...),
 			giveUps: map[string][]time.Time{"fxrelay0s2": {at(99)}},
 		}
 		r := judge(o, nil)
@@ -145,10 +154,11 @@ func TestFaultsChecker(t *testing.T) {
 			t.Fatalf("%d violations: %+v", r.ViolationCount, r.Violations)
 		}
 		c := r.Counts
-		if c.RelayCrashMessages != 1 || c.ConsumerCrashMessages != 1 || c.RelayCrashKills != relayCrashBound+1 || c.ConsumerCrashExits != consumerCrashBound || c.ApplyOrderAcrossRestart != 1 {
+		if c.RelayCrashMessages != 1 || c.ConsumerCrashMessages != 1 || c.RelayCrashKills != relayCrashBound+1 || c.ConsumerCrashExits != consumerCrashBound+1 || c.ApplyOrderAcrossRestart != 1 {
 			t.Errorf("counts: %+v", c)
 		}
-		if len(r.Crashes) != 2 || r.Crashes[0].ID != "ck" || r.Crashes[0].LaterApplied != 1 || r.Crashes[1].Deaths != relayCrashBound+1 || r.Crashes[1].Unmarked != 1 || !r.Crashes[1].Dead {
+		if len(r.Crashes) != 2 || r.Crashes[0].ID != "ck" || r.Crashes[0].LaterApplied != 1 || r.Crashes[0].Resent != 1 || r.Crashes[0].Bound != consumerCrashBound+1 ||
+			r.Crashes[1].Deaths != relayCrashBound+1 || r.Crashes[1].Unmarked != 1 || !r.Crashes[1].Dead {
 			t.Errorf("crash outcomes: %+v", r.Crashes)
 		}
 	})
@@ -157,8 +167,9 @@ func TestFaultsChecker(t *testing.T) {
 		// r1 reached the broker and is not dead; r2 killed one relay too
 		// many and its key's next message was never applied; r3 is dead
 		// without a death; c1 was applied; a relay died for an id nobody
-		// wrote; y1 and y2, in the stream after the consumer's death,
-		// applied out of order.
+		// wrote; c2 killed the consumer once too often, on redeliveries;
+		// y1 and y2, in the stream after the consumer's death, applied
+		// out of order.
 		y1 := rec("y1", "k9", 1, committed, false, 10)
 		y2 := rec("y2", "k9", 2, committed, false, 11)
 		r1 := crash("r1", "k5", 1, crashRelay, 5)
@@ -166,14 +177,16 @@ func TestFaultsChecker(t *testing.T) {
 		l2 := rec("l2", "k6", 2, committed, false, 7)
 		r3 := crash("r3", "k7", 1, crashRelay, 8)
 		c1 := crash("c1", "k8", 1, crashConsumer, 9)
-		h := map[string]histRec{"r1": r1, "r2": r2, "l2": l2, "r3": r3, "c1": c1, "y1": y1, "y2": y2}
+		c2 := crash("c2", "k10", 1, crashConsumer, 9)
+		h := map[string]histRec{"r1": r1, "r2": r2, "l2": l2, "r3": r3, "c1": c1, "c2": c2, "y1": y1, "y2": y2}
 		o := observed{
 			hist:         h,
-			stream:       []seen{msg(1, "r1", r1, 10), msg(2, "l2", l2, 11), msg(3, "c1", c1, 12), msg(4, "y1", y1, 105), msg(5, "y2", y2, 106)},
+			stream:       []seen{msg(1, "r1", r1, 10), msg(2, "l2", l2, 11), msg(3, "c1", c1, 12), msg(4, "y1", y1, 105), msg(5, "y2", y2, 106), msg(6, "c2", c2, 13)},
 			effects:      []effectRow{eff(c1, 20), eff(y2, 110), eff(y1, 111)},
-			consumerDead: []string{"c1"},
+			consumerDead: []string{"c1", "c2"},
 			relayDead:    []string{"r2", "r3"},
-			crashes:      append(append(deaths("r1", "relay0", 1), deaths("r2", "relay1", relayCrashBound+1)...), append(deaths("c1", "consumer", 1), deaths("zz", "relay2", 1)...)...),
+			crashes: slices.Concat(deaths("r1", "relay0", 1), deaths("r2", "relay1", relayCrashBound+1), deaths("c1", "consumer", 1), deaths("zz", "relay2", 1),
+				consumerDeaths("c2", 1, 2, 3, 4, 5)),
 			// Given up after the deaths: excuses none.
 			giveUps: map[string][]time.Time{"fxrelay1s0": {at(200)}},
 		}
@@ -186,6 +199,10 @@ func TestFaultsChecker(t *testing.T) {
 		slices.Sort(got)
 		if !slices.Equal(got, want) {
 			t.Errorf("rules fired:\n got %v\nwant %v\n%+v", got, want, r.Violations)
+		}
+		i := slices.IndexFunc(r.Crashes, func(co crashOutcome) bool { return co.ID == "c2" })
+		if i < 0 || r.Crashes[i].Deaths != consumerCrashBound+1 || r.Crashes[i].Bound != consumerCrashBound || r.Crashes[i].Resent != 0 {
+			t.Errorf("c2, one death over the bound on redeliveries: %+v", r.Crashes)
 		}
 	})
 }

@@ -91,10 +91,12 @@ type crashOutcome struct {
 	Seq  int    `json:"seq"`
 	// Deaths counts the process deaths it caused; Bound is the most it
 	// may cause, Unmarked of them in relays that had given up their
-	// crash marks.
+	// crash marks, Resent of them consumer runs of what the broker sent
+	// again as a first delivery (consumerCrashBound).
 	Deaths   int  `json:"deaths"`
 	Bound    int  `json:"bound"`
 	Unmarked int  `json:"unmarked,omitempty"`
+	Resent   int  `json:"resent,omitempty"`
 	Dead     bool `json:"dead"`
 	// LaterApplied counts its key's later committed messages applied:
 	// the key moved on.
@@ -168,9 +170,10 @@ func (r *report) Summary() string {
 		starts += rs.Starts
 		exits += len(rs.UnexpectedExits)
 	}
-	worst := map[string]int{}
+	worst, resent := map[string]int{}, 0
 	for _, co := range r.Crashes {
 		worst[co.Kind] = max(worst[co.Kind], co.Deaths)
+		resent += co.Resent
 	}
 	var fo string
 	if f := r.Failover; f != nil {
@@ -179,11 +182,11 @@ func (r *report) Summary() string {
 	}
 	return fmt.Sprintf("%s seed=%d profile=%s database=%s broker=%s dedupe=%s elapsed=%s | tx %d: committed %d (poison %d), rolled back %d (aborted %d), unknown resolved %d | "+
 		"stream %d stored, %d distinct, %d duplicates | effects %d, double applications %d, consumer dead letters %d, relay dead %d | "+
-		"crash-looping: relay %d (%d kills, at most %d for one, bound %d plus one per kill of a relay that gave up its crash marks), consumer %d (%d exits, at most %d for one, bound %d; order inversions across its restarts %d) | "+
+		"crash-looping: relay %d (%d kills, at most %d for one, bound %d plus one per kill of a relay that gave up its crash marks), consumer %d (%d exits, at most %d for one, bound %d plus one per first delivery sent again, %d sent again; order inversions across its restarts %d) | "+
 		"faults %d [%s], relay starts %d, unexpected exits %d | lag p50 %dms p99 %dms max %dms, worst backlog drain %dms, worst drain after a lift %dms, settled %v in %dms | violations %d %v",
 		verdict, r.Seed, r.Profile.Name, r.Database, r.Broker, r.Dedupe, r.Elapsed, c.Transactions, c.Committed, c.CommittedPoison, c.RolledBack, c.Aborted, c.UnknownResolved,
 		c.StreamMessages, c.StreamDistinct, c.StreamDuplicates, c.Effects, c.DupEffects, c.ConsumerDead, c.RelayDead,
-		c.RelayCrashMessages, c.RelayCrashKills, worst[crashRelay], relayCrashBound, c.ConsumerCrashMessages, c.ConsumerCrashExits, worst[crashConsumer], consumerCrashBound, c.ApplyOrderAcrossRestart,
+		c.RelayCrashMessages, c.RelayCrashKills, worst[crashRelay], relayCrashBound, c.ConsumerCrashMessages, c.ConsumerCrashExits, worst[crashConsumer], consumerCrashBound, resent, c.ApplyOrderAcrossRestart,
 		len(r.Faults), strings.Join(kinds, " "), starts, exits, r.Lag.P50Ms, r.Lag.P99Ms, r.Lag.MaxMs, maxBacklog, maxLift, r.Settled, r.SettleMs,
 		r.ViolationCount, r.ByRule) + fo
 }
@@ -631,7 +634,7 @@ func judge(o observed, faults []*fault) *report {
 func judgeCrashes(r *report, o observed, commitAt map[string]time.Time, applied map[string]bool, dead map[string]map[string]bool) {
 	c := &r.Counts
 	proc := map[string]string{crashRelay: "relay", crashConsumer: "consumer"}
-	deaths, unmarked := map[string]int{}, map[string]int{}
+	deaths, unmarked, firsts := map[string]int{}, map[string]int{}, map[string]int{}
 	for _, cr := range o.crashes {
 		h, ok := o.hist[cr.ID]
 		kind := crashRelay
@@ -646,6 +649,9 @@ func judgeCrashes(r *report, o observed, commitAt map[string]time.Time, applied 
 			continue
 		}
 		deaths[cr.ID]++
+		if kind == crashConsumer && cr.Delivered == 1 {
+			firsts[cr.ID]++
+		}
 		if cr.Life != "" && slices.ContainsFunc(o.giveUps[cr.Life], func(at time.Time) bool { return at.Before(cr.At) }) {
 			unmarked[cr.ID]++
 		}
@@ -666,13 +672,14 @@ func judgeCrashes(r *report, o observed, commitAt map[string]time.Time, applied 
 	for _, id := range ids {
 		h := o.hist[id]
 		bound := map[string]int{crashRelay: relayCrashBound, crashConsumer: consumerCrashBound}[h.Crash]
-		co := crashOutcome{ID: id, Kind: h.Crash, Key: h.Key, Seq: h.Seq, Deaths: deaths[id], Bound: bound + unmarked[id], Unmarked: unmarked[id], Dead: dead[h.Crash][id]}
+		resent := max(firsts[id]-1, 0)
+		co := crashOutcome{ID: id, Kind: h.Crash, Key: h.Key, Seq: h.Seq, Deaths: deaths[id], Bound: bound + unmarked[id] + resent, Unmarked: unmarked[id], Resent: resent, Dead: dead[h.Crash][id]}
 		bound = co.Bound
 		switch {
 		case !co.Dead:
 			r.add("crash_not_dead", "G2", id, h.Key, "a message that kills the %s (%d deaths) is not a dead message there", proc[h.Crash], co.Deaths)
 		case co.Deaths > bound:
-			r.add("crash_bound", "G2", id, h.Key, "a message that kills the %s caused %d deaths before it was dead; the bound is %d (%d of them in relays that had given up crash marks)", proc[h.Crash], co.Deaths, bound, co.Unmarked)
+			r.add("crash_bound", "G2", id, h.Key, "a message that kills the %s caused %d deaths before it was dead; the bound is %d (%d of them in relays that had given up crash marks, %d on what the broker sent again as a first delivery)", proc[h.Crash], co.Deaths, bound, co.Unmarked, co.Resent)
 		case co.Deaths == 0:
 			r.add("crash_untested", "-", id, h.Key, "a message that kills the %s is dead without having killed one", proc[h.Crash])
 		}

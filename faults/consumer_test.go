@@ -32,8 +32,9 @@ type consumerCase struct {
 	Vars   map[string]string `json:"vars"`   // the broker's (broker.consumerVars)
 	// AckWait is JetStream's (profile.AckWait).
 	AckWait time.Duration `json:"ack_wait"`
-	// CrashFile is where it writes the id of a crash-looping message
-	// before it exits with crashExit.
+	// CrashFile is where it writes the id of a crash-looping message and
+	// the delivery count its handler saw (Delivery.Delivered) before it
+	// exits with crashExit.
 	CrashFile string `json:"crash_file"`
 }
 
@@ -113,8 +114,9 @@ func (a applier) apply(exec execFunc, d *postbox.Delivery) error {
 	if p.Crash == crashConsumer {
 		// The process ends with the handler's transaction open and its
 		// effect written, as after a panic in another goroutine or an
-		// out-of-memory kill; first it tells the supervisor why.
-		if err := writeSynced(a.crashFile, d.ID); err != nil {
+		// out-of-memory kill; first it tells the supervisor why, and
+		// with what delivery count.
+		if err := writeSynced(a.crashFile, fmt.Sprintf("%s %d", d.ID, d.Delivered)); err != nil {
 			fmt.Fprintln(os.Stderr, "faults consumer: crash file:", err)
 		}
 		os.Exit(crashExit)

@@ -14,7 +14,9 @@
 // from the supervisors' records and holds each to its bound: a dead
 // message after at most MaxCrashes+2 relay deaths (one more for each relay
 // killed for it that had logged giving up its crash marks) or
-// MaxCrashes+1 consumer exits, its key moving on.
+// MaxCrashes+1 consumer exits (one more for each run of a copy the broker
+// sent again as a first delivery, which the inbox cannot count; the
+// consumer records the count its handler saw), its key moving on.
 //
 //	go test -tags faults -run TestFaults -v ./faults/
 //

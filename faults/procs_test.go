@@ -93,6 +93,9 @@ type crashRec struct {
 	Proc string    `json:"proc"` // relay<N> or consumer
 	Life string    `json:"life"` // the relay id of the process that died, for a relay
 	At   time.Time `json:"at"`
+	// Delivered is, for the consumer, the delivery count its handler saw
+	// (Delivery.Delivered): 1 on what the broker sent as a first delivery.
+	Delivered int `json:"delivered,omitempty"`
 }
 
 // crashExit is the status of a consumer that met a crash-looping message.
@@ -169,9 +172,9 @@ func (r *proc) wait(cmd *exec.Cmd, done chan struct{}, l *life) {
 	r.mu.Lock()
 	l.Ended = time.Now()
 	unexpected := !r.expect && !r.closing
-	switch crash := r.crashed(cmd); {
+	switch crash, delivered := r.crashed(cmd); {
 	case crash != "":
-		rec := crashRec{ID: crash, Proc: r.name(), At: l.Ended}
+		rec := crashRec{ID: crash, Proc: r.name(), At: l.Ended, Delivered: delivered}
 		if r.idVar != "" {
 			rec.Life = l.ID
 		}
@@ -190,20 +193,24 @@ func (r *proc) wait(cmd *exec.Cmd, done chan struct{}, l *life) {
 
 // crashed is the crash-looping message that ended cmd, if one did: the
 // one the harness killed the relay for, or the one the consumer wrote
-// before it exited with crashExit. r.mu is held.
-func (r *proc) crashed(cmd *exec.Cmd) string {
+// before it exited with crashExit, with the delivery count it wrote
+// beside it. r.mu is held.
+func (r *proc) crashed(cmd *exec.Cmd) (id string, delivered int) {
 	if r.killing != "" {
-		return r.killing
+		return r.killing, 0
 	}
 	if r.crashFile == "" || cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != crashExit {
-		return ""
+		return "", 0
 	}
 	b, err := os.ReadFile(r.crashFile)
 	if err != nil {
-		return "unreadable: " + err.Error()
+		return "unreadable: " + err.Error(), 0
 	}
 	_ = os.Remove(r.crashFile)
-	return string(b)
+	if _, err := fmt.Sscanf(string(b), "%s %d", &id, &delivered); err != nil {
+		return "unreadable: " + string(b), 0
+	}
+	return id, delivered
 }
 
 func (r *proc) isClosing() bool {

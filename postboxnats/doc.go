@@ -163,7 +163,12 @@
 // counted failure, dead-letters
 // the message on its next delivery (docs/design.md §4). Deliveries the
 // server makes without a handler run (a held message handed back, a pull
-// by a process that died first) count nothing.
+// by a process that died first) count nothing. The bound needs a server
+// whose count is true: nats-server before 2.10.14 (Debian 12 ships 2.9.10)
+// can send a message again with NumDelivered 1 after the process it was
+// delivered to died (nats-server#5305), and that run, taken for a first
+// delivery, is not counted; so with such a server a message that kills the
+// process ends it once more for each such copy.
 //
 // # Order per key
 //
