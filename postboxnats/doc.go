@@ -182,15 +182,19 @@
 // is acked or dead-lettered. At most half of MaxInFlight is spent on
 // such held messages; beyond that a later message is handed back to the
 // server with a delay (one extra delivery, counted by MaxDeliver) and
-// waited for in turn. A retried message whose redelivery never comes
-// (it reached MaxDeliver, was deleted from the stream, or went to
-// another subscriber) is given up after its delay plus twice AckWait,
-// with a warning, and its key moves on. A server that was out of reach
-// may have lost the nak, or restarted and begun its redelivery wait
-// again, so a failed ack (acks wait for the server) pushes the give-up
-// out to that whole wait from then; so does a nak or keep-alive the
-// client refuses. An outage with nothing to ack that lasts longer than
-// about AckWait can still outrun the wait.
+// waited for in turn. A retried message whose redelivery has not come
+// after its delay plus twice AckWait is looked up: when the consumer's
+// ack floor has passed it (another subscriber acknowledged it, or it was
+// deleted from the stream) it is given up with a warning and its key
+// moves on; otherwise the server still holds it pending and will send it
+// again (late when the consumer's leader moved, or when the deliveries
+// before were lost), so its key waits another such wait, with a warning
+// each time. Under MaxDeliver, whose last delivery the server drops
+// without acknowledging it, the message is given up then all the same.
+// A server that was out of reach may have lost the nak, or restarted and
+// begun its redelivery wait again, so a failed ack (acks wait for the
+// server) pushes the wait out to a whole one from then; so does a nak or
+// keep-alive the client refuses, or a failed look-up.
 //
 // A delivery can also be lost on the way: the server sent it, counted it
 // as delivered, and the connection through a node that failed or was cut
@@ -207,6 +211,9 @@
 // subscribers of one consumer, which JetStream hands different messages
 // of one key; for per-key order, run one Subscriber (one Run) per durable
 // consumer at a time, and start a replacement only once it has stopped.
+// (Competing subscribers also slow each other: a retried message that
+// another one took holds its key here until the consumer's ack floor has
+// passed it.)
 // Nor does it hold across a restart: messages held when a Run ends are
 // redelivered after AckWait, and one of them may come back before an
 // earlier message of its key whose retry delay is longer.

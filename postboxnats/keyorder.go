@@ -35,11 +35,14 @@ import (
 // A held message's AckWait is kept from running out with InProgress, so
 // the server does not redeliver it meanwhile (to this subscriber, or to
 // another one of the consumer). A marker whose redelivery does not come
-// within its delay plus twice AckWait (the message hit MaxDeliver, was deleted
-// from the stream, or went to another subscriber) is given up with a
-// warning, and its key moves on. The markers are not given up while the
-// puller is short of tokens: then a redelivery may simply not have been
-// fetched yet.
+// within its delay plus twice AckWait is looked up on the server: if the
+// consumer's ack floor has passed it (another subscriber acknowledged it,
+// or it was deleted from the stream), it is given up and its key moves
+// on; if not, the server still holds it pending and will deliver it
+// again, so the key waits on (under MaxDeliver, which drops a message
+// without acknowledging it, the marker is given up all the same). The
+// markers are not looked at while the puller is short of tokens: then a
+// redelivery may simply not have been fetched yet.
 
 // minBounce is the shortest delay a message handed back for lack of room
 // is nak'd with: long enough not to spin, short enough that a key blocked
@@ -64,6 +67,8 @@ type keyOrder struct {
 
 	mu   sync.Mutex
 	keys *keyorder.Order[*entry] // by stream sequence
+
+	asking atomic.Bool // the server is being asked about overdue markers
 }
 
 // newKeyOrder: ackMin and ackMax are the shortest and longest time the
@@ -238,23 +243,85 @@ func (k *keyOrder) sweep(now time.Time, saturated bool) {
 
 	// The markers are not given up while the puller is short of tokens:
 	// then a redelivery may simply not have been fetched yet.
-	var expired, starts []*entry
-	k.mu.Lock()
+	var overdue, starts []*entry
 	if !saturated {
-		expired = k.keys.Expire(now)
+		k.mu.Lock()
+		overdue = k.keys.Overdue(now)
+		k.mu.Unlock()
 	}
+	if len(overdue) > 0 && k.asking.CompareAndSwap(false, true) {
+		// Asked on a goroutine of its own, so that a slow answer holds no
+		// keep-alive back; the next sweeps start the keys that moved on.
+		k.r.wg.Add(1)
+		go func() {
+			defer k.r.wg.Done()
+			defer k.asking.Store(false)
+			k.overdue(now, overdue)
+		}()
+	}
+	k.mu.Lock()
 	for key := range k.keys.Keys() {
 		if s := k.next(key); s != nil {
 			starts = append(starts, s)
 		}
 	}
 	k.mu.Unlock()
-	for _, e := range expired {
-		k.r.s.log.Warn("postboxnats subscriber: a retried message was not redelivered in time; its key moves on, so its order may break",
-			slog.String("consumer", k.r.s.name), slog.String("key", e.Key()), slog.Uint64("stream_seq", e.Pos().Hi),
-			slog.String("hint", "MaxDeliver reached, message deleted from the stream, or delivered to another subscriber of the consumer"))
-	}
 	for _, e := range starts {
 		k.start(e)
+	}
+}
+
+// overdue settles the markers whose redelivery did not come in time. The
+// server says what became of each: one at or below the consumer's ack
+// floor was settled without this Subscriber (acknowledged by another
+// subscriber of the consumer, or deleted from the stream, which the
+// server counts as acknowledged), so it is given up and its key moves on.
+// One above the floor is still pending on the server, which will deliver
+// it again: a redelivery comes late after the consumer's leader moved, or
+// when the ones before were lost on the way. So its key keeps waiting for
+// another whole wait, as per-key order asks; only a consumer with
+// MaxDeliver, whose server drops a message at its last delivery without
+// acknowledging it, gives such a marker up. When the server cannot be
+// asked, every marker waits on (disrupted).
+func (k *keyOrder) overdue(now time.Time, markers []*entry) {
+	s := k.r.s
+	ctx, cancel := context.WithTimeout(k.r.ctx, lostScanTimeout)
+	info, err := s.cons.Info(ctx)
+	cancel()
+	if k.r.ctx.Err() != nil {
+		return // the Run ends: held messages and markers are abandoned
+	}
+	if err != nil {
+		k.disrupted(now)
+		s.log.Warn("postboxnats subscriber: a retried message was not redelivered in time and the consumer could not be read; its key waits on",
+			slog.String("consumer", s.name), slog.Int("markers", len(markers)), slog.Any("error", err))
+		return
+	}
+	floor, capped := info.AckFloor.Stream, info.Config.MaxDeliver > 0
+	var gone, waiting []*entry
+	k.mu.Lock()
+	for _, e := range markers {
+		switch {
+		case !k.keys.IsMarker(e):
+			// Its redelivery came meanwhile.
+		case e.Pos().Hi <= floor || capped:
+			k.keys.Remove(e)
+			gone = append(gone, e)
+		default:
+			k.keys.Extend(e, now.Add(k.giveUp))
+			waiting = append(waiting, e)
+		}
+	}
+	k.mu.Unlock()
+	for _, e := range gone {
+		msg, hint := "postboxnats subscriber: a retried message was settled without this subscriber; its key moves on", "acknowledged by another subscriber of the consumer, or deleted from the stream"
+		if e.Pos().Hi > floor {
+			msg, hint = "postboxnats subscriber: a retried message was not redelivered in time; its key moves on, so its order may break", "MaxDeliver reached, or delivered to another subscriber of the consumer"
+		}
+		s.log.Warn(msg, slog.String("consumer", s.name), slog.String("key", e.Key()), slog.Uint64("stream_seq", e.Pos().Hi), slog.String("hint", hint))
+	}
+	for _, e := range waiting {
+		s.log.Warn("postboxnats subscriber: a retried message is still pending on the server but was not redelivered in time; its key waits on",
+			slog.String("consumer", s.name), slog.String("key", e.Key()), slog.Uint64("stream_seq", e.Pos().Hi), slog.Uint64("ack_floor_stream_seq", floor))
 	}
 }

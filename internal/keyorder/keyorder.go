@@ -256,6 +256,45 @@ func (o *Order[E]) PushOut(end time.Time) {
 	}
 }
 
+// Overdue returns the markers whose wait ended before now, leaving them
+// in their lines: the caller asks whether to give them up (Remove) or wait
+// on (Extend).
+func (o *Order[E]) Overdue(now time.Time) []E {
+	var out []E
+	for _, l := range o.lines {
+		for _, x := range l.entries {
+			if e := x.Base(); e.state == Marker && !e.expires.IsZero() && now.After(e.expires) {
+				out = append(out, x)
+			}
+		}
+	}
+	return out
+}
+
+// IsMarker reports whether x is still a marker in its key's line: not
+// filled by its redelivery, nor removed.
+func (o *Order[E]) IsMarker(x E) bool {
+	e := x.Base()
+	if e.state != Marker {
+		return false
+	}
+	if l := o.lines[e.key]; l != nil {
+		for _, y := range l.entries {
+			if y == x {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Extend moves the end of marker x's wait to end.
+func (o *Order[E]) Extend(x E, end time.Time) {
+	if e := x.Base(); e.state == Marker {
+		e.expires = end
+	}
+}
+
 // Expire removes the markers whose wait ended before now and returns
 // them.
 func (o *Order[E]) Expire(now time.Time) []E {

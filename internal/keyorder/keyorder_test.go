@@ -216,6 +216,42 @@ func TestExpire(t *testing.T) {
 	}
 }
 
+// TestOverdue: an overdue marker stays in its line, holding its key,
+// until the caller removes it or extends its wait; a marker filled by its
+// redelivery is a marker no more.
+func TestOverdue(t *testing.T) {
+	o := New[*rec](10, 0)
+	now := time.Now()
+	late := o.Add("k", pos(1), &rec{name: "late"})
+	o.ToMarker(late, now, time.Second, time.Minute)
+	o.Add("k", pos(2), &rec{name: "behind"})
+	filled := o.Add("j", pos(1), &rec{name: "filled"})
+	o.ToMarker(filled, now, time.Second, time.Minute)
+
+	if got := o.Overdue(now.Add(time.Minute)); len(got) != 0 {
+		t.Fatalf("%d overdue before their wait ended", len(got))
+	}
+	got := o.Overdue(now.Add(2 * time.Minute))
+	if len(got) != 2 || !o.IsMarker(late) || !o.IsMarker(filled) {
+		t.Fatalf("overdue %v, want both markers, still in their lines", got)
+	}
+	mustNoNext(t, o, "k")
+	o.Fill(filled)
+	if o.IsMarker(filled) {
+		t.Fatal("a filled marker is still a marker")
+	}
+
+	o.Extend(late, now.Add(time.Hour))
+	if got := o.Overdue(now.Add(2 * time.Minute)); len(got) != 0 {
+		t.Fatalf("overdue %v after the wait was extended", got)
+	}
+	o.Remove(late)
+	if o.IsMarker(late) || o.Markers() != 0 {
+		t.Fatalf("removed marker: still one %v, %d markers", o.IsMarker(late), o.Markers())
+	}
+	mustNext(t, o, "k", "behind")
+}
+
 func TestClear(t *testing.T) {
 	o := New[*rec](10, 0)
 	x := o.Add("k", pos(1), &rec{})
