@@ -249,7 +249,9 @@ func (in *Inbox[TTx]) connLost(ctx context.Context, tx TTx) bool {
 // is spent, writes a dead message and asks for an ack. A handler error
 // wrapped with Permanent writes the dead message at once; one wrapped with
 // RetryAfter asks for a redelivery after its delay, counted or not as it
-// says. A store failure counts nothing and asks for a redelivery.
+// says. A store failure counts nothing and asks for a redelivery; a
+// handler error is one when the store says the handler's transaction lost
+// its connection (postboxdriver.ConnChecker).
 //
 // A redelivery (d.Delivered above 1, or 0 with d.Redelivered) is
 // counted before its handler runs: one statement reads its count, another
