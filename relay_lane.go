@@ -299,6 +299,12 @@ func (l *lane) run(soft, hard context.Context) {
 			}
 			continue
 		case res.read == 0:
+			if res.markErr == nil {
+				// The read and the record worked: a later failure pauses
+				// from the shortest pause again, not from where an
+				// outage before left it.
+				l.infraPause = 0
+			}
 			if kind, ok := l.sleep(soft, poll); ok {
 				woken(kind, true)
 			} else {

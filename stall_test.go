@@ -3,6 +3,7 @@ package postbox_test
 import (
 	"context"
 	"log/slog"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -175,4 +176,102 @@ type publisherFunc func(ctx context.Context, env *postbox.Envelope, done func(er
 
 func (f publisherFunc) Publish(ctx context.Context, env *postbox.Envelope, done func(error)) {
 	f(ctx, env, done)
+}
+
+// pausedLine is a lane's pause after a failure to reach the database or
+// the broker, as the relay logs it.
+var pausedLine = regexp.MustCompile(`msg="postbox relay paused" .*\blane=(\d+) .*\bpause=(\S+)`)
+
+// firstPauses returns each lane's first pause logged in log.
+func firstPauses(t *testing.T, log string) map[string]time.Duration {
+	t.Helper()
+	out := map[string]time.Duration{}
+	for _, m := range pausedLine.FindAllStringSubmatch(log, -1) {
+		d, err := time.ParseDuration(m[2])
+		if err != nil {
+			t.Fatalf("pause %q: %v", m[2], err)
+		}
+		if _, ok := out[m[1]]; !ok {
+			out[m[1]] = d
+		}
+	}
+	return out
+}
+
+// Once a lane's read works again after an outage, even a read that finds
+// nothing, its next failure pauses it for the shortest pause, not for
+// twice the longest pause the outage had reached.
+func TestRelayPauseStartsOverAfterAnOutage(t *testing.T) {
+	direct, prefix := testdb.Migrated(t)
+	proxied, proxy := testdb.Proxied(t, testdb.PostgresURL())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, proxied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	logs := &pubtest.Logs{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("relay log:\n%s", logs.String())
+		}
+	})
+	// A lease long enough to outlast the outage: the lanes keep their
+	// partitions and read through it.
+	broker := postboxtest.NewBroker(nil)
+	relay, err := postbox.NewClient(postboxpgx.New(pool), &postbox.Config{
+		Prefix: prefix, Publisher: broker, LeaseDuration: 30 * time.Second,
+		PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := relay.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer scancel()
+		if err := relay.Stop(sctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	}()
+
+	// The lanes hold their partitions and read: a message goes through.
+	writer, err := postbox.NewClient(postboxpgx.New(direct), &postbox.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.Write(ctx, postbox.Message{Topic: "orders.paid", Key: "k", Payload: []byte("before")}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, func() bool { return len(payloadsOf(broker, "k")) == 1 })
+
+	// The outage: the database refuses every connection until a lane's
+	// pause has grown past a fifth of a second.
+	proxy.Refuse(true)
+	proxy.Reset()
+	waitFor(t, ctx, func() bool {
+		for _, m := range pausedLine.FindAllStringSubmatch(logs.String(), -1) {
+			if d, err := time.ParseDuration(m[2]); err == nil && d > 200*time.Millisecond {
+				return true
+			}
+		}
+		return false
+	})
+	proxy.Refuse(false)
+	// Every source of the relay's failure reached the database again: the
+	// lanes with reads that found nothing to publish.
+	waitFor(t, ctx, func() bool { return relay.RelayState().Err == nil })
+
+	// A blip: the connections are reset once.
+	mark := len(logs.String())
+	proxy.Reset()
+	waitFor(t, ctx, func() bool { return len(firstPauses(t, logs.String()[mark:])) > 0 })
+	for lane, d := range firstPauses(t, logs.String()[mark:]) {
+		if d > 50*time.Millisecond {
+			t.Errorf("lane %s paused %v after one failure, want at most the shortest pause (50ms)", lane, d)
+		}
+	}
 }
