@@ -9,10 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/pubtest"
+	"github.com/postbox-go/postbox/internal/tcpproxy"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxpgx"
 	"github.com/postbox-go/postbox/postboxtest"
@@ -23,40 +25,8 @@ import (
 // notice within its lease, say so, and carry on once the network is back,
 // instead of hanging in a statement until TCP gives up.
 func TestRelayReportsStalledDatabaseAndRecovers(t *testing.T) {
-	direct, prefix := testdb.Migrated(t)
-	proxied, proxy := testdb.Proxied(t, testdb.PostgresURL())
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	relayPool, err := pgxpool.New(ctx, proxied)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(relayPool.Close)
-
-	logs := &pubtest.Logs{}
-	broker := postboxtest.NewBroker(nil)
-	relay, err := postbox.NewClient(postboxpgx.New(relayPool), &postbox.Config{
-		Prefix: prefix, Publisher: broker, LeaseDuration: time.Second, BatchDeadline: 300 * time.Millisecond,
-		PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(logs, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The writes go straight to PostgreSQL, past the proxy.
-	writer, err := postbox.NewClient(postboxpgx.New(direct), &postbox.Config{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := relay.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer scancel()
-		if err := relay.Stop(sctx); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	}()
+	ctx, pr := startProxiedRelay(t, postbox.Config{LeaseDuration: time.Second, BatchDeadline: 300 * time.Millisecond})
+	relay, writer, proxy, broker, logs := pr.relay, pr.writer, pr.proxy, pr.broker, pr.logs
 	if err := writer.Write(ctx, postbox.Message{Topic: "orders.paid", Key: "k", Payload: []byte("before")}); err != nil {
 		t.Fatal(err)
 	}
@@ -71,11 +41,6 @@ func TestRelayReportsStalledDatabaseAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The renewal is bounded by half the lease: a warning, not a hang.
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("relay log:\n%s", logs.String())
-		}
-	})
 	waitFor(t, ctx, func() bool {
 		return strings.Contains(logs.String(), "could not renew its leases") &&
 			strings.Contains(logs.String(), "deadline exceeded")
@@ -202,51 +167,16 @@ func firstPauses(t *testing.T, log string) map[string]time.Duration {
 // nothing, its next failure pauses it for the shortest pause, not for
 // twice the longest pause the outage had reached.
 func TestRelayPauseStartsOverAfterAnOutage(t *testing.T) {
-	direct, prefix := testdb.Migrated(t)
-	proxied, proxy := testdb.Proxied(t, testdb.PostgresURL())
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, proxied)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	logs := &pubtest.Logs{}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("relay log:\n%s", logs.String())
-		}
-	})
 	// A lease long enough to outlast the outage: the lanes keep their
 	// partitions and read through it.
-	broker := postboxtest.NewBroker(nil)
-	relay, err := postbox.NewClient(postboxpgx.New(pool), &postbox.Config{
-		Prefix: prefix, Publisher: broker, LeaseDuration: 30 * time.Second,
-		PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(logs, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := relay.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer scancel()
-		if err := relay.Stop(sctx); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	}()
+	ctx, pr := startProxiedRelay(t, postbox.Config{LeaseDuration: 30 * time.Second})
+	relay, writer, proxy, logs := pr.relay, pr.writer, pr.proxy, pr.logs
 
 	// The lanes hold their partitions and read: a message goes through.
-	writer, err := postbox.NewClient(postboxpgx.New(direct), &postbox.Config{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := writer.Write(ctx, postbox.Message{Topic: "orders.paid", Key: "k", Payload: []byte("before")}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, func() bool { return len(payloadsOf(broker, "k")) == 1 })
+	waitFor(t, ctx, func() bool { return len(payloadsOf(pr.broker, "k")) == 1 })
 
 	// The outage: the database refuses every connection until a lane's
 	// pause has grown past a fifth of a second.
@@ -274,4 +204,58 @@ func TestRelayPauseStartsOverAfterAnOutage(t *testing.T) {
 			t.Errorf("lane %s paused %v after one failure, want at most the shortest pause (50ms)", lane, d)
 		}
 	}
+}
+
+// proxiedRelay is a relay that reaches PostgreSQL through a proxy the test
+// controls, publishing to a test broker and logging to logs, beside a
+// writer that reaches the database directly.
+type proxiedRelay struct {
+	relay, writer *postbox.Client[pgx.Tx]
+	proxy         *tcpproxy.Proxy
+	broker        *postboxtest.Broker
+	logs          *pubtest.Logs
+}
+
+// startProxiedRelay starts a proxiedRelay on freshly migrated tables, with
+// cfg's settings (PollInterval 20ms unless set); it is stopped, and its log
+// shown on failure, when t ends. The context returned ends after a minute.
+func startProxiedRelay(t *testing.T, cfg postbox.Config) (context.Context, *proxiedRelay) {
+	t.Helper()
+	direct, prefix := testdb.Migrated(t)
+	proxied, proxy := testdb.Proxied(t, testdb.PostgresURL())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	pool, err := pgxpool.New(ctx, proxied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	pr := &proxiedRelay{proxy: proxy, broker: postboxtest.NewBroker(nil), logs: &pubtest.Logs{}}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("relay log:\n%s", pr.logs.String())
+		}
+	})
+	cfg.Prefix, cfg.Publisher, cfg.Logger = prefix, pr.broker, slog.New(slog.NewTextHandler(pr.logs, nil))
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 20 * time.Millisecond
+	}
+	if pr.relay, err = postbox.NewClient(postboxpgx.New(pool), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	// The writes go straight to PostgreSQL, past the proxy.
+	if pr.writer, err = postbox.NewClient(postboxpgx.New(direct), &postbox.Config{Prefix: prefix}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pr.relay.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer scancel()
+		if err := pr.relay.Stop(sctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	return ctx, pr
 }
