@@ -203,7 +203,9 @@
 // SubscriberConfig.Stream set, the Subscriber sees the gap in the
 // consumer's delivery numbers (Sequence.Consumer), reads the lost
 // messages' keys from the stream, and holds those keys, as behind a
-// retried message, until the messages come back; other keys go on.
+// retried message, until the messages come back; other keys go on. While
+// the stream cannot be read (its leader cut off), every key waits, until
+// it can be or a retried message's whole wait has passed.
 // Without Stream a gap is logged and its keys' order may break, so set it
 // wherever the server is a cluster.
 //

@@ -69,6 +69,11 @@ type keyOrder struct {
 	keys *keyorder.Order[*entry] // by stream sequence
 
 	asking atomic.Bool // the server is being asked about overdue markers
+
+	// gaps are lost deliveries whose keys are still to be read from the
+	// stream (lost.go): while there are any, no key starts a message.
+	gaps    []*gap
+	reading atomic.Bool // the sweep reads the gaps again
 }
 
 // newKeyOrder: ackMin and ackMax are the shortest and longest time the
@@ -165,9 +170,10 @@ func (k *keyOrder) toMarker(e *entry, now time.Time, delay time.Duration) {
 
 // next starts key's head and returns it, when nothing of the key runs
 // and its head is a held message; k.mu is held. Once ctx has ended
-// nothing new starts: held messages are abandoned to AckWait.
+// nothing new starts: held messages are abandoned to AckWait; nor while a
+// gap of lost deliveries is still to be read (lost.go).
 func (k *keyOrder) next(key string) *entry {
-	if k.r.ctx.Err() != nil {
+	if k.r.ctx.Err() != nil || len(k.gaps) > 0 {
 		return nil
 	}
 	e, _ := k.keys.Next(key)
@@ -248,6 +254,17 @@ func (k *keyOrder) sweep(now time.Time, saturated bool) {
 		k.mu.Lock()
 		overdue = k.keys.Overdue(now)
 		k.mu.Unlock()
+	}
+	k.mu.Lock()
+	gaps := len(k.gaps) > 0
+	k.mu.Unlock()
+	if gaps && k.reading.CompareAndSwap(false, true) {
+		k.r.wg.Add(1)
+		go func() {
+			defer k.r.wg.Done()
+			defer k.reading.Store(false)
+			k.readGaps(now)
+		}()
 	}
 	if len(overdue) > 0 && k.asking.CompareAndSwap(false, true) {
 		// Asked on a goroutine of its own, so that a slow answer holds no

@@ -8,17 +8,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/keyorder"
 )
 
-// floorConsumer answers Info with an ack floor and MaxDeliver, or err.
+// floorConsumer answers Info with an ack floor, the last delivery and
+// MaxDeliver, or err.
 type floorConsumer struct {
 	jetstream.Consumer
-	floor      uint64
-	maxDeliver int
-	err        error
+	floor, delivered uint64
+	maxDeliver       int
+	err              error
 }
 
 func (c *floorConsumer) Info(context.Context) (*jetstream.ConsumerInfo, error) {
@@ -26,8 +29,9 @@ func (c *floorConsumer) Info(context.Context) (*jetstream.ConsumerInfo, error) {
 		return nil, c.err
 	}
 	return &jetstream.ConsumerInfo{
-		Config:   jetstream.ConsumerConfig{MaxDeliver: c.maxDeliver},
-		AckFloor: jetstream.SequenceInfo{Stream: c.floor},
+		Config:    jetstream.ConsumerConfig{MaxDeliver: c.maxDeliver},
+		AckFloor:  jetstream.SequenceInfo{Stream: c.floor},
+		Delivered: jetstream.SequenceInfo{Stream: c.delivered},
 	}, nil
 }
 
@@ -75,4 +79,96 @@ func TestOverdueMarkerLookedUp(t *testing.T) {
 			}
 		})
 	}
+}
+
+// keyedStream serves GetMsg: every message on subject "t" with the key
+// keys gives its sequence, or err.
+type keyedStream struct {
+	jetstream.Stream
+	keys map[uint64]string
+	err  error
+}
+
+func (s *keyedStream) GetMsg(_ context.Context, seq uint64, _ ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	key, ok := s.keys[seq]
+	if !ok {
+		return nil, jetstream.ErrMsgNotFound
+	}
+	return &jetstream.RawStreamMsg{Subject: "t", Sequence: seq, Header: nats.Header{postbox.HeaderPartitionKey: []string{key}}}, nil
+}
+
+// TestLostGapUnreadHoldsEveryKey: when lost deliveries' keys cannot be read
+// from the stream (or their range's end from the consumer), no key starts
+// a message until a later read finds them, or until a retried message's
+// whole wait has passed.
+func TestLostGapUnreadHoldsEveryKey(t *testing.T) {
+	ctx := context.Background()
+	down := errors.New("no responders")
+	setup := func(cons *floorConsumer, st *keyedStream) *keyOrder {
+		s := &Subscriber{cons: cons, cfg: &SubscriberConfig{Stream: st}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), name: "s > c"}
+		r := &run{s: s, ctx: ctx}
+		k := newKeyOrder(r, 8, time.Second, time.Second)
+		r.keys = k
+		// A later message of another key, arrived after the gap.
+		k.keys.Add("b", keyorder.Pos{Hi: 10}, &entry{})
+		return k
+	}
+	starts := func(k *keyOrder, key string) bool {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if e := k.next(key); e != nil {
+			k.keys.Remove(e)
+			k.keys.Add(key, e.Pos(), e) // held again, for the next look
+			return true
+		}
+		return false
+	}
+
+	t.Run("read later", func(t *testing.T) {
+		st := &keyedStream{keys: map[uint64]string{5: "a"}, err: down}
+		k := setup(&floorConsumer{}, st)
+		if end := k.lost(ctx, 1, 4, 6); end != 6 {
+			t.Fatalf("end %d, want 6", end)
+		}
+		if starts(k, "b") {
+			t.Fatal("a key started while the lost deliveries' keys were unknown")
+		}
+		st.err = nil
+		k.readGaps(time.Now())
+		if len(k.gaps) != 0 {
+			t.Fatalf("%d gaps left after a read that worked", len(k.gaps))
+		}
+		if first, ok := k.keys.First("a"); !ok || first.State() != keyorder.Marker || first.Pos().Hi != 5 {
+			t.Fatalf("key a: %v %v, want a marker for the lost message 5", first, ok)
+		}
+		if !starts(k, "b") {
+			t.Fatal("the other key still waits once the gap was read")
+		}
+	})
+	t.Run("end asked later", func(t *testing.T) {
+		cons := &floorConsumer{err: down, delivered: 5}
+		k := setup(cons, &keyedStream{keys: map[uint64]string{5: "a"}})
+		if end := k.lost(ctx, 1, 4, 0); end != 0 {
+			t.Fatalf("end %d with the consumer unreadable, want 0", end)
+		}
+		if starts(k, "b") {
+			t.Fatal("a key started while the gap's end was unknown")
+		}
+		cons.err = nil
+		k.readGaps(time.Now())
+		if first, ok := k.keys.First("a"); !ok || first.State() != keyorder.Marker || !starts(k, "b") {
+			t.Fatalf("after the consumer was read: key a %v %v; the other key must start", first, ok)
+		}
+	})
+	t.Run("given up", func(t *testing.T) {
+		k := setup(&floorConsumer{}, &keyedStream{err: down})
+		k.lost(ctx, 1, 4, 6)
+		k.readGaps(time.Now().Add(k.giveUp + time.Second))
+		if len(k.gaps) != 0 || !starts(k, "b") {
+			t.Fatalf("%d gaps left after a whole wait; the keys must go on", len(k.gaps))
+		}
+	})
 }
