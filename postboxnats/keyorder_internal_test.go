@@ -127,42 +127,43 @@ func TestLostGapUnreadHoldsEveryKey(t *testing.T) {
 		return false
 	}
 
-	t.Run("read later", func(t *testing.T) {
-		st := &keyedStream{keys: map[uint64]string{5: "a"}, err: down}
-		k := setup(&floorConsumer{}, st)
-		if end := k.lost(ctx, 1, 4, 6); end != 6 {
-			t.Fatalf("end %d, want 6", end)
-		}
-		if starts(k, "b") {
-			t.Fatal("a key started while the lost deliveries' keys were unknown")
-		}
-		st.err = nil
-		k.readGaps(time.Now())
-		if len(k.gaps) != 0 {
-			t.Fatalf("%d gaps left after a read that worked", len(k.gaps))
-		}
-		if first, ok := k.keys.First("a"); !ok || first.State() != keyorder.Marker || first.Pos().Hi != 5 {
-			t.Fatalf("key a: %v %v, want a marker for the lost message 5", first, ok)
-		}
-		if !starts(k, "b") {
-			t.Fatal("the other key still waits once the gap was read")
-		}
-	})
-	t.Run("end asked later", func(t *testing.T) {
-		cons := &floorConsumer{err: down, delivered: 5}
-		k := setup(cons, &keyedStream{keys: map[uint64]string{5: "a"}})
-		if end := k.lost(ctx, 1, 4, 0); end != 0 {
-			t.Fatalf("end %d with the consumer unreadable, want 0", end)
-		}
-		if starts(k, "b") {
-			t.Fatal("a key started while the gap's end was unknown")
-		}
-		cons.err = nil
-		k.readGaps(time.Now())
-		if first, ok := k.keys.First("a"); !ok || first.State() != keyorder.Marker || !starts(k, "b") {
-			t.Fatalf("after the consumer was read: key a %v %v; the other key must start", first, ok)
-		}
-	})
+	// The stream, or the consumer for the range's end, cannot answer at
+	// first; once it can, key a waits for its lost message 5 and key b
+	// starts.
+	for _, tc := range []struct {
+		name     string
+		end      uint64 // lost's end: 0 asks the consumer
+		wantEnd  uint64
+		cons     *floorConsumer
+		st       *keyedStream
+		answered func(*floorConsumer, *keyedStream)
+	}{
+		{"stream read later", 6, 6, &floorConsumer{}, &keyedStream{keys: map[uint64]string{5: "a"}, err: down},
+			func(_ *floorConsumer, st *keyedStream) { st.err = nil }},
+		{"end asked later", 0, 0, &floorConsumer{err: down, delivered: 5}, &keyedStream{keys: map[uint64]string{5: "a"}},
+			func(c *floorConsumer, _ *keyedStream) { c.err = nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := setup(tc.cons, tc.st)
+			if end := k.lost(ctx, 1, 4, tc.end); end != tc.wantEnd {
+				t.Fatalf("end %d, want %d", end, tc.wantEnd)
+			}
+			if starts(k, "b") {
+				t.Fatal("a key started while the lost deliveries' keys were unknown")
+			}
+			tc.answered(tc.cons, tc.st)
+			k.readGaps(time.Now())
+			if len(k.gaps) != 0 {
+				t.Fatalf("%d gaps left after a read that worked", len(k.gaps))
+			}
+			if first, ok := k.keys.First("a"); !ok || first.State() != keyorder.Marker || first.Pos().Hi != 5 {
+				t.Fatalf("key a: %v %v, want a marker for the lost message 5", first, ok)
+			}
+			if !starts(k, "b") {
+				t.Fatal("the other key still waits once the gap was read")
+			}
+		})
+	}
 	t.Run("given up", func(t *testing.T) {
 		k := setup(&floorConsumer{}, &keyedStream{err: down})
 		k.lost(ctx, 1, 4, 6)
