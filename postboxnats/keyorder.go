@@ -250,12 +250,10 @@ func (k *keyOrder) sweep(now time.Time, saturated bool) {
 	// The markers are not given up while the puller is short of tokens:
 	// then a redelivery may simply not have been fetched yet.
 	var overdue, starts []*entry
-	if !saturated {
-		k.mu.Lock()
-		overdue = k.keys.Overdue(now)
-		k.mu.Unlock()
-	}
 	k.mu.Lock()
+	if !saturated {
+		overdue = k.keys.Overdue(now)
+	}
 	gaps := len(k.gaps) > 0
 	k.mu.Unlock()
 	if gaps && k.reading.CompareAndSwap(false, true) {
