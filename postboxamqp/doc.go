@@ -122,8 +122,13 @@
 // # Connections
 //
 // A Publisher owns one connection with one confirm-mode channel; a
-// Subscriber owns one per Run. Both dial through a Dialer (URL makes one)
-// and dial again after a loss. For the Publisher the reconnect is
+// Subscriber owns one per Run. Both dial through a Dialer (URL makes one;
+// DialConfig takes amqp.Config options such as TLS) and dial again after
+// a loss. The connections these dial batch their writes: amqp091 writes
+// each publish to the socket with a system call of its own, and what is
+// written while the socket is busy goes out together in the next one, so
+// a busy relay pays one call for many publishes, and so does the broker
+// reading them. A Dialer of your own keeps amqp091's one call each. For the Publisher the reconnect is
 // single-flight and driven by publishing: the first Publish that finds no
 // connection dials, the others wait for that dial within their context,
 // and while the backoff after a failed dial runs (ReconnectBackoff,

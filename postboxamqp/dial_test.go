@@ -1,0 +1,92 @@
+package postboxamqp_test
+
+import (
+	"context"
+	"net"
+	"net/url"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/postbox-go/postbox/postboxamqp"
+)
+
+// TestDialConfig: DialConfig opens its sockets through the config's Dial,
+// leaves the caller's properties as they were, and its connections carry
+// publishes; a handshake that fails leaves nothing behind (TestMain checks
+// for goroutines left over).
+func TestDialConfig(t *testing.T) {
+	u := brokerURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName("postbox-dialconfig-test")
+	var dials atomic.Int32
+	dial := postboxamqp.DialConfig(u, amqp.Config{Properties: props, Dial: func(network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return net.DialTimeout(network, addr, 5*time.Second)
+	}})
+	q := uniqueName()
+	for i := range 2 {
+		conn, err := dial(ctx)
+		if err != nil {
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclare(q, false, true, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+		var confirms []*amqp.DeferredConfirmation
+		for j := range 100 {
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, false, false, amqp.Publishing{Body: []byte{byte(j)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			confirms = append(confirms, dc)
+		}
+		for _, dc := range confirms {
+			if ok, err := dc.WaitContext(ctx); !ok || err != nil {
+				t.Fatalf("publish %d not confirmed: %v", dc.DeliveryTag, err)
+			}
+		}
+		got, err := ch.QueueDeclarePassive(q, false, true, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := 100 * (i + 1); got.Messages != want {
+			t.Fatalf("the queue holds %d messages, want %d", got.Messages, want)
+		}
+		if i == 1 {
+			if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := conn.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := dials.Load(); n != 2 {
+		t.Fatalf("the config's Dial opened %d sockets, want 2", n)
+	}
+	if _, ok := props["capabilities"]; ok {
+		t.Fatal("DialConfig let amqp091 write into the caller's properties")
+	}
+
+	bad, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad.User = url.UserPassword("postbox-no-such-user", "wrong")
+	if conn, err := postboxamqp.DialConfig(bad.String(), amqp.Config{})(ctx); err == nil {
+		_ = conn.Close()
+		t.Fatal("a dial with wrong credentials succeeded")
+	}
+}
