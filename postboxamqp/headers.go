@@ -37,13 +37,28 @@ var reservedHeaders = map[string]bool{
 	"x-last-death-exchange": true, "x-last-death-queue": true, "x-last-death-reason": true,
 }
 
-// wireName maps an envelope header to its AMQP header name: ce-X becomes
-// cloudEvents:X, everything else keeps its name.
-func wireName(name string) string {
-	if rest, ok := strings.CutPrefix(name, ceHeaderPrefix); ok {
-		return ceAMQPPrefix + rest
+// ceWireNames holds the AMQP names of the CloudEvents attributes the
+// relay sets on every message, made once rather than for each.
+var ceWireNames = func() map[string]string {
+	m := map[string]string{}
+	for _, name := range []string{postbox.HeaderSpecVersion, postbox.HeaderID, postbox.HeaderType, postbox.HeaderSource,
+		postbox.HeaderSubject, postbox.HeaderTime, postbox.HeaderPartitionKey} {
+		m[name] = ceAMQPPrefix + strings.TrimPrefix(name, ceHeaderPrefix)
 	}
-	return name
+	return m
+}()
+
+// wireName maps an envelope header to its AMQP header name: ce-X becomes
+// cloudEvents:X, everything else keeps its name. ce reports the former:
+// no such name is one RabbitMQ reserves.
+func wireName(name string) (wire string, ce bool) {
+	if w, ok := ceWireNames[name]; ok {
+		return w, true
+	}
+	if rest, ok := strings.CutPrefix(name, ceHeaderPrefix); ok {
+		return ceAMQPPrefix + rest, true
+	}
+	return name, false
 }
 
 // routingKey maps a topic to its routing key, checked.
@@ -94,11 +109,11 @@ func (p *Publisher) publishing(env *postbox.Envelope) (amqp.Publishing, int, err
 			size += 1 + len(v)
 			continue
 		}
-		name := wireName(k)
+		name, ce := wireName(k)
 		switch {
 		case name == "" || len(name) > maxShortString || !printable.Line(name):
 			return m, 0, fmt.Errorf("%w %q: names are 1 to %d bytes of printable text", ErrInvalidHeader, configcheck.Shorten(k), maxShortString)
-		case reservedHeaders[strings.ToLower(name)]:
+		case !ce && reservedHeaders[strings.ToLower(name)]:
 			return m, 0, fmt.Errorf("%w %q: it steers RabbitMQ and only the broker sets it", ErrInvalidHeader, configcheck.Shorten(k))
 		case !utf8.ValidString(v):
 			return m, 0, fmt.Errorf("%w %q: value is not UTF-8", ErrInvalidHeader, configcheck.Shorten(k))
