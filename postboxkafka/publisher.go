@@ -141,7 +141,7 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 	// is not yet sent, its stay in the buffer. Once sent, an idempotent
 	// producer waits for its outcome whatever the context says; the watch
 	// reports the end of the wait to the relay meanwhile.
-	rctx := f.Watch(ctx, p.cfg.PublishTimeout, func(ctxErr error) error {
+	rctx := f.WatchContext(ctx, p.cfg.PublishTimeout, func(ctxErr error) error {
 		if ctxErr != nil {
 			return fmt.Errorf("postboxkafka: publish %s: %w", f.id, ctxErr)
 		}

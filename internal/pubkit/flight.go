@@ -13,8 +13,9 @@ import (
 type Flight struct {
 	done   func(error)
 	called atomic.Bool
-	stop   func() bool        // unregisters the context watch; nil before Watch
-	cancel context.CancelFunc // ends Watch's context; nil before Watch
+	stop   func() bool        // unregisters the context watch; nil before a watch
+	timer  *time.Timer        // Watch's timeout; nil without one
+	cancel context.CancelFunc // ends WatchContext's context; nil without one
 
 	window *Window
 	weight int
@@ -36,29 +37,47 @@ func (f *Flight) Hold(w *Window, weight int) {
 
 // Watch finishes the flight when ctx ends, or when timeout (if positive)
 // passes first, with why(ctx.Err()); ctx.Err() is nil when the timeout
-// passed. A nil why reports ctx.Err() as it is. It returns the context
-// that ends with either, for a client call that takes one. Watch is
-// called before the flight is shared.
-func (f *Flight) Watch(ctx context.Context, timeout time.Duration, why func(ctxErr error) error) context.Context {
-	wctx := ctx
+// passed. A nil why, for a watch without a timeout, reports ctx.Err() as
+// it is. Watch is called before
+// the flight is shared. It costs a context watch and a timer, not a
+// context of its own: WatchContext is for a client call that takes one.
+func (f *Flight) Watch(ctx context.Context, timeout time.Duration, why func(ctxErr error) error) {
+	fire := func() { f.Finish(whyNot(ctx, why)) }
+	f.stop = context.AfterFunc(ctx, fire)
 	if timeout > 0 {
-		wctx, f.cancel = context.WithTimeout(ctx, timeout)
+		f.timer = time.AfterFunc(timeout, fire)
 	}
-	f.stop = context.AfterFunc(wctx, func() {
-		if why == nil {
-			f.Finish(ctx.Err())
-			return
-		}
-		f.Finish(why(ctx.Err()))
-	})
+}
+
+// WatchContext is Watch that also returns a context ending with either,
+// for a client call that takes one.
+func (f *Flight) WatchContext(ctx context.Context, timeout time.Duration, why func(ctxErr error) error) context.Context {
+	if timeout <= 0 {
+		f.Watch(ctx, 0, why)
+		return ctx
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	f.cancel = cancel
+	f.stop = context.AfterFunc(wctx, func() { f.Finish(whyNot(ctx, why)) })
 	return wctx
 }
 
-// Stop unregisters the context watch and frees its timer: the outcome is
-// known.
+// whyNot is the outcome of a watch of ctx that fired: why(ctx.Err()), or
+// ctx.Err() itself without a why.
+func whyNot(ctx context.Context, why func(ctxErr error) error) error {
+	if why == nil {
+		return ctx.Err()
+	}
+	return why(ctx.Err())
+}
+
+// Stop unregisters the watch and frees its timer: the outcome is known.
 func (f *Flight) Stop() {
 	if f.stop != nil {
 		f.stop()
+	}
+	if f.timer != nil {
+		f.timer.Stop()
 	}
 	if f.cancel != nil {
 		f.cancel()

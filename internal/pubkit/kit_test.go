@@ -167,24 +167,73 @@ func TestFlightContextEndKeepsSlot(t *testing.T) {
 }
 
 // TestFlightTimeout: a watch with a timeout reports why's error, with a
-// nil context error, and ends the context it returns.
+// nil context error; WatchContext also ends the context it returns. The
+// end of the context, before the timeout, reports the context's error.
 func TestFlightTimeout(t *testing.T) {
-	got := make(chan error, 1)
-	f := &Flight{}
-	f.Start(func(err error) { got <- err })
-	wctx := f.Watch(context.Background(), time.Millisecond, func(ctxErr error) error {
+	why := func(ctxErr error) error {
 		if ctxErr != nil {
 			return ctxErr
 		}
 		return errors.New("timed out")
-	})
-	if err := <-got; err == nil || err.Error() != "timed out" {
-		t.Fatalf("got %v, want the timeout's error", err)
 	}
-	<-wctx.Done()
-	f.Stop()
-	if !f.Finished() {
-		t.Fatal("Finished = false after done ran")
+	watch := map[string]func(*Flight, context.Context, time.Duration) context.Context{
+		"Watch": func(f *Flight, ctx context.Context, d time.Duration) context.Context {
+			f.Watch(ctx, d, why)
+			return nil
+		},
+		"WatchContext": func(f *Flight, ctx context.Context, d time.Duration) context.Context {
+			return f.WatchContext(ctx, d, why)
+		},
+	}
+	for name, watch := range watch {
+		t.Run(name, func(t *testing.T) {
+			got := make(chan error, 1)
+			f := &Flight{}
+			f.Start(func(err error) { got <- err })
+			wctx := watch(f, context.Background(), time.Millisecond)
+			if err := <-got; err == nil || err.Error() != "timed out" {
+				t.Fatalf("got %v, want the timeout's error", err)
+			}
+			if wctx != nil {
+				<-wctx.Done()
+			}
+			f.Stop()
+			if !f.Finished() {
+				t.Fatal("Finished = false after done ran")
+			}
+
+			ctx, cancel := context.WithCancel(context.Background())
+			f = &Flight{}
+			f.Start(func(err error) { got <- err })
+			watch(f, ctx, time.Hour)
+			cancel()
+			if err := <-got; !errors.Is(err, context.Canceled) {
+				t.Fatalf("got %v, want context.Canceled", err)
+			}
+			f.Stop()
+		})
+	}
+}
+
+var errTimeout = errors.New("timed out")
+
+// TestFlightTimeoutRace races the timeout with the broker's answer, many
+// times: done runs exactly once, whichever wins.
+func TestFlightTimeoutRace(t *testing.T) {
+	const rounds = 500
+	for i := range rounds {
+		var calls atomic.Int32
+		got := make(chan error, 2)
+		f := &Flight{}
+		f.Start(func(err error) { calls.Add(1); got <- err })
+		f.Watch(context.Background(), time.Duration(i%50)*time.Microsecond+time.Nanosecond, func(error) error { return errTimeout })
+		f.Settle(nil)
+		<-got
+		// A timer that fired before Stop may still be running its
+		// Finish: it finds done called and does nothing.
+		if n := calls.Load(); n != 1 {
+			t.Fatalf("round %d: done called %d times", i, n)
+		}
 	}
 }
 
@@ -340,4 +389,32 @@ func TestStart(t *testing.T) {
 	if n := k.Window().Pending(); n != 0 {
 		t.Fatalf("Pending = %d after the settle, want 0", n)
 	}
+}
+
+// BenchmarkFlightWatch is a flight's watch of its publish's context and
+// timeout, then its settle: what every publish pays.
+//
+//	go test -run '^$' -bench FlightWatch -benchmem ./internal/pubkit/
+func BenchmarkFlightWatch(b *testing.B) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	why := func(error) error { return errTimeout }
+	b.Run("Watch", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			f := &Flight{}
+			f.Start(func(error) {})
+			f.Watch(ctx, time.Minute, why)
+			f.Settle(nil)
+		}
+	})
+	b.Run("WatchContext", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			f := &Flight{}
+			f.Start(func(error) {})
+			f.WatchContext(ctx, time.Minute, why)
+			f.Settle(nil)
+		}
+	})
 }
