@@ -399,22 +399,18 @@ func BenchmarkFlightWatch(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	why := func(error) error { return errTimeout }
-	b.Run("Watch", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			f := &Flight{}
-			f.Start(func(error) {})
-			f.Watch(ctx, time.Minute, why)
-			f.Settle(nil)
-		}
-	})
-	b.Run("WatchContext", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			f := &Flight{}
-			f.Start(func(error) {})
-			f.WatchContext(ctx, time.Minute, why)
-			f.Settle(nil)
-		}
-	})
+	for name, watch := range map[string]func(*Flight){
+		"Watch":        func(f *Flight) { f.Watch(ctx, time.Minute, why) },
+		"WatchContext": func(f *Flight) { f.WatchContext(ctx, time.Minute, why) },
+	} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				f := &Flight{}
+				f.Start(func(error) {})
+				watch(f)
+				f.Settle(nil)
+			}
+		})
+	}
 }
