@@ -38,9 +38,9 @@ func (f *Flight) Hold(w *Window, weight int) {
 // Watch finishes the flight when ctx ends, or when timeout (if positive)
 // passes first, with why(ctx.Err()); ctx.Err() is nil when the timeout
 // passed. A nil why, for a watch without a timeout, reports ctx.Err() as
-// it is. Watch is called before
-// the flight is shared. It costs a context watch and a timer, not a
-// context of its own: WatchContext is for a client call that takes one.
+// it is. Watch is called before the flight is shared. It costs a context
+// watch and a timer, not a context of its own: WatchContext is for a
+// client call that takes one.
 func (f *Flight) Watch(ctx context.Context, timeout time.Duration, why func(ctxErr error) error) {
 	fire := func() { f.Finish(whyNot(ctx, why)) }
 	f.stop = context.AfterFunc(ctx, fire)
