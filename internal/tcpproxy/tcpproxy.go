@@ -24,16 +24,23 @@ type Proxy struct {
 	inspect func() Inspector
 	closed  bool
 	accepts int
-	wg      sync.WaitGroup
+	resets  int // Resets so far: a connection dialing across one is cut too
+
+	dialed func() // a test's hook, run once the target is dialed
+	wg     sync.WaitGroup
 }
 
 // New starts a proxy to target on a free loopback port.
-func New(target string) (*Proxy, error) {
+func New(target string) (*Proxy, error) { return start(target, nil) }
+
+// start is New with a hook run each time the target is dialed, before the
+// connection is registered.
+func start(target string, dialed func()) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, dialed: dialed}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -51,13 +58,16 @@ func (p *Proxy) accept() {
 		}
 		p.mu.Lock()
 		p.accepts++
-		refuse := p.refuse
+		refuse, resets := p.refuse, p.resets
 		p.mu.Unlock()
 		if refuse {
 			_ = c.Close()
 			continue
 		}
 		u, err := net.DialTimeout("tcp", p.target, 2*time.Second)
+		if p.dialed != nil {
+			p.dialed()
+		}
 		if err != nil {
 			_ = c.Close()
 			continue
@@ -70,6 +80,15 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.conns[c], p.conns[u] = struct{}{}, struct{}{}
+		if p.refuse || p.resets != resets {
+			// Refused or reset while this one was dialing the target:
+			// accepted before, it is cut as the others were, rather than
+			// outliving the outage the test made.
+			p.rst(c)
+			p.rst(u)
+			p.mu.Unlock()
+			continue
+		}
 		var look Inspector
 		if p.inspect != nil {
 			look = p.inspect()
@@ -143,7 +162,8 @@ func (p *Proxy) Blackhole() (lift func()) {
 }
 
 // Refuse makes the proxy close new connections at once, as a server that
-// is down would, or accept them again.
+// is down would, or accept them again. A connection still being set up
+// when refusal begins is closed too.
 func (p *Proxy) Refuse(on bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -198,6 +218,7 @@ func (p *Proxy) rst(c net.Conn) {
 func (p *Proxy) Reset() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.resets++
 	n := 0
 	for c := range p.conns {
 		p.rst(c)
