@@ -128,17 +128,18 @@
 // each publish to the socket with a system call of its own, and what is
 // written while the socket is busy goes out together in the next one, so
 // a busy relay pays one call for many publishes, and so does the broker
-// reading them. A Dialer of your own keeps amqp091's one call each. For the Publisher the reconnect is
-// single-flight and driven by publishing: the first Publish that finds no
-// connection dials, the others wait for that dial within their context,
-// and while the backoff after a failed dial runs (ReconnectBackoff,
-// doubling to ReconnectBackoffMax) they fail at once with
-// ErrNotConnected, which makes the relay pause rather than spin. A lost
-// connection fails every publish awaiting its confirm, each exactly once,
-// as infrastructure: none spends an attempt, and the relay sends them
-// again with the same message-id. The Subscriber waits for the
-// deliveries being processed, dials again with backoff, and resumes; the
-// broker redelivers what was not acknowledged.
+// reading them. A Dialer of your own keeps amqp091's one call each.
+//
+// For the Publisher the reconnect is single-flight and driven by
+// publishing: the first Publish that finds no connection dials, the others
+// wait for that dial within their context, and while the backoff after a
+// failed dial runs (ReconnectBackoff, doubling to ReconnectBackoffMax)
+// they fail at once with ErrNotConnected, which makes the relay pause
+// rather than spin. A lost connection fails every publish awaiting its
+// confirm, each exactly once, as infrastructure: none spends an attempt,
+// and the relay sends them again with the same message-id. The Subscriber
+// waits for the deliveries being processed, dials again with backoff, and
+// resumes; the broker redelivers what was not acknowledged.
 //
 // # Subscribers: redelivery and order
 //

@@ -37,8 +37,9 @@ var reservedHeaders = map[string]bool{
 	"x-last-death-exchange": true, "x-last-death-queue": true, "x-last-death-reason": true,
 }
 
-// ceWireNames holds the AMQP names of the CloudEvents attributes the
-// relay sets on every message, made once rather than for each.
+// ceWireNames holds the AMQP names of the CloudEvents attributes postbox
+// itself sets (the relay on every message, a writer when given a
+// subject), made once rather than for each message.
 var ceWireNames = func() map[string]string {
 	m := map[string]string{}
 	for _, name := range []string{postbox.HeaderSpecVersion, postbox.HeaderID, postbox.HeaderType, postbox.HeaderSource,

@@ -1,6 +1,7 @@
 package postboxamqp
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ func BenchmarkPublishing(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	defer func() { _ = p.Close(context.Background()) }()
 	id := "01943b6e-7c1a-7d2e-9f3a-0123456789ab"
 	env := &postbox.Envelope{
 		ID: id, Topic: "orders.created", Key: "order-42", Payload: []byte(`{"order":42,"total":"99.90","currency":"EUR"}`),

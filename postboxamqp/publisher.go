@@ -92,7 +92,8 @@ func (p *Publisher) Unroutable() int64 { return p.unroutable.Load() }
 func (p *Publisher) Pending() int { return p.kit.Window().Pending() }
 
 // Publish sends env to the exchange with the routing key of its topic and
-// returns once the message is written to the connection. done is called
+// returns once the message is handed to the connection (written, or queued
+// for the socket, see Connections in the package doc). done is called
 // exactly once:
 //
 //   - nil when the broker confirmed the message (basic.ack) and did not
