@@ -2,6 +2,7 @@ package postboxamqp_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/url"
 	"sync/atomic"
@@ -15,8 +16,8 @@ import (
 
 // TestDialConfig: DialConfig opens its sockets through the config's Dial,
 // leaves the caller's properties as they were, and its connections carry
-// publishes; a handshake that fails leaves nothing behind (TestMain checks
-// for goroutines left over).
+// publishes; the socket of a handshake that fails is closed by the time
+// the dial returns, and a refused login fails the dial.
 func TestDialConfig(t *testing.T) {
 	u := brokerURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -80,6 +81,28 @@ func TestDialConfig(t *testing.T) {
 		t.Fatal("DialConfig let amqp091 write into the caller's properties")
 	}
 
+	// A handshake that fails on the client's side (no SASL mechanism the
+	// broker offers): amqp091 returns and leaves the socket open, the
+	// broker waiting for an answer; DialConfig closes it before it returns.
+	var sock *closeCounting
+	_, err := postboxamqp.DialConfig(u, amqp.Config{
+		SASL: []amqp.Authentication{noSuchMechanism{}},
+		Dial: func(network, addr string) (net.Conn, error) {
+			c, err := net.DialTimeout(network, addr, 5*time.Second)
+			if err != nil {
+				return nil, err
+			}
+			sock = &closeCounting{Conn: c}
+			return sock, nil
+		},
+	})(ctx)
+	if !errors.Is(err, amqp.ErrSASL) {
+		t.Fatalf("dial with no common SASL mechanism: %v, want amqp.ErrSASL", err)
+	}
+	if sock == nil || sock.closes.Load() == 0 {
+		t.Fatal("the socket of the failed handshake was left open")
+	}
+
 	bad, err := url.Parse(u)
 	if err != nil {
 		t.Fatal(err)
@@ -89,4 +112,20 @@ func TestDialConfig(t *testing.T) {
 		_ = conn.Close()
 		t.Fatal("a dial with wrong credentials succeeded")
 	}
+}
+
+type noSuchMechanism struct{}
+
+func (noSuchMechanism) Mechanism() string { return "POSTBOX-NO-SUCH-MECHANISM" }
+func (noSuchMechanism) Response() string  { return "" }
+
+// closeCounting counts the Close calls on a socket.
+type closeCounting struct {
+	net.Conn
+	closes atomic.Int32
+}
+
+func (c *closeCounting) Close() error {
+	c.closes.Add(1)
+	return c.Conn.Close()
 }
