@@ -103,6 +103,44 @@ func TestRefuse(t *testing.T) {
 	}
 }
 
+// A connection accepted before Refuse or Reset but still dialing the
+// target when they ran is cut too, rather than outliving the outage they
+// made (a relay once read through such a connection all through one).
+func TestCutWhileDialing(t *testing.T) {
+	target := echo(t)
+	for name, fault := range map[string]func(*tcpproxy.Proxy){
+		"Reset":  func(p *tcpproxy.Proxy) { p.Reset() },
+		"Refuse": func(p *tcpproxy.Proxy) { p.Refuse(true) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			dialing, proceed := make(chan struct{}), make(chan struct{})
+			first := true // read and written by the accept loop alone
+			p, err := tcpproxy.StartDialed(target, func() {
+				if first {
+					first = false
+					close(dialing)
+					<-proceed
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			c, err := net.Dial("tcp", p.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			<-dialing // the proxy accepted c and dialed the target
+			fault(p)
+			close(proceed)
+			if err := roundTrip(t, c, 5*time.Second); err == nil {
+				t.Fatal("a connection dialing across the fault carried a byte")
+			}
+		})
+	}
+}
+
 // An inspector sees what the client sends before it is forwarded, chunk
 // by chunk, and one that refuses a chunk keeps it from the server and
 // resets the connection; other connections, with inspectors of their
