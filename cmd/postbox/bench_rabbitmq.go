@@ -19,7 +19,8 @@ func newBenchRabbitMQ() *cobra.Command {
 		Short: "Backlog drain, PostgreSQL to RabbitMQ through postboxamqp, against the raw confirmed publish rate",
 		Long: `rabbitmq first publishes N persistent, mandatory messages of 256 bytes with
 amqp091-go straight to a quorum queue (made by postboxamqp.EnsureTopology) with
-publisher confirms and a window of outstanding confirms: the raw baseline. Then it
+publisher confirms and a window of outstanding confirms: the raw baseline (with
+--raw-headers, each carrying the headers table of a relay's message). Then it
 writes a backlog of N such messages into the outbox and times a relay at default
 settings draining it through postboxamqp to a second quorum queue, and checks the
 queue holds exactly N. Each phase's CPU per message is read from /proc for this
@@ -81,6 +82,7 @@ deleted at the end.`,
 	f.IntVar(&opts.Keys, "keys", 1000, "distinct ordering keys (0: keyless)")
 	f.IntVar(&opts.Window, "window", 256, "outstanding confirms of the raw baseline")
 	f.BoolVar(&opts.Classic, "classic", false, "classic queues instead of quorum queues")
+	f.BoolVar(&opts.RawHeaders, "raw-headers", false, "the raw baseline carries the headers table of a relay's message (CloudEvents attributes, partition key, replay horizon)")
 	f.DurationVar(&opts.Timeout, "timeout", 30*60e9, "bound on the drain")
 	f.StringVar(&opts.CPUProfile, "cpuprofile", "", "write a CPU profile of the drain phase to this file")
 	return cmd

@@ -28,6 +28,10 @@ type RabbitMQOptions struct {
 	Window int
 	// Classic uses classic queues instead of quorum queues.
 	Classic bool
+	// RawHeaders has the raw baseline carry the headers table a relay's
+	// message carries (the CloudEvents attributes, the partition key,
+	// the replay horizon), so that the ratio compares like with like.
+	RawHeaders bool
 	// Timeout bounds the drain; default 30 minutes.
 	Timeout time.Duration
 	// CPUProfile, when set, names a file that receives a CPU profile of
@@ -116,7 +120,12 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 	}
 	fmt.Fprintf(out, "raw RabbitMQ: publishing %d persistent messages of %d bytes to a %s queue, %d confirms outstanding\n", opts.Messages, len(payload), kind, opts.Window)
 	rawCPU := cpuPhaseOf(rabbitMQProcess)
-	if res.RawRate, err = rawConfirmed(ctx, conn, raw.Exchange, payload, opts.Messages, opts.Window); err != nil {
+	var headers func(i int, id string) amqp.Table
+	if opts.RawHeaders {
+		at := time.Now().UTC().Format(time.RFC3339Nano)
+		headers = func(i int, id string) amqp.Table { return relayHeaders(id, at, i, opts.Keys) }
+	}
+	if res.RawRate, err = rawConfirmed(ctx, conn, raw.Exchange, payload, opts.Messages, opts.Window, headers); err != nil {
 		return res, err
 	}
 	var rawKnown bool
@@ -229,10 +238,30 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 // rabbitMQProcess is the name of RabbitMQ's server process.
 const rabbitMQProcess = "beam.smp"
 
+// relayHeaders is the headers table postboxamqp sends for the i-th
+// message of the backlog, with id and the time at: the CloudEvents
+// attributes the relay sets (named as the AMQP binding names them), the
+// partition key (keys of them; none for 0) and the replay horizon.
+func relayHeaders(id, at string, i, keys int) amqp.Table {
+	h := amqp.Table{
+		"cloudEvents:specversion":   "1.0",
+		"cloudEvents:id":            id,
+		"cloudEvents:type":          "orders.created",
+		"cloudEvents:source":        "bench",
+		"cloudEvents:time":          at,
+		postbox.HeaderReplayHorizon: "604800",
+	}
+	if keys > 0 {
+		h["cloudEvents:partitionkey"] = fmt.Sprintf("key-%d", i%keys)
+	}
+	return h
+}
+
 // rawConfirmed publishes n persistent, mandatory messages with a message
-// id each, keeping at most window confirms outstanding, and returns the
-// confirmed rate. Any nack or return is an error.
-func rawConfirmed(ctx context.Context, conn *amqp.Connection, exchange string, payload []byte, n, window int) (float64, error) {
+// id each, and the headers of headers(i, id) when it is set, keeping at most
+// window confirms outstanding, and returns the confirmed rate. Any nack
+// or return is an error.
+func rawConfirmed(ctx context.Context, conn *amqp.Connection, exchange string, payload []byte, n, window int, headers func(i int, id string) amqp.Table) (float64, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return 0, err
@@ -272,9 +301,13 @@ func rawConfirmed(ctx context.Context, conn *amqp.Connection, exchange string, p
 			}
 			outstanding--
 		}
+		var h amqp.Table
+		if headers != nil {
+			h = headers(i, ids[i])
+		}
 		err := ch.PublishWithContext(ctx, exchange, "orders.created", true, false, amqp.Publishing{
 			DeliveryMode: amqp.Persistent, MessageId: ids[i], ContentType: "application/octet-stream",
-			Timestamp: time.Now(), Type: "orders.created", Body: payload,
+			Timestamp: time.Now(), Type: "orders.created", Body: payload, Headers: h,
 		})
 		if err != nil {
 			return 0, fmt.Errorf("raw publish: %w", err)
