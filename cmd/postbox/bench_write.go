@@ -26,7 +26,10 @@ batched case of --batch rows each) at each writer count, without postbox and
 with Client.WriteTx of one 256-byte message per row in the same transaction,
 and, as the database's raw insert rate for the same data, with a bare row
 per message instead: the outbox's columns inserted with plain SQL into a
-table with its primary key alone (--bare=false skips it). The phases
+table with its primary key alone (--bare=false skips it). --emit adds a
+phase with a transactional pg_logical_emit_message of the same bytes in
+place of each row: the write of an outbox kept in the WAL (PostgreSQL with
+wal_level = logical; with --pipeline it goes with the COMMIT). The phases
 alternate, run by run; the table shows each run and the medians. No relay
 runs: the figure is the cost of the write itself. --database-url takes
 PostgreSQL's URL or mysql://... for MySQL or MariaDB.`,
@@ -58,14 +61,21 @@ PostgreSQL's URL or mysql://... for MySQL or MariaDB.`,
 			}
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 			if bare {
-				fmt.Fprintln(tw, "\nwriters\trows/tx\trun\twithout postbox tx/s\twith postbox tx/s\tratio\tfewer tx/s\tbare row tx/s\tratio to bare\t")
+				fmt.Fprint(tw, "\nwriters\trows/tx\trun\twithout postbox tx/s\twith postbox tx/s\tratio\tfewer tx/s\tbare row tx/s\tratio to bare\t")
 			} else {
-				fmt.Fprintln(tw, "\nwriters\trows/tx\trun\twithout postbox tx/s\twith postbox tx/s\tratio\tfewer tx/s\t")
+				fmt.Fprint(tw, "\nwriters\trows/tx\trun\twithout postbox tx/s\twith postbox tx/s\tratio\tfewer tx/s\t")
 			}
+			if opts.Emit {
+				fmt.Fprint(tw, "emitted tx/s\tratio emitted\t")
+			}
+			fmt.Fprintln(tw)
 			line := func(c bench.WriteCase, run string, r bench.WriteRun) {
 				fmt.Fprintf(tw, "%d\t%d\t%s\t%.0f\t%.0f\t%.3f\t%.1f%%\t", c.Writers, c.Rows, run, r.Without, r.With, r.Ratio, 100*(1-r.Ratio))
 				if bare {
 					fmt.Fprintf(tw, "%.0f\t%.3f\t", r.Bare, r.RatioToBare)
+				}
+				if opts.Emit {
+					fmt.Fprintf(tw, "%.0f\t%.3f\t", r.Emitted, r.RatioEmitted)
 				}
 				fmt.Fprintln(tw)
 			}
@@ -73,16 +83,24 @@ PostgreSQL's URL or mysql://... for MySQL or MariaDB.`,
 				for i, r := range c.Runs {
 					line(c, fmt.Sprint(i+1), r)
 				}
-				line(c, "median", bench.WriteRun{Without: c.Without, With: c.With, Ratio: c.Ratio, Bare: c.Bare, RatioToBare: c.RatioToBare})
+				line(c, "median", bench.WriteRun{Without: c.Without, With: c.With, Ratio: c.Ratio, Bare: c.Bare, RatioToBare: c.RatioToBare, Emitted: c.Emitted, RatioEmitted: c.RatioEmitted})
 			}
 			if known := cpuKnown(res); known {
 				// The writers' CPU is this process's; the server's is every
 				// process of the database server, other work's included.
-				fmt.Fprintf(tw, "\nCPU µs per tx (median)\trows/tx\twithout: writers\t%[1]s\twith: writers\t%[1]s\tbare: writers\t%[1]s\t\n", res.Database)
+				fmt.Fprintf(tw, "\nCPU µs per tx (median)\trows/tx\twithout: writers\t%[1]s\twith: writers\t%[1]s\tbare: writers\t%[1]s\t", res.Database)
+				if opts.Emit {
+					fmt.Fprintf(tw, "emitted: writers\t%s\t", res.Database)
+				}
+				fmt.Fprintln(tw)
 				for _, c := range res.Cases {
 					m := bench.Micros
-					fmt.Fprintf(tw, "%d writers\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", c.Writers, c.Rows,
+					fmt.Fprintf(tw, "%d writers\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t", c.Writers, c.Rows,
 						m(c.WithoutCPU.Self), m(c.WithoutCPU.Database), m(c.WithCPU.Self), m(c.WithCPU.Database), m(c.BareCPU.Self), m(c.BareCPU.Database))
+					if opts.Emit {
+						fmt.Fprintf(tw, "%.1f\t%.1f\t", m(c.EmittedCPU.Self), m(c.EmittedCPU.Database))
+					}
+					fmt.Fprintln(tw)
 				}
 			}
 			if err := tw.Flush(); err != nil {
@@ -110,6 +128,7 @@ PostgreSQL's URL or mysql://... for MySQL or MariaDB.`,
 	f.StringVar(&opts.SynchronousCommit, "synchronous-commit", "", "the writers' synchronous_commit (off leaves the statements' CPU cost without the WAL flush); default the server's; PostgreSQL only")
 	f.BoolVar(&opts.NoSignals, "no-signals", false, "the writing client sends no change signals (Config.NoSignals)")
 	f.BoolVar(&opts.Pipeline, "pipeline", false, "begin the postbox phase's transactions with postboxpgx.Begin: the messages go with the COMMIT, in one round trip; PostgreSQL only")
+	f.BoolVar(&opts.Emit, "emit", false, "also run each case with a transactional pg_logical_emit_message of the same bytes in place of each message's row (the WAL path's write); PostgreSQL with wal_level = logical only")
 	f.BoolVar(&bare, "bare", true, "also run each case with a bare row (the outbox's columns, plain SQL, primary key alone) in place of each message: the database's raw insert rate")
 	f.StringVar(&jsonFile, "json", "", "also write the results as JSON to this file")
 	return cmd

@@ -3,11 +3,13 @@ package bench
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox"
@@ -179,21 +181,49 @@ func (d *pgDatabase) createWriteTables(ctx context.Context, orders, bare string)
 	return err
 }
 
+// execer runs a statement: a pgx.Tx, or a connection inside a transaction.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// emitSQL emits the messages of a transaction into the WAL, in order, as
+// an outbox kept there would: transactional, so decoding hands them over
+// at the commit, and never for a rollback.
+const emitSQL = "SELECT pg_logical_emit_message(true, 'postbox', m) FROM unnest($1::bytea[]) WITH ORDINALITY AS e(m, i) ORDER BY i"
+
+// checkLogical refuses a server whose WAL cannot be decoded: a message
+// emitted there could never be read back, so its write is not the WAL
+// path's.
+func (d *pgDatabase) checkLogical(ctx context.Context) error {
+	var level string
+	if err := d.pool.QueryRow(ctx, "SHOW wal_level").Scan(&level); err != nil {
+		return err
+	}
+	if level != "logical" {
+		return fmt.Errorf("--emit needs a server with wal_level = logical, where emitted messages can be decoded; this one has wal_level = %s", level)
+	}
+	return nil
+}
+
 func (d *pgDatabase) writeTx(ctx context.Context, c benchClient, t writeTables, r *writeRows, mode writeMode) error {
 	client, ok := c.(*postbox.Client[pgx.Tx])
 	if !ok {
 		return fmt.Errorf("bench: a %T on PostgreSQL", c)
 	}
-	body := func(tx pgx.Tx) error {
+	domain := func(tx execer) error {
 		var err error
 		if len(r.customers) == 1 {
 			_, err = tx.Exec(ctx, "INSERT INTO "+t.orders+" (customer, amount_cents, status) VALUES ($1, $2, 'new')", r.customers[0], r.amounts[0])
 		} else {
 			_, err = tx.Exec(ctx, "INSERT INTO "+t.orders+" (customer, amount_cents, status) SELECT unnest($1::text[]), unnest($2::bigint[]), 'new'", r.customers, r.amounts)
 		}
-		if err != nil {
+		return err
+	}
+	body := func(tx pgx.Tx) error {
+		if err := domain(tx); err != nil {
 			return err
 		}
+		var err error
 		switch mode {
 		case withPostbox:
 			return client.WriteTx(ctx, tx, r.msgs...)
@@ -205,10 +235,15 @@ func (d *pgDatabase) writeTx(ctx context.Context, c benchClient, t writeTables, 
 				_, err = tx.Exec(ctx, "INSERT INTO "+t.bare+" (id, topic, key, payload, headers) SELECT unnest($1::text[])::uuid, $2, unnest($3::text[]), $4, unnest($5::text[])::jsonb",
 					r.ids, r.msgs[0].Topic, r.customers, r.msgs[0].Payload, r.headers)
 			}
+		case emitted:
+			_, err = tx.Exec(ctx, emitSQL, r.emitted())
 		}
 		return err
 	}
-	if mode != withPostbox || !d.pipeline {
+	switch {
+	case mode == emitted && d.pipeline:
+		return d.emitWithCommit(ctx, r, domain)
+	case mode != withPostbox || !d.pipeline:
 		return pgx.BeginFunc(ctx, d.pool, body)
 	}
 	tx, err := postboxpgx.Begin(ctx, d.pool)
@@ -220,6 +255,30 @@ func (d *pgDatabase) writeTx(ctx context.Context, c benchClient, t writeTables, 
 		return err
 	}
 	return tx.Commit(ctx)
+}
+
+// emitWithCommit commits a transaction of domain rows whose messages are
+// emitted in the COMMIT's round trip, as postboxpgx.Tx sends its inserts.
+func (d *pgDatabase) emitWithCommit(ctx context.Context, r *writeRows, domain func(execer) error) error {
+	c, err := d.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+		return err
+	}
+	var b pgx.Batch
+	if err = domain(c); err == nil {
+		b.Queue(emitSQL, r.emitted())
+		b.Queue("COMMIT")
+		err = c.SendBatch(ctx, &b).Close()
+	}
+	if err != nil && c.Conn().PgConn().TxStatus() != 'I' {
+		_, rb := c.Exec(ctx, "ROLLBACK")
+		err = errors.Join(err, rb)
+	}
+	return err
 }
 
 func (d *pgDatabase) sizes(ctx context.Context, tables ...string) ([]float64, []int64, error) {

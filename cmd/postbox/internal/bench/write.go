@@ -55,6 +55,13 @@ type WriteOptions struct {
 	// NoSignals sets Config.NoSignals on the writing client: no change
 	// signals after its writes.
 	NoSignals bool
+	// Emit adds a fourth phase: the domain rows and, in place of each
+	// message's row, a transactional pg_logical_emit_message carrying the
+	// message (its id, topic, key, stored headers and payload), the write
+	// of an outbox kept in the WAL and read by logical decoding. With
+	// Pipeline it goes with the COMMIT, in one round trip. PostgreSQL
+	// with wal_level = logical only.
+	Emit bool
 }
 
 // Validate reports the first bad option, naming its command-line flag.
@@ -81,6 +88,8 @@ func (o *WriteOptions) Validate() error {
 			return fmt.Errorf("--synchronous-commit is PostgreSQL's: on MySQL and MariaDB the commit's flush is the server's innodb_flush_log_at_trx_commit")
 		case o.Pipeline:
 			return fmt.Errorf("--pipeline is PostgreSQL's (postboxpgx.Begin)")
+		case o.Emit:
+			return fmt.Errorf("--emit is PostgreSQL's (pg_logical_emit_message)")
 		}
 	}
 	for _, w := range o.Writers {
@@ -114,8 +123,11 @@ type WriteCase struct {
 	// runs' ratios.
 	Without, With, Ratio float64
 	Bare, RatioToBare    float64
+	// Emitted is the rate with an emitted message in place of each row,
+	// and RatioEmitted Emitted / Without; zero without WriteOptions.Emit.
+	Emitted, RatioEmitted float64
 	// The medians of the runs' CPU per transaction, figure by figure.
-	WithoutCPU, WithCPU, BareCPU CPUUse
+	WithoutCPU, WithCPU, BareCPU, EmittedCPU CPUUse
 }
 
 // WriteRun is one run of a case: its phases, back to back.
@@ -125,11 +137,14 @@ type WriteRun struct {
 	// Bare is the rate with a bare row in place of each message, and
 	// RatioToBare With / Bare; zero with WriteOptions.NoBare.
 	Bare, RatioToBare float64
+	// Emitted is the rate with an emitted message in place of each row,
+	// and RatioEmitted Emitted / Without; zero without WriteOptions.Emit.
+	Emitted, RatioEmitted float64
 	// The CPU per committed transaction of each phase: Self is the
 	// writers' (this process), Database the server's; CPUKnown is false
 	// where /proc could not be read.
-	WithoutCPU, WithCPU, BareCPU CPUUse
-	CPUKnown                     bool
+	WithoutCPU, WithCPU, BareCPU, EmittedCPU CPUUse
+	CPUKnown                                 bool
 }
 
 // WriteResult is the benchmark's outcome.
@@ -138,6 +153,8 @@ type WriteResult struct {
 	Cases    []WriteCase
 	// Rows found in the tables at the end; they match the commits counted.
 	DomainRows, OutboxRows, BareRows int64
+	// EmittedMessages is the messages the emitted phases committed.
+	EmittedMessages int64
 	// Average stored row sizes and the tables' total sizes with their
 	// indexes, in bytes: how much more each message writes than a domain
 	// row. PostgreSQL's row size is pg_column_size of the row; InnoDB's
@@ -154,10 +171,11 @@ const (
 	withoutPostbox writeMode = iota // the domain rows alone
 	withPostbox                     // and Client.WriteTx of as many messages
 	bareRow                         // and as many bare rows, with plain SQL
+	emitted                         // and as many pg_logical_emit_message
 )
 
 func (m writeMode) String() string {
-	return [...]string{"without postbox", "with postbox   ", "bare row       "}[m]
+	return [...]string{"without postbox", "with postbox   ", "bare row       ", "emitted        "}[m]
 }
 
 // writeTables are the tables of a write benchmark's run.
@@ -170,6 +188,20 @@ type writeRows struct {
 	amounts      []int64
 	msgs         []postbox.Message
 	ids, headers []string
+}
+
+// emitted is what an emitted message of each row carries, the bytes of a
+// bare row: id, topic, key, stored headers and payload, NUL-separated.
+func (r *writeRows) emitted() [][]byte {
+	out := make([][]byte, len(r.msgs))
+	for i, m := range r.msgs {
+		b := make([]byte, 0, len(r.ids[i])+len(m.Topic)+len(m.Key)+len(r.headers[i])+len(m.Payload)+4)
+		for _, f := range []string{r.ids[i], m.Topic, m.Key, r.headers[i]} {
+			b = append(append(b, f...), 0)
+		}
+		out[i] = append(b, m.Payload...)
+	}
+	return out
 }
 
 // Write measures committed domain transactions per second at each writer
@@ -192,6 +224,11 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	defer db.close()
 	if pg, ok := db.(*pgDatabase); ok {
 		pg.pipeline = opts.Pipeline
+		if opts.Emit {
+			if err := pg.checkLogical(ctx); err != nil {
+				return res, err
+			}
+		}
 	}
 	res.Database = db.name()
 	prefix := "bench_" + randTag() + "_"
@@ -215,6 +252,9 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	if opts.NoBare {
 		modes = []writeMode{withoutPostbox, withPostbox}
 	}
+	if opts.Emit {
+		modes = append(modes, emitted)
+	}
 
 	type shape struct{ writers, rows int }
 	var shapes []shape
@@ -232,6 +272,8 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 			wantOutbox += n
 		case bareRow:
 			wantBare += n
+		case emitted:
+			res.EmittedMessages += n
 		}
 	}
 	fmt.Fprintf(out, "%s: writing to %sorders, and to %s\n", db.name(), prefix, map[bool]string{false: "the outbox or a bare row's table", true: "the outbox"}[opts.NoBare])
@@ -271,6 +313,8 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 					r.With, r.WithCPU = rate, cpu
 				case bareRow:
 					r.Bare, r.BareCPU = rate, cpu
+				case emitted:
+					r.Emitted, r.EmittedCPU = rate, cpu
 				}
 				fmt.Fprintf(out, "run %d/%d  %2d writers  %3d row(s)/tx  %s  %8.0f tx/s\n", run+1, opts.Runs, s.writers, s.rows, mode, rate)
 			}
@@ -278,6 +322,7 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 			if r.Bare > 0 {
 				r.RatioToBare = r.With / r.Bare
 			}
+			r.RatioEmitted = r.Emitted / r.Without
 			res.Cases[i].Runs = append(res.Cases[i].Runs, r)
 		}
 	}
@@ -288,6 +333,8 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 		c.Ratio = medianOf(c.Runs, func(r WriteRun) float64 { return r.Ratio })
 		c.Bare = medianOf(c.Runs, func(r WriteRun) float64 { return r.Bare })
 		c.RatioToBare = medianOf(c.Runs, func(r WriteRun) float64 { return r.RatioToBare })
+		c.Emitted = medianOf(c.Runs, func(r WriteRun) float64 { return r.Emitted })
+		c.RatioEmitted = medianOf(c.Runs, func(r WriteRun) float64 { return r.RatioEmitted })
 		cpu := func(f func(WriteRun) CPUUse) CPUUse {
 			uses := make([]CPUUse, len(c.Runs))
 			for i, r := range c.Runs {
@@ -298,6 +345,7 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 		c.WithoutCPU = cpu(func(r WriteRun) CPUUse { return r.WithoutCPU })
 		c.WithCPU = cpu(func(r WriteRun) CPUUse { return r.WithCPU })
 		c.BareCPU = cpu(func(r WriteRun) CPUUse { return r.BareCPU })
+		c.EmittedCPU = cpu(func(r WriteRun) CPUUse { return r.EmittedCPU })
 	}
 	for _, t := range []struct {
 		table string
@@ -354,7 +402,7 @@ func (w *writeBench) phase(ctx context.Context, writers, rows int, mode writeMod
 					r.customers[j] = fmt.Sprintf("customer-%d", (n*7919+i*rows+j)%1000)
 					r.amounts[j] = int64(1000 + (i+j)%9000)
 					r.msgs[j] = postbox.Message{Topic: "orders.created", Key: r.customers[j], Payload: w.payload}
-					if mode == bareRow {
+					if mode == bareRow || mode == emitted {
 						r.ids[j], r.headers[j] = w.bareRow(time.Now())
 					}
 				}
@@ -397,7 +445,8 @@ func collect(errs <-chan error) []error {
 }
 
 // bareRow is a bare row's id and stored headers, those postbox stores for
-// a message without headers of its own: its source and time.
+// a message without headers of its own: its source and time. An emitted
+// message carries the same.
 func (w *writeBench) bareRow(now time.Time) (id, headers string) {
 	h, _ := json.Marshal(map[string]string{postbox.HeaderSource: w.client.Config().Source, postbox.HeaderTime: now.UTC().Format(time.RFC3339Nano)})
 	return postbox.NewID(), string(h)
