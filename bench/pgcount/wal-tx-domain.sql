@@ -1,0 +1,1 @@
+BEGIN; EXECUTE d('c1'); COMMIT;
