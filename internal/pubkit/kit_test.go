@@ -218,20 +218,31 @@ func TestFlightTimeout(t *testing.T) {
 var errTimeout = errors.New("timed out")
 
 // TestFlightTimeoutRace races the timeout with the broker's answer, many
-// times: done runs exactly once, whichever wins.
+// times, the answer coming from another goroutine about when the timer
+// fires: done runs exactly once, whichever wins. A timer that fired
+// before Stop may still be running its Finish after the settle, so the
+// calls are counted once every timer is long past.
 func TestFlightTimeoutRace(t *testing.T) {
 	const rounds = 500
+	calls := make([]atomic.Int32, rounds)
+	var answers sync.WaitGroup
 	for i := range rounds {
-		var calls atomic.Int32
-		got := make(chan error, 2)
 		f := &Flight{}
-		f.Start(func(err error) { calls.Add(1); got <- err })
-		f.Watch(context.Background(), time.Duration(i%50)*time.Microsecond+time.Nanosecond, func(error) error { return errTimeout })
-		f.Settle(nil)
-		<-got
-		// A timer that fired before Stop may still be running its
-		// Finish: it finds done called and does nothing.
-		if n := calls.Load(); n != 1 {
+		f.Start(func(error) { calls[i].Add(1) })
+		f.Watch(context.Background(), 20*time.Microsecond, func(error) error { return errTimeout })
+		answers.Go(func() {
+			// Answer between 0 and 40µs in, spinning rather than
+			// sleeping, whose granularity is coarser than that.
+			for start := time.Now(); time.Since(start) < time.Duration(i%40)*time.Microsecond; {
+			}
+			f.Settle(nil)
+		})
+	}
+	answers.Wait()
+	// Every timeout was 20µs; their callbacks have run well before.
+	time.Sleep(200 * time.Millisecond)
+	for i := range calls {
+		if n := calls[i].Load(); n != 1 {
 			t.Fatalf("round %d: done called %d times", i, n)
 		}
 	}
