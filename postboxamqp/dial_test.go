@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -128,4 +129,108 @@ type closeCounting struct {
 func (c *closeCounting) Close() error {
 	c.closes.Add(1)
 	return c.Conn.Close()
+}
+
+// TestDialConfigBatchesWrites: on a connection DialConfig made, publishes
+// do not wait for the socket. With the socket's writes held shut after the
+// handshake, 50 publishes return, and once it opens they reach it in one
+// write beside the one that was held, and are confirmed.
+func TestDialConfigBatchesWrites(t *testing.T) {
+	u := brokerURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var sock *heldConn
+	conn, err := postboxamqp.DialConfig(u, amqp.Config{Dial: func(network, addr string) (net.Conn, error) {
+		c, err := net.DialTimeout(network, addr, 5*time.Second)
+		if err != nil {
+			return nil, err
+		}
+		sock = &heldConn{Conn: c}
+		return sock, nil
+	}})(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclare(uniqueName(), false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+
+	open := sock.hold()
+	defer open() // a failure below must not leave a writer stuck
+	const n = 50
+	published := make(chan []*amqp.DeferredConfirmation, 1)
+	go func() {
+		var dcs []*amqp.DeferredConfirmation
+		for j := range n {
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q.Name, false, false, amqp.Publishing{Body: []byte{byte(j)}})
+			if err != nil {
+				t.Error(err)
+				break
+			}
+			dcs = append(dcs, dc)
+		}
+		published <- dcs
+	}()
+	var dcs []*amqp.DeferredConfirmation
+	select {
+	case dcs = <-published:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the publishes waited for the socket that was held: its writes are not batched")
+	}
+	open()
+	for _, dc := range dcs {
+		if ok, err := dc.WaitContext(ctx); !ok || err != nil {
+			t.Fatalf("publish %d not confirmed: %v", dc.DeliveryTag, err)
+		}
+	}
+	// The held write and one with everything queued behind it; a
+	// heartbeat may have slipped in.
+	if w := sock.heldWrites.Load(); len(dcs) != n || w < 1 || w > 3 {
+		t.Fatalf("%d publishes reached the socket in %d writes while it was held", len(dcs), w)
+	}
+}
+
+// heldConn is a socket whose writes can be held until it is opened again.
+type heldConn struct {
+	net.Conn
+	mu         sync.Mutex
+	gate       chan struct{} // nil: writes go through
+	heldWrites atomic.Int32  // writes made while a hold was on
+}
+
+// hold holds the socket's writes until the returned open is called.
+func (c *heldConn) hold() (open func()) {
+	gate := make(chan struct{})
+	c.mu.Lock()
+	c.gate = gate
+	c.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.mu.Lock()
+			c.gate = nil
+			c.mu.Unlock()
+			close(gate)
+		})
+	}
+}
+
+func (c *heldConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	gate := c.gate
+	c.mu.Unlock()
+	if gate != nil {
+		c.heldWrites.Add(1)
+		<-gate
+	}
+	return c.Conn.Write(p)
 }
