@@ -25,8 +25,9 @@ ticks() {
   done
   echo "$t"
 }
+# The slot keeps the server's WAL: it goes at the end, however the run ends.
+trap 'psql -q "$url" -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = '"'"'$slot'"'"'" -c "DROP PUBLICATION IF EXISTS $pub" >/dev/null 2>&1 || true' EXIT
 psql -q "$url" -c "CREATE PUBLICATION $pub" -c "SELECT FROM pg_create_logical_replication_slot('$slot', 'pgoutput')" >/dev/null
-trap 'psql -q "$url" -c "SELECT pg_drop_replication_slot('"'"'$slot'"'"')" -c "DROP PUBLICATION $pub" >/dev/null 2>&1 || true' EXIT
 msg="0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b\\\\000orders.created\\\\000k1\\\\000{\"ce-source\": \"/bench\", \"ce-time\": \"2026-12-01T22:20:01.123456789Z\"}\\\\000$(printf 'x%.0s' $(seq 1 256))"
 psql -q "$url" -c "DO \$\$ BEGIN FOR g IN 1..$n LOOP PERFORM pg_logical_emit_message(true, 'postbox', E'$msg'::bytea); COMMIT; END LOOP; END \$\$"
 end=$(psql -Atc "SELECT pg_current_wal_insert_lsn()" "$url")
