@@ -36,6 +36,11 @@ type DrainOptions struct {
 	// CPUProfile, when set, names a file that receives a CPU profile of
 	// the drain phase.
 	CPUProfile string
+	// Storage is "table" (the default: the outbox the drivers keep) or
+	// "log" (PostgreSQL only: the log read by snapshot bands, design §3,
+	// on the relay's path; logstore.go). A log's drain samples no
+	// timeline of remaining rows.
+	Storage string
 	// SampleEvery, when positive, counts the outbox's remaining rows at
 	// this interval during the drain (a count(*) each time, on a
 	// connection of its own) and keeps them in DrainResult.Timeline.
@@ -52,7 +57,9 @@ type DrainSample struct {
 type DrainResult struct {
 	// Database names the server the backlog was in: PostgreSQL, MariaDB
 	// or MySQL.
-	Database     string
+	Database string
+	// Storage is DrainOptions.Storage: table or log.
+	Storage      string
 	Messages     int
 	RawRate      float64 // raw JetStream async publishes with Nats-Msg-Id acknowledged per second
 	RawPlainRate float64 // the same without Nats-Msg-Id
@@ -91,13 +98,16 @@ func (o *DrainOptions) defaults() {
 	if o.BatchSize <= 0 {
 		o.BatchSize = 500
 	}
+	if o.Storage == "" {
+		o.Storage = "table"
+	}
 }
 
 // Drain measures the raw JetStream async publish rate, then fills an outbox
 // with a backlog and measures how fast the relay drains it to JetStream.
 func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, error) {
 	opts.defaults()
-	res := DrainResult{Messages: opts.Messages}
+	res := DrainResult{Messages: opts.Messages, Storage: opts.Storage}
 	tag := randTag()
 	payload := makePayload(opts.PayloadBytes)
 	db, err := openDatabase(ctx, opts.DatabaseURL, 0, "")
@@ -106,6 +116,13 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	}
 	defer db.close()
 	res.Database = db.name()
+	pg, isPG := db.(*pgDatabase)
+	switch {
+	case opts.Storage == "log" && !isPG:
+		return res, fmt.Errorf("--storage log needs PostgreSQL; %s has no snapshot a statement can test ids against", db.name())
+	case opts.Storage != "log" && opts.Storage != "table":
+		return res, fmt.Errorf("--storage is table or log, not %q", opts.Storage)
+	}
 
 	// The baselines: the same messages published straight to JetStream
 	// with the same window, first without an id, then with the
@@ -149,10 +166,22 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		return res, err
 	}
 	defer func() { _ = pub.Close(context.WithoutCancel(ctx)) }()
-	client, err := db.newClient(&postbox.Config{
+	cfg := &postbox.Config{
 		Prefix: prefix, Publisher: pub, PublishWindow: opts.Window, BatchSize: opts.BatchSize, Lanes: opts.Lanes,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	var client benchClient
+	var logs *logDriver
+	table := prefix + "outbox"
+	if opts.Storage == "log" {
+		if _, err := pg.pool.Exec(ctx, logSchema(prefix)); err != nil {
+			return res, fmt.Errorf("create the log: %w", err)
+		}
+		logs, table = &logDriver{pool: pg.pool}, prefix+"log"
+		client, err = postbox.NewClient(logs, cfg)
+	} else {
+		client, err = db.newClient(cfg)
+	}
 	if err != nil {
 		return res, err
 	}
@@ -175,11 +204,11 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		}
 	}
 	res.WriteRate = float64(opts.Messages) / time.Since(start).Seconds()
-	if err := db.analyze(ctx, prefix+"outbox"); err != nil {
+	if err := db.analyze(ctx, table); err != nil {
 		return res, err
 	}
 
-	fmt.Fprintf(out, "postbox: draining the backlog to JetStream (batch %d, window %d)\n", opts.BatchSize, opts.Window)
+	fmt.Fprintf(out, "postbox: draining the backlog to JetStream (storage %s, batch %d, window %d)\n", opts.Storage, opts.BatchSize, opts.Window)
 	stopProfile, err := startCPUProfile(opts.CPUProfile)
 	if err != nil {
 		return res, err
@@ -199,10 +228,15 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 			<-timeline
 		}
 	}()
-	if opts.SampleEvery > 0 {
+	if opts.SampleEvery > 0 && logs == nil {
 		timeline = sampleRemaining(sctx, db, prefix+"outbox", start, opts.SampleEvery, int64(opts.Messages))
 	}
-	if err := waitOutboxEmpty(ctx, db, prefix, 20*time.Millisecond); err != nil {
+	if logs == nil {
+		err = waitOutboxEmpty(ctx, db, prefix, 20*time.Millisecond)
+	} else {
+		err = waitLogDrained(ctx, db, logs.store, prefix, int64(opts.Messages), 20*time.Millisecond)
+	}
+	if err != nil {
 		return res, err
 	}
 	res.DrainElapsed = time.Since(start)

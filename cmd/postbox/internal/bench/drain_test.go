@@ -17,3 +17,13 @@ func TestDrainSmall(t *testing.T) {
 		t.Fatalf("median of equal runs = %+v", m)
 	}
 }
+
+// The drain from the log read by snapshot bands (--storage log): the
+// stream must hold exactly the backlog, as for the outbox.
+func TestDrainSmallLog(t *testing.T) {
+	res := runBench(t, bench.Drain, bench.DrainOptions{Messages: 3000, Keys: 50, Storage: "log"})
+	if res.Storage != "log" || res.DrainRate <= 0 || res.Ratio <= 0 {
+		t.Fatalf("result %+v", res)
+	}
+	wantRejected(t, bench.Drain, bench.DrainOptions{Messages: 10, Storage: "chunks"}, "--storage", "chunks")
+}

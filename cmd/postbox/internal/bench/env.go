@@ -159,15 +159,18 @@ func dropPrefix(pool *pgxpool.Pool, prefix string) {
 // waitOutboxEmpty polls, every d, until the outbox under prefix holds no
 // row.
 func waitOutboxEmpty(ctx context.Context, db database, prefix string, d time.Duration) error {
+	return pollUntil(ctx, d, func() (bool, error) { return db.empty(ctx, prefix+"outbox") })
+}
+
+// pollUntil calls done every d until it reports true or fails, or ctx
+// ends.
+func pollUntil(ctx context.Context, d time.Duration, done func() (bool, error)) error {
 	tick := time.NewTicker(d)
 	defer tick.Stop()
 	for {
-		empty, err := db.empty(ctx, prefix+"outbox")
-		if err != nil {
+		ok, err := done()
+		if err != nil || ok {
 			return err
-		}
-		if empty {
-			return nil
 		}
 		select {
 		case <-tick.C:

@@ -38,6 +38,10 @@ func TestWriteSmallMySQL(t *testing.T) {
 	}
 }
 
+func TestDrainRefusesTheLogOnMySQL(t *testing.T) {
+	wantRejected(t, bench.Drain, bench.DrainOptions{DatabaseURL: mysqltest.DSN(), Storage: "log"}, "--storage", "PostgreSQL")
+}
+
 func TestWriteRefusesPostgresOptionsOnMySQL(t *testing.T) {
 	wantRejected(t, bench.Write, bench.WriteOptions{DatabaseURL: mysqltest.DSN(), SynchronousCommit: "off"}, "--synchronous-commit")
 	wantRejected(t, bench.Write, bench.WriteOptions{DatabaseURL: mysqltest.DSN(), Pipeline: true}, "--pipeline")

@@ -1,0 +1,739 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/postbox-go/postbox/internal/pgsql"
+	"github.com/postbox-go/postbox/postboxdriver"
+	"github.com/postbox-go/postbox/postboxpgx"
+)
+
+// The log read by snapshot bands (design §3, "The next storage model"),
+// built on the relay's path so that `bench drain --storage log` measures
+// the real relay, publisher and broker draining it: the Go writer inserts
+// into {p}log, and the relay's Fetch and Settle read it by bands and
+// advance a position per partition, kept in {p}positions. The outbox holds
+// the exceptions: a log row that failed, was held behind an older failed
+// row of its key, or was read and not sent is copied there in the same
+// statement that moves the position past it, and from then on is an
+// outbox row like any other (retries, dead messages, the history).
+//
+// What the drivers still need before they adopt it is listed in
+// BENCHMARKS.md ("The log drained by the relay"): the schema as a
+// migration, crash marks on log rows, strict and routed reads, stats,
+// replay and retention by chunk. This Store refuses strict and routed
+// reads rather than read them wrongly.
+
+// logSchema adds the log and the partitions' positions to the tables
+// named with prefix. The log's xid comes first, so that its default
+// assigns the writer's transaction id before seq's nextval runs, and seq
+// is drawn from the outbox's sequence, so that the two tables' seqs
+// compare (design §3, "The position"). A position starts at '1:1:', a
+// snapshot in which nothing is visible: the log from its beginning.
+//
+// The positions have a table of their own rather than columns of the
+// leases: a batch's record then reads the lease to fence itself and locks
+// nothing the relays' renewals write. Kept in the lease rows, the record
+// and the renewals locked the same rows in different orders and
+// deadlocked, and a record lost so re-sent its batch.
+func logSchema(prefix string) string {
+	return strings.ReplaceAll(`
+CREATE TABLE {p}log (
+    xid        xid8        NOT NULL DEFAULT pg_current_xact_id(),
+    seq        bigint      NOT NULL DEFAULT nextval('{p}outbox_seq_seq'),
+    id         uuid        NOT NULL,
+    topic      text        NOT NULL,
+    key        text,
+    payload    bytea       NOT NULL,
+    headers    jsonb       NOT NULL,
+    partition  integer     NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (partition, seq)
+);
+CREATE INDEX {p}log_xid_idx ON {p}log (xid);
+CREATE TABLE {p}positions (
+    partition   integer     PRIMARY KEY,
+    lo          pg_snapshot NOT NULL DEFAULT '1:1:',
+    lo_next     xid8        NOT NULL DEFAULT '1',
+    lo_seq      bigint      NOT NULL DEFAULT 0,
+    hi          pg_snapshot,
+    hi_next     xid8,
+    band_cursor bigint      NOT NULL DEFAULT 0,
+    band_max    bigint      NOT NULL DEFAULT 0
+);
+INSERT INTO {p}positions (partition) SELECT partition FROM {p}leases;`, "{p}", prefix)
+}
+
+// position is a partition's place in the log: every committed row
+// visible in lo is done; a row not visible in lo was written by a
+// transaction that had its id when lo was taken (in its xip list, or at
+// least its xmax and below loNext), or that got it later and so drew a
+// seq above loSeq. An open band (hi set) is being read in seq order: its
+// rows visible in hi up to seq cursor are done, bandMax the largest seq
+// of the partition read in it.
+type position struct {
+	gen             int64
+	lo, loNext      string
+	loSeq           int64
+	hi, hiNext      *string
+	cursor, bandMax int64
+}
+
+func (p position) same(q position) bool {
+	eq := func(a, b *string) bool { return a == nil && b == nil || a != nil && b != nil && *a == *b }
+	return p.gen == q.gen && p.lo == q.lo && p.loNext == q.loNext && p.loSeq == q.loSeq &&
+		eq(p.hi, q.hi) && eq(p.hiNext, q.hiNext) && p.cursor == q.cursor && p.bandMax == q.bandMax
+}
+
+// next is where a partition stands once a read from p is settled: the read
+// returned full (its limit of rows) or not, under snapshot snap by a
+// statement whose own id is xid, its last row's seq being last and the
+// largest log seq it read of the partition maxSeq (design §3, "The
+// advance").
+func (p position) next(full bool, snap, xid string, last, maxSeq int64) position {
+	n := p
+	if full {
+		// A backlog: the band up to the first full read's snapshot is
+		// read on in seq order. The merge is in global seq order, so every
+		// band row of the partition up to last was read.
+		if n.hi == nil {
+			n.hi, n.hiNext, n.bandMax = &snap, &xid, 0
+		}
+		n.bandMax = max(n.bandMax, maxSeq)
+		// The outbox's exceptions are merged in too, and may all lie
+		// below the cursor: it never moves back.
+		n.cursor = max(n.cursor, last)
+		return n
+	}
+	// The band is read whole: every row its snapshot saw is done, and a
+	// transaction not visible in it either had its id when the snapshot
+	// was taken (below the statement's own id: the next xip arm) or got it
+	// later and drew seqs above every seq read.
+	if n.hi != nil {
+		n.lo, n.loNext = *n.hi, *n.hiNext
+	} else {
+		n.lo, n.loNext = snap, xid
+	}
+	n.loSeq = max(n.loSeq, n.bandMax, maxSeq)
+	n.hi, n.hiNext, n.cursor, n.bandMax = nil, nil, 0, 0
+	return n
+}
+
+// logRow is a row a band read returned: a log row, or an exception.
+type logRow struct {
+	rec    postboxdriver.Record
+	logged bool // from the log; else an outbox row
+	held   bool // a log row behind an older failed row of its key
+}
+
+// bandRead is a read waiting for its Settle: the positions it read from
+// and those it leads to, by partition, and its log rows (seq → partition).
+type bandRead struct {
+	base, next map[int]position
+	logged     map[int64]int
+}
+
+// readKey names a read by what it handed the relay, as the relay's
+// Outcome.Read names it back: its first and last seqs and its length.
+// The relay's probe (one row, while a lane sleeps) and a lane's batch
+// that begins at the same row are then told apart.
+type readKey struct {
+	first, last int64
+	n           int
+}
+
+func keyOf(seqs []int64) readKey {
+	if len(seqs) == 0 {
+		return readKey{}
+	}
+	return readKey{seqs[0], seqs[len(seqs)-1], len(seqs)}
+}
+
+// logDriver opens logStores over a pgx pool.
+type logDriver struct {
+	pool  *pgxpool.Pool
+	store *logStore
+}
+
+// Open implements postboxdriver.Driver.
+func (d *logDriver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
+	inner, err := postboxpgx.New(d.pool).Open(prefix)
+	if err != nil {
+		return nil, err
+	}
+	r := strings.NewReplacer("{p}", prefix)
+	d.store = &logStore{
+		Store: inner, pool: d.pool, r: r,
+		reads:    map[int]string{},
+		pos:      map[int]position{},
+		pending:  map[readKey]*bandRead{},
+		settling: map[int]bool{},
+		insert: r.Replace(`INSERT INTO {p}log (id, topic, key, payload, headers, partition)
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[], $6::int[])`),
+		load: r.Replace(`SELECT partition, lo::text, lo_next::text, lo_seq, hi::text, hi_next::text, band_cursor, band_max
+FROM {p}positions WHERE partition = ANY($1::int[])`),
+		settle: r.Replace(settleLogSQL),
+	}
+	return d.store, nil
+}
+
+// logStore is postboxpgx's Store with the relay's path on the log: Insert
+// writes the log, Fetch reads it by bands beside the outbox's exceptions,
+// and Settle advances the positions. It embeds the Store interface, not
+// its type, so the relay sees no SettleFetch: a batch's record is its own
+// statement.
+type logStore struct {
+	postboxdriver.Store[pgx.Tx]
+	pool *pgxpool.Pool
+	r    *strings.Replacer
+
+	insert, load, settle string
+
+	mu sync.Mutex
+	// reads are the read statements by number of partitions.
+	reads map[int]string
+	// pos are the positions this process holds, by partition, for the
+	// generation each was loaded or advanced under.
+	pos map[int]position
+	// pending are the reads not settled yet, by the rows they handed the
+	// relay. A read never settled (the relay's probe, a batch abandoned
+	// at a stop) only loses its place: its rows are read again.
+	pending map[readKey]*bandRead
+	// settling are the partitions whose position a settle is moving: a
+	// second settle from the same position leaves them alone.
+	settling map[int]bool
+
+	// published counts the messages Settle recorded as published.
+	published atomic.Int64
+}
+
+// maxPending bounds the reads kept for a Settle: beyond it those read
+// from positions that have moved on since go (the relay's probes, which
+// are never settled), and if that is not enough, all of them: their rows
+// are read again.
+const maxPending = 1024
+
+// dropStale forgets the pending reads that can no longer be settled. The
+// caller holds s.mu.
+func (s *logStore) dropStale() {
+	for k, br := range s.pending {
+		for part, base := range br.base {
+			if cur, ok := s.pos[part]; !ok || !cur.same(base) {
+				delete(s.pending, k)
+				break
+			}
+		}
+	}
+	if len(s.pending) >= maxPending {
+		clear(s.pending)
+	}
+}
+
+func (s *logStore) UnwrapExecutor(tx pgx.Tx) postboxdriver.Executor {
+	return logTx{Executor: s.Store.UnwrapExecutor(tx), s: s, tx: tx}
+}
+
+// logTx is the Executor in a caller's transaction, whose Insert writes
+// the log.
+type logTx struct {
+	postboxdriver.Executor
+	s  *logStore
+	tx pgx.Tx
+}
+
+func (t logTx) Insert(ctx context.Context, rows []postboxdriver.Row) error {
+	_, err := t.tx.Exec(ctx, t.s.insert, insertArgs(rows)...)
+	return err
+}
+
+// Insert implements postboxdriver.Executor: the rows go to the log.
+func (s *logStore) Insert(ctx context.Context, rows []postboxdriver.Row) error {
+	_, err := s.pool.Exec(ctx, s.insert, insertArgs(rows)...)
+	return err
+}
+
+func insertArgs(rows []postboxdriver.Row) []any {
+	n := len(rows)
+	ids, topics, payloads, headers := make([]string, n), make([]string, n), make([][]byte, n), make([]string, n)
+	keys, parts := make([]*string, n), make([]int32, n)
+	for i := range rows {
+		r := &rows[i]
+		ids[i], topics[i], payloads[i], headers[i] = r.ID, r.Topic, r.Payload, string(r.Headers)
+		if payloads[i] == nil {
+			payloads[i] = []byte{}
+		}
+		if r.Key != "" {
+			keys[i] = &r.Key
+		}
+		parts[i] = int32(postboxdriver.PartitionOf(r.Key, r.ID, pgsql.Partitions))
+	}
+	return []any{ids, topics, keys, payloads, headers, parts}
+}
+
+// readSQL is the band read of k partitions ($1 the partitions, $2 the
+// limit, then by partition: $3 lo, $4 lo_next, $5 lo_seq, $6 hi, $7 the
+// band's cursor).
+//
+//   - The range arms: one index range on (partition, seq) per partition,
+//     each limited, merged in seq order (a Merge Append that stops after
+//     the batch).
+//   - The xip arm: the rows of the transactions that had their id when lo
+//     was taken, at or below lo_seq, by the xid index.
+//   - The exceptions: the outbox's rows available now, held behind an
+//     older failed row of their key as the relay's fetch holds them.
+//
+// A log row behind an older failed row of its key is returned as held:
+// not published, but copied to the outbox when the position passes it.
+// The statement returns its own snapshot and its own transaction id,
+// assigned after the snapshot was taken, which bounds every id assigned
+// before it. Having an id, it commits without waiting for a flush.
+func readSQL(k int) string {
+	const cols = `o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition`
+	var arms []string
+	for i := 1; i <= k; i++ {
+		arms = append(arms, fmt.Sprintf(`(SELECT `+cols+`, 0 AS attempts, o.created_at, true AS logged FROM {p}log o
+  WHERE o.partition = ($1::int[])[%[1]d] AND o.seq > greatest(($5::bigint[])[%[1]d], ($7::bigint[])[%[1]d])
+    AND NOT pg_visible_in_snapshot(o.xid, ($3::text[])[%[1]d]::pg_snapshot)
+    AND (($6::text[])[%[1]d] IS NULL OR pg_visible_in_snapshot(o.xid, ($6::text[])[%[1]d]::pg_snapshot))
+  ORDER BY o.seq LIMIT $2)`, i))
+	}
+	arms = append(arms, `(SELECT `+cols+`, 0 AS attempts, o.created_at, true AS logged
+  FROM unnest($1::int[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bigint[]) AS a(part, lo, lo_next, lo_seq, hi, cur)
+  CROSS JOIN LATERAL (SELECT * FROM {p}log o
+    WHERE (o.xid = ANY(ARRAY(SELECT pg_snapshot_xip(a.lo::pg_snapshot)))
+           OR o.xid >= pg_snapshot_xmax(a.lo::pg_snapshot) AND o.xid < a.lo_next::xid8)
+      AND o.partition = a.part AND o.seq <= a.lo_seq AND o.seq > a.cur
+      AND (a.hi IS NULL OR pg_visible_in_snapshot(o.xid, a.hi::pg_snapshot))) o)`,
+		`(SELECT `+cols+`, o.attempts, o.created_at, false AS logged FROM {p}outbox o
+  WHERE o.partition = ANY($1::int[]) AND o.available_at <= now()
+    AND (o.key IS NULL OR NOT (
+      EXISTS (SELECT 1 FROM {p}outbox r WHERE r.attempts > 0 AND r.key IS NOT NULL)
+      AND EXISTS (SELECT 1 FROM {p}outbox b
+                  WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > now())))
+  ORDER BY o.seq LIMIT $2)`)
+	// The snapshot and the id come once, on the first row; a read that
+	// finds nothing returns no row, and the join leaves the id unassigned.
+	return `WITH b AS (
+` + strings.Join(arms, "\nUNION ALL\n") + `
+ORDER BY 1 LIMIT $2), s AS (
+  SELECT pg_current_snapshot()::text AS snap, pg_current_xact_id()::text AS xid,
+    set_config('synchronous_commit', 'off', true) AS async
+)
+SELECT CASE WHEN b.seq = (SELECT min(seq) FROM b) THEN s.snap || ' ' || s.xid END,
+  b.seq, b.id::text, b.topic, coalesce(b.key, ''), b.payload, b.headers::text, b.partition, b.attempts, b.created_at, b.logged,
+  b.logged AND b.key IS NOT NULL
+    AND EXISTS (SELECT 1 FROM {p}outbox r WHERE r.attempts > 0 AND r.key IS NOT NULL)
+    AND EXISTS (SELECT 1 FROM {p}outbox h
+                WHERE h.key = b.key AND h.seq < b.seq AND h.attempts > 0 AND h.available_at > now())
+FROM b CROSS JOIN s
+ORDER BY b.seq`
+}
+
+// settleLogSQL records the log rows of one read, fenced by the owner ($1)
+// and its generations by partition ($2), which it reads in the leases
+// without locking them: it moves each partition's
+// position ($3–$10, by partition) and copies into the outbox the read's
+// log rows that were not published ($11 their seqs, $12 partitions; with
+// $13 the error, $14 the backoff and $15 whether it is permanent for
+// those that failed, the error NULL for those not sent), or buries those
+// that failed for good ($16 the attempt budget). Only the partitions
+// whose lease held are moved, and only their rows copied. A copy whose
+// id is pending already is left out: consumers absorb a copy by id.
+const settleLogSQL = `WITH moved AS (
+  UPDATE {p}positions x SET lo = a.lo::pg_snapshot, lo_next = a.lo_next::xid8, lo_seq = a.lo_seq,
+    hi = a.hi::pg_snapshot, hi_next = a.hi_next::xid8, band_cursor = a.cur, band_max = a.bmax
+  FROM unnest($3::int[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::bigint[], $10::bigint[])
+    AS a(part, lo, lo_next, lo_seq, hi, hi_next, cur, bmax), {p}leases l
+  WHERE x.partition = a.part AND l.partition = a.part AND l.owner = $1 AND l.generation = ($2::bigint[])[l.partition + 1]
+  RETURNING x.partition
+), src AS (
+  SELECT g.seq, g.id, g.topic, g.key, g.payload, g.headers, g.partition, g.created_at, c.err, c.backoff_ms,
+    c.err IS NOT NULL AND (1 >= $16 OR c.dead) AS dies
+  FROM unnest($11::bigint[], $12::int[], $13::text[], $14::bigint[], $15::boolean[]) AS c(seq, part, err, backoff_ms, dead)
+  JOIN {p}log g ON g.partition = c.part AND g.seq = c.seq
+  WHERE c.part IN (SELECT partition FROM moved)
+), copied AS (
+  INSERT INTO {p}outbox (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error, available_at)
+  OVERRIDING SYSTEM VALUE
+  SELECT seq, id, topic, key, payload, headers, partition, created_at, (err IS NOT NULL)::int, err,
+    now() + coalesce(backoff_ms, 0) * interval '1 millisecond'
+  FROM src WHERE NOT dies
+  ON CONFLICT DO NOTHING
+  RETURNING seq, attempts
+), buried AS (
+  INSERT INTO {p}dead (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error)
+  SELECT seq, id, topic, key, payload, headers, partition, created_at, 1, err FROM src WHERE dies
+  ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, topic = EXCLUDED.topic, key = EXCLUDED.key,
+    payload = EXCLUDED.payload, headers = EXCLUDED.headers, partition = EXCLUDED.partition,
+    created_at = EXCLUDED.created_at, attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error, dead_at = now()
+  RETURNING seq, attempts
+)
+SELECT partition::bigint, 0, false, set_config('synchronous_commit', 'off', true) = 'off' FROM moved
+UNION ALL
+SELECT seq, attempts, false, false FROM copied WHERE attempts > 0
+UNION ALL
+SELECT seq, attempts, true, false FROM buried`
+
+// Fetch implements postboxdriver.Executor: up to p.Limit rows of the
+// fenced partitions in seq order, from the log's bands and the outbox's
+// exceptions.
+func (s *logStore) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
+	if p.BlockOnDead || p.Topics != nil {
+		return nil, errors.New("bench: the log store reads neither strict (BlockOnDead) nor routed (Topics) batches")
+	}
+	if len(p.Fence.Generations) == 0 || p.Limit <= 0 {
+		return nil, nil
+	}
+	// A read of only held rows, or of nothing where a band was open,
+	// hands the relay nothing to settle: its rows are copied and its
+	// position moved here, and the read runs again.
+	for range 4 {
+		rows, br, err := s.read(ctx, p)
+		if err != nil || br == nil {
+			return nil, err
+		}
+		var recs []postboxdriver.Record
+		var seqs []int64
+		for _, r := range rows {
+			if !r.held {
+				recs, seqs = append(recs, r.rec), append(seqs, r.rec.Seq)
+			}
+		}
+		if len(recs) > 0 {
+			s.mu.Lock()
+			if len(s.pending) >= maxPending {
+				s.dropStale()
+			}
+			s.pending[keyOf(seqs)] = br
+			s.mu.Unlock()
+			return recs, nil
+		}
+		if _, err := s.settleLog(ctx, p.Fence, br, postboxdriver.Outcome{}, 1); err != nil {
+			return nil, err
+		}
+	}
+	return nil, nil
+}
+
+// read runs one band read for p and works out where it leads. It returns
+// no bandRead when there is nothing to settle: no row, and no band to
+// close.
+func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]logRow, *bandRead, error) {
+	parts := make([]int, 0, len(p.Fence.Generations))
+	for part := range p.Fence.Generations {
+		parts = append(parts, part)
+	}
+	sort.Ints(parts)
+	base, err := s.positions(ctx, p.Fence, parts)
+	if err != nil {
+		return nil, nil, err
+	}
+	k := len(parts)
+	ps, lo, loNext, hi := make([]int32, k), make([]string, k), make([]string, k), make([]*string, k)
+	loSeq, cur := make([]int64, k), make([]int64, k)
+	for i, part := range parts {
+		b := base[part]
+		ps[i], lo[i], loNext[i], loSeq[i], hi[i], cur[i] = int32(part), b.lo, b.loNext, b.loSeq, b.hi, b.cursor
+	}
+	s.mu.Lock()
+	q, ok := s.reads[k]
+	if !ok {
+		q = s.r.Replace(readSQL(k))
+		s.reads[k] = q
+	}
+	s.mu.Unlock()
+	rs, err := s.pool.Query(ctx, q, ps, p.Limit, lo, loNext, loSeq, hi, cur)
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []logRow
+	var mark *string
+	var snap, xid string
+	maxSeq := map[int]int64{}
+	br := &bandRead{base: base, next: map[int]position{}, logged: map[int64]int{}}
+	for rs.Next() {
+		var r logRow
+		rec := &r.rec
+		if err := rs.Scan(&mark, &rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &rec.Headers, &rec.Partition, &rec.Attempts, &rec.CreatedAt, &r.logged, &r.held); err != nil {
+			rs.Close()
+			return nil, nil, err
+		}
+		if mark != nil {
+			snap, xid, _ = strings.Cut(*mark, " ")
+		}
+		if r.logged {
+			br.logged[rec.Seq] = rec.Partition
+			maxSeq[rec.Partition] = max(maxSeq[rec.Partition], rec.Seq)
+		}
+		out = append(out, r)
+	}
+	rs.Close()
+	if err := rs.Err(); err != nil {
+		return nil, nil, err
+	}
+	if len(out) == 0 {
+		// Nothing left of an open band: it is read whole, and closes
+		// (without this, a band whose snapshot is old would read nothing
+		// from now on). A partition without a band stays where it is.
+		var closing bool
+		for _, part := range parts {
+			br.next[part] = base[part]
+			if base[part].hi != nil {
+				br.next[part], closing = base[part].next(false, "", "", 0, 0), true
+			}
+		}
+		if !closing {
+			br = nil
+		}
+		return nil, br, nil
+	}
+	full, last := len(out) == p.Limit, out[len(out)-1].rec.Seq
+	for _, part := range parts {
+		br.next[part] = base[part].next(full, snap, xid, last, maxSeq[part])
+	}
+	return out, br, nil
+}
+
+// positions returns the fenced partitions' positions, loading from the
+// table those this process does not hold at the fence's generation.
+func (s *logStore) positions(ctx context.Context, f postboxdriver.Fence, parts []int) (map[int]position, error) {
+	out := make(map[int]position, len(parts))
+	var missing []int32
+	s.mu.Lock()
+	for _, part := range parts {
+		if pos, ok := s.pos[part]; ok && pos.gen == f.Generations[part] {
+			out[part] = pos
+		} else {
+			missing = append(missing, int32(part))
+		}
+	}
+	s.mu.Unlock()
+	if len(missing) == 0 {
+		return out, nil
+	}
+	rs, err := s.pool.Query(ctx, s.load, missing)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var part int
+		var pos position
+		if err := rs.Scan(&part, &pos.lo, &pos.loNext, &pos.loSeq, &pos.hi, &pos.hiNext, &pos.cursor, &pos.bandMax); err != nil {
+			return nil, err
+		}
+		// Held at the fence's generation from now on; if the lease
+		// has moved on, Settle's fence refuses the advance.
+		pos.gen = f.Generations[part]
+		out[part] = pos
+	}
+	if err := rs.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	for _, part := range missing {
+		if cur, ok := s.pos[int(part)]; !ok || cur.gen != f.Generations[int(part)] {
+			s.pos[int(part)] = out[int(part)]
+		}
+	}
+	s.mu.Unlock()
+	if len(out) != len(parts) {
+		return nil, fmt.Errorf("bench: %d of %d partitions have no position", len(parts)-len(out), len(parts))
+	}
+	return out, nil
+}
+
+// Settle implements postboxdriver.Executor: the batch's exceptions are
+// recorded as the outbox records them, its log rows by moving the
+// positions and copying those not published.
+func (s *logStore) Settle(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
+	var br *bandRead
+	if len(o.Read) > 0 {
+		s.mu.Lock()
+		br = s.pending[keyOf(o.Read)]
+		delete(s.pending, keyOf(o.Read))
+		s.mu.Unlock()
+	}
+	if br == nil {
+		// Not a read of this process's (or forgotten): its log rows are
+		// read again from the positions.
+		st, err := s.Store.Settle(ctx, f, o, maxAttempts)
+		s.published.Add(int64(st.Published))
+		return st, err
+	}
+	exc := postboxdriver.Outcome{}
+	for _, seq := range o.Published {
+		if _, ok := br.logged[seq]; !ok {
+			exc.Published = append(exc.Published, seq)
+		}
+	}
+	for _, fl := range o.Failed {
+		if _, ok := br.logged[fl.Seq]; !ok {
+			exc.Failed = append(exc.Failed, fl)
+		}
+	}
+	var out postboxdriver.Settled
+	if len(exc.Published) > 0 || len(exc.Failed) > 0 {
+		st, err := s.Store.Settle(ctx, f, exc, maxAttempts)
+		if err != nil {
+			return out, err
+		}
+		out = st
+	}
+	st, err := s.settleLog(ctx, f, br, o, maxAttempts)
+	if err != nil {
+		return out, err
+	}
+	out.Published += st.Published
+	out.Failed = append(out.Failed, st.Failed...)
+	s.published.Add(int64(out.Published))
+	return out, nil
+}
+
+// settleLog moves the positions of br's partitions that this process
+// still holds where br read them, and copies br's log rows of those
+// partitions that o did not publish.
+func (s *logStore) settleLog(ctx context.Context, f postboxdriver.Fence, br *bandRead, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
+	var out postboxdriver.Settled
+	s.mu.Lock()
+	var parts []int
+	defer func() {
+		s.mu.Lock()
+		for _, part := range parts {
+			delete(s.settling, part)
+		}
+		s.mu.Unlock()
+	}()
+	for part, base := range br.base {
+		if s.settling[part] {
+			continue // another read of the partition is being settled
+		}
+		if cur, ok := s.pos[part]; !ok || !cur.same(base) {
+			continue // another read of the partition was settled since
+		}
+		parts = append(parts, part)
+		s.settling[part] = true
+	}
+	s.mu.Unlock()
+	if len(parts) == 0 {
+		return out, nil
+	}
+	sort.Ints(parts)
+	k := len(parts)
+	ps, lo, loNext, hi, hiNext := make([]int32, k), make([]string, k), make([]string, k), make([]*string, k), make([]*string, k)
+	loSeq, cur, bmax := make([]int64, k), make([]int64, k), make([]int64, k)
+	moving := map[int]bool{}
+	for i, part := range parts {
+		n := br.next[part]
+		ps[i], lo[i], loNext[i], loSeq[i], hi[i], hiNext[i], cur[i], bmax[i] = int32(part), n.lo, n.loNext, n.loSeq, n.hi, n.hiNext, n.cursor, n.bandMax
+		moving[part] = true
+	}
+	published := make(map[int64]bool, len(o.Published))
+	for _, seq := range o.Published {
+		published[seq] = true
+	}
+	failed := make(map[int64]postboxdriver.Failure, len(o.Failed))
+	for _, fl := range o.Failed {
+		failed[fl.Seq] = fl
+	}
+	var cseq, cbackoff []int64
+	var cpart []int32
+	var cerr []*string
+	var cdead []bool
+	var done int
+	for seq, part := range br.logged {
+		if !moving[part] {
+			continue
+		}
+		if published[seq] {
+			done++
+			continue
+		}
+		cseq, cpart = append(cseq, seq), append(cpart, int32(part))
+		if fl, ok := failed[seq]; ok {
+			e := fl.Error
+			cerr, cbackoff, cdead = append(cerr, &e), append(cbackoff, fl.Backoff.Milliseconds()), append(cdead, fl.Dead)
+		} else {
+			cerr, cbackoff, cdead = append(cerr, nil), append(cbackoff, 0), append(cdead, false)
+		}
+	}
+	gens := make([]int64, pgsql.Partitions)
+	for part, g := range f.Generations {
+		if part >= 0 && part < len(gens) {
+			gens[part] = g
+		}
+	}
+	rs, err := s.pool.Query(ctx, s.settle, f.Owner, gens, ps, lo, loNext, loSeq, hi, hiNext, cur, bmax,
+		nonNil(cseq), nonNil(cpart), nonNil(cerr), nonNil(cbackoff), nonNil(cdead), maxAttempts)
+	if err != nil {
+		return out, err
+	}
+	defer rs.Close()
+	var moved []int
+	for rs.Next() {
+		var n int64
+		var attempts int
+		var dead, sync bool
+		if err := rs.Scan(&n, &attempts, &dead, &sync); err != nil {
+			return out, err
+		}
+		if sync {
+			moved = append(moved, int(n))
+			continue
+		}
+		out.Failed = append(out.Failed, postboxdriver.FailResult{Seq: n, Attempts: attempts, Dead: dead})
+	}
+	if err := rs.Err(); err != nil {
+		return out, err
+	}
+	s.mu.Lock()
+	for _, part := range moved {
+		s.pos[part] = br.next[part]
+	}
+	s.mu.Unlock()
+	if len(moved) == len(parts) {
+		out.Published = done
+	} else {
+		// Some lease moved on: count only the rows of the partitions
+		// moved.
+		held := map[int]bool{}
+		for _, part := range moved {
+			held[part] = true
+		}
+		for _, seq := range o.Published {
+			if part, ok := br.logged[seq]; ok && held[part] {
+				out.Published++
+			}
+		}
+	}
+	return out, nil
+}
+
+// nonNil is xs, or an empty slice for nil: the statements bind arrays.
+func nonNil[T any](xs []T) []T {
+	if xs == nil {
+		return []T{}
+	}
+	return xs
+}
+
+// waitLogDrained polls, every d, until the relay has recorded n messages
+// as published through s and the outbox under prefix holds no exception.
+func waitLogDrained(ctx context.Context, db database, s *logStore, prefix string, n int64, d time.Duration) error {
+	return pollUntil(ctx, d, func() (bool, error) {
+		if s.published.Load() < n {
+			return false, nil
+		}
+		return db.empty(ctx, prefix+"outbox")
+	})
+}

@@ -1,0 +1,235 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/testdb"
+)
+
+// The real relay drains the log while writers commit into it: late, with
+// an older transaction id than the rows around them, rolled back, beside
+// one transaction open for the whole run, and while a third of the
+// messages fail their first publish, so that their keys' later rows are
+// held and copied to the outbox, and one in sixteen meet a broker failure
+// once, so that their batches' rows are copied there unsent. Every committed message must be published
+// once, none rolled back, and each key's in the order its writers
+// committed.
+func TestLogStoreUnderConcurrentWriters(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool := testdb.Pool(t)
+	prefix := testdb.Prefix(t)
+	testdb.DropPrefix(t, pool, prefix)
+	if _, _, err := migrated(ctx, pool, prefix); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, logSchema(prefix)+`
+CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, note text)`); err != nil {
+		t.Fatal(err)
+	}
+
+	var mu sync.Mutex
+	published := map[string][]int{} // key → message numbers, in publish order
+	delivered := map[string]int{}   // id → successful publishes
+	failedOnce := 0
+	cut := map[string]bool{} // ids whose publish met a broker failure
+	pub := postbox.PublisherFunc(func(_ context.Context, env *postbox.Envelope) error {
+		key, num, _ := strings.Cut(string(env.Payload), ":")
+		n, _ := strconv.Atoi(num)
+		mu.Lock()
+		defer mu.Unlock()
+		if n%3 == 0 && env.Attempt == 1 {
+			failedOnce++
+			return postbox.NewMessageError(errors.New("the first publish of every third message fails"))
+		}
+		if strings.HasSuffix(env.ID, "0") && !cut[env.ID] {
+			cut[env.ID] = true
+			return errors.New("the broker is cut off at one message in sixteen, once")
+		}
+		delivered[env.ID]++
+		if delivered[env.ID] == 1 {
+			published[key] = append(published[key], n)
+		}
+		return nil
+	})
+	drv := &logDriver{pool: pool}
+	client, err := postbox.NewClient(drv, &postbox.Config{
+		Prefix: prefix, Publisher: pub, BatchSize: 7, Lanes: 2, PollInterval: 5 * time.Millisecond,
+		BackoffBase: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = client.Stop(context.WithoutCancel(ctx)) }()
+
+	// A transaction with an id open for the whole run: it stays in every
+	// position's snapshot as running.
+	long, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = long.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := long.Exec(ctx, `INSERT INTO `+prefix+`domain (note) VALUES ('long')`); err != nil {
+		t.Fatal(err)
+	}
+
+	// Each key's writers take turns (the key's lock is held from the
+	// number's choice to the commit), so a key's committed numbers rise in
+	// commit order; keys do not wait for each other. There are four times
+	// as many keys as partitions, so that a partition's rows commit out of
+	// their seq order.
+	const keys, writers = 256, 6
+	var keyMu [keys]sync.Mutex
+	next := make([]int, keys)
+	committed := map[string]string{} // id → "key:n"
+	var rolledBack []string
+	var cmu sync.Mutex
+	stop := time.Now().Add(3 * time.Second)
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for time.Now().Before(stop) {
+				if err := writeLogged(ctx, pool, client, prefix, rng, &keyMu, next, committed, &rolledBack, &cmu); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+
+	// Every committed message is published.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		mu.Lock()
+		n := len(delivered)
+		mu.Unlock()
+		if n >= len(committed) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := client.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var lost, copies int
+	for id, payload := range committed {
+		if delivered[id] == 0 {
+			lost++
+			if lost <= 5 {
+				t.Errorf("committed message %s (%s) was never published", id, payload)
+			}
+		}
+	}
+	if lost > 5 {
+		t.Errorf("... %d committed messages in all were never published", lost)
+	}
+	for id, n := range delivered {
+		if _, ok := committed[id]; !ok {
+			t.Errorf("message %s was published but not committed", id)
+		}
+		copies += n - 1
+	}
+	for _, id := range rolledBack {
+		if delivered[id] > 0 {
+			t.Errorf("rolled-back message %s was published", id)
+		}
+	}
+	if copies > 0 {
+		t.Errorf("%d messages published more than once", copies)
+	}
+	for key, nums := range published {
+		for i := 1; i < len(nums); i++ {
+			if nums[i] <= nums[i-1] {
+				t.Errorf("key %s: published %v, out of its commit order at %d", key, nums, i)
+				break
+			}
+		}
+	}
+	if failedOnce == 0 || len(cut) == 0 {
+		t.Errorf("%d publishes failed, %d met a broker failure: the copies to the outbox were not exercised", failedOnce, len(cut))
+	}
+	var passed int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+prefix+`outbox`).Scan(&passed); err != nil {
+		t.Fatal(err)
+	}
+	if passed != 0 {
+		t.Errorf("%d exceptions left in the outbox", passed)
+	}
+	t.Logf("%d committed, %d rolled back, %d first publishes failed", len(committed), len(rolledBack), failedOnce)
+}
+
+// writeLogged writes one message of a random key in a transaction of its
+// own: some take their id first with a domain row and commit late, some
+// roll back.
+func writeLogged(ctx context.Context, pool interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, client *postbox.Client[pgx.Tx], prefix string, rng *rand.Rand, keyMu *[256]sync.Mutex, next []int,
+	committed map[string]string, rolledBack *[]string, cmu *sync.Mutex) error {
+	k := rng.IntN(len(next))
+	keyMu[k].Lock()
+	defer keyMu[k].Unlock()
+	n := next[k] + 1
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if rng.IntN(2) == 0 {
+		// The transaction takes its id before the message draws its seq.
+		if _, err := tx.Exec(ctx, `INSERT INTO `+prefix+`domain (note) VALUES ('w')`); err != nil {
+			return err
+		}
+		time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+	}
+	id := postbox.NewID()
+	key := fmt.Sprintf("k%d", k)
+	msg := postbox.Message{ID: id, Topic: "t", Key: key, Payload: fmt.Appendf(nil, "%s:%d", key, n)}
+	if err := client.WriteTx(ctx, tx, msg); err != nil {
+		return err
+	}
+	if rng.IntN(5) == 0 {
+		time.Sleep(time.Duration(5+rng.IntN(20)) * time.Millisecond) // a late commit
+	}
+	if rng.IntN(10) == 0 {
+		cmu.Lock()
+		*rolledBack = append(*rolledBack, id)
+		cmu.Unlock()
+		return tx.Rollback(ctx)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	next[k] = n
+	cmu.Lock()
+	committed[id] = fmt.Sprintf("%s:%d", key, n)
+	cmu.Unlock()
+	return nil
+}
