@@ -46,5 +46,6 @@ func TestWriteRefusesPostgresOptionsOnMySQL(t *testing.T) {
 	wantRejected(t, bench.Write, bench.WriteOptions{DatabaseURL: mysqltest.DSN(), SynchronousCommit: "off"}, "--synchronous-commit")
 	wantRejected(t, bench.Write, bench.WriteOptions{DatabaseURL: mysqltest.DSN(), Pipeline: true}, "--pipeline")
 	wantRejected(t, bench.Write, bench.WriteOptions{DatabaseURL: mysqltest.DSN(), Emit: true}, "--emit")
+	wantRejected(t, bench.Write, bench.WriteOptions{DatabaseURL: mysqltest.DSN(), Storage: "log"}, "--storage")
 	wantRejected(t, bench.Write, bench.WriteOptions{DatabaseURL: "mongodb://127.0.0.1/test"}, "--database-url")
 }

@@ -62,6 +62,10 @@ type WriteOptions struct {
 	// Pipeline it goes with the COMMIT, in one round trip. PostgreSQL
 	// with wal_level = logical only.
 	Emit bool
+	// Storage is where the postbox phase's messages go: "table" (the
+	// default, the outbox) or "log" (PostgreSQL: the log read by snapshot
+	// bands, design §3; logstore.go), its insert a statement of its own.
+	Storage string
 }
 
 // Validate reports the first bad option, naming its command-line flag.
@@ -81,6 +85,10 @@ func (o *WriteOptions) Validate() error {
 		return fmt.Errorf("--synchronous-commit must be one of on, off, local, remote_write, remote_apply, got %q", o.SynchronousCommit)
 	case o.BatchWriters < 0 || o.BatchWriters > 64:
 		return fmt.Errorf("--batch-writers must be between 1 and 64, got %d", o.BatchWriters)
+	case o.Storage != "" && o.Storage != "table" && o.Storage != "log":
+		return fmt.Errorf("--storage is table or log, not %q", o.Storage)
+	case o.Storage == "log" && o.Pipeline:
+		return fmt.Errorf("--storage log inserts with a statement of its own; --pipeline (the message with the COMMIT) is the outbox's")
 	}
 	if relayd.URLKind(o.DatabaseURL) == relayd.KindMySQL {
 		switch {
@@ -90,6 +98,8 @@ func (o *WriteOptions) Validate() error {
 			return fmt.Errorf("--pipeline is PostgreSQL's (postboxpgx.Begin)")
 		case o.Emit:
 			return fmt.Errorf("--emit is PostgreSQL's (pg_logical_emit_message)")
+		case o.Storage == "log":
+			return fmt.Errorf("--storage log needs PostgreSQL: MySQL has no snapshot a statement can test ids against")
 		}
 	}
 	for _, w := range o.Writers {
@@ -152,6 +162,7 @@ type WriteResult struct {
 	Database string // PostgreSQL, MariaDB or MySQL
 	Cases    []WriteCase
 	// Rows found in the tables at the end; they match the commits counted.
+	// The Outbox figures here and below are the log's with --storage log.
 	DomainRows, OutboxRows, BareRows int64
 	// EmittedMessages is the messages the emitted phases committed.
 	EmittedMessages int64
@@ -243,7 +254,18 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	}
 	// A client that only writes: no publisher, no relay. The rows it
 	// writes stay pending; the benchmark measures the write alone.
-	client, err := db.newClient(&postbox.Config{Prefix: prefix, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), NoSignals: opts.NoSignals})
+	cfg := &postbox.Config{Prefix: prefix, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), NoSignals: opts.NoSignals}
+	var client benchClient
+	messages := prefix + "outbox"
+	if pg, ok := db.(*pgDatabase); ok && opts.Storage == "log" {
+		if _, err := pg.pool.Exec(ctx, logSchema(prefix)); err != nil {
+			return res, fmt.Errorf("create the log: %w", err)
+		}
+		messages = prefix + "log"
+		client, err = postbox.NewClient(&logDriver{pool: pg.pool}, cfg)
+	} else {
+		client, err = db.newClient(cfg)
+	}
 	if err != nil {
 		return res, err
 	}
@@ -276,7 +298,7 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 			res.EmittedMessages += n
 		}
 	}
-	fmt.Fprintf(out, "%s: writing to %sorders, and to %s\n", db.name(), prefix, map[bool]string{false: "the outbox or a bare row's table", true: "the outbox"}[opts.NoBare])
+	fmt.Fprintf(out, "%s: writing to %sorders, and to %s (or a bare row's table)\n", db.name(), prefix, messages)
 	if opts.Warmup > 0 {
 		fmt.Fprintf(out, "warm-up: %s at %d writers, every phase\n", opts.Warmup, maxWriters)
 		for _, mode := range modes {
@@ -350,12 +372,12 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	for _, t := range []struct {
 		table string
 		n     *int64
-	}{{tables.orders, &res.DomainRows}, {prefix + "outbox", &res.OutboxRows}, {tables.bare, &res.BareRows}} {
+	}{{tables.orders, &res.DomainRows}, {messages, &res.OutboxRows}, {tables.bare, &res.BareRows}} {
 		if *t.n, err = db.count(ctx, t.table); err != nil {
 			return res, err
 		}
 	}
-	rowBytes, total, err := db.sizes(ctx, tables.orders, prefix+"outbox", tables.bare)
+	rowBytes, total, err := db.sizes(ctx, tables.orders, messages, tables.bare)
 	if err != nil {
 		return res, err
 	}
