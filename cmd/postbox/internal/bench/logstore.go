@@ -45,7 +45,7 @@ import (
 // leases: a batch's record then reads the lease to fence itself and locks
 // nothing the relays' renewals write. Kept in the lease rows, the record
 // and the renewals locked the same rows in different orders and
-// deadlocked, and a record lost so re-sent its batch.
+// deadlocked, and each record lost so re-sent its batch.
 func logSchema(prefix string) string {
 	return strings.ReplaceAll(`
 CREATE TABLE {p}log (
