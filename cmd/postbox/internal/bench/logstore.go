@@ -418,6 +418,15 @@ func (s *logStore) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]po
 			s.mu.Unlock()
 			return recs, nil
 		}
+		if p.Limit == 1 && len(rows) > 0 {
+			// The relay's probe of sleeping lanes reads one row and
+			// hands it to no lane: it records nothing, or it would move
+			// a position under a lane's own read, whose record would
+			// then leave the partition alone and its rows be sent
+			// twice. The lane's read copies the held row instead (with
+			// a batch size of one, once the older row is retried).
+			return nil, nil
+		}
 		if _, err := s.settleLog(ctx, p.Fence, br, postboxdriver.Outcome{}, 1); err != nil {
 			return nil, err
 		}
@@ -485,14 +494,15 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 		// Nothing left of an open band: it is read whole, and closes
 		// (without this, a band whose snapshot is old would read nothing
 		// from now on). A partition without a band stays where it is.
-		var closing bool
+		// Only the closing partitions are recorded, so that a lane's
+		// read of the others is not disturbed.
+		br.base = map[int]position{}
 		for _, part := range parts {
-			br.next[part] = base[part]
 			if base[part].hi != nil {
-				br.next[part], closing = base[part].next(false, "", "", 0, 0), true
+				br.base[part], br.next[part] = base[part], base[part].next(false, "", "", 0, 0)
 			}
 		}
-		if !closing {
+		if len(br.base) == 0 {
 			br = nil
 		}
 		return nil, br, nil
