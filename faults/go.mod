@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/nats-io/nats.go v1.55.0
+	github.com/nats-io/nats.go v1.56.0
 	github.com/postbox-go/postbox v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxamqp v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/postboxmysql v0.0.0-00010101000000-000000000000

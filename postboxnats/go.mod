@@ -5,7 +5,7 @@ go 1.26.0
 require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats-server/v2 v2.15.2
-	github.com/nats-io/nats.go v1.55.0
+	github.com/nats-io/nats.go v1.56.0
 	github.com/postbox-go/postbox v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/internal/natsembed v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/internal/sqlitetest v0.0.0-00010101000000-000000000000

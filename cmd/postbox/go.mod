@@ -7,7 +7,7 @@ require (
 	github.com/goccy/go-yaml v1.19.2
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats-server/v2 v2.15.2
-	github.com/nats-io/nats.go v1.55.0
+	github.com/nats-io/nats.go v1.56.0
 	github.com/postbox-go/postbox v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/internal/mysqltest v0.0.0-00010101000000-000000000000
 	github.com/postbox-go/postbox/internal/natsembed v0.0.0-00010101000000-000000000000
