@@ -128,19 +128,22 @@ func TestFaultsChecker(t *testing.T) {
 		// Each crash-looping message dead after its bound of deaths, or
 		// fewer; its key's later message applied. x1 and x2, in the
 		// stream before the consumer's deaths, applied out of order
-		// after them: excused.
+		// after them: excused; so are z1 and z2, stored just after the
+		// last death was reaped, before the broker could notice it.
 		rk := crash("rk", "k3", 1, crashRelay, 5)
 		r2 := rec("r2", "k3", 2, committed, false, 6)
 		ck := crash("ck", "k4", 1, crashConsumer, 7)
 		c2 := rec("c2", "k4", 2, committed, false, 8)
 		x1 := rec("x1", "k9", 1, committed, false, 9)
 		x2 := rec("x2", "k9", 2, committed, false, 10)
+		z1 := rec("z1", "k11", 1, committed, false, 11)
+		z2 := rec("z2", "k11", 2, committed, false, 12)
 		h := maps.Clone(hist)
-		h["rk"], h["r2"], h["ck"], h["c2"], h["x1"], h["x2"] = rk, r2, ck, c2, x1, x2
+		h["rk"], h["r2"], h["ck"], h["c2"], h["x1"], h["x2"], h["z1"], h["z2"] = rk, r2, ck, c2, x1, x2, z1, z2
 		o := observed{
 			hist:         h,
-			stream:       []seen{msg(1, "a", a, 10), msg(2, "b", b, 11), msg(3, "p", p, 12), msg(4, "d", d, 13), msg(5, "r2", r2, 14), msg(6, "ck", ck, 15), msg(7, "c2", c2, 16), msg(8, "x1", x1, 90), msg(9, "x2", x2, 91)},
-			effects:      []effectRow{eff(a, 20), eff(b, 21), eff(d, 22), eff(r2, 23), eff(c2, 24), eff(x2, 110), eff(x1, 111)},
+			stream:       []seen{msg(1, "a", a, 10), msg(2, "b", b, 11), msg(3, "p", p, 12), msg(4, "d", d, 13), msg(5, "r2", r2, 14), msg(6, "ck", ck, 15), msg(7, "c2", c2, 16), msg(8, "x1", x1, 90), msg(9, "x2", x2, 91), msg(10, "z1", z1, 300), msg(11, "z2", z2, 301)},
+			effects:      []effectRow{eff(a, 20), eff(b, 21), eff(d, 22), eff(r2, 23), eff(c2, 24), eff(x2, 110), eff(x1, 111), eff(z2, 400), eff(z1, 401)},
 			consumerDead: []string{"p", "ck"},
 			relayDead:    []string{"rk"},
 			// One death more than the bound, in a relay that had given
@@ -154,7 +157,7 @@ func TestFaultsChecker(t *testing.T) {
 			t.Fatalf("%d violations: %+v", r.ViolationCount, r.Violations)
 		}
 		c := r.Counts
-		if c.RelayCrashMessages != 1 || c.ConsumerCrashMessages != 1 || c.RelayCrashKills != relayCrashBound+1 || c.ConsumerCrashExits != consumerCrashBound+1 || c.ApplyOrderAcrossRestart != 1 {
+		if c.RelayCrashMessages != 1 || c.ConsumerCrashMessages != 1 || c.RelayCrashKills != relayCrashBound+1 || c.ConsumerCrashExits != consumerCrashBound+1 || c.ApplyOrderAcrossRestart != 2 {
 			t.Errorf("counts: %+v", c)
 		}
 		if len(r.Crashes) != 2 || r.Crashes[0].ID != "ck" || r.Crashes[0].LaterApplied != 1 || r.Crashes[0].Resent != 1 || r.Crashes[0].Bound != consumerCrashBound+1 ||
@@ -168,8 +171,8 @@ func TestFaultsChecker(t *testing.T) {
 		// many and its key's next message was never applied; r3 is dead
 		// without a death; c1 was applied; a relay died for an id nobody
 		// wrote; c2 killed the consumer once too often, on redeliveries;
-		// y1 and y2, in the stream after the consumer's death, applied
-		// out of order.
+		// y1 and y2, in the stream after the consumer's death and after
+		// the broker noticed it, applied out of order.
 		y1 := rec("y1", "k9", 1, committed, false, 10)
 		y2 := rec("y2", "k9", 2, committed, false, 11)
 		r1 := crash("r1", "k5", 1, crashRelay, 5)
@@ -181,8 +184,8 @@ func TestFaultsChecker(t *testing.T) {
 		h := map[string]histRec{"r1": r1, "r2": r2, "l2": l2, "r3": r3, "c1": c1, "c2": c2, "y1": y1, "y2": y2}
 		o := observed{
 			hist:         h,
-			stream:       []seen{msg(1, "r1", r1, 10), msg(2, "l2", l2, 11), msg(3, "c1", c1, 12), msg(4, "y1", y1, 105), msg(5, "y2", y2, 106), msg(6, "c2", c2, 13)},
-			effects:      []effectRow{eff(c1, 20), eff(y2, 110), eff(y1, 111)},
+			stream:       []seen{msg(1, "r1", r1, 10), msg(2, "l2", l2, 11), msg(3, "c1", c1, 12), msg(4, "y1", y1, 700), msg(5, "y2", y2, 701), msg(6, "c2", c2, 13)},
+			effects:      []effectRow{eff(c1, 20), eff(y2, 710), eff(y1, 711)},
 			consumerDead: []string{"c1", "c2"},
 			relayDead:    []string{"r2", "r3"},
 			crashes: slices.Concat(deaths("r1", "relay0", 1), deaths("r2", "relay1", relayCrashBound+1), deaths("c1", "consumer", 1), deaths("zz", "relay2", 1),

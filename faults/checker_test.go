@@ -375,6 +375,10 @@ func (r *report) add(rule, guarantee, id, key, format string, args ...any) {
 const forgottenOutcome = "forgotten"
 
 // judge applies the rules. It is a pure function of what was observed.
+// deathNoticed bounds how long after the harness reaps a consumer process
+// the broker may still hand that process's pull requests a message.
+const deathNoticed = 500 * time.Millisecond
+
 func judge(o observed, faults []*fault) *report {
 	r := &report{ByRule: map[string]int{}, FaultsByKind: map[string]int{}, Faults: faults}
 	c := &r.Counts
@@ -505,7 +509,11 @@ func judge(o observed, faults []*fault) *report {
 	// that died had pulled comes back after AckWait, behind what the next
 	// one received meanwhile. An inversion is excused when both messages
 	// were applied after a death of the consumer and the earlier one was
-	// in the stream before it, so that the dead process may have held it.
+	// in the stream before it, or within deathNoticed after it, so that
+	// the dead process may have held it: a death is recorded when the
+	// harness reaps the process, and the broker goes on handing messages
+	// to its pull requests until it reads the closed connection (a message
+	// stored 4 ms after a reaped death came back AckWait later).
 	var restarts []time.Time
 	for _, cr := range o.crashes {
 		if cr.Proc == "consumer" {
@@ -518,7 +526,7 @@ func judge(o observed, faults []*fault) *report {
 		if !ok {
 			return false
 		}
-		i, _ := slices.BinarySearchFunc(restarts, s.Stored, func(a, b time.Time) int { return a.Compare(b) })
+		i, _ := slices.BinarySearchFunc(restarts, s.Stored.Add(-deathNoticed), func(a, b time.Time) int { return a.Compare(b) })
 		return i < len(restarts) && restarts[i].Before(higher.At)
 	}
 	for key, es := range byKey {
