@@ -333,6 +333,15 @@ func (c *Core) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 		c.written.Or(1 << p)
 		return c.insert(ctx, c.q.insertOne, r.ID, r.Topic, nullable(r.Key), notNil(r.Payload), string(r.Headers), int32(p))
 	}
+	args, written := InsertArrays(rows)
+	c.written.Or(written)
+	return c.insert(ctx, c.q.insert, args...)
+}
+
+// InsertArrays are the arrays the many-row insert binds for rows, in its
+// parameters' order (ids, topics, keys, payloads, headers, partitions),
+// and the set of the rows' partitions as bits.
+func InsertArrays(rows []postboxdriver.Row) ([]any, uint64) {
 	n := len(rows)
 	ids, topics, payloads, headers := make([]string, n), make([]string, n), make([][]byte, n), make([]string, n)
 	keys, parts := make([]*string, n), make([]int32, n)
@@ -345,8 +354,7 @@ func (c *Core) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 		parts[i] = int32(p)
 		written |= 1 << p
 	}
-	c.written.Or(written)
-	return c.insert(ctx, c.q.insert, ids, topics, keys, payloads, headers, parts)
+	return []any{ids, topics, keys, payloads, headers, parts}, written
 }
 
 // Deferrer is a transaction's Querier that can send the outbox insert in
@@ -520,7 +528,7 @@ func (c *Core) SettleFetch(ctx context.Context, f postboxdriver.Fence, o postbox
 	}
 	var settled postboxdriver.Settled
 	var recs []postboxdriver.Record
-	rows, err := c.db.Query(ctx, c.q.settleFetch[v], append(args, f.Owner, generations(f), o.Published)...)
+	rows, err := c.db.Query(ctx, c.q.settleFetch[v], append(args, f.Owner, Generations(f), o.Published)...)
 	if err != nil {
 		return settled, nil, c.wrap(err)
 	}
@@ -598,7 +606,7 @@ func (c *Core) Settle(ctx context.Context, f postboxdriver.Fence, o postboxdrive
 		attempts int
 		dead     bool
 	}
-	rows, err := queryAll(ctx, c, c.q.settle, []any{f.Owner, generations(f), published, seqs, errs, backoffs, dead, maxAttempts}, func(r Rows) (row, error) {
+	rows, err := queryAll(ctx, c, c.q.settle, []any{f.Owner, Generations(f), published, seqs, errs, backoffs, dead, maxAttempts}, func(r Rows) (row, error) {
 		var x row
 		err := r.Scan(&x.seq, &x.attempts, &x.dead)
 		return x, err
@@ -621,7 +629,7 @@ func (c *Core) ResolveCrashes(ctx context.Context, f postboxdriver.Fence, seqs [
 	if len(seqs) == 0 {
 		return nil, nil
 	}
-	return queryAll(ctx, c, c.q.resolveCrashes, []any{f.Owner, seqs, generations(f)}, func(r Rows) (postboxdriver.Suspect, error) {
+	return queryAll(ctx, c, c.q.resolveCrashes, []any{f.Owner, seqs, Generations(f)}, func(r Rows) (postboxdriver.Suspect, error) {
 		var s postboxdriver.Suspect
 		err := r.Scan(&s.Seq, &s.Crashes)
 		return s, err
@@ -639,7 +647,7 @@ func (c *Core) MarkInFlight(ctx context.Context, f postboxdriver.Fence, seqs []i
 	if clear == nil {
 		clear = []int64{}
 	}
-	return c.count(ctx, c.q.markInFlight, f.Owner, seqs, generations(f), int16(mark), clear)
+	return c.count(ctx, c.q.markInFlight, f.Owner, seqs, Generations(f), int16(mark), clear)
 }
 
 // Stats implements postboxdriver.Executor.
@@ -665,9 +673,9 @@ func int32s(xs []int) []int32 {
 	return out
 }
 
-// generations lays the fence out as an array indexed by partition+1, the
+// Generations lays the fence out as an array indexed by partition+1, the
 // shape the mark statements read it in; 0 is no generation at all.
-func generations(f postboxdriver.Fence) []int64 {
+func Generations(f postboxdriver.Fence) []int64 {
 	maxPart := -1
 	for p := range f.Generations {
 		maxPart = max(maxPart, p)

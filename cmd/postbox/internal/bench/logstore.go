@@ -252,32 +252,20 @@ type logTx struct {
 }
 
 func (t logTx) Insert(ctx context.Context, rows []postboxdriver.Row) error {
-	_, err := t.tx.Exec(ctx, t.s.insert, insertArgs(rows)...)
+	_, err := t.tx.Exec(ctx, t.s.insert, insertArrays(rows)...)
 	return err
+}
+
+// insertArrays are the log insert's parameters, the outbox insert's.
+func insertArrays(rows []postboxdriver.Row) []any {
+	args, _ := pgsql.InsertArrays(rows)
+	return args
 }
 
 // Insert implements postboxdriver.Executor: the rows go to the log.
 func (s *logStore) Insert(ctx context.Context, rows []postboxdriver.Row) error {
-	_, err := s.pool.Exec(ctx, s.insert, insertArgs(rows)...)
+	_, err := s.pool.Exec(ctx, s.insert, insertArrays(rows)...)
 	return err
-}
-
-func insertArgs(rows []postboxdriver.Row) []any {
-	n := len(rows)
-	ids, topics, payloads, headers := make([]string, n), make([]string, n), make([][]byte, n), make([]string, n)
-	keys, parts := make([]*string, n), make([]int32, n)
-	for i := range rows {
-		r := &rows[i]
-		ids[i], topics[i], payloads[i], headers[i] = r.ID, r.Topic, r.Payload, string(r.Headers)
-		if payloads[i] == nil {
-			payloads[i] = []byte{}
-		}
-		if r.Key != "" {
-			keys[i] = &r.Key
-		}
-		parts[i] = int32(postboxdriver.PartitionOf(r.Key, r.ID, pgsql.Partitions))
-	}
-	return []any{ids, topics, keys, payloads, headers, parts}
 }
 
 // readSQL is the band read of k partitions ($1 the partitions, $2 the
@@ -677,13 +665,7 @@ func (s *logStore) settleLog(ctx context.Context, f postboxdriver.Fence, br *ban
 			cerr, cbackoff, cdead = append(cerr, nil), append(cbackoff, 0), append(cdead, false)
 		}
 	}
-	gens := make([]int64, pgsql.Partitions)
-	for part, g := range f.Generations {
-		if part >= 0 && part < len(gens) {
-			gens[part] = g
-		}
-	}
-	rs, err := s.pool.Query(ctx, s.settle, f.Owner, gens, ps, lo, loNext, loSeq, hi, hiNext, cur, bmax,
+	rs, err := s.pool.Query(ctx, s.settle, f.Owner, pgsql.Generations(f), ps, lo, loNext, loSeq, hi, hiNext, cur, bmax,
 		nonNil(cseq), nonNil(cpart), nonNil(cerr), nonNil(cbackoff), nonNil(cdead), maxAttempts)
 	if err != nil {
 		return out, err
