@@ -2,9 +2,7 @@ package postboxpgx_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -40,39 +38,7 @@ func TestConformanceThroughPgBouncer(t *testing.T) {
 }
 
 func harness(databaseURL string) postboxdrivertest.Harness[pgx.Tx] {
-	return postboxdrivertest.Harness[pgx.Tx]{
-		New: func(t *testing.T) (postboxdriver.Driver[pgx.Tx], string) {
-			pool := testdb.PoolAt(t, databaseURL)
-			prefix := testdb.Prefix(t)
-			testdb.DropPrefix(t, testdb.Pool(t), prefix)
-			return postboxpgx.New(pool), prefix
-		},
-		Begin: func(t *testing.T, ctx context.Context, d postboxdriver.Driver[pgx.Tx]) (pgx.Tx, func() error, func() error) {
-			tx, err := d.(*postboxpgx.Driver).Pool().Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-			return tx, func() error { return tx.Commit(ctx) }, func() error { return tx.Rollback(ctx) }
-		},
-		Backdate: func(t *testing.T, d postboxdriver.Driver[pgx.Tx], prefix, table, column string, age time.Duration) {
-			sql := fmt.Sprintf("UPDATE %s%s SET %s = %s - interval '%d milliseconds'", prefix, table, column, column, age.Milliseconds())
-			if _, err := d.(*postboxpgx.Driver).Pool().Exec(context.Background(), sql); err != nil {
-				t.Fatal(err)
-			}
-		},
-		Exec: func(_ *testing.T, d postboxdriver.Driver[pgx.Tx], query string, args ...any) error {
-			_, err := d.(*postboxpgx.Driver).Pool().Exec(context.Background(), query, args...)
-			return err
-		},
-		Locate: func(*testing.T, postboxdriver.Driver[pgx.Tx]) string { return testdb.PostgresURL() },
-		Sever: func(t *testing.T, _ postboxdriver.Driver[pgx.Tx], tx pgx.Tx) {
-			var pid int
-			if err := tx.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-				t.Fatal(err)
-			}
-			testdb.Terminate(t, pid)
-		},
-		Features: postboxdrivertest.Features{ConcurrentWriters: true},
-	}
+	return testdb.PgxHarness(databaseURL,
+		func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] { return postboxpgx.New(pool) },
+		func(d postboxdriver.Driver[pgx.Tx]) *pgxpool.Pool { return d.(*postboxpgx.Driver).Pool() })
 }
