@@ -211,9 +211,13 @@ func queryOne[T any](ctx context.Context, c *Core, sql string, args []any, scan 
 	return out[0], nil
 }
 
-func (c *Core) wrap(err error) error {
+func (c *Core) wrap(err error) error { return NotMigrated(c.prefix, err) }
+
+// NotMigrated returns err wrapped in postboxdriver.ErrNotMigrated when a
+// table under prefix it needs does not exist, and err itself otherwise.
+func NotMigrated(prefix string, err error) error {
 	if err != nil && isUndefinedTable(err) {
-		return fmt.Errorf("%w (prefix %q): %w", postboxdriver.ErrNotMigrated, c.prefix, err)
+		return fmt.Errorf("%w (prefix %q): %w", postboxdriver.ErrNotMigrated, prefix, err)
 	}
 	return err
 }

@@ -277,19 +277,14 @@ func fetchParts(strict, routed bool) (with, read string) {
 	var topic, unrouted, dead string
 	if strict {
 		dead = `
-    OR EXISTS (SELECT 1 FROM {p}dead d0 WHERE d0.key IS NOT NULL)
-       AND EXISTS (SELECT 1 FROM {p}dead d WHERE d.key = o.key AND d.seq < o.seq)`
+    OR ` + BehindDead("o")
 	}
 	if routed {
-		with = `unrouted AS (
-  SELECT key, min(seq) AS seq FROM {p}outbox
-  WHERE key IS NOT NULL AND partition = ANY($1::int[]) AND NOT (topic LIKE ANY($3::text[]))
-  GROUP BY key
-)`
+		with = UnroutedKeys("$1", "$3")
 		topic = `
   AND o.topic LIKE ANY($3::text[])`
 		unrouted = `
-    OR EXISTS (SELECT 1 FROM unrouted u WHERE u.key = o.key AND u.seq < o.seq)`
+    OR ` + BehindUnrouted("o")
 	}
 	return with, `SELECT o.seq, o.id::text, o.topic, coalesce(o.key, ''), o.payload, o.headers::text, o.partition, o.attempts, o.created_at
 FROM {p}outbox o
@@ -303,6 +298,32 @@ ORDER BY o.seq
 LIMIT $2`
 }
 
+// BehindDead is a strict read's test that the row alias has an older
+// dead message of its key (the row's key not NULL), which holds it back.
+// The first EXISTS, one probe a statement, spares the per-row probe while
+// no keyed message is dead.
+func BehindDead(alias string) string {
+	return `EXISTS (SELECT 1 FROM {p}dead d0 WHERE d0.key IS NOT NULL)
+       AND EXISTS (SELECT 1 FROM {p}dead d WHERE d.key = ` + alias + `.key AND d.seq < ` + alias + `.seq)`
+}
+
+// UnroutedKeys is a routed read's CTE "unrouted": for the partitions of
+// parts, the keys whose pending rows include one of a topic that no
+// pattern of topics (LIKE patterns) matches, with the oldest such seq.
+func UnroutedKeys(parts, topics string) string {
+	return `unrouted AS (
+  SELECT key, min(seq) AS seq FROM {p}outbox
+  WHERE key IS NOT NULL AND partition = ANY(` + parts + `::int[]) AND NOT (topic LIKE ANY(` + topics + `::text[]))
+  GROUP BY key
+)`
+}
+
+// BehindUnrouted is a routed read's test that the row alias has an older
+// row of its key in UnroutedKeys, which holds it back.
+func BehindUnrouted(alias string) string {
+	return `EXISTS (SELECT 1 FROM unrouted u WHERE u.key = ` + alias + `.key AND u.seq < ` + alias + `.seq)`
+}
+
 // FetchStatement is the relay's default fetch (no routes, not strict) for
 // the tables named with prefix: $1 the partitions (int[]), $2 the limit.
 // Benchmarks EXPLAIN it; the relay runs it through Core.Fetch.
@@ -310,9 +331,9 @@ func FetchStatement(prefix string) string {
 	return strings.ReplaceAll(fetchSQL(false, false), "{p}", prefix)
 }
 
-// likePatterns turns topic patterns ("orders.created", "orders.*", "*")
+// LikePatterns turns topic patterns ("orders.created", "orders.*", "*")
 // into LIKE patterns; topics hold no % or \, but may hold _.
-func likePatterns(ps []string) []string {
+func LikePatterns(ps []string) []string {
 	out := make([]string, len(ps))
 	for i, p := range ps {
 		lit, wild := strings.CutSuffix(p, "*")
@@ -500,7 +521,7 @@ func fetchArgs(p postboxdriver.FetchParams) (int, []any) {
 	}
 	if p.Topics != nil {
 		v += 2
-		args = append(args, likePatterns(p.Topics))
+		args = append(args, LikePatterns(p.Topics))
 	}
 	return v, args
 }
