@@ -234,7 +234,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	if logs == nil {
 		err = waitOutboxEmpty(ctx, db, prefix, 20*time.Millisecond)
 	} else {
-		err = waitLogDrained(ctx, db, logs.store, prefix, int64(opts.Messages), 20*time.Millisecond)
+		err = waitLogDrained(ctx, db, logs.store.Load(), prefix, int64(opts.Messages), 20*time.Millisecond)
 	}
 	if err != nil {
 		return res, err

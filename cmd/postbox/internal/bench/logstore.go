@@ -1,9 +1,10 @@
 package bench
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -28,11 +29,11 @@ import (
 // statement that moves the position past it, and from then on is an
 // outbox row like any other (retries, dead messages, the history).
 //
-// What the drivers still need before they adopt it is listed in
-// BENCHMARKS.md ("The log drained by the relay"): the schema as a
-// migration, crash marks on log rows, strict and routed reads, stats,
-// replay and retention by chunk. This Store refuses strict and routed
-// reads rather than read them wrongly.
+// The storage conformance suite holds it (TestLogStoreConformance) but
+// for the operators' view of the history, which still reads the outbox's
+// tables only: replay, the topic status, retention, and a requeue's check
+// for an id pending again. What the drivers still need before they adopt
+// it is listed in BENCHMARKS.md ("The log drained by the relay").
 
 // logSchema adds the log and the partitions' positions to the tables
 // named with prefix. The log's xid comes first, so that its default
@@ -40,6 +41,13 @@ import (
 // is drawn from the outbox's sequence, so that the two tables' seqs
 // compare (design §3, "The position"). A position starts at '1:1:', a
 // snapshot in which nothing is visible: the log from its beginning.
+//
+// {p}log_done holds the log rows recorded one by one, by a Settle that
+// names rows of no read of this process's (a record of another process's
+// read, or of part of one): reads return them marked, hand them to no
+// one, and move the position past them; the record that moves a position
+// past one deletes its mark. The read tests a row's mark only when the
+// table holds one, which it tests once a statement.
 //
 // The positions have a table of their own rather than columns of the
 // leases: a batch's record then reads the lease to fence itself and locks
@@ -71,7 +79,12 @@ CREATE TABLE {p}positions (
     band_cursor bigint      NOT NULL DEFAULT 0,
     band_max    bigint      NOT NULL DEFAULT 0
 );
-INSERT INTO {p}positions (partition) SELECT partition FROM {p}leases;`, "{p}", prefix)
+INSERT INTO {p}positions (partition) SELECT partition FROM {p}leases;
+CREATE TABLE {p}log_done (
+    partition integer NOT NULL,
+    seq       bigint  NOT NULL,
+    PRIMARY KEY (partition, seq)
+);`, "{p}", prefix)
 }
 
 // position is a partition's place in the log: every committed row
@@ -129,11 +142,22 @@ func (p position) next(full bool, snap, xid string, last, maxSeq int64) position
 	return n
 }
 
+// readShape names a read statement: its number of partitions, whether
+// it is strict (BlockOnDead), and whether routed (Topics).
+type readShape struct {
+	parts          int
+	strict, routed bool
+}
+
 // logRow is a row a band read returned: a log row, or an exception.
 type logRow struct {
 	rec    postboxdriver.Record
 	logged bool // from the log; else an outbox row
 	held   bool // a log row behind an older failed row of its key
+	// marked is a log row recorded one by one ({p}log_done): done, so
+	// neither handed to the relay nor copied, but read, so that the
+	// position passes it.
+	marked bool
 }
 
 // bandRead is a read waiting for its Settle: the positions it read from
@@ -161,8 +185,10 @@ func keyOf(seqs []int64) readKey {
 
 // logDriver opens logStores over a pgx pool.
 type logDriver struct {
-	pool  *pgxpool.Pool
-	store *logStore
+	pool *pgxpool.Pool
+	// store is the Store opened last, whose published count the drain
+	// waits on.
+	store atomic.Pointer[logStore]
 }
 
 // Open implements postboxdriver.Driver.
@@ -172,9 +198,9 @@ func (d *logDriver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
 		return nil, err
 	}
 	r := strings.NewReplacer("{p}", prefix)
-	d.store = &logStore{
-		Store: inner, pool: d.pool, r: r,
-		reads:    map[int]string{},
+	st := &logStore{
+		Store: inner, pool: d.pool, r: r, prefix: prefix,
+		reads:    map[readShape]string{},
 		pos:      map[int]position{},
 		pending:  map[readKey]*bandRead{},
 		settling: map[int]bool{},
@@ -182,9 +208,12 @@ func (d *logDriver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[], $6::int[])`),
 		load: r.Replace(`SELECT partition, lo::text, lo_next::text, lo_seq, hi::text, hi_next::text, band_cursor, band_max
 FROM {p}positions WHERE partition = ANY($1::int[])`),
-		settle: r.Replace(settleLogSQL),
+		settle:     r.Replace(settleLogSQL),
+		stats:      r.Replace(logStatsSQL),
+		rowsSettle: r.Replace(settleRowsSQL),
 	}
-	return d.store, nil
+	d.store.Store(st)
+	return st, nil
 }
 
 // logStore is postboxpgx's Store with the relay's path on the log: Insert
@@ -194,14 +223,15 @@ FROM {p}positions WHERE partition = ANY($1::int[])`),
 // statement.
 type logStore struct {
 	postboxdriver.Store[pgx.Tx]
-	pool *pgxpool.Pool
-	r    *strings.Replacer
+	pool   *pgxpool.Pool
+	r      *strings.Replacer
+	prefix string
 
-	insert, load, settle string
+	insert, load, settle, rowsSettle, stats string
 
 	mu sync.Mutex
-	// reads are the read statements by number of partitions.
-	reads map[int]string
+	// reads are the read statements by their shape.
+	reads map[readShape]string
 	// pos are the positions this process holds, by partition, for the
 	// generation each was loaded or advanced under.
 	pos map[int]position
@@ -253,7 +283,7 @@ type logTx struct {
 
 func (t logTx) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 	_, err := t.tx.Exec(ctx, t.s.insert, insertArrays(rows)...)
-	return err
+	return t.s.wrap(err)
 }
 
 // insertArrays are the log insert's parameters, the outbox insert's.
@@ -265,7 +295,18 @@ func insertArrays(rows []postboxdriver.Row) []any {
 // Insert implements postboxdriver.Executor: the rows go to the log.
 func (s *logStore) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 	_, err := s.pool.Exec(ctx, s.insert, insertArrays(rows)...)
-	return err
+	return s.wrap(err)
+}
+
+// wrap is err, as postboxdriver.ErrNotMigrated when the log's tables do
+// not exist.
+func (s *logStore) wrap(err error) error { return pgsql.NotMigrated(s.prefix, err) }
+
+// ConnLost implements postboxdriver.ConnChecker as postboxpgx's Store
+// does.
+func (s *logStore) ConnLost(ctx context.Context, tx pgx.Tx) bool {
+	c, ok := s.Store.(postboxdriver.ConnChecker[pgx.Tx])
+	return ok && c.ConnLost(ctx, tx)
 }
 
 // readSQL is the band read of k partitions ($1 the partitions, $2 the
@@ -280,12 +321,39 @@ func (s *logStore) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 //   - The exceptions: the outbox's rows available now, held behind an
 //     older failed row of their key as the relay's fetch holds them.
 //
-// A log row behind an older failed row of its key is returned as held:
-// not published, but copied to the outbox when the position passes it.
+// A log row behind an older failed row of its key, or in a strict read
+// (BlockOnDead) behind an older dead message of its key, is returned as
+// held: not published, but copied to the outbox when the position passes
+// it, where the relay's strict reads keep it pending as they keep the
+// outbox's rows. A routed read ($8 the topics' LIKE patterns) holds too
+// the log rows of the topics it does not route, and those behind an older
+// row of their key that it does not route, in the outbox or in the read:
+// copied, they wait there for a relay that routes them, and their keys
+// with them, as the outbox's fetch keeps them.
+//
 // The statement returns its own snapshot and its own transaction id,
 // assigned after the snapshot was taken, which bounds every id assigned
 // before it. Having an id, it commits without waiting for a flush.
-func readSQL(k int) string {
+func readSQL(k int, strict, routed bool) string {
+	var dead, heldDead, with, topic, unrouted, heldUnrouted string
+	if strict {
+		dead = `
+      OR ` + pgsql.BehindDead("o")
+		heldDead = `
+    OR b.logged AND b.key IS NOT NULL AND ` + pgsql.BehindDead("b")
+	}
+	if routed {
+		with = pgsql.UnroutedKeys("$1", "$8") + `, `
+		topic = `
+    AND o.topic LIKE ANY($8::text[])`
+		unrouted = `
+      OR ` + pgsql.BehindUnrouted("o")
+		heldUnrouted = `
+    OR b.logged AND NOT (b.topic LIKE ANY($8::text[]))
+    OR b.logged AND b.key IS NOT NULL
+      AND (` + pgsql.BehindUnrouted("b") + `
+           OR EXISTS (SELECT 1 FROM b b2 WHERE b2.key = b.key AND b2.seq < b.seq AND NOT (b2.topic LIKE ANY($8::text[]))))`
+	}
 	const cols = `o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition`
 	var arms []string
 	for i := 1; i <= k; i++ {
@@ -303,15 +371,15 @@ func readSQL(k int) string {
       AND o.partition = a.part AND o.seq <= a.lo_seq AND o.seq > a.cur
       AND (a.hi IS NULL OR pg_visible_in_snapshot(o.xid, a.hi::pg_snapshot))) o)`,
 		`(SELECT `+cols+`, o.attempts, o.created_at, false AS logged FROM {p}outbox o
-  WHERE o.partition = ANY($1::int[]) AND o.available_at <= now()
+  WHERE o.partition = ANY($1::int[]) AND o.available_at <= now()`+topic+`
     AND (o.key IS NULL OR NOT (
       EXISTS (SELECT 1 FROM {p}outbox r WHERE r.attempts > 0 AND r.key IS NOT NULL)
       AND EXISTS (SELECT 1 FROM {p}outbox b
-                  WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > now())))
+                  WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > now())`+dead+unrouted+`))
   ORDER BY o.seq LIMIT $2)`)
 	// The snapshot and the id come once, on the first row; a read that
 	// finds nothing returns no row, and the join leaves the id unassigned.
-	return `WITH b AS (
+	return `WITH ` + with + `b AS (
 ` + strings.Join(arms, "\nUNION ALL\n") + `
 ORDER BY 1 LIMIT $2), s AS (
   SELECT pg_current_snapshot()::text AS snap, pg_current_xact_id()::text AS xid,
@@ -322,7 +390,9 @@ SELECT CASE WHEN b.seq = (SELECT min(seq) FROM b) THEN s.snap || ' ' || s.xid EN
   b.logged AND b.key IS NOT NULL
     AND EXISTS (SELECT 1 FROM {p}outbox r WHERE r.attempts > 0 AND r.key IS NOT NULL)
     AND EXISTS (SELECT 1 FROM {p}outbox h
-                WHERE h.key = b.key AND h.seq < b.seq AND h.attempts > 0 AND h.available_at > now())
+                WHERE h.key = b.key AND h.seq < b.seq AND h.attempts > 0 AND h.available_at > now())` + heldDead + heldUnrouted + `,
+  b.logged AND (SELECT EXISTS (SELECT 1 FROM {p}log_done))
+    AND EXISTS (SELECT 1 FROM {p}log_done m WHERE m.partition = b.partition AND m.seq = b.seq)
 FROM b CROSS JOIN s
 ORDER BY b.seq`
 }
@@ -336,7 +406,9 @@ ORDER BY b.seq`
 // those that failed, the error NULL for those not sent), or buries those
 // that failed for good ($16 the attempt budget). Only the partitions
 // whose lease held are moved, and only their rows copied. A copy whose
-// id is pending already is left out: consumers absorb a copy by id.
+// id is pending already is left out: consumers absorb a copy by id. The
+// rows recorded one by one (log_done) that the new lo passes are done by
+// the position from now on, and their marks go.
 const settleLogSQL = `WITH moved AS (
   UPDATE {p}positions x SET lo = a.lo::pg_snapshot, lo_next = a.lo_next::xid8, lo_seq = a.lo_seq,
     hi = a.hi::pg_snapshot, hi_next = a.hi_next::xid8, band_cursor = a.cur, band_max = a.bmax
@@ -344,6 +416,11 @@ const settleLogSQL = `WITH moved AS (
     AS a(part, lo, lo_next, lo_seq, hi, hi_next, cur, bmax), {p}leases l
   WHERE x.partition = a.part AND l.partition = a.part AND l.owner = $1 AND l.generation = ($2::bigint[])[l.partition + 1]
   RETURNING x.partition
+), undone AS (
+  DELETE FROM {p}log_done m USING {p}log g, unnest($3::int[], $4::text[]) AS a(part, lo)
+  WHERE EXISTS (SELECT 1 FROM {p}log_done)
+    AND m.partition IN (SELECT partition FROM moved) AND m.partition = a.part
+    AND g.partition = m.partition AND g.seq = m.seq AND pg_visible_in_snapshot(g.xid, a.lo::pg_snapshot)
 ), src AS (
   SELECT g.seq, g.id, g.topic, g.key, g.payload, g.headers, g.partition, g.created_at, c.err, c.backoff_ms,
     c.err IS NOT NULL AND (1 >= $16 OR c.dead) AS dies
@@ -376,13 +453,15 @@ SELECT seq, attempts, true, false FROM buried`
 // fenced partitions in seq order, from the log's bands and the outbox's
 // exceptions.
 func (s *logStore) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
-	if p.BlockOnDead || p.Topics != nil {
-		return nil, errors.New("bench: the log store reads neither strict (BlockOnDead) nor routed (Topics) batches")
-	}
+	recs, err := s.fetch(ctx, p)
+	return recs, s.wrap(err)
+}
+
+func (s *logStore) fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
 	if len(p.Fence.Generations) == 0 || p.Limit <= 0 {
 		return nil, nil
 	}
-	// A read of only held rows, or of nothing where a band was open,
+	// A read of only held or marked rows, or of nothing where a band was open,
 	// hands the relay nothing to settle: its rows are copied and its
 	// position moved here, and the read runs again.
 	for range 4 {
@@ -393,7 +472,7 @@ func (s *logStore) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]po
 		var recs []postboxdriver.Record
 		var seqs []int64
 		for _, r := range rows {
-			if !r.held {
+			if !r.held && !r.marked {
 				recs, seqs = append(recs, r.rec), append(seqs, r.rec.Seq)
 			}
 		}
@@ -443,13 +522,18 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 		ps[i], lo[i], loNext[i], loSeq[i], hi[i], cur[i] = int32(part), b.lo, b.loNext, b.loSeq, b.hi, b.cursor
 	}
 	s.mu.Lock()
-	q, ok := s.reads[k]
+	shape := readShape{k, p.BlockOnDead, p.Topics != nil}
+	q, ok := s.reads[shape]
 	if !ok {
-		q = s.r.Replace(readSQL(k))
-		s.reads[k] = q
+		q = s.r.Replace(readSQL(k, p.BlockOnDead, p.Topics != nil))
+		s.reads[shape] = q
 	}
 	s.mu.Unlock()
-	rs, err := s.pool.Query(ctx, q, ps, p.Limit, lo, loNext, loSeq, hi, cur)
+	args := []any{ps, p.Limit, lo, loNext, loSeq, hi, cur}
+	if p.Topics != nil {
+		args = append(args, pgsql.LikePatterns(p.Topics))
+	}
+	rs, err := s.pool.Query(ctx, q, args...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -461,7 +545,7 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 	for rs.Next() {
 		var r logRow
 		rec := &r.rec
-		if err := rs.Scan(&mark, &rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &rec.Headers, &rec.Partition, &rec.Attempts, &rec.CreatedAt, &r.logged, &r.held); err != nil {
+		if err := rs.Scan(&mark, &rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &rec.Headers, &rec.Partition, &rec.Attempts, &rec.CreatedAt, &r.logged, &r.held, &r.marked); err != nil {
 			rs.Close()
 			return nil, nil, err
 		}
@@ -469,7 +553,9 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 			snap, xid, _ = strings.Cut(*mark, " ")
 		}
 		if r.logged {
-			br.logged[rec.Seq] = rec.Partition
+			if !r.marked {
+				br.logged[rec.Seq] = rec.Partition
+			}
 			maxSeq[rec.Partition] = max(maxSeq[rec.Partition], rec.Seq)
 		}
 		out = append(out, r)
@@ -555,6 +641,11 @@ func (s *logStore) positions(ctx context.Context, f postboxdriver.Fence, parts [
 // recorded as the outbox records them, its log rows by moving the
 // positions and copying those not published.
 func (s *logStore) Settle(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
+	st, err := s.record(ctx, f, o, maxAttempts)
+	return st, s.wrap(err)
+}
+
+func (s *logStore) record(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
 	var br *bandRead
 	if len(o.Read) > 0 {
 		s.mu.Lock()
@@ -563,11 +654,21 @@ func (s *logStore) Settle(ctx context.Context, f postboxdriver.Fence, o postboxd
 		s.mu.Unlock()
 	}
 	if br == nil {
-		// Not a read of this process's (or forgotten): its log rows are
-		// read again from the positions.
+		// Not a read this process holds as named: the outbox's rows are
+		// recorded as the outbox records them, the log's one by one.
 		st, err := s.Store.Settle(ctx, f, o, maxAttempts)
+		if err != nil {
+			return st, err
+		}
+		lt, err := s.settleRows(ctx, f, o, maxAttempts)
+		if err != nil {
+			return st, err
+		}
+		st.Published += lt.Published
+		st.Failed = append(st.Failed, lt.Failed...)
+		slices.SortFunc(st.Failed, func(a, b postboxdriver.FailResult) int { return cmp.Compare(a.Seq, b.Seq) })
 		s.published.Add(int64(st.Published))
-		return st, err
+		return st, nil
 	}
 	exc := postboxdriver.Outcome{}
 	for _, seq := range o.Published {
@@ -596,6 +697,172 @@ func (s *logStore) Settle(ctx context.Context, f postboxdriver.Fence, o postboxd
 	out.Failed = append(out.Failed, st.Failed...)
 	s.published.Add(int64(out.Published))
 	return out, nil
+}
+
+// logPendingSQL selects the log rows no position has passed: committed,
+// not visible in their partition's lo, and not in its open band's rows up
+// to the cursor. The rows a position passed unpublished were copied to the
+// outbox or the dead messages by the statement that moved it.
+const logPendingSQL = `SELECT g.id, g.created_at FROM {p}log g JOIN {p}positions x USING (partition)
+  WHERE NOT pg_visible_in_snapshot(g.xid, x.lo)
+    AND NOT (x.hi IS NOT NULL AND pg_visible_in_snapshot(g.xid, x.hi) AND g.seq <= x.band_cursor)
+    AND NOT EXISTS (SELECT 1 FROM {p}log_done m WHERE m.partition = g.partition AND m.seq = g.seq)`
+
+// logStatsSQL is Stats over the log and the outbox: pending are the
+// outbox's rows and the log's pending ones; the history is the published
+// table's rows and the log rows a position passed, but for those copied
+// to the outbox, the dead messages or the published table (an exception
+// published moves there under its id).
+const logStatsSQL = `WITH pend AS (` + logPendingSQL + `)
+SELECT (SELECT count(*) FROM {p}outbox) + (SELECT count(*) FROM pend),
+  (SELECT count(*) FROM {p}dead),
+  coalesce(extract(epoch FROM now() - least((SELECT min(created_at) FROM {p}outbox), (SELECT min(created_at) FROM pend))), 0)::float8,
+  (SELECT count(*) FROM {p}published) + (SELECT count(*) FROM {p}log g
+    WHERE NOT EXISTS (SELECT 1 FROM pend WHERE pend.id = g.id)
+      AND NOT EXISTS (SELECT 1 FROM {p}outbox o WHERE o.id = g.id)
+      AND NOT EXISTS (SELECT 1 FROM {p}dead d WHERE d.id = g.id)
+      AND NOT EXISTS (SELECT 1 FROM {p}published h WHERE h.id = g.id))`
+
+// Stats implements postboxdriver.Executor over the log and the outbox.
+func (s *logStore) Stats(ctx context.Context) (postboxdriver.Stats, error) {
+	var st postboxdriver.Stats
+	var age float64
+	if err := s.pool.QueryRow(ctx, s.stats).Scan(&st.Pending, &st.Dead, &age, &st.Published); err != nil {
+		return st, s.wrap(err)
+	}
+	st.OldestPendingAge = time.Duration(age * float64(time.Second))
+	return st, nil
+}
+
+// ResolveCrashes implements postboxdriver.Executor. The relay asks it
+// first for the batch of a partition taken after its owner's lease ran
+// out, which it then publishes with crash marks (MarkInFlight); marks are
+// kept in the outbox, so the log rows of every read the seqs belong to are
+// first copied there unsent and the positions moved past them: from then
+// on they are exceptions, marked, suspected and buried as the outbox's
+// rows are, and those reads' records are the outbox's. A log row carries
+// no mark, so none of them is a suspect yet. A read whose partition moved
+// on meanwhile is left alone: its rows are read again.
+func (s *logStore) ResolveCrashes(ctx context.Context, f postboxdriver.Fence, seqs []int64) ([]postboxdriver.Suspect, error) {
+	if err := s.toExceptions(ctx, f, seqs); err != nil {
+		return nil, s.wrap(err)
+	}
+	return s.Store.ResolveCrashes(ctx, f, seqs)
+}
+
+// toExceptions copies the log rows of the pending reads that hold any of
+// seqs into the outbox, unsent, and forgets those reads.
+func (s *logStore) toExceptions(ctx context.Context, f postboxdriver.Fence, seqs []int64) error {
+	var reads []*bandRead
+	s.mu.Lock()
+	for k, br := range s.pending {
+		for _, seq := range seqs {
+			if _, ok := br.logged[seq]; ok {
+				reads = append(reads, br)
+				delete(s.pending, k)
+				break
+			}
+		}
+	}
+	s.mu.Unlock()
+	for _, br := range reads {
+		if _, err := s.settleLog(ctx, f, br, postboxdriver.Outcome{}, 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// settleRowsSQL records log rows one by one, for a Settle that names rows
+// of no read of this process's, fenced by the owner ($1) and its
+// generations by partition ($2), among the fenced partitions ($3): the
+// published ($4) and failed ones ($5 their seqs, $6 errors, $7 backoffs,
+// $8 whether permanent; $9 the attempt budget) that no position has
+// passed and no earlier record marked. Each is marked done, so that reads
+// leave it out, and a failed one is copied to the outbox with its attempt
+// counted, or buried. The published are returned with no attempts.
+const settleRowsSQL = `WITH c AS (
+  SELECT seq, NULL::text AS err, 0::bigint AS backoff_ms, false AS dead FROM unnest($4::bigint[]) AS p(seq)
+  UNION ALL
+  SELECT * FROM unnest($5::bigint[], $6::text[], $7::bigint[], $8::boolean[])
+), src AS (
+  SELECT g.seq, g.id, g.topic, g.key, g.payload, g.headers, g.partition, g.created_at, c.err, c.backoff_ms,
+    c.err IS NOT NULL AND (1 >= $9 OR c.dead) AS dies
+  FROM c JOIN {p}log g ON g.partition = ANY($3::int[]) AND g.seq = c.seq
+  JOIN {p}leases l ON l.partition = g.partition AND l.owner = $1 AND l.generation = ($2::bigint[])[l.partition + 1]
+  JOIN {p}positions x ON x.partition = g.partition
+  WHERE NOT pg_visible_in_snapshot(g.xid, x.lo)
+    AND NOT (x.hi IS NOT NULL AND pg_visible_in_snapshot(g.xid, x.hi) AND g.seq <= x.band_cursor)
+), done AS (
+  INSERT INTO {p}log_done (partition, seq) SELECT partition, seq FROM src
+  ON CONFLICT DO NOTHING
+  RETURNING partition, seq
+), copied AS (
+  INSERT INTO {p}outbox (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error, available_at)
+  OVERRIDING SYSTEM VALUE
+  SELECT s.seq, s.id, s.topic, s.key, s.payload, s.headers, s.partition, s.created_at, 1, s.err,
+    now() + s.backoff_ms * interval '1 millisecond'
+  FROM src s JOIN done USING (partition, seq) WHERE s.err IS NOT NULL AND NOT s.dies
+  ON CONFLICT DO NOTHING
+  RETURNING seq, attempts
+), buried AS (
+  INSERT INTO {p}dead (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error)
+  SELECT s.seq, s.id, s.topic, s.key, s.payload, s.headers, s.partition, s.created_at, 1, s.err
+  FROM src s JOIN done USING (partition, seq) WHERE s.dies
+  ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, topic = EXCLUDED.topic, key = EXCLUDED.key,
+    payload = EXCLUDED.payload, headers = EXCLUDED.headers, partition = EXCLUDED.partition,
+    created_at = EXCLUDED.created_at, attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error, dead_at = now()
+  RETURNING seq, attempts
+)
+SELECT s.seq, 0, false FROM src s JOIN done USING (partition, seq) WHERE s.err IS NULL
+UNION ALL
+SELECT seq, attempts, false FROM copied
+UNION ALL
+SELECT seq, attempts, true FROM buried`
+
+// settleRows records o's log rows one by one (settleRowsSQL): those of a
+// read this process does not hold, or holds under another Outcome.Read.
+// A failure listed twice counts once, the last one winning, as the
+// outbox's Settle counts it.
+func (s *logStore) settleRows(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
+	var out postboxdriver.Settled
+	parts := make([]int32, 0, len(f.Generations))
+	for part := range f.Generations {
+		parts = append(parts, int32(part))
+	}
+	last := make(map[int64]postboxdriver.Failure, len(o.Failed))
+	var order []int64
+	for _, fl := range o.Failed {
+		if _, ok := last[fl.Seq]; !ok {
+			order = append(order, fl.Seq)
+		}
+		last[fl.Seq] = fl
+	}
+	var fseq, fbackoff []int64
+	var ferr []string
+	var fdead []bool
+	for _, seq := range order {
+		fl := last[seq]
+		fseq, ferr, fbackoff, fdead = append(fseq, seq), append(ferr, fl.Error), append(fbackoff, fl.Backoff.Milliseconds()), append(fdead, fl.Dead)
+	}
+	rs, err := s.pool.Query(ctx, s.rowsSettle, f.Owner, pgsql.Generations(f), parts,
+		nonNil(o.Published), nonNil(fseq), nonNil(ferr), nonNil(fbackoff), nonNil(fdead), maxAttempts)
+	if err != nil {
+		return out, err
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var r postboxdriver.FailResult
+		if err := rs.Scan(&r.Seq, &r.Attempts, &r.Dead); err != nil {
+			return out, err
+		}
+		if r.Attempts == 0 && !r.Dead {
+			out.Published++
+			continue
+		}
+		out.Failed = append(out.Failed, r)
+	}
+	return out, rs.Err()
 }
 
 // settleLog moves the positions of br's partitions that this process
