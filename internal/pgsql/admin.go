@@ -61,17 +61,8 @@ ORDER BY d.dead_at DESC, d.seq DESC LIMIT $6`),
 		// in line, and in order among its key's messages still pending.
 		// A dead message whose id is pending again (written anew after it
 		// died) stays dead: the outbox holds an id once.
-		requeueDead: r.Replace(`WITH moved AS (
-  DELETE FROM {p}dead d WHERE ` + deadWhere + `
-    AND NOT EXISTS (SELECT 1 FROM {p}outbox o WHERE o.id = d.id)
-  RETURNING d.seq, d.id, d.topic, d.key, d.payload, d.headers, d.created_at, d.partition
-), back AS (
-  INSERT INTO {p}outbox (seq, id, topic, key, payload, headers, created_at, partition) OVERRIDING SYSTEM VALUE
-  SELECT seq, id, topic, key, payload, headers, created_at, partition FROM moved
-  RETURNING 1
-)
-SELECT count(*) FROM back`),
-		deleteDead: r.Replace(`WITH del AS (DELETE FROM {p}dead d WHERE ` + deadWhere + ` RETURNING 1) SELECT count(*) FROM del`),
+		requeueDead: RequeueDeadSQL(prefix, ""),
+		deleteDead:  r.Replace(`WITH del AS (DELETE FROM {p}dead d WHERE ` + deadWhere + ` RETURNING 1) SELECT count(*) FROM del`),
 		prunePublished: r.Replace(`WITH old AS (
   SELECT ctid FROM {p}published WHERE published_at < now() - $1 * interval '1 millisecond' LIMIT $2
 ), del AS (
@@ -124,6 +115,32 @@ FROM {p}published p WHERE ` + replayWhere + `
 GROUP BY p.topic ORDER BY p.topic`),
 	}
 }
+
+// RequeueDeadSQL is RequeueDeadMessages' statement for the tables named
+// with prefix ($1–$5 the filter's DeadArgs): the dead messages selected go
+// back to the outbox under their seqs, but for those whose id is pending
+// again, in the outbox or where pendingElsewhere (a condition on the dead
+// row d, "" for none) says.
+func RequeueDeadSQL(prefix, pendingElsewhere string) string {
+	if pendingElsewhere != "" {
+		pendingElsewhere = `
+    AND NOT (` + pendingElsewhere + `)`
+	}
+	return strings.ReplaceAll(`WITH moved AS (
+  DELETE FROM {p}dead d WHERE `+deadWhere+`
+    AND NOT EXISTS (SELECT 1 FROM {p}outbox o WHERE o.id = d.id)`+pendingElsewhere+`
+  RETURNING d.seq, d.id, d.topic, d.key, d.payload, d.headers, d.created_at, d.partition
+), back AS (
+  INSERT INTO {p}outbox (seq, id, topic, key, payload, headers, created_at, partition) OVERRIDING SYSTEM VALUE
+  SELECT seq, id, topic, key, payload, headers, created_at, partition FROM moved
+  RETURNING 1
+)
+SELECT count(*) FROM back`, "{p}", prefix)
+}
+
+// DeadArgs are the parameters $1–$5 of the statements that select dead
+// messages by f.
+func DeadArgs(f postboxdriver.DeadFilter) []any { return deadArgs(f) }
 
 func deadArgs(f postboxdriver.DeadFilter) []any {
 	ids := f.IDs
