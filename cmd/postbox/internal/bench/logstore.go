@@ -31,9 +31,9 @@ import (
 //
 // The storage conformance suite holds it (TestLogStoreConformance) but
 // for the operators' view of the history, which still reads the outbox's
-// tables only: replay, the topic status, retention, and a requeue's check
-// for an id pending again. What the drivers still need before they adopt
-// it is listed in BENCHMARKS.md ("The log drained by the relay").
+// and the published tables only: replay, the topic status and retention.
+// What the drivers still need before they adopt it is listed in
+// BENCHMARKS.md ("The log drained by the relay").
 
 // logSchema adds the log and the partitions' positions to the tables
 // named with prefix. The log's xid comes first, so that its default
@@ -211,6 +211,7 @@ FROM {p}positions WHERE partition = ANY($1::int[])`),
 		settle:     r.Replace(settleLogSQL),
 		stats:      r.Replace(logStatsSQL),
 		rowsSettle: r.Replace(settleRowsSQL),
+		requeue:    pgsql.RequeueDeadSQL(prefix, r.Replace(logRequeuePending)),
 	}
 	d.store.Store(st)
 	return st, nil
@@ -227,7 +228,7 @@ type logStore struct {
 	r      *strings.Replacer
 	prefix string
 
-	insert, load, settle, rowsSettle, stats string
+	insert, load, settle, rowsSettle, stats, requeue string
 
 	mu sync.Mutex
 	// reads are the read statements by their shape.
@@ -704,9 +705,38 @@ func (s *logStore) record(ctx context.Context, f postboxdriver.Fence, o postboxd
 // to the cursor. The rows a position passed unpublished were copied to the
 // outbox or the dead messages by the statement that moved it.
 const logPendingSQL = `SELECT g.id, g.created_at FROM {p}log g JOIN {p}positions x USING (partition)
-  WHERE NOT pg_visible_in_snapshot(g.xid, x.lo)
+  WHERE ` + logPendingWhere
+
+// logPendingWhere is logPendingSQL's test of a log row g against its
+// partition's position x.
+const logPendingWhere = `NOT pg_visible_in_snapshot(g.xid, x.lo)
     AND NOT (x.hi IS NOT NULL AND pg_visible_in_snapshot(g.xid, x.hi) AND g.seq <= x.band_cursor)
     AND NOT EXISTS (SELECT 1 FROM {p}log_done m WHERE m.partition = g.partition AND m.seq = g.seq)`
+
+// logRequeuePending is a requeue's test that the dead message d's id is
+// pending again in the log, in d's partition. A pending row either has a
+// seq above lo_seq, found by a range of the primary key, or was written
+// by a transaction running when lo was taken, found by the xid index as
+// the read's xip arm finds it: the rows read are bounded by what is
+// pending, not by the history the log keeps (PostgreSQL 15 ANDs the xid
+// index's bitmap with the partition's range of the primary key, whose
+// entries it scans). OFFSET 0 keeps each EXISTS a probe per dead message:
+// without it the first becomes one hashed scan of the whole log.
+const logRequeuePending = `EXISTS (SELECT 1 FROM {p}positions x JOIN {p}log g
+    ON g.partition = x.partition AND g.seq > x.lo_seq
+  WHERE x.partition = d.partition AND g.id = d.id AND ` + logPendingWhere + ` OFFSET 0)
+  OR EXISTS (SELECT 1 FROM {p}positions x CROSS JOIN LATERAL (SELECT g.* FROM {p}log g
+    WHERE (g.xid = ANY(ARRAY(SELECT pg_snapshot_xip(x.lo))) OR g.xid >= pg_snapshot_xmax(x.lo) AND g.xid < x.lo_next)
+      AND g.partition = x.partition AND g.id = d.id) g
+  WHERE x.partition = d.partition AND ` + logPendingWhere + ` OFFSET 0)`
+
+// RequeueDeadMessages implements postboxdriver.Executor: as the outbox's,
+// but a dead message whose id is pending again in the log stays dead too.
+func (s *logStore) RequeueDeadMessages(ctx context.Context, f postboxdriver.DeadFilter) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, s.requeue, pgsql.DeadArgs(f)...).Scan(&n)
+	return n, s.wrap(err)
+}
 
 // logStatsSQL is Stats over the log and the outbox: pending are the
 // outbox's rows and the log's pending ones; the history is the published
