@@ -219,9 +219,10 @@ FROM {p}positions WHERE partition = ANY($1::int[])`),
 
 // logStore is postboxpgx's Store with the relay's path on the log: Insert
 // writes the log, Fetch reads it by bands beside the outbox's exceptions,
-// and Settle advances the positions. It embeds the Store interface, not
-// its type, so the relay sees no SettleFetch: a batch's record is its own
-// statement.
+// and Settle advances the positions (or records rows one by one); Stats,
+// ResolveCrashes and RequeueDeadMessages take the log into account. It
+// embeds the Store interface, not its type, so the relay sees no
+// SettleFetch: a batch's record is its own statement.
 type logStore struct {
 	postboxdriver.Store[pgx.Tx]
 	pool   *pgxpool.Pool
