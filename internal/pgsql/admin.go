@@ -11,8 +11,8 @@ import (
 type adminQueries struct {
 	partitionStats, leaseList, consumerDeadStats,
 	topicStats, listDead, getDead, requeueDead, deleteDead, prunePublished,
-	replay, replayCount, replayAudit, horizon, listReplays string
-	replayNew, replayNewCount, replayNewAudit, replayCounts string
+	listReplays, replayCounts string
+	replay ReplayStatements
 }
 
 // deadWhere selects dead messages by the filter's parameters $1..$5.
@@ -22,14 +22,21 @@ const deadWhere = `(cardinality($1::uuid[]) = 0 OR d.id = ANY($1::uuid[]))
 
 const deadMessageColumns = `d.seq, d.id::text, d.topic, coalesce(d.key, ''), d.payload, d.headers::text, d.attempts, coalesce(d.last_error, ''), d.created_at, d.dead_at`
 
-// replayWhere selects published rows by the request's $1..$4, leaving out
-// any whose id is pending again already (an earlier replay not yet sent).
-const replayWhere = replayNewWhere + `
-  AND NOT EXISTS (SELECT 1 FROM {p}outbox o WHERE o.id = p.id)`
+// ReplayWhere selects history rows aliased a by the request's $1..$4,
+// leaving out any whose id is pending again already in the outbox (an
+// earlier replay not yet sent).
+func ReplayWhere(a string) string {
+	return ReplayNewWhere(a) + `
+  AND NOT EXISTS (SELECT 1 FROM {p}outbox o WHERE o.id = ` + a + `.id)`
+}
 
-// replayNewWhere selects published rows by $1..$4 for a replay as new
-// messages: every one, since the copies have ids of their own.
-const replayNewWhere = `p.created_at >= $1 AND p.created_at < $2 AND ($3 = '' OR p.topic = $3) AND ($4 = '' OR p.key = $4)`
+// ReplayNewWhere selects history rows aliased a by $1..$4 for a replay as
+// new messages: every one, since the copies have ids of their own.
+func ReplayNewWhere(a string) string {
+	return strings.NewReplacer("p.", a+".").Replace(`p.created_at >= $1 AND p.created_at < $2 AND ($3 = '' OR p.topic = $3) AND ($4 = '' OR p.key = $4)`)
+}
+
+var replayWhere = ReplayWhere("p")
 
 func makeAdminQueries(prefix string) adminQueries {
 	r := strings.NewReplacer("{p}", prefix)
@@ -41,19 +48,7 @@ FROM {p}leases`),
 FROM {p}leases ORDER BY partition`),
 		consumerDeadStats: r.Replace(`SELECT consumer, topic, count(*), count(requeue_requested_at) FROM {p}consumer_dead
 GROUP BY consumer, topic ORDER BY consumer, topic`),
-		topicStats: r.Replace(`WITH pending AS (
-  SELECT topic, count(*) AS n, extract(epoch FROM now() - min(created_at)) AS age FROM {p}outbox GROUP BY topic
-), dead AS (
-  SELECT topic, count(*) AS n FROM {p}dead GROUP BY topic
-), recent AS (
-  SELECT topic, count(*) AS n, extract(epoch FROM max(published_at - created_at)) AS lag
-  FROM {p}published WHERE published_at > now() - interval '1 minute' GROUP BY topic
-)
-SELECT t.topic, coalesce(pending.n, 0), coalesce(dead.n, 0), coalesce(pending.age, 0)::float8, coalesce(recent.n, 0),
-  greatest(coalesce(recent.lag, 0), 0)::float8
-FROM (SELECT topic FROM pending UNION SELECT topic FROM dead UNION SELECT topic FROM recent) t
-LEFT JOIN pending USING (topic) LEFT JOIN dead USING (topic) LEFT JOIN recent USING (topic)
-ORDER BY t.topic`),
+		topicStats: TopicStatsSQL(prefix, "", ""),
 		listDead: r.Replace(`SELECT ` + deadMessageColumns + ` FROM {p}dead d WHERE ` + deadWhere + `
 ORDER BY d.dead_at DESC, d.seq DESC LIMIT $6`),
 		getDead: r.Replace(`SELECT ` + deadMessageColumns + ` FROM {p}dead d WHERE d.id = $1::uuid`),
@@ -69,14 +64,77 @@ ORDER BY d.dead_at DESC, d.seq DESC LIMIT $6`),
   DELETE FROM {p}published p USING old WHERE p.ctid = old.ctid RETURNING 1
 )
 SELECT count(*) FROM del`),
-		horizon: `SELECT $1::timestamptz < now() - $2 * interval '1 millisecond'`,
-		// Rows go back under their own ids, in their original order, with
-		// new seqs after everything pending; the history keeps one row per
-		// id, so they leave it until they are published again.
-		replay: r.Replace(`WITH moved AS (
-  DELETE FROM {p}published p WHERE ` + replayWhere + `
+		replay: ReplaySQL(prefix, `{p}published p`, `moved AS (
+  DELETE FROM {p}published p WHERE `+replayWhere+`
   RETURNING p.seq, p.id, p.topic, p.key, p.payload, p.headers, p.partition
-), staged AS (
+)`),
+		listReplays: r.Replace(`SELECT id, at, actor, since, until, topic, key, count, dry_run, as_new FROM {p}replays ORDER BY id DESC LIMIT $1`),
+		replayCounts: r.Replace(`SELECT p.topic, count(*)::int,
+  (count(*) FILTER (WHERE $5 > 0 AND p.published_at >= now() - $5 * interval '1 millisecond'))::int
+FROM {p}published p WHERE ` + replayWhere + `
+GROUP BY p.topic ORDER BY p.topic`),
+	}
+}
+
+// TopicStatsSQL is TopicStats' statement for the tables named with
+// prefix. morePending, if set, adds rows (topic, created_at) pending
+// elsewhere than the outbox (a UNION ALL arm), and moreRecent rows
+// (topic, n, lag) of n messages published elsewhere than the published
+// table in the last minute, lag the longest time from creation to
+// publish among them.
+func TopicStatsSQL(prefix, morePending, moreRecent string) string {
+	if morePending != "" {
+		morePending = "\nUNION ALL\n" + morePending
+	}
+	if moreRecent != "" {
+		moreRecent = "\n  UNION ALL\n  " + moreRecent
+	}
+	return strings.ReplaceAll(`WITH pend AS (
+SELECT topic, created_at FROM {p}outbox`+morePending+`
+), pending AS (
+  SELECT topic, count(*) AS n, extract(epoch FROM now() - min(created_at)) AS age FROM pend GROUP BY topic
+), dead AS (
+  SELECT topic, count(*) AS n FROM {p}dead GROUP BY topic
+), pub AS (
+  SELECT topic, 1::bigint AS n, published_at - created_at AS lag FROM {p}published
+  WHERE published_at > now() - interval '1 minute'`+moreRecent+`
+), recent AS (
+  SELECT topic, sum(n)::bigint AS n, extract(epoch FROM max(lag)) AS lag FROM pub GROUP BY topic
+)
+SELECT t.topic, coalesce(pending.n, 0), coalesce(dead.n, 0), coalesce(pending.age, 0)::float8, coalesce(recent.n, 0),
+  greatest(coalesce(recent.lag, 0), 0)::float8
+FROM (SELECT topic FROM pending UNION SELECT topic FROM dead UNION SELECT topic FROM recent) t
+LEFT JOIN pending USING (topic) LEFT JOIN dead USING (topic) LEFT JOIN recent USING (topic)
+ORDER BY t.topic`, "{p}", prefix)
+}
+
+// ReplayStatements are a replay's statements: under the messages' own
+// ids (Move, Count, Audit) and as new messages (Copy, CopyCount,
+// CopyAudit). Move, Count, Copy and CopyCount select by $1–$4 (the
+// window, topic and key), Move and Copy taking the actor as $5; the
+// audits record a dry run: the actor, the window, topic and key, and the
+// count.
+type ReplayStatements struct {
+	Move, Count, Audit, Copy, CopyCount, CopyAudit string
+}
+
+// ReplaySQL is the replay's statements for the tables named with prefix.
+// history is a FROM item aliased p of the published messages, with the
+// published table's seq, id, topic, key, payload, headers, partition and
+// created_at; move is a list of CTEs, the last named moved, that delete
+// from the history the rows ReplayWhere selects and return their seq, id,
+// topic, key, payload, headers and partition.
+//
+// Rows go back under their own ids, in their original order, with new
+// seqs after everything pending; the history keeps one row per id, so
+// they leave it until they are published again. Copies as new messages
+// take the audit entry's id first, so that every copy can name it; they
+// get fresh ids and leave the history as it was.
+func ReplaySQL(prefix, history, move string) ReplayStatements {
+	r := strings.NewReplacer("{p}", prefix)
+	replayNewWhere := ReplayNewWhere("p")
+	return ReplayStatements{
+		Move: r.Replace(`WITH ` + move + `, staged AS (
   INSERT INTO {p}outbox (id, topic, key, payload, headers, partition)
   SELECT id, topic, key, payload, headers, partition FROM moved ORDER BY seq
   RETURNING 1
@@ -86,18 +144,15 @@ SELECT count(*) FROM del`),
   INSERT INTO {p}replays (actor, since, until, topic, key, count, dry_run) SELECT $5, $1, $2, $3, $4, n, false FROM n
 )
 SELECT n FROM n`),
-		replayCount: r.Replace(`SELECT count(*) FROM {p}published p WHERE ` + replayWhere),
-		replayAudit: r.Replace(`INSERT INTO {p}replays (actor, since, until, topic, key, count, dry_run) VALUES ($1, $2, $3, $4, $5, $6, true)`),
-		listReplays: r.Replace(`SELECT id, at, actor, since, until, topic, key, count, dry_run, as_new FROM {p}replays ORDER BY id DESC LIMIT $1`),
-		// The audit entry's id is taken first, so that every copy can name
-		// it; the copies get fresh ids and keep the history's rows.
-		replayNew: r.Replace(`WITH aid AS (
+		Count: r.Replace(`SELECT count(*) FROM ` + history + ` WHERE ` + replayWhere),
+		Audit: r.Replace(`INSERT INTO {p}replays (actor, since, until, topic, key, count, dry_run) VALUES ($1, $2, $3, $4, $5, $6, true)`),
+		Copy: r.Replace(`WITH aid AS (
   SELECT nextval(pg_get_serial_sequence('{p}replays', 'id')) AS id
 ), copied AS (
   INSERT INTO {p}outbox (id, topic, key, payload, headers)
   SELECT gen_random_uuid(), p.topic, p.key, p.payload,
     p.headers || jsonb_build_object('` + postboxdriver.HeaderReplayOf + `', p.id::text, '` + postboxdriver.HeaderReplay + `', (SELECT id FROM aid)::text)
-  FROM {p}published p WHERE ` + replayNewWhere + `
+  FROM ` + history + ` WHERE ` + replayNewWhere + `
   ORDER BY p.seq
   RETURNING 1
 ), n AS (
@@ -107,13 +162,43 @@ SELECT n FROM n`),
   SELECT (SELECT id FROM aid), $5, $1, $2, $3, $4, n, false, true FROM n
 )
 SELECT n FROM n`),
-		replayNewCount: r.Replace(`SELECT count(*) FROM {p}published p WHERE ` + replayNewWhere),
-		replayNewAudit: r.Replace(`INSERT INTO {p}replays (actor, since, until, topic, key, count, dry_run, as_new) VALUES ($1, $2, $3, $4, $5, $6, true, true)`),
-		replayCounts: r.Replace(`SELECT p.topic, count(*)::int,
-  (count(*) FILTER (WHERE $5 > 0 AND p.published_at >= now() - $5 * interval '1 millisecond'))::int
-FROM {p}published p WHERE ` + replayWhere + `
-GROUP BY p.topic ORDER BY p.topic`),
+		CopyCount: r.Replace(`SELECT count(*) FROM ` + history + ` WHERE ` + replayNewWhere),
+		CopyAudit: r.Replace(`INSERT INTO {p}replays (actor, since, until, topic, key, count, dry_run, as_new) VALUES ($1, $2, $3, $4, $5, $6, true, true)`),
 	}
+}
+
+// horizonSQL is 1 when a window starting at $1 starts more than $2
+// milliseconds ago, else 0.
+const horizonSQL = `SELECT ($1::timestamptz < now() - $2 * interval '1 millisecond')::int`
+
+// RunReplay runs the replay r with st (Replay of postboxdriver.Executor):
+// count runs a statement that returns one count, exec one that returns
+// nothing.
+func RunReplay(ctx context.Context, st ReplayStatements, r postboxdriver.ReplayParams,
+	count func(ctx context.Context, sql string, args ...any) (int, error),
+	exec func(ctx context.Context, sql string, args ...any) error,
+) (int, error) {
+	run, counted, audit := st.Move, st.Count, st.Audit
+	if r.AsNew {
+		// Copies under fresh ids: no consumer has seen them, so no horizon.
+		run, counted, audit = st.Copy, st.CopyCount, st.CopyAudit
+	} else if r.Horizon > 0 {
+		tooOld, err := count(ctx, horizonSQL, r.Since, r.Horizon.Milliseconds())
+		if err != nil {
+			return 0, err
+		}
+		if tooOld > 0 {
+			return 0, postboxdriver.ErrBeyondHorizon
+		}
+	}
+	if !r.DryRun {
+		return count(ctx, run, r.Since, r.Until, r.Topic, r.Key, r.Actor)
+	}
+	n, err := count(ctx, counted, r.Since, r.Until, r.Topic, r.Key)
+	if err != nil {
+		return 0, err
+	}
+	return n, exec(ctx, audit, r.Actor, r.Since, r.Until, r.Topic, r.Key, n)
 }
 
 // RequeueDeadSQL is RequeueDeadMessages' statement for the tables named
@@ -236,28 +321,10 @@ func (c *Core) PrunePublished(ctx context.Context, age time.Duration, limit int)
 
 // Replay implements postboxdriver.Executor.
 func (c *Core) Replay(ctx context.Context, r postboxdriver.ReplayParams) (int, error) {
-	run, counted, audit := c.aq.replay, c.aq.replayCount, c.aq.replayAudit
-	if r.AsNew {
-		// Copies under fresh ids: no consumer has seen them, so no horizon.
-		run, counted, audit = c.aq.replayNew, c.aq.replayNewCount, c.aq.replayNewAudit
-	} else if r.Horizon > 0 {
-		var tooOld bool
-		if err := c.queryRow(ctx, c.db, c.aq.horizon, []any{r.Since, r.Horizon.Milliseconds()}, &tooOld); err != nil {
-			return 0, err
-		}
-		if tooOld {
-			return 0, postboxdriver.ErrBeyondHorizon
-		}
-	}
-	if !r.DryRun {
-		return c.count(ctx, run, r.Since, r.Until, r.Topic, r.Key, r.Actor)
-	}
-	n, err := c.count(ctx, counted, r.Since, r.Until, r.Topic, r.Key)
-	if err != nil {
-		return 0, err
-	}
-	_, err = c.exec(ctx, audit, r.Actor, r.Since, r.Until, r.Topic, r.Key, n)
-	return n, err
+	return RunReplay(ctx, c.aq.replay, r, c.count, func(ctx context.Context, sql string, args ...any) error {
+		_, err := c.exec(ctx, sql, args...)
+		return err
+	})
 }
 
 // ListReplays implements postboxdriver.Executor.
