@@ -311,6 +311,14 @@ func (s *suite[TTx]) adminReplayAsNew(t *testing.T) {
 	if p, err := ae.admin.ReplayPreview(ctx, postbox.ReplayRequest{Since: since, Until: until, Topic: "t.x"}, short); err != nil || p.Count != 2 || p.Dropped() != 0 {
 		t.Fatalf("preview with a window that has passed = %+v, %v", p, err)
 	}
+	// Published longer ago than a window lasts, none would be dropped.
+	time.Sleep(300 * time.Millisecond)
+	past := func(context.Context, string) (time.Duration, string, error) {
+		return 100 * time.Millisecond, "short", nil
+	}
+	if p, err := ae.admin.ReplayPreview(ctx, postbox.ReplayRequest{Since: since, Until: until, Topic: "t.x"}, past); err != nil || p.Count != 2 || p.Dropped() != 0 {
+		t.Fatalf("preview with a window shorter than the time since the publish = %+v, %v", p, err)
+	}
 	if audit, err := ae.admin.Replays(ctx, 10); err != nil || len(audit) != 0 {
 		t.Fatalf("a preview was audited: %+v, %v", audit, err)
 	}
