@@ -284,14 +284,17 @@ func (c *Core) ConsumerDeadStats(ctx context.Context) ([]postboxdriver.ConsumerD
 
 // TopicStats implements postboxdriver.Executor.
 func (c *Core) TopicStats(ctx context.Context) ([]postboxdriver.TopicStats, error) {
-	return queryAll(ctx, c, c.aq.topicStats, nil, func(r Rows) (postboxdriver.TopicStats, error) {
-		var t postboxdriver.TopicStats
-		var age, lag float64
-		err := r.Scan(&t.Topic, &t.Pending, &t.Dead, &age, &t.PublishedLastMinute, &lag)
-		t.OldestPendingAge = time.Duration(age * float64(time.Second))
-		t.PublishLagLastMinute = time.Duration(lag * float64(time.Second))
-		return t, err
-	})
+	return queryAll(ctx, c, c.aq.topicStats, nil, func(r Rows) (postboxdriver.TopicStats, error) { return ScanTopicStats(r.Scan) })
+}
+
+// ScanTopicStats reads a row of TopicStatsSQL's statement with scan.
+func ScanTopicStats(scan func(dest ...any) error) (postboxdriver.TopicStats, error) {
+	var t postboxdriver.TopicStats
+	var age, lag float64
+	err := scan(&t.Topic, &t.Pending, &t.Dead, &age, &t.PublishedLastMinute, &lag)
+	t.OldestPendingAge = time.Duration(age * float64(time.Second))
+	t.PublishLagLastMinute = time.Duration(lag * float64(time.Second))
+	return t, err
 }
 
 // ListDeadMessages implements postboxdriver.Executor.
@@ -338,10 +341,20 @@ func (c *Core) ListReplays(ctx context.Context, limit int) ([]postboxdriver.Repl
 
 // ReplayCounts implements postboxdriver.Executor.
 func (c *Core) ReplayCounts(ctx context.Context, r postboxdriver.ReplayParams, recent time.Duration) ([]postboxdriver.ReplayCount, error) {
-	return queryAll(ctx, c, c.aq.replayCounts, []any{r.Since, r.Until, r.Topic, r.Key, recent.Milliseconds()},
-		func(rs Rows) (postboxdriver.ReplayCount, error) {
-			var n postboxdriver.ReplayCount
-			err := rs.Scan(&n.Topic, &n.Count, &n.Recent)
-			return n, err
-		})
+	return queryAll(ctx, c, c.aq.replayCounts, ReplayCountsArgs(r, recent),
+		func(rs Rows) (postboxdriver.ReplayCount, error) { return ScanReplayCount(rs.Scan) })
+}
+
+// ReplayCountsArgs are ReplayCounts' parameters: the window, topic, key,
+// and recent in milliseconds.
+func ReplayCountsArgs(r postboxdriver.ReplayParams, recent time.Duration) []any {
+	return []any{r.Since, r.Until, r.Topic, r.Key, recent.Milliseconds()}
+}
+
+// ScanReplayCount reads a row of a ReplayCounts statement with scan: the
+// topic, the count, the recent count.
+func ScanReplayCount(scan func(dest ...any) error) (postboxdriver.ReplayCount, error) {
+	var n postboxdriver.ReplayCount
+	err := scan(&n.Topic, &n.Count, &n.Recent)
+	return n, err
 }
