@@ -25,15 +25,17 @@ import (
 // into {p}log, and the relay's Fetch and Settle read it by bands and
 // advance a position per partition, kept in {p}positions. The outbox holds
 // the exceptions: a log row that failed, was held behind an older failed
-// row of its key, or was read and not sent is copied there in the same
-// statement that moves the position past it, and from then on is an
-// outbox row like any other (retries, dead messages, the history).
+// row of its key, or was read and not sent moves there (deleted from the
+// log) in the same statement that moves the position past it, and from
+// then on is an outbox row like any other (retries, dead messages, the
+// published table). What stays in the log is pending or published.
 //
-// The storage conformance suite holds it (TestLogStoreConformance) but
-// for the operators' view of the history, which still reads the outbox's
-// and the published tables only: replay, the topic status and retention.
-// What the drivers still need before they adopt it is listed in
-// BENCHMARKS.md ("The log drained by the relay").
+// The storage conformance suite holds it whole (TestLogStoreConformance),
+// the operators' view of the history included: replay, the topic status
+// and retention read the log beside the published table, and the log's
+// publish times are the records noted in {p}log_passes. What the drivers
+// still need before they adopt it is listed in BENCHMARKS.md ("The log
+// drained by the relay").
 
 // logSchema adds the log and the partitions' positions to the tables
 // named with prefix. The log's xid comes first, so that its default
@@ -48,6 +50,15 @@ import (
 // one, and move the position past them; the record that moves a position
 // past one deletes its mark. The read tests a row's mark only when the
 // table holds one, which it tests once a statement.
+//
+// {p}log_passes is the log's history of publishing, one row a record:
+// the positions it moved, of the partitions it passed rows of (parts, lo,
+// lo_seq, hi and cursors, by partition), and what it published, by topic
+// (how many, and the oldest's creation time). A log row was published by
+// a time T when the position its partition had at T passed it: the
+// partition's entry in the last row at or before T that names it. The
+// topic status reads the last minute's counts; retention and a replay's
+// preview read the positions.
 //
 // The positions have a table of their own rather than columns of the
 // leases: a batch's record then reads the lease to fence itself and locks
@@ -84,7 +95,19 @@ CREATE TABLE {p}log_done (
     partition integer NOT NULL,
     seq       bigint  NOT NULL,
     PRIMARY KEY (partition, seq)
-);`, "{p}", prefix)
+);
+CREATE TABLE {p}log_passes (
+    at      timestamptz   NOT NULL DEFAULT now(),
+    parts   integer[]     NOT NULL,
+    lo      text[]        NOT NULL,
+    lo_seq  bigint[]      NOT NULL,
+    hi      text[]        NOT NULL,
+    cursors bigint[]      NOT NULL,
+    topics  text[]        NOT NULL,
+    counts  integer[]     NOT NULL,
+    oldest  timestamptz[] NOT NULL
+);
+CREATE INDEX {p}log_passes_at_idx ON {p}log_passes (at);`, "{p}", prefix)
 }
 
 // position is a partition's place in the log: every committed row
@@ -155,16 +178,26 @@ type logRow struct {
 	logged bool // from the log; else an outbox row
 	held   bool // a log row behind an older failed row of its key
 	// marked is a log row recorded one by one ({p}log_done): done, so
-	// neither handed to the relay nor copied, but read, so that the
+	// neither handed to the relay nor moved out, but read, so that the
 	// position passes it.
 	marked bool
 }
 
 // bandRead is a read waiting for its Settle: the positions it read from
-// and those it leads to, by partition, and its log rows (seq → partition).
+// and those it leads to, by partition, its log rows handed to the relay
+// by seq, and the partitions it read log rows of (marked or held ones
+// too), whose passing its record notes.
 type bandRead struct {
 	base, next map[int]position
-	logged     map[int64]int
+	logged     map[int64]loggedRow
+	touched    []int
+}
+
+// loggedRow is a log row a read handed to the relay.
+type loggedRow struct {
+	part    int
+	topic   string
+	created time.Time
 }
 
 // readKey names a read by what it handed the relay, as the relay's
@@ -204,6 +237,8 @@ func (d *logDriver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
 		pos:      map[int]position{},
 		pending:  map[readKey]*bandRead{},
 		settling: map[int]bool{},
+		noted:    map[int]time.Time{},
+		owed:     map[int]bool{},
 		insert: r.Replace(`INSERT INTO {p}log (id, topic, key, payload, headers, partition)
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[], $6::int[])`),
 		load: r.Replace(`SELECT partition, lo::text, lo_next::text, lo_seq, hi::text, hi_next::text, band_cursor, band_max
@@ -212,6 +247,14 @@ FROM {p}positions WHERE partition = ANY($1::int[])`),
 		stats:      r.Replace(logStatsSQL),
 		rowsSettle: r.Replace(settleRowsSQL),
 		requeue:    pgsql.RequeueDeadSQL(prefix, r.Replace(logRequeuePending)),
+		topicStats: pgsql.TopicStatsSQL(prefix, r.Replace(logPendingSQL),
+			r.Replace(`SELECT t.topic, t.n::bigint, p.at - t.oldest FROM {p}log_passes p
+    CROSS JOIN LATERAL unnest(p.topics, p.counts, p.oldest) AS t(topic, n, oldest)
+  WHERE p.at > now() - interval '1 minute'`)),
+		replay:       pgsql.ReplaySQL(prefix, logHistory, logReplayMove),
+		replayCounts: r.Replace(logReplayCountsSQL),
+		prune:        r.Replace(logPruneSQL),
+		note:         r.Replace(noteSQL),
 	}
 	d.store.Store(st)
 	return st, nil
@@ -230,6 +273,8 @@ type logStore struct {
 	prefix string
 
 	insert, load, settle, rowsSettle, stats, requeue string
+	topicStats, replayCounts, prune, note            string
+	replay                                           pgsql.ReplayStatements
 
 	mu sync.Mutex
 	// reads are the read statements by their shape.
@@ -244,10 +289,26 @@ type logStore struct {
 	// settling are the partitions whose position a settle is moving: a
 	// second settle from the same position leaves them alone.
 	settling map[int]bool
+	// noted is when this process last noted each partition's position in
+	// {p}log_passes, and owed are the partitions it passed rows of since
+	// without noting them (noteEvery).
+	noted map[int]time.Time
+	owed  map[int]bool
 
 	// published counts the messages Settle recorded as published.
 	published atomic.Int64
 }
+
+// noteEvery spaces the notes of a partition's position in {p}log_passes:
+// a record notes the positions of the partitions it passed rows of only
+// where this process has not noted them for that long, and owes the
+// others a note, which a later record of theirs, or the first read that
+// finds nothing, pays. Noted with every record, the positions of a
+// relay's 64 partitions cost PostgreSQL 0.7 µs a drained message. A
+// log row's publish time is then known to within noteEvery, always late:
+// retention keeps it that much longer, and a replay's preview counts it
+// as recent that much longer.
+const noteEvery = time.Second
 
 // maxPending bounds the reads kept for a Settle: beyond it those read
 // from positions that have moved on since go (the relay's probes, which
@@ -325,12 +386,12 @@ func (s *logStore) ConnLost(ctx context.Context, tx pgx.Tx) bool {
 //
 // A log row behind an older failed row of its key, or in a strict read
 // (BlockOnDead) behind an older dead message of its key, is returned as
-// held: not published, but copied to the outbox when the position passes
+// held: not published, but moved to the outbox when the position passes
 // it, where the relay's strict reads keep it pending as they keep the
 // outbox's rows. A routed read ($8 the topics' LIKE patterns) holds too
 // the log rows of the topics it does not route, and those behind an older
 // row of their key that it does not route, in the outbox or in the read:
-// copied, they wait there for a relay that routes them, and their keys
+// moved, they wait there for a relay that routes them, and their keys
 // with them, as the outbox's fetch keeps them.
 //
 // The statement returns its own snapshot and its own transaction id,
@@ -402,15 +463,21 @@ ORDER BY b.seq`
 // settleLogSQL records the log rows of one read, fenced by the owner ($1)
 // and its generations by partition ($2), which it reads in the leases
 // without locking them: it moves each partition's
-// position ($3–$10, by partition) and copies into the outbox the read's
+// position ($3–$10, by partition) and moves into the outbox the read's
 // log rows that were not published ($11 their seqs, $12 partitions; with
 // $13 the error, $14 the backoff and $15 whether it is permanent for
 // those that failed, the error NULL for those not sent), or buries those
 // that failed for good ($16 the attempt budget). Only the partitions
-// whose lease held are moved, and only their rows copied. A copy whose
+// whose lease held are moved, and only their rows moved out. A copy whose
 // id is pending already is left out: consumers absorb a copy by id. The
 // rows recorded one by one (log_done) that the new lo passes are done by
-// the position from now on, and their marks go.
+// the position from now on, and their marks go. The record is noted in
+// log_passes: what it published by partition and topic ($18–$21: the
+// partition, the topic, how many, the oldest's creation time), and the
+// positions of the partitions $17 (those due a note, noteEvery).
+//
+// The log keeps only what it published: the rows it hands to the outbox
+// leave it, so that its history is every row a position has passed.
 const settleLogSQL = `WITH moved AS (
   UPDATE {p}positions x SET lo = a.lo::pg_snapshot, lo_next = a.lo_next::xid8, lo_seq = a.lo_seq,
     hi = a.hi::pg_snapshot, hi_next = a.hi_next::xid8, band_cursor = a.cur, band_max = a.bmax
@@ -424,11 +491,26 @@ const settleLogSQL = `WITH moved AS (
     AND m.partition IN (SELECT partition FROM moved) AND m.partition = a.part
     AND g.partition = m.partition AND g.seq = m.seq AND pg_visible_in_snapshot(g.xid, a.lo::pg_snapshot)
 ), src AS (
-  SELECT g.seq, g.id, g.topic, g.key, g.payload, g.headers, g.partition, g.created_at, c.err, c.backoff_ms,
+  DELETE FROM {p}log g
+  USING unnest($11::bigint[], $12::int[], $13::text[], $14::bigint[], $15::boolean[]) AS c(seq, part, err, backoff_ms, dead)
+  WHERE g.partition = c.part AND g.seq = c.seq AND c.part IN (SELECT partition FROM moved)
+  RETURNING g.seq, g.id, g.topic, g.key, g.payload, g.headers, g.partition, g.created_at, c.err, c.backoff_ms,
     c.err IS NOT NULL AND (1 >= $16 OR c.dead) AS dies
-  FROM unnest($11::bigint[], $12::int[], $13::text[], $14::bigint[], $15::boolean[]) AS c(seq, part, err, backoff_ms, dead)
-  JOIN {p}log g ON g.partition = c.part AND g.seq = c.seq
-  WHERE c.part IN (SELECT partition FROM moved)
+), published AS (
+  SELECT coalesce(array_agg(t.topic), '{}') AS topics, coalesce(array_agg(t.n), '{}') AS counts,
+    coalesce(array_agg(t.oldest), '{}') AS oldest
+  FROM unnest($18::int[], $19::text[], $20::int[], $21::timestamptz[]) AS t(part, topic, n, oldest)
+  WHERE t.part IN (SELECT partition FROM moved)
+), noted AS (
+  SELECT array_agg(a.part) AS parts, array_agg(a.lo) AS lo, array_agg(a.lo_seq) AS lo_seq, array_agg(a.hi) AS hi,
+    array_agg(a.cur) AS cur
+  FROM unnest($3::int[], $4::text[], $6::bigint[], $7::text[], $9::bigint[]) AS a(part, lo, lo_seq, hi, cur)
+  WHERE a.part = ANY($17::int[]) AND a.part IN (SELECT partition FROM moved)
+), passes AS (
+  INSERT INTO {p}log_passes (parts, lo, lo_seq, hi, cursors, topics, counts, oldest)
+  SELECT coalesce(n.parts, '{}'), coalesce(n.lo, '{}'), coalesce(n.lo_seq, '{}'), coalesce(n.hi, '{}'), coalesce(n.cur, '{}'),
+    p.topics, p.counts, p.oldest
+  FROM noted n, published p WHERE n.parts IS NOT NULL OR cardinality(p.topics) > 0
 ), copied AS (
   INSERT INTO {p}outbox (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error, available_at)
   OVERRIDING SYSTEM VALUE
@@ -464,12 +546,15 @@ func (s *logStore) fetch(ctx context.Context, p postboxdriver.FetchParams) ([]po
 		return nil, nil
 	}
 	// A read of only held or marked rows, or of nothing where a band was open,
-	// hands the relay nothing to settle: its rows are copied and its
+	// hands the relay nothing to settle: its rows are moved out and its
 	// position moved here, and the read runs again.
 	for range 4 {
 		rows, br, err := s.read(ctx, p)
-		if err != nil || br == nil {
+		if err != nil {
 			return nil, err
+		}
+		if br == nil {
+			return nil, s.payNotes(ctx, p.Fence)
 		}
 		var recs []postboxdriver.Record
 		var seqs []int64
@@ -492,7 +577,7 @@ func (s *logStore) fetch(ctx context.Context, p postboxdriver.FetchParams) ([]po
 			// hands it to no lane: it records nothing, or it would move
 			// a position under a lane's own read, whose record would
 			// then leave the partition alone and its rows be sent
-			// twice. The lane's read copies the held row instead (with
+			// twice. The lane's read moves the held row instead (with
 			// a batch size of one, once the older row is retried).
 			return nil, nil
 		}
@@ -543,7 +628,7 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 	var mark *string
 	var snap, xid string
 	maxSeq := map[int]int64{}
-	br := &bandRead{base: base, next: map[int]position{}, logged: map[int64]int{}}
+	br := &bandRead{base: base, next: map[int]position{}, logged: map[int64]loggedRow{}}
 	for rs.Next() {
 		var r logRow
 		rec := &r.rec
@@ -556,7 +641,7 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 		}
 		if r.logged {
 			if !r.marked {
-				br.logged[rec.Seq] = rec.Partition
+				br.logged[rec.Seq] = loggedRow{rec.Partition, rec.Topic, rec.CreatedAt}
 			}
 			maxSeq[rec.Partition] = max(maxSeq[rec.Partition], rec.Seq)
 		}
@@ -584,6 +669,10 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 		return nil, br, nil
 	}
 	full, last := len(out) == p.Limit, out[len(out)-1].rec.Seq
+	for part := range maxSeq {
+		br.touched = append(br.touched, part)
+	}
+	sort.Ints(br.touched)
 	for _, part := range parts {
 		br.next[part] = base[part].next(full, snap, xid, last, maxSeq[part])
 	}
@@ -641,7 +730,7 @@ func (s *logStore) positions(ctx context.Context, f postboxdriver.Fence, parts [
 
 // Settle implements postboxdriver.Executor: the batch's exceptions are
 // recorded as the outbox records them, its log rows by moving the
-// positions and copying those not published.
+// positions and moving out those not published.
 func (s *logStore) Settle(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
 	st, err := s.record(ctx, f, o, maxAttempts)
 	return st, s.wrap(err)
@@ -703,33 +792,54 @@ func (s *logStore) record(ctx context.Context, f postboxdriver.Fence, o postboxd
 
 // logPendingSQL selects the log rows no position has passed: committed,
 // not visible in their partition's lo, and not in its open band's rows up
-// to the cursor. The rows a position passed unpublished were copied to the
-// outbox or the dead messages by the statement that moved it.
-const logPendingSQL = `SELECT g.id, g.created_at FROM {p}log g JOIN {p}positions x USING (partition)
-  WHERE ` + logPendingWhere
+// to the cursor (logPendingArms). The rows a position passed unpublished
+// were moved to the outbox or the dead messages by the statement that
+// moved it.
+var logPendingSQL = func() string {
+	a := logPendingArms("true", "true")
+	return `SELECT g.topic, g.created_at ` + a[0] + `
+UNION ALL
+SELECT g.topic, g.created_at ` + a[1]
+}()
 
-// logPendingWhere is logPendingSQL's test of a log row g against its
-// partition's position x.
+// logPendingWhere is the test that the position x has not passed the log
+// row g of its partition.
 const logPendingWhere = `NOT pg_visible_in_snapshot(g.xid, x.lo)
     AND NOT (x.hi IS NOT NULL AND pg_visible_in_snapshot(g.xid, x.hi) AND g.seq <= x.band_cursor)
     AND NOT EXISTS (SELECT 1 FROM {p}log_done m WHERE m.partition = g.partition AND m.seq = g.seq)`
 
-// logRequeuePending is a requeue's test that the dead message d's id is
-// pending again in the log, in d's partition. A pending row either has a
-// seq above lo_seq, found by a range of the primary key, or was written
-// by a transaction running when lo was taken, found by the xid index as
-// the read's xip arm finds it: the rows read are bounded by what is
-// pending, not by the history the log keeps (PostgreSQL 15 ANDs the xid
-// index's bitmap with the partition's range of the primary key, whose
-// entries it scans). OFFSET 0 keeps each EXISTS a probe per dead message:
-// without it the first becomes one hashed scan of the whole log.
-const logRequeuePending = `EXISTS (SELECT 1 FROM {p}positions x JOIN {p}log g
-    ON g.partition = x.partition AND g.seq > x.lo_seq
-  WHERE x.partition = d.partition AND g.id = d.id AND ` + logPendingWhere + ` OFFSET 0)
-  OR EXISTS (SELECT 1 FROM {p}positions x CROSS JOIN LATERAL (SELECT g.* FROM {p}log g
+// logPendingArms are the two searches for the log rows no position has
+// passed, as FROM and WHERE clauses over the positions x and the log g,
+// with onX added as a condition on x and onG on g. A pending row has a
+// seq above lo_seq, found by a range of the primary key, or at or below
+// it was written by a transaction running when lo was taken, found by the
+// xid index as the read's xip arm finds it (design §3, "The position").
+// Either reads what is pending, not the history the log keeps
+// (PostgreSQL 15 ANDs the xid index's bitmap with the partition's range
+// of the primary key, whose entries it scans). OFFSET 0 keeps each a
+// probe per partition: joined, PostgreSQL hashed the positions and
+// scanned the whole log for each.
+func logPendingArms(onX, onG string) [2]string {
+	return [2]string{
+		`FROM {p}positions x CROSS JOIN LATERAL (SELECT g.* FROM {p}log g
+    WHERE g.partition = x.partition AND g.seq > x.lo_seq AND ` + onG + ` OFFSET 0) g
+  WHERE ` + onX + ` AND ` + logPendingWhere,
+		`FROM {p}positions x CROSS JOIN LATERAL (SELECT g.* FROM {p}log g
     WHERE (g.xid = ANY(ARRAY(SELECT pg_snapshot_xip(x.lo))) OR g.xid >= pg_snapshot_xmax(x.lo) AND g.xid < x.lo_next)
-      AND g.partition = x.partition AND g.id = d.id) g
-  WHERE x.partition = d.partition AND ` + logPendingWhere + ` OFFSET 0)`
+      AND g.partition = x.partition AND g.seq <= x.lo_seq AND ` + onG + ` OFFSET 0) g
+  WHERE ` + onX + ` AND ` + logPendingWhere,
+	}
+}
+
+// logRequeuePending is a requeue's test that the dead message d's id is
+// pending again in the log, in d's partition (logPendingArms). OFFSET 0
+// keeps each EXISTS a probe per dead message: without it the first
+// becomes one hashed scan of the whole log.
+var logRequeuePending = func() string {
+	a := logPendingArms("x.partition = d.partition", "g.id = d.id")
+	return `EXISTS (SELECT 1 ` + a[0] + ` OFFSET 0)
+  OR EXISTS (SELECT 1 ` + a[1] + ` OFFSET 0)`
+}()
 
 // RequeueDeadMessages implements postboxdriver.Executor: as the outbox's,
 // but a dead message whose id is pending again in the log stays dead too.
@@ -741,18 +851,13 @@ func (s *logStore) RequeueDeadMessages(ctx context.Context, f postboxdriver.Dead
 
 // logStatsSQL is Stats over the log and the outbox: pending are the
 // outbox's rows and the log's pending ones; the history is the published
-// table's rows and the log rows a position passed, but for those copied
-// to the outbox, the dead messages or the published table (an exception
-// published moves there under its id).
-const logStatsSQL = `WITH pend AS (` + logPendingSQL + `)
+// table's rows and the log's others (the rows a position passed
+// unpublished left the log for the outbox or the dead messages).
+var logStatsSQL = `WITH pend AS (` + logPendingSQL + `)
 SELECT (SELECT count(*) FROM {p}outbox) + (SELECT count(*) FROM pend),
   (SELECT count(*) FROM {p}dead),
   coalesce(extract(epoch FROM now() - least((SELECT min(created_at) FROM {p}outbox), (SELECT min(created_at) FROM pend))), 0)::float8,
-  (SELECT count(*) FROM {p}published) + (SELECT count(*) FROM {p}log g
-    WHERE NOT EXISTS (SELECT 1 FROM pend WHERE pend.id = g.id)
-      AND NOT EXISTS (SELECT 1 FROM {p}outbox o WHERE o.id = g.id)
-      AND NOT EXISTS (SELECT 1 FROM {p}dead d WHERE d.id = g.id)
-      AND NOT EXISTS (SELECT 1 FROM {p}published h WHERE h.id = g.id))`
+  (SELECT count(*) FROM {p}published) + (SELECT count(*) FROM {p}log) - (SELECT count(*) FROM pend)`
 
 // Stats implements postboxdriver.Executor over the log and the outbox.
 func (s *logStore) Stats(ctx context.Context) (postboxdriver.Stats, error) {
@@ -765,11 +870,136 @@ func (s *logStore) Stats(ctx context.Context) (postboxdriver.Stats, error) {
 	return st, nil
 }
 
+// logHistory is a FROM item, aliased p, of the published messages: the
+// published table's rows (exceptions published) and the log's rows that
+// are not pending.
+const logHistory = `(SELECT seq, id, topic, key, payload, headers, partition, created_at FROM {p}published
+  UNION ALL
+  SELECT g.seq, g.id, g.topic, g.key, g.payload, g.headers, g.partition, g.created_at
+  FROM {p}log g JOIN {p}positions x USING (partition) WHERE NOT (` + logPendingWhere + `)) p`
+
+// logReplayMove deletes for a replay under the messages' own ids the
+// published rows selected, from the published table and from the log
+// (with the marks of rows recorded one by one), as moved.
+var logReplayMove = `pub AS (
+  DELETE FROM {p}published p WHERE ` + pgsql.ReplayWhere("p") + `
+  RETURNING p.seq, p.id, p.topic, p.key, p.payload, p.headers, p.partition
+), lg AS (
+  DELETE FROM {p}log g USING {p}positions x
+  WHERE x.partition = g.partition AND ` + pgsql.ReplayWhere("g") + ` AND NOT (` + logPendingWhere + `)
+  RETURNING g.seq, g.id, g.topic, g.key, g.payload, g.headers, g.partition
+), unmarked AS (
+  DELETE FROM {p}log_done m USING lg WHERE m.partition = lg.partition AND m.seq = lg.seq
+), moved AS (
+  SELECT * FROM pub UNION ALL SELECT * FROM lg
+)`
+
+// logPositionsAt is a FROM item, aliased e, of each partition's position as
+// of cutoff (an expression of the time), as log_passes noted it: the
+// partition, lo, lo_seq, hi and the band's cursor. A partition whose
+// first record came later has none.
+func logPositionsAt(cutoff string) string {
+	return `(SELECT x.partition, e.lo::pg_snapshot AS lo, e.lo_seq, e.hi::pg_snapshot AS hi, e.cur, e.at
+  FROM {p}positions x CROSS JOIN LATERAL (
+    SELECT p.at, p.lo[i] AS lo, p.lo_seq[i] AS lo_seq, p.hi[i] AS hi, p.cursors[i] AS cur
+    FROM {p}log_passes p CROSS JOIN LATERAL array_position(p.parts, x.partition) AS i
+    WHERE p.at <= ` + cutoff + ` AND x.partition = ANY(p.parts)
+    ORDER BY p.at DESC LIMIT 1) e) e`
+}
+
+// logBehind tests that the position e passed the log row g.
+const logBehind = `(pg_visible_in_snapshot(g.xid, e.lo) OR e.hi IS NOT NULL AND pg_visible_in_snapshot(g.xid, e.hi) AND g.seq <= e.cur)`
+
+// logReplayCountsSQL counts by topic what a replay under the messages'
+// own ids selects ($1–$4), and of those how many were published within
+// the last $5 milliseconds: for a log row, one its partition's position
+// had not passed then. A row recorded one by one counts from the record
+// that moves the position past it.
+var logReplayCountsSQL = `WITH h AS (
+  SELECT p.topic, p.published_at >= now() - $5 * interval '1 millisecond' AS recent
+  FROM {p}published p WHERE ` + pgsql.ReplayWhere("p") + `
+  UNION ALL
+  SELECT g.topic, NOT coalesce(` + logBehind + `, false)
+  FROM {p}log g JOIN {p}positions x USING (partition)
+  LEFT JOIN ` + logPositionsAt("now() - $5 * interval '1 millisecond'") + ` ON e.partition = g.partition
+  WHERE NOT (` + logPendingWhere + `) AND ` + pgsql.ReplayWhere("g") + `
+)
+SELECT topic, count(*)::int, (count(*) FILTER (WHERE $5 > 0 AND recent))::int FROM h GROUP BY topic ORDER BY topic`
+
+// logPruneSQL deletes at most $2 log rows that their partition's
+// position had passed $1 milliseconds ago (the history older than that
+// by publish time), searching each partition's rows up to the larger of
+// that position's lo_seq and cursor, and the log_passes rows no
+// partition's position at that time needs, once over a minute old.
+var logPruneSQL = `WITH e AS (SELECT * FROM ` + logPositionsAt("now() - $1 * interval '1 millisecond'") + `
+), old AS (
+  SELECT g.partition, g.seq FROM e JOIN {p}log g ON g.partition = e.partition AND g.seq <= greatest(e.lo_seq, e.cur)
+  WHERE ` + logBehind + `
+  LIMIT $2
+), del AS (
+  DELETE FROM {p}log g USING old WHERE g.partition = old.partition AND g.seq = old.seq RETURNING 1
+), passes AS (
+  DELETE FROM {p}log_passes p
+  WHERE p.at < (SELECT min(at) FROM e) AND p.at < now() - interval '1 minute'
+)
+SELECT count(*) FROM del`
+
+// TopicStats implements postboxdriver.Executor: the log's pending rows
+// count beside the outbox's, and its records of the last minute beside
+// the published table's.
+func (s *logStore) TopicStats(ctx context.Context) ([]postboxdriver.TopicStats, error) {
+	rs, err := s.pool.Query(ctx, s.topicStats)
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (postboxdriver.TopicStats, error) { return pgsql.ScanTopicStats(r.Scan) })
+	return out, s.wrap(err)
+}
+
+// Replay implements postboxdriver.Executor over the published table and
+// the log.
+func (s *logStore) Replay(ctx context.Context, r postboxdriver.ReplayParams) (int, error) {
+	n, err := pgsql.RunReplay(ctx, s.replay, r, s.count, func(ctx context.Context, sql string, args ...any) error {
+		_, err := s.pool.Exec(ctx, sql, args...)
+		return err
+	})
+	return n, s.wrap(err)
+}
+
+// count runs a statement that returns one count.
+func (s *logStore) count(ctx context.Context, sql string, args ...any) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, sql, args...).Scan(&n)
+	return n, err
+}
+
+// ReplayCounts implements postboxdriver.Executor over the published table
+// and the log.
+func (s *logStore) ReplayCounts(ctx context.Context, r postboxdriver.ReplayParams, recent time.Duration) ([]postboxdriver.ReplayCount, error) {
+	rs, err := s.pool.Query(ctx, s.replayCounts, pgsql.ReplayCountsArgs(r, recent)...)
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (postboxdriver.ReplayCount, error) { return pgsql.ScanReplayCount(r.Scan) })
+	return out, s.wrap(err)
+}
+
+// PrunePublished implements postboxdriver.Executor: the published table
+// first, then the log, at most limit rows in all.
+func (s *logStore) PrunePublished(ctx context.Context, age time.Duration, limit int) (int, error) {
+	n, err := s.Store.PrunePublished(ctx, age, limit)
+	if err != nil || n >= limit {
+		return n, err
+	}
+	m, err := s.count(ctx, s.prune, age.Milliseconds(), limit-n)
+	return n + m, s.wrap(err)
+}
+
 // ResolveCrashes implements postboxdriver.Executor. The relay asks it
 // first for the batch of a partition taken after its owner's lease ran
 // out, which it then publishes with crash marks (MarkInFlight); marks are
 // kept in the outbox, so the log rows of every read the seqs belong to are
-// first copied there unsent and the positions moved past them: from then
+// first moved there unsent and the positions moved past them: from then
 // on they are exceptions, marked, suspected and buried as the outbox's
 // rows are, and those reads' records are the outbox's. A log row carries
 // no mark, so none of them is a suspect yet. A read whose partition moved
@@ -781,7 +1011,7 @@ func (s *logStore) ResolveCrashes(ctx context.Context, f postboxdriver.Fence, se
 	return s.Store.ResolveCrashes(ctx, f, seqs)
 }
 
-// toExceptions copies the log rows of the pending reads that hold any of
+// toExceptions moves the log rows of the pending reads that hold any of
 // seqs into the outbox, unsent, and forgets those reads.
 func (s *logStore) toExceptions(ctx context.Context, f postboxdriver.Fence, seqs []int64) error {
 	var reads []*bandRead
@@ -809,9 +1039,10 @@ func (s *logStore) toExceptions(ctx context.Context, f postboxdriver.Fence, seqs
 // generations by partition ($2), among the fenced partitions ($3): the
 // published ($4) and failed ones ($5 their seqs, $6 errors, $7 backoffs,
 // $8 whether permanent; $9 the attempt budget) that no position has
-// passed and no earlier record marked. Each is marked done, so that reads
-// leave it out, and a failed one is copied to the outbox with its attempt
-// counted, or buried. The published are returned with no attempts.
+// passed and no earlier record marked. A published one is marked done,
+// so that reads leave it out, and noted in log_passes with no position;
+// a failed one leaves the log for the outbox with its attempt counted,
+// or is buried. The published are returned with no attempts.
 const settleRowsSQL = `WITH c AS (
   SELECT seq, NULL::text AS err, 0::bigint AS backoff_ms, false AS dead FROM unnest($4::bigint[]) AS p(seq)
   UNION ALL
@@ -824,22 +1055,33 @@ const settleRowsSQL = `WITH c AS (
   JOIN {p}positions x ON x.partition = g.partition
   WHERE NOT pg_visible_in_snapshot(g.xid, x.lo)
     AND NOT (x.hi IS NOT NULL AND pg_visible_in_snapshot(g.xid, x.hi) AND g.seq <= x.band_cursor)
+    AND NOT EXISTS (SELECT 1 FROM {p}log_done m WHERE m.partition = g.partition AND m.seq = g.seq)
 ), done AS (
-  INSERT INTO {p}log_done (partition, seq) SELECT partition, seq FROM src
+  INSERT INTO {p}log_done (partition, seq) SELECT partition, seq FROM src WHERE err IS NULL
   ON CONFLICT DO NOTHING
   RETURNING partition, seq
+), gone AS (
+  DELETE FROM {p}log g USING src s
+  WHERE s.err IS NOT NULL AND g.partition = s.partition AND g.seq = s.seq
+  RETURNING g.partition, g.seq
+), passes AS (
+  INSERT INTO {p}log_passes (parts, lo, lo_seq, hi, cursors, topics, counts, oldest)
+  SELECT '{}', '{}', '{}', '{}', '{}', array_agg(t.topic), array_agg(t.n), array_agg(t.oldest)
+  FROM (SELECT s.topic, count(*)::int AS n, min(s.created_at) AS oldest
+        FROM src s JOIN done USING (partition, seq) GROUP BY s.topic) t
+  HAVING count(*) > 0
 ), copied AS (
   INSERT INTO {p}outbox (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error, available_at)
   OVERRIDING SYSTEM VALUE
   SELECT s.seq, s.id, s.topic, s.key, s.payload, s.headers, s.partition, s.created_at, 1, s.err,
     now() + s.backoff_ms * interval '1 millisecond'
-  FROM src s JOIN done USING (partition, seq) WHERE s.err IS NOT NULL AND NOT s.dies
+  FROM src s JOIN gone USING (partition, seq) WHERE NOT s.dies
   ON CONFLICT DO NOTHING
   RETURNING seq, attempts
 ), buried AS (
   INSERT INTO {p}dead (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error)
   SELECT s.seq, s.id, s.topic, s.key, s.payload, s.headers, s.partition, s.created_at, 1, s.err
-  FROM src s JOIN done USING (partition, seq) WHERE s.dies
+  FROM src s JOIN gone USING (partition, seq) WHERE s.dies
   ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, topic = EXCLUDED.topic, key = EXCLUDED.key,
     payload = EXCLUDED.payload, headers = EXCLUDED.headers, partition = EXCLUDED.partition,
     created_at = EXCLUDED.created_at, attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error, dead_at = now()
@@ -897,7 +1139,7 @@ func (s *logStore) settleRows(ctx context.Context, f postboxdriver.Fence, o post
 }
 
 // settleLog moves the positions of br's partitions that this process
-// still holds where br read them, and copies br's log rows of those
+// still holds where br read them, and moves out br's log rows of those
 // partitions that o did not publish.
 func (s *logStore) settleLog(ctx context.Context, f postboxdriver.Fence, br *bandRead, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
 	var out postboxdriver.Settled
@@ -947,12 +1189,29 @@ func (s *logStore) settleLog(ctx context.Context, f postboxdriver.Fence, br *ban
 	var cerr []*string
 	var cdead []bool
 	var done int
-	for seq, part := range br.logged {
+	type partTopic struct {
+		part  int
+		topic string
+	}
+	type tally struct {
+		n      int32
+		oldest time.Time
+	}
+	sent := map[partTopic]tally{}
+	for seq, lr := range br.logged {
+		part := lr.part
 		if !moving[part] {
 			continue
 		}
 		if published[seq] {
 			done++
+			k := partTopic{part, lr.topic}
+			t, ok := sent[k]
+			if !ok || lr.created.Before(t.oldest) {
+				t.oldest = lr.created
+			}
+			t.n++
+			sent[k] = t
 			continue
 		}
 		cseq, cpart = append(cseq, seq), append(cpart, int32(part))
@@ -963,13 +1222,20 @@ func (s *logStore) settleLog(ctx context.Context, f postboxdriver.Fence, br *ban
 			cerr, cbackoff, cdead = append(cerr, nil), append(cbackoff, 0), append(cdead, false)
 		}
 	}
+	touched := s.dueNotes(br.touched, moving)
+	var moved []int
+	defer func() { s.unnoted(touched, moved) }()
+	tparts, topics, counts, oldest := make([]int32, 0, len(sent)), make([]string, 0, len(sent)), make([]int32, 0, len(sent)), make([]time.Time, 0, len(sent))
+	for k, t := range sent {
+		tparts, topics, counts, oldest = append(tparts, int32(k.part)), append(topics, k.topic), append(counts, t.n), append(oldest, t.oldest)
+	}
 	rs, err := s.pool.Query(ctx, s.settle, f.Owner, pgsql.Generations(f), ps, lo, loNext, loSeq, hi, hiNext, cur, bmax,
-		nonNil(cseq), nonNil(cpart), nonNil(cerr), nonNil(cbackoff), nonNil(cdead), maxAttempts)
+		nonNil(cseq), nonNil(cpart), nonNil(cerr), nonNil(cbackoff), nonNil(cdead), maxAttempts,
+		touched, tparts, topics, counts, oldest)
 	if err != nil {
 		return out, err
 	}
 	defer rs.Close()
-	var moved []int
 	for rs.Next() {
 		var n int64
 		var attempts int
@@ -1001,12 +1267,82 @@ func (s *logStore) settleLog(ctx context.Context, f postboxdriver.Fence, br *ban
 			held[part] = true
 		}
 		for _, seq := range o.Published {
-			if part, ok := br.logged[seq]; ok && held[part] {
+			if lr, ok := br.logged[seq]; ok && held[lr.part] {
 				out.Published++
 			}
 		}
 	}
 	return out, nil
+}
+
+// dueNotes returns the partitions whose positions a record moving the
+// partitions moving notes: those of touched (it passed rows of them) and
+// those owed a note, where this process has not noted them for
+// noteEvery. The other partitions of touched are owed one. It takes them
+// as noted now.
+func (s *logStore) dueNotes(touched []int, moving map[int]bool) []int32 {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, part := range touched {
+		s.owed[part] = true
+	}
+	out := []int32{}
+	for part := range s.owed {
+		if moving[part] && now.Sub(s.noted[part]) >= noteEvery {
+			out = append(out, int32(part))
+			s.noted[part] = now
+			delete(s.owed, part)
+		}
+	}
+	return out
+}
+
+// unnoted owes again a note of the partitions of noted that a record did
+// not move (moved): it wrote no note of them.
+func (s *logStore) unnoted(noted []int32, moved []int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, part := range noted {
+		if !slices.Contains(moved, int(part)) {
+			s.owed[int(part)] = true
+			delete(s.noted, int(part))
+		}
+	}
+}
+
+// noteSQL notes the positions of the partitions $1 as they stand, at a
+// time taken after the statement's snapshot: every record it sees had
+// committed by then.
+const noteSQL = `INSERT INTO {p}log_passes (at, parts, lo, lo_seq, hi, cursors, topics, counts, oldest)
+SELECT clock_timestamp(), array_agg(partition), array_agg(lo::text), array_agg(lo_seq), array_agg(hi::text),
+  array_agg(band_cursor), '{}', '{}', '{}'
+FROM {p}positions WHERE partition = ANY($1::int[])
+HAVING count(*) > 0`
+
+// payNotes notes the positions of the fenced partitions owed a note
+// whose time has come, for a read that found nothing: with no record to
+// ride, an idle relay's last rows would otherwise have no publish time.
+func (s *logStore) payNotes(ctx context.Context, f postboxdriver.Fence) error {
+	fenced := make(map[int]bool, len(f.Generations))
+	for part := range f.Generations {
+		fenced[part] = true
+	}
+	s.mu.Lock()
+	n := len(s.owed)
+	s.mu.Unlock()
+	if n == 0 {
+		return nil
+	}
+	parts := s.dueNotes(nil, fenced)
+	if len(parts) == 0 {
+		return nil
+	}
+	_, err := s.pool.Exec(ctx, s.note, parts)
+	if err != nil {
+		s.unnoted(parts, nil)
+	}
+	return err
 }
 
 // nonNil is xs, or an empty slice for nil: the statements bind arrays.

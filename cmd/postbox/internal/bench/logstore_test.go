@@ -14,9 +14,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/postboxdriver"
 )
 
 // The real relay drains the log while writers commit into it: late, with
@@ -232,4 +234,138 @@ func writeLogged(ctx context.Context, pool interface {
 	committed[id] = fmt.Sprintf("%s:%d", key, n)
 	cmu.Unlock()
 	return nil
+}
+
+// Rows recorded one by one, by a process that did not read them, join the
+// history as the rows a position passes do: the topic status counts them
+// as published in the last minute, and a replay under their own ids takes
+// them out of the log with their marks.
+func TestLogStoreHistoryOfRowsRecordedOneByOne(t *testing.T) {
+	ctx := context.Background()
+	pool, open := logStoreSchema(t)
+	reader, recorder := open(), open()
+	var rows []postboxdriver.Row
+	for i, topic := range []string{"t.a", "t.a", "t.b"} {
+		rows = append(rows, postboxdriver.Row{ID: postbox.NewID(), Topic: topic, Key: fmt.Sprint("k", i), Payload: []byte("p"), Headers: []byte("{}")})
+	}
+	if err := reader.Insert(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	fence := fenceAll(t, reader)
+	recs, err := reader.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
+	if err != nil || len(recs) != 3 {
+		t.Fatalf("fetch = %d rows, %v", len(recs), err)
+	}
+	var seqs []int64
+	for _, r := range recs {
+		seqs = append(seqs, r.Seq)
+	}
+	if st, err := recorder.Settle(ctx, fence, postboxdriver.Outcome{Published: seqs}, 5); err != nil || st.Published != 3 {
+		t.Fatalf("settle = %+v, %v", st, err)
+	}
+	topics, err := recorder.TopicStats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, ts := range topics {
+		got[ts.Topic] = ts.PublishedLastMinute
+	}
+	if fmt.Sprint(got) != "map[t.a:2 t.b:1]" {
+		t.Fatalf("published in the last minute by topic: %v", got)
+	}
+	n, err := recorder.Replay(ctx, postboxdriver.ReplayParams{Since: time.Now().Add(-time.Hour), Until: time.Now().Add(time.Hour), Actor: "ops"})
+	if err != nil || n != 3 {
+		t.Fatalf("replay = %d, %v", n, err)
+	}
+	var marks int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+reader.(*logStore).prefix+`log_done`).Scan(&marks); err != nil || marks != 0 {
+		t.Fatalf("%d marks left after the replay, %v", marks, err)
+	}
+}
+
+// A record within noteEvery of its partition's last note notes what it
+// published but owes the partition's position a note, and the first read
+// that finds nothing pays it: retention then reaches the rows of the
+// relay's last batch before it fell idle.
+func TestLogStoreNotesOwedPositions(t *testing.T) {
+	ctx := context.Background()
+	_, open := logStoreSchema(t)
+	st := open()
+	fence := fenceAll(t, st)
+	publish := func() {
+		t.Helper()
+		row := postboxdriver.Row{ID: postbox.NewID(), Topic: "t", Key: "k", Payload: []byte("p"), Headers: []byte("{}")}
+		if err := st.Insert(ctx, []postboxdriver.Row{row}); err != nil {
+			t.Fatal(err)
+		}
+		recs, err := st.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
+		if err != nil || len(recs) != 1 {
+			t.Fatalf("fetch = %d rows, %v", len(recs), err)
+		}
+		o := postboxdriver.Outcome{Read: []int64{recs[0].Seq}, Published: []int64{recs[0].Seq}}
+		if s, err := st.Settle(ctx, fence, o, 5); err != nil || s.Published != 1 {
+			t.Fatalf("settle = %+v, %v", s, err)
+		}
+	}
+	prune := func(want int) {
+		t.Helper()
+		if n, err := st.PrunePublished(ctx, 0, 100); err != nil || n != want {
+			t.Fatalf("prune = %d, %v; want %d", n, err, want)
+		}
+	}
+	publish() // noted
+	publish() // owed
+	// The second record noted what it published, if not its position.
+	if ts, err := st.TopicStats(ctx); err != nil || len(ts) != 1 || ts[0].PublishedLastMinute != 2 {
+		t.Fatalf("topic status = %+v, %v", ts, err)
+	}
+	prune(1)
+	time.Sleep(noteEvery)
+	if recs, err := st.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10}); err != nil || len(recs) != 0 {
+		t.Fatalf("idle fetch = %d rows, %v", len(recs), err)
+	}
+	prune(1)
+}
+
+// logStoreSchema makes the outbox's and the log's tables under a prefix of
+// the test's own, and returns the pool and a function opening a log
+// store on them (a process of its own).
+func logStoreSchema(t testing.TB) (*pgxpool.Pool, func() postboxdriver.Store[pgx.Tx]) {
+	t.Helper()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	prefix := testdb.Prefix(t)
+	testdb.DropPrefix(t, pool, prefix)
+	if _, _, err := migrated(ctx, pool, prefix); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, logSchema(prefix)); err != nil {
+		t.Fatal(err)
+	}
+	return pool, func() postboxdriver.Store[pgx.Tx] {
+		st, err := (&logDriver{pool: pool}).Open(prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+}
+
+// fenceAll takes every partition's lease for st and returns its fence.
+func fenceAll(t *testing.T, st postboxdriver.Store[pgx.Tx]) postboxdriver.Fence {
+	t.Helper()
+	parts := make([]int, 64)
+	for i := range parts {
+		parts[i] = i
+	}
+	ls, err := st.AcquireLeases(context.Background(), "relay", parts, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fence := postboxdriver.Fence{Owner: "relay", Generations: map[int]int64{}}
+	for _, l := range ls {
+		fence.Generations[l.Partition] = l.Generation
+	}
+	return fence
 }
