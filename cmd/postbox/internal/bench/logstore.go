@@ -42,7 +42,10 @@ import (
 // assigns the writer's transaction id before seq's nextval runs, and seq
 // is drawn from the outbox's sequence, so that the two tables' seqs
 // compare (design §3, "The position"). A position starts at '1:1:', a
-// snapshot in which nothing is visible: the log from its beginning.
+// snapshot in which nothing is visible: the log from its beginning. A
+// BRIN index on created_at lets a replay's window read the ranges of the
+// log written in it: rows are appended about in creation order, and the
+// index costs a write next to nothing.
 //
 // {p}log_done holds the log rows recorded one by one, by a Settle that
 // names rows of no read of this process's (a record of another process's
@@ -80,6 +83,7 @@ CREATE TABLE {p}log (
     PRIMARY KEY (partition, seq)
 );
 CREATE INDEX {p}log_xid_idx ON {p}log (xid);
+CREATE INDEX {p}log_created_idx ON {p}log USING brin (created_at);
 CREATE TABLE {p}positions (
     partition   integer     PRIMARY KEY,
     lo          pg_snapshot NOT NULL DEFAULT '1:1:',
