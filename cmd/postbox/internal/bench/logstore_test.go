@@ -369,3 +369,52 @@ func fenceAll(t *testing.T, st postboxdriver.Store[pgx.Tx]) postboxdriver.Fence 
 	}
 	return fence
 }
+
+// A requeue leaves dead a message whose id is pending again in the log
+// through a late commit: written by a transaction that was running when
+// its partition's position was taken, with a seq below the position's
+// lo_seq, so that only the xid arm of the pending search finds it.
+func TestLogStoreRequeueSeesALateCommit(t *testing.T) {
+	ctx := context.Background()
+	pool, open := logStoreSchema(t)
+	st := open()
+	p := st.(*logStore).prefix
+	id := postbox.NewID()
+	row := func(id string) []postboxdriver.Row {
+		return []postboxdriver.Row{{ID: id, Topic: "t", Key: "k", Payload: []byte("p"), Headers: []byte("{}")}}
+	}
+	late, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = late.Rollback(ctx) }()
+	if err := st.UnwrapExecutor(late).Insert(ctx, row(id)); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Insert(ctx, row(postbox.NewID())); err != nil {
+		t.Fatal(err)
+	}
+	fence := fenceAll(t, st)
+	recs, err := st.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("fetch = %d rows, %v", len(recs), err)
+	}
+	o := postboxdriver.Outcome{Read: []int64{recs[0].Seq}, Published: []int64{recs[0].Seq}}
+	if _, err := st.Settle(ctx, fence, o, 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var below bool
+	if err := pool.QueryRow(ctx, `SELECT g.seq <= x.lo_seq FROM `+p+`log g JOIN `+p+`positions x USING (partition) WHERE g.id = $1`, id).Scan(&below); err != nil || !below {
+		t.Fatalf("the late row's seq is below lo_seq: %v, %v", below, err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+p+`dead (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error)
+SELECT seq - 1000000, id, topic, key, payload, headers, partition, created_at, 1, 'x' FROM `+p+`log WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := st.RequeueDeadMessages(ctx, postboxdriver.DeadFilter{IDs: []string{id}}); err != nil || n != 0 {
+		t.Fatalf("requeue = %d, %v; the id is pending in the log", n, err)
+	}
+}
