@@ -384,7 +384,12 @@ func (s *logStore) ConnLost(ctx context.Context, tx pgx.Tx) bool {
 //     each limited, merged in seq order (a Merge Append that stops after
 //     the batch).
 //   - The xip arm: the rows of the transactions that had their id when lo
-//     was taken, at or below lo_seq, by the xid index.
+//     was taken, at or below lo_seq, by the xid index alone, a probe per
+//     partition (OFFSET 0): those in lo's xip list, and those at or above
+//     its xmax and below lo_next. The "+ 0" keeps PostgreSQL from ANDing
+//     the index with the partition's range of the primary key, whose
+//     entries (the partition's whole history) it then read: a read of 500
+//     rows over a log of 1,000,000 took 128 ms so, 7 ms as built.
 //   - The exceptions: the outbox's rows available now, held behind an
 //     older failed row of their key as the relay's fetch holds them.
 //
@@ -433,10 +438,14 @@ func readSQL(k int, strict, routed bool) string {
 	arms = append(arms, `(SELECT `+cols+`, 0 AS attempts, o.created_at, true AS logged
   FROM unnest($1::int[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bigint[]) AS a(part, lo, lo_next, lo_seq, hi, cur)
   CROSS JOIN LATERAL (SELECT * FROM {p}log o
-    WHERE (o.xid = ANY(ARRAY(SELECT pg_snapshot_xip(a.lo::pg_snapshot)))
-           OR o.xid >= pg_snapshot_xmax(a.lo::pg_snapshot) AND o.xid < a.lo_next::xid8)
-      AND o.partition = a.part AND o.seq <= a.lo_seq AND o.seq > a.cur
-      AND (a.hi IS NULL OR pg_visible_in_snapshot(o.xid, a.hi::pg_snapshot))) o)`,
+    WHERE o.xid = ANY(ARRAY(SELECT pg_snapshot_xip(a.lo::pg_snapshot)))
+      AND o.partition + 0 = a.part AND o.seq + 0 <= a.lo_seq AND o.seq + 0 > a.cur
+    UNION ALL
+    SELECT * FROM {p}log o
+    WHERE o.xid >= pg_snapshot_xmax(a.lo::pg_snapshot) AND o.xid < a.lo_next::xid8
+      AND o.partition + 0 = a.part AND o.seq + 0 <= a.lo_seq AND o.seq + 0 > a.cur
+    OFFSET 0) o
+  WHERE a.hi IS NULL OR pg_visible_in_snapshot(o.xid, a.hi::pg_snapshot))`,
 		`(SELECT `+cols+`, o.attempts, o.created_at, false AS logged FROM {p}outbox o
   WHERE o.partition = ANY($1::int[]) AND o.available_at <= now()`+topic+`
     AND (o.key IS NULL OR NOT (
@@ -818,10 +827,11 @@ const logPendingWhere = `NOT pg_visible_in_snapshot(g.xid, x.lo)
 // seq above lo_seq, found by a range of the primary key, or at or below
 // it was written by a transaction running when lo was taken, found by the
 // xid index as the read's xip arm finds it (design §3, "The position").
-// Either reads what is pending, not the history the log keeps
-// (PostgreSQL 15 ANDs the xid index's bitmap with the partition's range
-// of the primary key, whose entries it scans). OFFSET 0 keeps each a
-// probe per partition: joined, PostgreSQL hashed the positions and
+// Either reads what is pending, not the history the log keeps: the
+// second tests the partition and lo_seq with "+ 0", so that PostgreSQL
+// uses the xid index alone rather than ANDing it with the partition's
+// range of the primary key (the read's xip arm says why). OFFSET 0 keeps
+// each a probe per partition: joined, PostgreSQL hashed the positions and
 // scanned the whole log for each.
 func logPendingArms(onX, onG string) [2]string {
 	return [2]string{
@@ -830,7 +840,7 @@ func logPendingArms(onX, onG string) [2]string {
   WHERE ` + onX + ` AND ` + logPendingWhere,
 		`FROM {p}positions x CROSS JOIN LATERAL (SELECT g.* FROM {p}log g
     WHERE (g.xid = ANY(ARRAY(SELECT pg_snapshot_xip(x.lo))) OR g.xid >= pg_snapshot_xmax(x.lo) AND g.xid < x.lo_next)
-      AND g.partition = x.partition AND g.seq <= x.lo_seq AND ` + onG + ` OFFSET 0) g
+      AND g.partition + 0 = x.partition AND g.seq + 0 <= x.lo_seq AND ` + onG + ` OFFSET 0) g
   WHERE ` + onX + ` AND ` + logPendingWhere,
 	}
 }

@@ -2,9 +2,14 @@ package bench
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
 
@@ -77,6 +82,86 @@ FROM `+p+`positions`); err != nil {
 				b.ReportMetric(float64(use.Database)/float64(time.Microsecond), "pg-µs/row")
 			}
 			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "rows/s")
+		})
+	}
+}
+
+// BenchmarkLogHistory times a relay's read and the operator's statements
+// over a log that holds a history: LOG_HISTORY_ROWS rows (default
+// 1,000,000) of 256-byte payloads written over the past six days, every
+// one passed by the positions, and 5,000 written in the last minute and
+// pending. One op is one call; a request's window is the last hour:
+//
+//	go test -run '^$' -bench LogHistory -benchtime 5x -timeout 30m ./cmd/postbox/internal/bench/
+func BenchmarkLogHistory(b *testing.B) {
+	rows := 1_000_000
+	if v := os.Getenv("LOG_HISTORY_ROWS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rows = n
+	}
+	ctx := context.Background()
+	pool, open := logStoreSchema(b)
+	st := open().(*logStore)
+	p := st.prefix
+	// Written by 400 transactions, so that the xid index's statistics
+	// are a writer's, not one bulk load's.
+	const txs = 400
+	for i := range txs {
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]slog (id, topic, key, payload, headers, partition, created_at)
+SELECT gen_random_uuid(), 't' || g %% 8, 'k' || g %% 1000, convert_to(repeat('x', 256), 'UTF8'), '{}', g %% 64,
+  now() - interval '6 days' + (%[3]d + g) * (interval '6 days' / %[2]d)
+FROM generate_series(1, %[2]d / %[4]d) g`, p, rows, i*(rows/txs), txs)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, q := range []string{
+		`UPDATE %[1]spositions SET lo = pg_current_snapshot(), lo_next = pg_current_xact_id(), lo_seq = (SELECT max(seq) FROM %[1]slog)`,
+		`INSERT INTO %[1]slog_passes (parts, lo, lo_seq, hi, cursors, topics, counts, oldest)
+SELECT array_agg(partition), array_agg(lo::text), array_agg(lo_seq), array_agg(hi::text), array_agg(band_cursor), '{}', '{}', '{}'
+FROM %[1]spositions`,
+		`INSERT INTO %[1]slog (id, topic, key, payload, headers, partition)
+SELECT gen_random_uuid(), 't' || g %% 8, 'k' || g %% 1000, convert_to(repeat('x', 256), 'UTF8'), '{}', g %% 64
+FROM generate_series(1, 5000) g`,
+		`INSERT INTO %[1]sdead (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error)
+SELECT -g, gen_random_uuid(), 't', 'k', '\x00', '{}', g %% 64, now(), 1, 'x' FROM generate_series(1, 100) g`,
+		`VACUUM ANALYZE %[1]slog`,
+	} {
+		if _, err := pool.Exec(ctx, fmt.Sprintf(q, p, rows)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	fence := fenceAll(b, st)
+	window := postboxdriver.ReplayParams{Since: time.Now().Add(-time.Hour), Until: time.Now(), Actor: "bench", DryRun: true}
+	for _, c := range []struct {
+		name string
+		run  func() error
+	}{
+		{"Read500", func() error {
+			_, br, err := st.read(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 500})
+			if err == nil && br == nil {
+				err = errors.New("the read found nothing")
+			}
+			return err
+		}},
+		{"Stats", func() error { _, err := st.Stats(ctx); return err }},
+		{"TopicStats", func() error { _, err := st.TopicStats(ctx); return err }},
+		{"ReplayDryRun", func() error { _, err := st.Replay(ctx, window); return err }},
+		{"ReplayCounts", func() error { _, err := st.ReplayCounts(ctx, window, 2*time.Minute); return err }},
+		{"PruneNothingOld", func() error { _, err := st.PrunePublished(ctx, 7*24*time.Hour, 1000); return err }},
+		{"RequeueDead100", func() error {
+			_, err := st.RequeueDeadMessages(ctx, postboxdriver.DeadFilter{Topic: "none"})
+			return err
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for range b.N {
+				if err := c.run(); err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
 	}
 }

@@ -353,7 +353,7 @@ func logStoreSchema(t testing.TB) (*pgxpool.Pool, func() postboxdriver.Store[pgx
 }
 
 // fenceAll takes every partition's lease for st and returns its fence.
-func fenceAll(t *testing.T, st postboxdriver.Store[pgx.Tx]) postboxdriver.Fence {
+func fenceAll(t testing.TB, st postboxdriver.Store[pgx.Tx]) postboxdriver.Fence {
 	t.Helper()
 	parts := make([]int, 64)
 	for i := range parts {
@@ -416,5 +416,56 @@ SELECT seq - 1000000, id, topic, key, payload, headers, partition, created_at, 1
 	}
 	if n, err := st.RequeueDeadMessages(ctx, postboxdriver.DeadFilter{IDs: []string{id}}); err != nil || n != 0 {
 		t.Fatalf("requeue = %d, %v; the id is pending in the log", n, err)
+	}
+}
+
+// A row written by a transaction that was running when its partition's
+// position was taken, with a seq below the position's lo_seq, is read
+// once it commits: only the xid arm of the read finds it.
+func TestLogStoreReadsALateCommit(t *testing.T) {
+	ctx := context.Background()
+	pool, open := logStoreSchema(t)
+	st := open()
+	row := func() []postboxdriver.Row {
+		return []postboxdriver.Row{{ID: postbox.NewID(), Topic: "t", Key: "k", Payload: []byte("p"), Headers: []byte("{}")}}
+	}
+	late, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = late.Rollback(ctx) }()
+	lateRow := row()
+	if err := st.UnwrapExecutor(late).Insert(ctx, lateRow); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Insert(ctx, row()); err != nil {
+		t.Fatal(err)
+	}
+	fence := fenceAll(t, st)
+	read := func() []postboxdriver.Record {
+		t.Helper()
+		recs, err := st.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seqs []int64
+		for _, r := range recs {
+			seqs = append(seqs, r.Seq)
+		}
+		if len(seqs) > 0 {
+			if _, err := st.Settle(ctx, fence, postboxdriver.Outcome{Read: seqs, Published: seqs}, 5); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return recs
+	}
+	if recs := read(); len(recs) != 1 {
+		t.Fatalf("first read = %d rows", len(recs))
+	}
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if recs := read(); len(recs) != 1 || recs[0].ID != lateRow[0].ID {
+		t.Fatalf("the late commit's row was not read: %+v", recs)
 	}
 }
