@@ -251,9 +251,9 @@ func (c *Client[TTx]) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop stops the relay: it claims nothing more, finishes the batch in
-// flight, records its outcome and releases its partitions so another
-// replica takes them at once. When ctx ends first, in-flight publishes are
+// Stop stops the relay: it claims nothing more, finishes the batch and
+// the lease renewal in flight, records the batch's outcome and releases
+// its partitions so another replica takes them at once. When ctx ends first, in-flight publishes are
 // abandoned (their rows stay pending and are published again later) and
 // Stop returns ctx's error once the relay has exited.
 func (c *Client[TTx]) Stop(ctx context.Context) error {

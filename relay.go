@@ -315,7 +315,14 @@ func (r *relay) run(soft, hard context.Context) {
 		// coordinator silently while the leases run out. Past half the
 		// lease the renewal is too late to help; the failure is logged,
 		// the connection dropped by the driver, and the renewal retried.
-		rctx, cancel := context.WithTimeout(soft, r.cfg.LeaseDuration/2)
+		//
+		// A stop does not cut it short (hard, not soft): a statement the
+		// relay gave up on may still run on the database, after the leave
+		// that follows the stop, and take the partitions the leave let go
+		// back for a whole lease after the relay is gone. So the leave
+		// waits for the renewal's answer, which also tells it every
+		// partition the renewal took.
+		rctx, cancel := context.WithTimeout(hard, r.cfg.LeaseDuration/2)
 		var moved bool
 		var err error
 		pending, moved, err = r.coordinate(rctx)
