@@ -238,7 +238,7 @@ func (d *logDriver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
 	}
 	r := strings.NewReplacer("{p}", prefix)
 	st := &logStore{
-		Store: inner, pool: d.pool, r: r, prefix: prefix,
+		Store: inner, pool: d.pool, db: noJIT{d.pool}, r: r, prefix: prefix,
 		reads:    map[readShape]string{},
 		pos:      map[int]position{},
 		pending:  map[readKey]*bandRead{},
@@ -275,6 +275,7 @@ FROM {p}positions WHERE partition = ANY($1::int[])`),
 type logStore struct {
 	postboxdriver.Store[pgx.Tx]
 	pool   *pgxpool.Pool
+	db     noJIT // every statement but the writer's insert
 	r      *strings.Replacer
 	prefix string
 
@@ -635,7 +636,7 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 	if p.Topics != nil {
 		args = append(args, pgsql.LikePatterns(p.Topics))
 	}
-	rs, err := s.pool.Query(ctx, q, args...)
+	rs, err := s.db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -711,7 +712,7 @@ func (s *logStore) positions(ctx context.Context, f postboxdriver.Fence, parts [
 	if len(missing) == 0 {
 		return out, nil
 	}
-	rs, err := s.pool.Query(ctx, s.load, missing)
+	rs, err := s.db.Query(ctx, s.load, missing)
 	if err != nil {
 		return nil, err
 	}
@@ -861,7 +862,7 @@ var logRequeuePending = func() string {
 // but a dead message whose id is pending again in the log stays dead too.
 func (s *logStore) RequeueDeadMessages(ctx context.Context, f postboxdriver.DeadFilter) (int, error) {
 	var n int
-	err := s.pool.QueryRow(ctx, s.requeue, pgsql.DeadArgs(f)...).Scan(&n)
+	err := s.db.QueryRow(ctx, s.requeue, pgsql.DeadArgs(f)...).Scan(&n)
 	return n, s.wrap(err)
 }
 
@@ -879,7 +880,7 @@ SELECT (SELECT count(*) FROM {p}outbox) + (SELECT count(*) FROM pend),
 func (s *logStore) Stats(ctx context.Context) (postboxdriver.Stats, error) {
 	var st postboxdriver.Stats
 	var age float64
-	if err := s.pool.QueryRow(ctx, s.stats).Scan(&st.Pending, &st.Dead, &age, &st.Published); err != nil {
+	if err := s.db.QueryRow(ctx, s.stats).Scan(&st.Pending, &st.Dead, &age, &st.Published); err != nil {
 		return st, s.wrap(err)
 	}
 	st.OldestPendingAge = time.Duration(age * float64(time.Second))
@@ -964,7 +965,7 @@ SELECT count(*) FROM del`
 // count beside the outbox's, and its records of the last minute beside
 // the published table's.
 func (s *logStore) TopicStats(ctx context.Context) ([]postboxdriver.TopicStats, error) {
-	rs, err := s.pool.Query(ctx, s.topicStats)
+	rs, err := s.db.Query(ctx, s.topicStats)
 	if err != nil {
 		return nil, s.wrap(err)
 	}
@@ -976,7 +977,7 @@ func (s *logStore) TopicStats(ctx context.Context) ([]postboxdriver.TopicStats, 
 // the log.
 func (s *logStore) Replay(ctx context.Context, r postboxdriver.ReplayParams) (int, error) {
 	n, err := pgsql.RunReplay(ctx, s.replay, r, s.count, func(ctx context.Context, sql string, args ...any) error {
-		_, err := s.pool.Exec(ctx, sql, args...)
+		_, err := s.db.Exec(ctx, sql, args...)
 		return err
 	})
 	return n, s.wrap(err)
@@ -985,14 +986,14 @@ func (s *logStore) Replay(ctx context.Context, r postboxdriver.ReplayParams) (in
 // count runs a statement that returns one count.
 func (s *logStore) count(ctx context.Context, sql string, args ...any) (int, error) {
 	var n int
-	err := s.pool.QueryRow(ctx, sql, args...).Scan(&n)
+	err := s.db.QueryRow(ctx, sql, args...).Scan(&n)
 	return n, err
 }
 
 // ReplayCounts implements postboxdriver.Executor over the published table
 // and the log.
 func (s *logStore) ReplayCounts(ctx context.Context, r postboxdriver.ReplayParams, recent time.Duration) ([]postboxdriver.ReplayCount, error) {
-	rs, err := s.pool.Query(ctx, s.replayCounts, pgsql.ReplayCountsArgs(r, recent)...)
+	rs, err := s.db.Query(ctx, s.replayCounts, pgsql.ReplayCountsArgs(r, recent)...)
 	if err != nil {
 		return nil, s.wrap(err)
 	}
@@ -1134,7 +1135,7 @@ func (s *logStore) settleRows(ctx context.Context, f postboxdriver.Fence, o post
 		fl := last[seq]
 		fseq, ferr, fbackoff, fdead = append(fseq, seq), append(ferr, fl.Error), append(fbackoff, fl.Backoff.Milliseconds()), append(fdead, fl.Dead)
 	}
-	rs, err := s.pool.Query(ctx, s.rowsSettle, f.Owner, pgsql.Generations(f), parts,
+	rs, err := s.db.Query(ctx, s.rowsSettle, f.Owner, pgsql.Generations(f), parts,
 		nonNil(o.Published), nonNil(fseq), nonNil(ferr), nonNil(fbackoff), nonNil(fdead), maxAttempts)
 	if err != nil {
 		return out, err
@@ -1245,7 +1246,7 @@ func (s *logStore) settleLog(ctx context.Context, f postboxdriver.Fence, br *ban
 	for k, t := range sent {
 		tparts, topics, counts, oldest = append(tparts, int32(k.part)), append(topics, k.topic), append(counts, t.n), append(oldest, t.oldest)
 	}
-	rs, err := s.pool.Query(ctx, s.settle, f.Owner, pgsql.Generations(f), ps, lo, loNext, loSeq, hi, hiNext, cur, bmax,
+	rs, err := s.db.Query(ctx, s.settle, f.Owner, pgsql.Generations(f), ps, lo, loNext, loSeq, hi, hiNext, cur, bmax,
 		nonNil(cseq), nonNil(cpart), nonNil(cerr), nonNil(cbackoff), nonNil(cdead), maxAttempts,
 		touched, tparts, topics, counts, oldest)
 	if err != nil {
@@ -1354,7 +1355,7 @@ func (s *logStore) payNotes(ctx context.Context, f postboxdriver.Fence) error {
 	if len(parts) == 0 {
 		return nil
 	}
-	_, err := s.pool.Exec(ctx, s.note, parts)
+	_, err := s.db.Exec(ctx, s.note, parts)
 	if err != nil {
 		s.unnoted(parts, nil)
 	}

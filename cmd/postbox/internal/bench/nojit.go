@@ -1,0 +1,129 @@
+package bench
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// noJIT runs statements on a pool with PostgreSQL's JIT compilation off
+// for each one, whatever the server's or the pool's settings. The log's
+// statements read few rows of a large table, but the planner's estimates
+// for them (an arm per partition, an unknown bound's default selectivity,
+// a count of the whole history) cross jit_above_cost, and with the
+// server's default jit = on every execution then compiles first: on a
+// log of a million rows, hundreds of milliseconds for a statement that
+// runs in a few (BENCHMARKS.md, "The log with a history").
+//
+// The setting is made by set_config(..., true) queued in the same batch:
+// PostgreSQL runs the batch up to its Sync as one transaction, so the
+// setting holds for the statement's planning and ends with it. The
+// statement takes no more round trips than before, and no connection is
+// left with a setting of this Store's.
+type noJIT struct{ pool *pgxpool.Pool }
+
+const jitOff = "SELECT set_config('jit', 'off', true)"
+
+func (d noJIT) send(ctx context.Context, sql string, args []any) pgx.BatchResults {
+	b := &pgx.Batch{}
+	b.Queue(jitOff)
+	b.Queue(sql, args...)
+	return d.pool.SendBatch(ctx, b)
+}
+
+// Query is pgxpool.Pool's Query with JIT off.
+func (d noJIT) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	br := d.send(ctx, sql, args)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		if rows != nil {
+			rows.Close()
+		}
+		_ = br.Close()
+		return nil, err
+	}
+	return &batchRows{Rows: rows, br: br}, nil
+}
+
+// QueryRow is pgxpool.Pool's QueryRow with JIT off.
+func (d noJIT) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	rows, err := d.Query(ctx, sql, args...)
+	return batchRow{rows, err}
+}
+
+// Exec is pgxpool.Pool's Exec with JIT off.
+func (d noJIT) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	br := d.send(ctx, sql, args)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return pgconn.CommandTag{}, err
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+// batchRows are a batch's last statement's rows: closing them, or reading
+// past the last, closes the batch and returns its connection to the pool.
+type batchRows struct {
+	pgx.Rows
+	br     pgx.BatchResults
+	err    error
+	closed bool
+}
+
+func (r *batchRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+func (r *batchRows) Close() {
+	if r.closed {
+		return
+	}
+	r.closed = true
+	r.Rows.Close()
+	r.err = r.br.Close()
+}
+
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.err
+}
+
+// batchRow is QueryRow's result, as pgx.Row: one row or pgx.ErrNoRows.
+type batchRow struct {
+	rows pgx.Rows
+	err  error
+}
+
+func (r batchRow) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
+	}
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
+}

@@ -1,0 +1,99 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/postbox-go/postbox/internal/testdb"
+)
+
+// A statement through noJIT is planned without JIT compilation on a
+// server set to compile everything, in one round trip of its own, and
+// leaves the connection as it found it.
+func TestNoJITPlansWithoutCompiling(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testdb.PostgresURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One connection, so that the statements after noJIT's run on the
+	// connection it ran on.
+	cfg.MaxConns = 1
+	cfg.ConnConfig.RuntimeParams["jit"] = "on"
+	cfg.ConnConfig.RuntimeParams["jit_above_cost"] = "0"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	const explain = `EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM generate_series(1, 1000)`
+	plan := func(q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) string {
+		t.Helper()
+		var out string
+		if err := q.QueryRow(ctx, explain).Scan(&out); err != nil {
+			t.Fatal(err)
+		}
+		if n := pool.Stat().AcquiredConns(); n != 0 {
+			t.Fatalf("%d connections still acquired after the statement", n)
+		}
+		return out
+	}
+	if !strings.Contains(plan(pool), `"JIT"`) {
+		t.Skip("this server does not compile with JIT (no LLVM support)")
+	}
+	db := noJIT{pool}
+	if p := plan(db); strings.Contains(p, `"JIT"`) {
+		t.Fatalf("planned with JIT through noJIT: %s", p)
+	}
+	if !strings.Contains(plan(pool), `"JIT"`) {
+		t.Fatal("JIT stayed off on the connection after noJIT's statement")
+	}
+
+	var setting string
+	rows, err := db.Query(ctx, `SELECT current_setting('jit') FROM generate_series(1, 3)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for rows.Next() {
+		if err := rows.Scan(&setting); err != nil || setting != "off" {
+			t.Fatalf("row %d: jit = %q, %v", n, setting, err)
+		}
+		n++
+	}
+	if err := rows.Err(); err != nil || n != 3 {
+		t.Fatalf("Query read %d rows, %v; want 3", n, err)
+	}
+	c := pool.Stat().AcquiredConns()
+	rows.Close()
+	if c != 0 {
+		t.Fatalf("%d connections still acquired after reading past the last row", c)
+	}
+	if tag, err := db.Exec(ctx, `SELECT set_config('application_name', 'x', true)`); err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("Exec = %v, %v", tag, err)
+	}
+	if err := db.QueryRow(ctx, `SELECT 1 WHERE false`).Scan(&n); !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatalf("QueryRow of no row = %v, want pgx.ErrNoRows", err)
+	}
+
+	// A failing statement reports the server's error and gives the
+	// connection back.
+	var pe *pgconn.PgError
+	if _, err := db.Exec(ctx, `SELECT * FROM postbox_no_such_table`); !errors.As(err, &pe) || pe.Code != "42P01" {
+		t.Fatalf("Exec of a missing table = %v, want undefined_table", err)
+	}
+	if _, err := db.Query(ctx, `SELECT * FROM postbox_no_such_table`); !errors.As(err, &pe) || pe.Code != "42P01" {
+		t.Fatalf("Query of a missing table = %v, want undefined_table", err)
+	}
+	if c := pool.Stat().AcquiredConns(); c != 0 {
+		t.Fatalf("%d connections still acquired after the failures", c)
+	}
+}
