@@ -253,9 +253,10 @@ func (c *Client[TTx]) Start(ctx context.Context) error {
 
 // Stop stops the relay: it claims nothing more, finishes the batch and
 // the lease renewal in flight, records the batch's outcome and releases
-// its partitions so another replica takes them at once. When ctx ends first, in-flight publishes are
-// abandoned (their rows stay pending and are published again later) and
-// Stop returns ctx's error once the relay has exited.
+// its partitions so another replica takes them at once. When ctx ends
+// first, in-flight publishes are abandoned (their rows stay pending and
+// are published again later) and Stop returns ctx's error once the relay
+// has exited.
 func (c *Client[TTx]) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	run := c.running.Swap(nil)

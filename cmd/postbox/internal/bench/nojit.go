@@ -21,7 +21,10 @@ import (
 // PostgreSQL runs the batch up to its Sync as one transaction, so the
 // setting holds for the statement's planning and ends with it. The
 // statement takes no more round trips than before, and no connection is
-// left with a setting of this Store's.
+// left with a setting of this Store's. The setting's statement writes
+// nothing, so the transaction gets no id from it: a read's id is still
+// assigned after the read's snapshot was taken, as its position needs
+// (lo_next, design §3 "The position").
 type noJIT struct{ pool *pgxpool.Pool }
 
 const jitOff = "SELECT set_config('jit', 'off', true)"
