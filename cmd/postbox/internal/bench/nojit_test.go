@@ -80,6 +80,12 @@ func TestNoJITPlansWithoutCompiling(t *testing.T) {
 	if tag, err := db.Exec(ctx, `SELECT set_config('application_name', 'x', true)`); err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("Exec = %v, %v", tag, err)
 	}
+	// The setting's statement gives the transaction no id: a read's id is
+	// assigned after its own snapshot, as its position needs.
+	var unassigned bool
+	if err := db.QueryRow(ctx, `SELECT pg_current_xact_id_if_assigned() IS NULL`).Scan(&unassigned); err != nil || !unassigned {
+		t.Fatalf("a transaction id assigned before the statement: %v, %v", unassigned, err)
+	}
 	if err := db.QueryRow(ctx, `SELECT 1 WHERE false`).Scan(&n); !errors.Is(err, pgx.ErrNoRows) {
 		t.Fatalf("QueryRow of no row = %v, want pgx.ErrNoRows", err)
 	}
