@@ -32,7 +32,10 @@ func TestStopWaitsForTheRenewalInFlight(t *testing.T) {
 		return st, err
 	})
 	pub := postbox.PublisherFunc(func(context.Context, *postbox.Envelope) error { return nil })
-	c, err := postbox.NewClient[pgx.Tx](wrapped, &postbox.Config{Prefix: prefix, Publisher: pub, LeaseDuration: 2 * time.Second})
+	// A lease long enough that the renewal's own deadline (half of it)
+	// never ends the hold below, however slowly the test gets to its
+	// stop: only the stop may.
+	c, err := postbox.NewClient[pgx.Tx](wrapped, &postbox.Config{Prefix: prefix, Publisher: pub, LeaseDuration: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
