@@ -695,7 +695,9 @@ var errClaimLost = errors.New("the claim on the inbox retention passed to anothe
 // One process at a time prunes: a pass claims the task in the database
 // first (renewed before each batch, each batch bounded by the claim), and
 // a pass that finds another process's claim deletes nothing and reports
-// Busy.
+// Busy. When ctx ends while a claim is being made, the pass waits for its
+// answer (at most a few seconds) and releases it before returning ctx's
+// error.
 func (in *Inbox[TTx]) Prune(ctx context.Context) (PruneResult, error) {
 	var res PruneResult
 	if in.cfg.InboxRetention < 0 && in.cfg.DeadRetention < 0 {
@@ -705,20 +707,41 @@ func (in *Inbox[TTx]) Prune(ctx context.Context) (PruneResult, error) {
 	// process exclude each other too.
 	owner := "inbox-" + NewID()
 	var until time.Time
+	claimed := false
+	// A claim is not cut short by ctx: a statement given up on may still
+	// run on the database, after the release below, and hold the task
+	// for a whole claim with no pass running. The claim's answer comes
+	// first, bounded by releaseBudget, and ctx is checked after it.
 	claim := func(ctx context.Context) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		start := time.Now()
-		ok, err := in.store.ClaimMaintenance(ctx, pruneTask, owner, pruneClaim)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBudget)
+		ok, err := in.store.ClaimMaintenance(cctx, pruneTask, owner, pruneClaim)
+		cancel()
 		switch {
 		case err != nil:
 			return fmt.Errorf("postbox: prune: claim: %w", err)
 		case !ok:
 			return errClaimLost
 		}
+		claimed = true
 		// Ends before the claim does on the database clock: the claim
 		// started no earlier than start.
 		until = start.Add(pruneClaim * 9 / 10)
-		return nil
+		return ctx.Err()
 	}
+	defer func() {
+		if !claimed {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBudget)
+		defer cancel()
+		if err := in.store.ReleaseMaintenance(rctx, pruneTask, owner); err != nil {
+			in.log.Warn("postbox inbox: could not release the retention claim; it expires on its own", slog.Any("error", err))
+		}
+	}()
 	if err := claim(ctx); err != nil {
 		if errors.Is(err, errClaimLost) {
 			res.Busy = true
@@ -726,13 +749,6 @@ func (in *Inbox[TTx]) Prune(ctx context.Context) (PruneResult, error) {
 		}
 		return res, err
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBudget)
-		defer cancel()
-		if err := in.store.ReleaseMaintenance(rctx, pruneTask, owner); err != nil {
-			in.log.Warn("postbox inbox: could not release the retention claim; it expires on its own", slog.Any("error", err))
-		}
-	}()
 	// Each batch renews the claim first and ends within it.
 	batch := func(del func(ctx context.Context) (int, error)) func(ctx context.Context) (int, error) {
 		return func(ctx context.Context) (int, error) {

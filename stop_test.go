@@ -2,6 +2,8 @@ package postbox_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -58,25 +60,22 @@ func TestStopWaitsForTheRenewalInFlight(t *testing.T) {
 	}
 }
 
-// lateRenewalStore holds the relay's second Coordinate, a renewal, until
-// the relay is being stopped, and lets it reach the database then: behind
-// the relay's leave if the relay gave up on it, as a database reached
-// late would run it, or at once if the relay still waits for it.
+// lateRenewalStore holds the relay's second Coordinate, a renewal (late),
+// until the relay is being stopped: behind the relay's leave if the relay
+// gave up on it.
 type lateRenewalStore struct {
 	postboxdriver.Store[pgx.Tx]
+	late
 	calls     atomic.Int32
 	listening chan struct{} // the relay listens for signals
 	stopping  chan struct{} // the relay's stop began: its listen ended
-	entered   chan struct{} // the renewal is held
-	gaveUp    chan struct{} // the relay abandoned the renewal
 	left      chan struct{} // the relay's leave ran
-	served    chan struct{} // the renewal ran on the database
 	leaveOnce sync.Once
 }
 
 func (s *lateRenewalStore) init() {
-	s.listening, s.stopping, s.entered = make(chan struct{}), make(chan struct{}), make(chan struct{})
-	s.gaveUp, s.left, s.served = make(chan struct{}), make(chan struct{}), make(chan struct{})
+	s.late = newLate()
+	s.listening, s.stopping, s.left = make(chan struct{}), make(chan struct{}), make(chan struct{})
 }
 
 // Listen stands for the driver's: it hears nothing, and tells the test
@@ -106,29 +105,56 @@ func (s *lateRenewalStore) Coordinate(ctx context.Context, id string, ttl time.D
 	if s.calls.Add(1) != 2 {
 		return s.Store.Coordinate(ctx, id, ttl, want, drop, settled)
 	}
-	close(s.entered)
+	return runLate(ctx, &s.late, s.stopping, s.left, func() (postboxdriver.Membership, error) {
+		return s.Store.Coordinate(context.Background(), id, ttl, want, drop, settled)
+	})
+}
+
+// late is one statement held as a database reached late holds it: once
+// begun closes (the test's stop or cancel), it reaches the database
+// behind after (the caller's release) when its caller gave up on it, or
+// at once when the caller still waits for it.
+type late struct {
+	entered chan struct{} // the statement is held
+	gaveUp  chan struct{} // its caller abandoned it
+	served  chan struct{} // it ran on the database
+}
+
+func newLate() late {
+	return late{entered: make(chan struct{}), gaveUp: make(chan struct{}), served: make(chan struct{})}
+}
+
+// runLate holds run as l says and returns its result, or ctx's error
+// when ctx ends first. A caller that gave up on its first claim releases
+// nothing: after is then waited for a few seconds only.
+func runLate[T any](ctx context.Context, l *late, begun, after <-chan struct{}, run func() (T, error)) (T, error) {
+	close(l.entered)
 	type result struct {
-		m   postboxdriver.Membership
+		v   T
 		err error
 	}
 	res := make(chan result, 1)
 	go func() {
-		defer close(s.served)
-		<-s.stopping
+		defer close(l.served)
+		<-begun
 		select {
-		case <-s.gaveUp:
-			<-s.left
+		case <-l.gaveUp:
+			select {
+			case <-after:
+			case <-time.After(3 * time.Second):
+			}
 		case <-time.After(200 * time.Millisecond):
 		}
-		m, err := s.Store.Coordinate(context.Background(), id, ttl, want, drop, settled)
-		res <- result{m, err}
+		v, err := run()
+		res <- result{v, err}
 	}()
 	select {
 	case r := <-res:
-		return r.m, r.err
+		return r.v, r.err
 	case <-ctx.Done():
-		close(s.gaveUp)
-		return postboxdriver.Membership{}, ctx.Err()
+		close(l.gaveUp)
+		var zero T
+		return zero, ctx.Err()
 	}
 }
 
@@ -143,4 +169,83 @@ func waitClosed(t *testing.T, ch chan struct{}, what string) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("waited 10s for %s", what)
 	}
+}
+
+// The inbox retention's claim, renewed before each batch, is no more cut
+// short than the relay's renewal: a claim given up on would reach the
+// database after the pass's release and hold the task for a whole claim,
+// every other process's pass reporting Busy meanwhile.
+func TestPruneWaitsForTheClaimInFlight(t *testing.T) {
+	// The pass's first claim, and its renewal before the first batch.
+	for _, hold := range []int32{1, 2} {
+		t.Run(fmt.Sprintf("claim%d", hold), func(t *testing.T) { pruneWaitsForClaim(t, hold) })
+	}
+}
+
+func pruneWaitsForClaim(t *testing.T, hold int32) {
+	d, prefix := newDriver(t)
+	st := &lateClaimStore{late: newLate(), hold: hold, cancelled: make(chan struct{}), released: make(chan struct{})}
+	wrapped := driverFunc(func(p string) (postboxdriver.Store[pgx.Tx], error) {
+		s, err := d.Open(p)
+		st.Store = s
+		return st, err
+	})
+	c, err := postbox.NewClient[pgx.Tx](wrapped, &postbox.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Inbox().Prune(ctx)
+		done <- err
+	}()
+	waitClosed(t, st.entered, "the claim")
+	cancel()
+	close(st.cancelled)
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Prune cancelled during its claim = %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Prune did not return after its context ended")
+	}
+	waitClosed(t, st.served, "the claim to reach the database")
+
+	other, err := postbox.NewClient[pgx.Tx](postboxpgx.New(d.Pool()), &postbox.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := other.Inbox().Prune(context.Background()); err != nil || res.Busy {
+		t.Fatalf("Prune after the first pass ended = %+v, %v; want the task free", res, err)
+	}
+}
+
+// lateClaimStore holds a pass's hold-th ClaimMaintenance (late) until the
+// test cancels the pass: behind the pass's release if the pass gave up
+// on it.
+type lateClaimStore struct {
+	postboxdriver.Store[pgx.Tx]
+	late
+	hold      int32
+	calls     atomic.Int32
+	cancelled chan struct{} // the test cancelled the pass's context
+	released  chan struct{} // the pass released its claim
+	once      sync.Once
+}
+
+func (s *lateClaimStore) ReleaseMaintenance(ctx context.Context, task, owner string) error {
+	err := s.Store.ReleaseMaintenance(ctx, task, owner)
+	s.once.Do(func() { close(s.released) })
+	return err
+}
+
+func (s *lateClaimStore) ClaimMaintenance(ctx context.Context, task, owner string, d time.Duration) (bool, error) {
+	if s.calls.Add(1) != s.hold {
+		return s.Store.ClaimMaintenance(ctx, task, owner, d)
+	}
+	return runLate(ctx, &s.late, s.cancelled, s.released, func() (bool, error) {
+		return s.Store.ClaimMaintenance(context.Background(), task, owner, d)
+	})
 }
