@@ -93,7 +93,8 @@ FROM `+p+`positions`); err != nil {
 // pending. The history is written by transactions of LOG_HISTORY_TX_ROWS
 // rows each (default 2,500), since the planner's estimates for the xid
 // index follow how many rows a writer's transaction holds. One op is one
-// call; a request's window is the last hour:
+// call, reported with PostgreSQL's and this process's CPU a call; a
+// request's window is the last hour:
 //
 //	go test -run '^$' -bench LogHistory -benchtime 5x -timeout 30m ./cmd/postbox/internal/bench/
 func BenchmarkLogHistory(b *testing.B) {
@@ -160,10 +161,15 @@ SELECT -g, gen_random_uuid(), 't', 'k', '\x00', '{}', g %% 64, now(), 1, 'x' FRO
 		}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
+			cpu := cpuPhase()
 			for range b.N {
 				if err := c.run(); err != nil {
 					b.Fatal(err)
 				}
+			}
+			if use, ok := cpu(b.N); ok {
+				b.ReportMetric(float64(use.Database)/float64(time.Millisecond), "pg-ms/op")
+				b.ReportMetric(float64(use.Self)/float64(time.Millisecond), "client-ms/op")
 			}
 		})
 	}
