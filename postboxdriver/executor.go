@@ -122,7 +122,10 @@ type Executor interface {
 	// minute are left out.
 	TopicStats(ctx context.Context) ([]TopicStats, error)
 	// PrunePublished deletes at most limit published rows older than age
-	// (by publish time). Pending and dead rows are never touched.
+	// (by publish time), one by one. A Store that keeps its history in
+	// chunks may also drop whole chunks older than age, whatever rows they
+	// hold, and counts those rows too, so the count may pass limit.
+	// Pending and dead rows are never touched.
 	PrunePublished(ctx context.Context, age time.Duration, limit int) (int, error)
 	// PartitionStats reports how many partitions no relay holds a live
 	// lease on, and how many relays are live. It only reads.

@@ -41,6 +41,9 @@ type DrainOptions struct {
 	// on the relay's path; logstore.go). A log's drain samples no
 	// timeline of remaining rows.
 	Storage string
+	// LogChunk, with the log, splits it into chunks of that many seqs,
+	// which retention drops whole (logchunks.go); 0 keeps it whole.
+	LogChunk int64
 	// SampleEvery, when positive, counts the outbox's remaining rows at
 	// this interval during the drain (a count(*) each time, on a
 	// connection of its own) and keeps them in DrainResult.Timeline.
@@ -122,6 +125,8 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		return res, fmt.Errorf("--storage log needs PostgreSQL; %s has no snapshot a statement can test ids against", db.name())
 	case opts.Storage != "log" && opts.Storage != "table":
 		return res, fmt.Errorf("--storage is table or log, not %q", opts.Storage)
+	case opts.LogChunk < 0 || opts.LogChunk > 0 && opts.Storage != "log":
+		return res, fmt.Errorf("--log-chunk %d: a positive chunk width applies to --storage log only (0 keeps the log whole)", opts.LogChunk)
 	}
 
 	// The baselines: the same messages published straight to JetStream
@@ -174,11 +179,15 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	var logs *logDriver
 	table := prefix + "outbox"
 	if opts.Storage == "log" {
-		if _, err := pg.pool.Exec(ctx, logSchema(prefix)); err != nil {
+		if _, err := pg.pool.Exec(ctx, logSchema(prefix, opts.LogChunk > 0)); err != nil {
 			return res, fmt.Errorf("create the log: %w", err)
 		}
-		logs, table = &logDriver{pool: pg.pool}, prefix+"log"
-		client, err = postbox.NewClient(logs, cfg)
+		logs, table = &logDriver{pool: pg.pool, chunks: chunking{width: opts.LogChunk, ahead: chunksAhead}}, prefix+"log"
+		if client, err = postbox.NewClient(logs, cfg); err == nil && opts.LogChunk > 0 {
+			// The backlog's rows go into chunks, as a relay's
+			// retention pass keeps them ahead of the sequence.
+			err = logs.store.Load().attachChunks(ctx)
+		}
 	} else {
 		client, err = db.newClient(cfg)
 	}

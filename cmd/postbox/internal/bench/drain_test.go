@@ -18,12 +18,17 @@ func TestDrainSmall(t *testing.T) {
 	}
 }
 
-// The drain from the log read by snapshot bands (--storage log): the
-// stream must hold exactly the backlog, as for the outbox.
+// The drain from the log read by snapshot bands (--storage log), whole
+// and split into chunks of 1,000 seqs (--log-chunk): the stream must hold
+// exactly the backlog, as for the outbox.
 func TestDrainSmallLog(t *testing.T) {
-	res := runBench(t, bench.Drain, bench.DrainOptions{Messages: 3000, Keys: 50, Storage: "log"})
-	if res.Storage != "log" || res.DrainRate <= 0 || res.Ratio <= 0 {
-		t.Fatalf("result %+v", res)
+	for _, chunk := range []int64{0, 1000} {
+		res := runBench(t, bench.Drain, bench.DrainOptions{Messages: 3000, Keys: 50, Storage: "log", LogChunk: chunk})
+		if res.Storage != "log" || res.DrainRate <= 0 || res.Ratio <= 0 {
+			t.Fatalf("--log-chunk %d: result %+v", chunk, res)
+		}
 	}
 	wantRejected(t, bench.Drain, bench.DrainOptions{Messages: 10, Storage: "chunks"}, "--storage", "chunks")
+	wantRejected(t, bench.Drain, bench.DrainOptions{Messages: 10, Storage: "log", LogChunk: -1}, "--log-chunk", "-1")
+	wantRejected(t, bench.Drain, bench.DrainOptions{Messages: 10, LogChunk: 1000}, "--log-chunk", "--storage log")
 }

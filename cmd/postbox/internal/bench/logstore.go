@@ -70,7 +70,13 @@ import (
 // nothing the relays' renewals write. Kept in the lease rows, the record
 // and the renewals locked the same rows in different orders and
 // deadlocked, and each record lost so re-sent its batch.
-func logSchema(prefix string) string {
+//
+// With chunked, the log is split by seq range (logchunks.go).
+func logSchema(prefix string, chunked bool) string {
+	split := ";"
+	if chunked {
+		split = " PARTITION BY RANGE (seq);" + chunkSchema
+	}
 	return strings.ReplaceAll(`
 CREATE TABLE {p}log (
     xid        xid8        NOT NULL DEFAULT pg_current_xact_id(),
@@ -83,7 +89,7 @@ CREATE TABLE {p}log (
     partition  integer     NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (partition, seq)
-);
+)`+split+`
 CREATE INDEX {p}log_xid_idx ON {p}log (xid);
 CREATE INDEX {p}log_created_idx ON {p}log USING brin (created_at);
 CREATE TABLE {p}positions (
@@ -225,6 +231,8 @@ func keyOf(seqs []int64) readKey {
 // logDriver opens logStores over a pgx pool.
 type logDriver struct {
 	pool *pgxpool.Pool
+	// chunks splits the log (logSchema's chunked); zero leaves it whole.
+	chunks chunking
 	// store is the Store opened last, whose published count the drain
 	// waits on.
 	store atomic.Pointer[logStore]
@@ -238,7 +246,7 @@ func (d *logDriver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
 	}
 	r := strings.NewReplacer("{p}", prefix)
 	st := &logStore{
-		Store: inner, pool: d.pool, db: noJIT{d.pool}, r: r, prefix: prefix,
+		Store: inner, pool: d.pool, db: noJIT{d.pool}, r: r, prefix: prefix, chunks: d.chunks,
 		reads:    map[readShape]string{},
 		pos:      map[int]position{},
 		pending:  map[readKey]*bandRead{},
@@ -260,6 +268,8 @@ FROM {p}positions WHERE partition = ANY($1::int[])`),
 		replay:       pgsql.ReplaySQL(prefix, logHistory, logReplayMove),
 		replayCounts: r.Replace(logReplayCountsSQL),
 		prune:        r.Replace(logPruneSQL),
+		droppable:    r.Replace(logDroppableSQL),
+		chunkSpan:    r.Replace(chunkSpanSQL),
 		note:         r.Replace(noteSQL),
 	}
 	d.store.Store(st)
@@ -281,6 +291,8 @@ type logStore struct {
 
 	insert, load, settle, rowsSettle, stats, requeue string
 	topicStats, replayCounts, prune, note            string
+	droppable, chunkSpan                             string
+	chunks                                           chunking
 	replay                                           pgsql.ReplayStatements
 
 	mu sync.Mutex
@@ -304,6 +316,11 @@ type logStore struct {
 
 	// published counts the messages Settle recorded as published.
 	published atomic.Int64
+	// midPass is set while a retention pass goes on (PrunePublished's
+	// last call deleted its limit), and chunksKept is when the chunks
+	// were last kept (UnixNano).
+	midPass    atomic.Bool
+	chunksKept atomic.Int64
 }
 
 // noteEvery spaces the notes of a partition's position in {p}log_passes:
@@ -392,7 +409,11 @@ func (s *logStore) ConnLost(ctx context.Context, tx pgx.Tx) bool {
 //     its xmax and below lo_next. The "+ 0" keeps PostgreSQL from ANDing
 //     the index with the partition's range of the primary key, whose
 //     entries (the partition's whole history) it then read: a read of 500
-//     rows over a log of 1,000,000 took 128 ms so, 7 ms as built.
+//     rows over a log of 1,000,000 took 128 ms so, 7 ms as built. In a
+//     log split into chunks (chunked) the arm reads only the chunks at or
+//     above the partition's chunkBound: the xid index has no bound by
+//     seq, so without it the arm probed every chunk's index; with it
+//     PostgreSQL skips the others at run time.
 //   - The exceptions: the outbox's rows available now, held behind an
 //     older failed row of their key as the relay's fetch holds them.
 //
@@ -409,7 +430,7 @@ func (s *logStore) ConnLost(ctx context.Context, tx pgx.Tx) bool {
 // The statement returns its own snapshot and its own transaction id,
 // assigned after the snapshot was taken, which bounds every id assigned
 // before it. Having an id, it commits without waiting for a flush.
-func readSQL(k int, strict, routed bool) string {
+func readSQL(k int, strict, routed, chunked bool) string {
 	var dead, heldDead, with, topic, unrouted, heldUnrouted string
 	if strict {
 		dead = `
@@ -429,6 +450,11 @@ func readSQL(k int, strict, routed bool) string {
       AND (` + pgsql.BehindUnrouted("b") + `
            OR EXISTS (SELECT 1 FROM b b2 WHERE b2.key = b.key AND b2.seq < b.seq AND NOT (b2.topic LIKE ANY($8::text[]))))`
 	}
+	var bound, above string
+	if chunked {
+		bound, above = `
+  CROSS JOIN LATERAL `+chunkBound("a.lo::pg_snapshot"), ` AND o.seq >= cb.seq`
+	}
 	const cols = `o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition`
 	var arms []string
 	for i := 1; i <= k; i++ {
@@ -439,14 +465,14 @@ func readSQL(k int, strict, routed bool) string {
   ORDER BY o.seq LIMIT $2)`, i))
 	}
 	arms = append(arms, `(SELECT `+cols+`, 0 AS attempts, o.created_at, true AS logged
-  FROM unnest($1::int[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bigint[]) AS a(part, lo, lo_next, lo_seq, hi, cur)
+  FROM unnest($1::int[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bigint[]) AS a(part, lo, lo_next, lo_seq, hi, cur)`+bound+`
   CROSS JOIN LATERAL (SELECT * FROM {p}log o
     WHERE o.xid = ANY(ARRAY(SELECT pg_snapshot_xip(a.lo::pg_snapshot)))
-      AND o.partition + 0 = a.part AND o.seq + 0 <= a.lo_seq AND o.seq + 0 > a.cur
+      AND o.partition + 0 = a.part AND o.seq + 0 <= a.lo_seq AND o.seq + 0 > a.cur`+above+`
     UNION ALL
     SELECT * FROM {p}log o
     WHERE o.xid >= pg_snapshot_xmax(a.lo::pg_snapshot) AND o.xid < a.lo_next::xid8
-      AND o.partition + 0 = a.part AND o.seq + 0 <= a.lo_seq AND o.seq + 0 > a.cur
+      AND o.partition + 0 = a.part AND o.seq + 0 <= a.lo_seq AND o.seq + 0 > a.cur`+above+`
     OFFSET 0) o
   WHERE a.hi IS NULL OR pg_visible_in_snapshot(o.xid, a.hi::pg_snapshot))`,
 		`(SELECT `+cols+`, o.attempts, o.created_at, false AS logged FROM {p}outbox o
@@ -628,7 +654,7 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 	shape := readShape{k, p.BlockOnDead, p.Topics != nil}
 	q, ok := s.reads[shape]
 	if !ok {
-		q = s.r.Replace(readSQL(k, p.BlockOnDead, p.Topics != nil))
+		q = s.r.Replace(readSQL(k, p.BlockOnDead, p.Topics != nil, s.chunks.width > 0))
 		s.reads[shape] = q
 	}
 	s.mu.Unlock()
@@ -1002,13 +1028,37 @@ func (s *logStore) ReplayCounts(ctx context.Context, r postboxdriver.ReplayParam
 }
 
 // PrunePublished implements postboxdriver.Executor: the published table
-// first, then the log, at most limit rows in all.
-func (s *logStore) PrunePublished(ctx context.Context, age time.Duration, limit int) (int, error) {
-	n, err := s.Store.PrunePublished(ctx, age, limit)
-	if err != nil || n >= limit {
+// first, at most limit rows; then the log's chunks that retention has
+// passed, whole, whatever rows they hold (maintainChunks); then, up to
+// limit rows in all, the log's rows row by row, but only those past the
+// retention by two chunks' spans: the rows of a chunk some pending row
+// holds, and those of the default partition. In steady state a chunk is
+// dropped before any of its rows is that old.
+//
+// The chunks are kept on the first call of a retention pass (the call
+// before it came back short of its limit), and at least once a minute
+// should passes never end: not on each of a pass's batches.
+func (s *logStore) PrunePublished(ctx context.Context, age time.Duration, limit int) (n int, err error) {
+	defer func() { s.midPass.Store(err == nil && n >= limit) }()
+	if n, err = s.Store.PrunePublished(ctx, age, limit); err != nil || n >= limit {
 		return n, err
 	}
-	m, err := s.count(ctx, s.prune, age.Milliseconds(), limit-n)
+	if s.chunks.width == 0 {
+		m, err := s.count(ctx, s.prune, age.Milliseconds(), limit-n)
+		return n + m, s.wrap(err)
+	}
+	if last := s.chunksKept.Load(); !s.midPass.Load() || time.Since(time.Unix(0, last)) > time.Minute {
+		s.chunksKept.Store(time.Now().UnixNano())
+		d, err := s.maintainChunks(ctx, age)
+		if n += d; err != nil || n >= limit {
+			return n, s.wrap(err)
+		}
+	}
+	var span int64
+	if err := s.db.QueryRow(ctx, s.chunkSpan).Scan(&span); err != nil {
+		return n, s.wrap(err)
+	}
+	m, err := s.count(ctx, s.prune, age.Milliseconds()+2*span, limit-n)
 	return n + m, s.wrap(err)
 }
 

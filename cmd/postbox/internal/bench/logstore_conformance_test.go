@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -22,7 +23,7 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			return nil, err
 		}
-		return &suiteLogDriver{logDriver{pool: pool}}, nil
+		return &suiteLogDriver{logDriver{pool: pool, chunks: suiteChunks}}, nil
 	})
 	goleak.VerifyTestMain(m)
 }
@@ -41,10 +42,20 @@ func (d *suiteLogDriver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error
 	return suiteLogStore{s.(*logStore)}, nil
 }
 
-// Migrations is the outbox's migrations and the log's schema after them.
+// Migrations is the outbox's migrations and the log's schema after them,
+// with the log split into chunks of suiteChunks' width from seq 4 on, so
+// that the suite's rows lie in the default partition (seqs 1–3 and past
+// the chunks) and in chunks.
 func (s suiteLogStore) Migrations() []postboxdriver.Migration {
-	return append(s.logStore.Migrations(), postboxdriver.Migration{Version: 1000, Name: "log", SQL: logSchema(s.prefix)})
+	return append(s.logStore.Migrations(), postboxdriver.Migration{Version: 1000, Name: "log", SQL: logSchema(s.prefix, true) + fmt.Sprintf(`
+DO $$ BEGIN FOR i IN 1..%[2]d LOOP
+  EXECUTE format('CREATE TABLE %[1]slog_c%%1$s PARTITION OF %[1]slog FOR VALUES FROM (%%1$s) TO (%%2$s)', i * %[3]d, (i + 1) * %[3]d);
+  INSERT INTO %[1]slog_chunks (lo, hi) VALUES (i * %[3]d, (i + 1) * %[3]d);
+END LOOP; END $$`, s.prefix, suiteChunks.ahead, suiteChunks.width)})
 }
+
+// suiteChunks splits the suite's logs: sixteen chunks of four seqs.
+var suiteChunks = chunking{width: 4, ahead: 16}
 
 // logTimes are the log's columns that stand for a time column of the
 // outbox's tables, which the suite moves back together: the log holds
@@ -58,7 +69,9 @@ var logTimes = map[string][2]string{
 // The storage conformance suite against the log store, whole.
 func TestLogStoreConformance(t *testing.T) {
 	h := testdb.PgxHarness(testdb.PostgresURL(),
-		func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] { return &suiteLogDriver{logDriver{pool: pool}} },
+		func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] {
+			return &suiteLogDriver{logDriver{pool: pool, chunks: suiteChunks}}
+		},
 		func(d postboxdriver.Driver[pgx.Tx]) *pgxpool.Pool { return d.(*suiteLogDriver).pool })
 	backdate := h.Backdate
 	h.Backdate = func(t *testing.T, d postboxdriver.Driver[pgx.Tx], prefix, table, column string, age time.Duration) {

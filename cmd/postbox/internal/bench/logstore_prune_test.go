@@ -15,20 +15,31 @@ import (
 
 // BenchmarkPrunePublished deletes history older than the retention by
 // batches of 1,000 rows, one batch an op: from the published table, where
-// the drivers move every published row (table), and from the log, whose
-// rows stay where they were written until retention deletes them (log).
-// The history is b.N batches of rows of 256-byte payloads, a day past a
-// week's retention. pg-µs/row is PostgreSQL's CPU per deleted row:
+// the drivers move every published row (table), from the log, whose rows
+// stay where they were written until retention deletes them, row by row
+// (log), and from the log split into chunks of LOG_CHUNK_WIDTH rows
+// (default 10,000), which retention drops whole (log-chunks: the first
+// call drops every chunk). The history is b.N batches of rows of 256-byte
+// payloads, a day past a week's retention. pg-µs/row is PostgreSQL's CPU
+// per deleted row:
 //
 //	go test -run '^$' -bench PrunePublished -benchtime 200x ./cmd/postbox/internal/bench/
+//	LOG_CHUNK_WIDTH=100000 go test -run '^$' -bench PrunePublished -benchtime 1000x ./cmd/postbox/internal/bench/
 func BenchmarkPrunePublished(b *testing.B) {
 	const batch, retention = 1000, 7 * 24 * time.Hour
-	for _, storage := range []string{"table", "log"} {
+	for _, storage := range []string{"table", "log", "log-chunks"} {
 		b.Run(storage, func(b *testing.B) {
 			ctx := context.Background()
-			pool, open := logStoreSchema(b)
+			width := envInt(b, "LOG_CHUNK_WIDTH", 10_000)
+			n := b.N * batch
+			chunks := chunking{}
+			if storage == "log-chunks" {
+				n = (n + width - 1) / width * width
+				chunks = chunking{width: int64(width), ahead: n / width}
+			}
+			pool, open := logStoreChunked(b, chunks)
 			st := open().(*logStore)
-			p, n := st.prefix, b.N*batch
+			p := st.prefix
 			prune := st.PrunePublished
 			if storage == "table" {
 				inner, err := postboxpgx.New(pool).Open(p)
@@ -43,12 +54,23 @@ FROM generate_series(1, $1::int) g`, n); err != nil {
 					b.Fatal(err)
 				}
 			} else {
-				// The rows, then every position past them, noted as a
-				// relay's record notes it, eight days ago.
+				// The chunks first (none with the log whole), the rows, and
+				// the chunks sealed; then every position past them, noted
+				// as a relay's record notes it, eight days ago.
+				if storage == "log-chunks" {
+					if err := st.attachChunks(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
 				if _, err := pool.Exec(ctx, `INSERT INTO `+p+`log (id, topic, key, payload, headers, partition)
 SELECT gen_random_uuid(), 't', 'k' || g % 1000, convert_to(repeat('x', 256), 'UTF8'), '{}', g % 64
 FROM generate_series(1, $1::int) g`, n); err != nil {
 					b.Fatal(err)
+				}
+				if storage == "log-chunks" {
+					if err := st.sealChunks(ctx); err != nil {
+						b.Fatal(err)
+					}
 				}
 				if _, err := pool.Exec(ctx, `UPDATE `+p+`positions SET lo = pg_current_snapshot(), lo_next = pg_current_xact_id(),
   lo_seq = (SELECT max(seq) FROM `+p+`log)`); err != nil {
@@ -67,7 +89,7 @@ FROM `+p+`positions`); err != nil {
 			cpu := cpuPhase()
 			b.ResetTimer()
 			deleted := 0
-			for range b.N {
+			for i := 0; i < b.N && deleted < n; i++ {
 				m, err := prune(ctx, retention, batch)
 				if err != nil {
 					b.Fatal(err)

@@ -26,9 +26,11 @@ import (
 // one transaction open for the whole run, and while a third of the
 // messages fail their first publish, so that their keys' later rows are
 // held and copied to the outbox, and one in sixteen meet a broker failure
-// once, so that their batches' rows are copied there unsent. Every committed message must be published
-// once, none rolled back, and each key's in the order its writers
-// committed.
+// once, so that their batches' rows are copied there unsent. The log is
+// split into chunks of 64 seqs, which retention drops as soon as the
+// positions have passed them, pruning every 10 ms with no retention at
+// all. Every committed message must be published once, none rolled back,
+// and each key's in the order its writers committed.
 func TestLogStoreUnderConcurrentWriters(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -38,7 +40,7 @@ func TestLogStoreUnderConcurrentWriters(t *testing.T) {
 	if _, _, err := migrated(ctx, pool, prefix); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, logSchema(prefix)+`
+	if _, err := pool.Exec(ctx, logSchema(prefix, true)+`
 CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, note text)`); err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +69,7 @@ CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KE
 		}
 		return nil
 	})
-	drv := &logDriver{pool: pool}
+	drv := &logDriver{pool: pool, chunks: chunking{width: 64, ahead: 3}}
 	client, err := postbox.NewClient(drv, &postbox.Config{
 		Prefix: prefix, Publisher: pub, BatchSize: 7, Lanes: 2, PollInterval: 5 * time.Millisecond,
 		BackoffBase: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
@@ -81,8 +83,9 @@ CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KE
 	}
 	defer func() { _ = client.Stop(context.WithoutCancel(ctx)) }()
 
-	// A transaction with an id open for the whole run: it stays in every
-	// position's snapshot as running.
+	// A transaction with an id open for the first half of the run: it
+	// stays in every position's snapshot as running, and no chunk sealed
+	// meanwhile can go before it ends.
 	long, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -104,6 +107,32 @@ CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KE
 	var rolledBack []string
 	var cmu sync.Mutex
 	stop := time.Now().Add(3 * time.Second)
+	pruneCtx, stopPrune := context.WithCancel(ctx)
+	defer stopPrune()
+	pruned := make(chan error, 1)
+	chunks := map[int64]bool{} // every chunk seen attached
+	go func() {
+		st := drv.store.Load()
+		for pruneCtx.Err() == nil {
+			_, err := st.PrunePublished(pruneCtx, 0, 500)
+			if err == nil {
+				var rs pgx.Rows
+				if rs, err = pool.Query(pruneCtx, `SELECT lo FROM `+prefix+`log_chunks`); err == nil {
+					var los []int64
+					los, err = pgx.CollectRows(rs, pgx.RowTo[int64])
+					for _, lo := range los {
+						chunks[lo] = true
+					}
+				}
+			}
+			if err != nil && pruneCtx.Err() == nil {
+				pruned <- err
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		pruned <- nil
+	}()
 	var wg sync.WaitGroup
 	errs := make(chan error, writers)
 	for w := range writers {
@@ -118,6 +147,10 @@ CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KE
 				}
 			}
 		}()
+	}
+	time.Sleep(time.Until(stop) / 2)
+	if err := long.Rollback(ctx); err != nil {
+		t.Fatal(err)
 	}
 	wg.Wait()
 	close(errs)
@@ -135,6 +168,23 @@ CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KE
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	stopPrune()
+	if err := <-pruned; err != nil {
+		t.Fatalf("retention: %v", err)
+	}
+	dropped := 0
+	for lo := range chunks {
+		var gone bool
+		if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NULL`, drv.store.Load().chunkTable(lo)).Scan(&gone); err != nil {
+			t.Fatal(err)
+		}
+		if gone {
+			dropped++
+		}
+	}
+	if dropped == 0 {
+		t.Errorf("none of %d chunks was dropped: retention by chunks was not exercised", len(chunks))
 	}
 	if err := client.Stop(ctx); err != nil {
 		t.Fatal(err)
@@ -185,7 +235,8 @@ CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KE
 	if passed != 0 {
 		t.Errorf("%d exceptions left in the outbox", passed)
 	}
-	t.Logf("%d committed, %d rolled back, %d first publishes failed", len(committed), len(rolledBack), failedOnce)
+	t.Logf("%d committed, %d rolled back, %d first publishes failed, %d of %d chunks dropped",
+		len(committed), len(rolledBack), failedOnce, dropped, len(chunks))
 }
 
 // writeLogged writes one message of a random key in a transaction of its
@@ -333,6 +384,12 @@ func TestLogStoreNotesOwedPositions(t *testing.T) {
 // store on them (a process of its own).
 func logStoreSchema(t testing.TB) (*pgxpool.Pool, func() postboxdriver.Store[pgx.Tx]) {
 	t.Helper()
+	return logStoreChunked(t, chunking{})
+}
+
+// logStoreChunked is logStoreSchema with the log split by c.
+func logStoreChunked(t testing.TB, c chunking) (*pgxpool.Pool, func() postboxdriver.Store[pgx.Tx]) {
+	t.Helper()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
 	prefix := testdb.Prefix(t)
@@ -340,11 +397,11 @@ func logStoreSchema(t testing.TB) (*pgxpool.Pool, func() postboxdriver.Store[pgx
 	if _, _, err := migrated(ctx, pool, prefix); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, logSchema(prefix)); err != nil {
+	if _, err := pool.Exec(ctx, logSchema(prefix, c.width > 0)); err != nil {
 		t.Fatal(err)
 	}
 	return pool, func() postboxdriver.Store[pgx.Tx] {
-		st, err := (&logDriver{pool: pool}).Open(prefix)
+		st, err := (&logDriver{pool: pool, chunks: c}).Open(prefix)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,160 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxdriver"
+)
+
+// A chunk stays while a writer of its rows runs, and while its row is
+// pending after it commits; a relay's read finds that row, committed late
+// with an id older than its partition's position, though the chunk was
+// sealed since; once it is published and past retention, the chunk goes.
+func TestLogChunksWaitForTheirWriters(t *testing.T) {
+	ctx := context.Background()
+	pool, open := logStoreChunked(t, chunking{width: 10, ahead: 2})
+	st := open().(*logStore)
+	prune := func() int {
+		t.Helper()
+		n, err := st.PrunePublished(ctx, 0, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	attached := func(lo int64) bool {
+		t.Helper()
+		var ok bool
+		if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, st.chunkTable(lo)).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	droppable := func() []int64 {
+		t.Helper()
+		rs, err := st.db.Query(ctx, st.droppable, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		los, err := pgx.CollectRows(rs, pgx.RowTo[int64])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return los
+	}
+	insert := func(ex postboxdriver.Executor, n int) []string {
+		t.Helper()
+		var rows []postboxdriver.Row
+		var ids []string
+		for i := range n {
+			id := postbox.NewID()
+			ids = append(ids, id)
+			rows = append(rows, postboxdriver.Row{ID: id, Topic: "t", Key: fmt.Sprint("k", i%5), Payload: []byte("p"), Headers: []byte("{}")})
+		}
+		if err := ex.Insert(ctx, rows); err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	fence := fenceAll(t, st)
+	drain := func() map[string]bool {
+		t.Helper()
+		got := map[string]bool{}
+		for {
+			recs, err := st.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 7})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(recs) == 0 {
+				return got
+			}
+			var seqs []int64
+			for _, r := range recs {
+				seqs = append(seqs, r.Seq)
+				got[r.ID] = true
+			}
+			if _, err := st.Settle(ctx, fence, postboxdriver.Outcome{Read: seqs, Published: seqs}, 5); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	prune() // attaches [1, 11) and [11, 21) above the fresh sequence
+	if !attached(1) || !attached(11) || attached(21) {
+		t.Fatal("the chunks ahead of the sequence were not attached")
+	}
+	insert(st, 9) // seqs 1–9
+	late, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = late.Rollback(ctx) }()
+	lateID := insert(st.UnwrapExecutor(late), 1)[0] // seq 10, running
+	insert(st, 15)                                  // seqs 11–25
+	if got := drain(); len(got) != 24 || got[lateID] {
+		t.Fatalf("first drain published %d rows (the running writer's: %v)", len(got), got[lateID])
+	}
+
+	// Sealed while its writer runs (the sequence is past 10), and every
+	// committed row of it published, noted (an idle read pays the notes
+	// owed) and pruned row by row: still kept, though no committed row of
+	// any partition is left in it.
+	time.Sleep(noteEvery)
+	if got := drain(); len(got) != 0 {
+		t.Fatalf("an idle read published %d rows", len(got))
+	}
+	prune()
+	prune()
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+st.chunkTable(1)).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("%d committed rows left in chunk [1, 11), %v", left, err)
+	}
+	if !attached(1) || slices.Contains(droppable(), 1) {
+		t.Fatal("a chunk whose writer still runs was offered for dropping")
+	}
+	var sealed bool
+	if err := pool.QueryRow(ctx, `SELECT sealed_xid IS NOT NULL FROM `+st.prefix+`log_chunks WHERE lo = 1`).Scan(&sealed); err != nil || !sealed {
+		t.Fatalf("chunk [1, 11) sealed = %v, %v", sealed, err)
+	}
+
+	// Committed, its row is pending: kept.
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	prune()
+	if !attached(1) || slices.Contains(droppable(), 1) {
+		t.Fatal("a chunk holding a pending row was offered for dropping")
+	}
+
+	// The read finds it: its writer is in the position's snapshot as
+	// running, and the chunk's seal is above that snapshot's xmin.
+	if got := drain(); len(got) != 1 || !got[lateID] {
+		t.Fatalf("the late writer's row was not read from its sealed chunk: %v", got)
+	}
+
+	// Published and past retention: the chunk goes, once the positions
+	// that passed its rows are noted and every writer that was running at
+	// its seal has ended (another test's among them).
+	deadline := time.Now().Add(30 * time.Second)
+	for attached(1) {
+		if time.Now().After(deadline) {
+			t.Fatal("the published chunk was never dropped")
+		}
+		// An idle relay's read notes the positions its records owe.
+		if got := drain(); len(got) != 0 {
+			t.Fatalf("an idle read published %d rows", len(got))
+		}
+		prune()
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+st.prefix+`log WHERE seq >= 1 AND seq < 11`).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("%d rows of the dropped chunk left, %v", left, err)
+	}
+}
