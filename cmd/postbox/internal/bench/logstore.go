@@ -3,9 +3,11 @@ package bench
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -316,6 +318,9 @@ type logStore struct {
 
 	// published counts the messages Settle recorded as published.
 	published atomic.Int64
+	// top is the largest value of the sequence a read has seen, which
+	// the next read's upper bound starts from (readOnce).
+	top atomic.Int64
 	// midPass is set while a retention pass goes on (PrunePublished's
 	// last call deleted its limit), and chunksKept is when the chunks
 	// were last kept (UnixNano).
@@ -450,16 +455,27 @@ func readSQL(k int, strict, routed, chunked bool) string {
       AND (` + pgsql.BehindUnrouted("b") + `
            OR EXISTS (SELECT 1 FROM b b2 WHERE b2.key = b.key AND b2.seq < b.seq AND NOT (b2.topic LIKE ANY($8::text[]))))`
 	}
-	var bound, above string
+	var bound, above, below, top, sentinel, order string
+	order = "b.seq"
 	if chunked {
 		bound, above = `
   CROSS JOIN LATERAL `+chunkBound("a.lo::pg_snapshot"), ` AND o.seq >= cb.seq`
+		u := "$8"
+		if routed {
+			u = "$9"
+		}
+		const last = `(SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {p}outbox_seq_seq)::text`
+		below, top, order = ` AND o.seq <= `+u+`::bigint`, ` || ' ' || `+last, "2"
+		sentinel = `
+UNION ALL
+SELECT 'top ' || ` + last + `, 0, '', '', '', '\x'::bytea, '{}', -1, 0, now(), false, false, false
+WHERE NOT EXISTS (SELECT 1 FROM b)`
 	}
 	const cols = `o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition`
 	var arms []string
 	for i := 1; i <= k; i++ {
 		arms = append(arms, fmt.Sprintf(`(SELECT `+cols+`, 0 AS attempts, o.created_at, true AS logged FROM {p}log o
-  WHERE o.partition = ($1::int[])[%[1]d] AND o.seq > greatest(($5::bigint[])[%[1]d], ($7::bigint[])[%[1]d])
+  WHERE o.partition = ($1::int[])[%[1]d] AND o.seq > greatest(($5::bigint[])[%[1]d], ($7::bigint[])[%[1]d])`+below+`
     AND NOT pg_visible_in_snapshot(o.xid, ($3::text[])[%[1]d]::pg_snapshot)
     AND (($6::text[])[%[1]d] IS NULL OR pg_visible_in_snapshot(o.xid, ($6::text[])[%[1]d]::pg_snapshot))
   ORDER BY o.seq LIMIT $2)`, i))
@@ -490,7 +506,7 @@ ORDER BY 1 LIMIT $2), s AS (
   SELECT pg_current_snapshot()::text AS snap, pg_current_xact_id()::text AS xid,
     set_config('synchronous_commit', 'off', true) AS async
 )
-SELECT CASE WHEN b.seq = (SELECT min(seq) FROM b) THEN s.snap || ' ' || s.xid END,
+SELECT CASE WHEN b.seq = (SELECT min(seq) FROM b) THEN s.snap || ' ' || s.xid` + top + ` END,
   b.seq, b.id::text, b.topic, coalesce(b.key, ''), b.payload, b.headers::text, b.partition, b.attempts, b.created_at, b.logged,
   b.logged AND b.key IS NOT NULL
     AND EXISTS (SELECT 1 FROM {p}outbox r WHERE r.attempts > 0 AND r.key IS NOT NULL)
@@ -498,8 +514,8 @@ SELECT CASE WHEN b.seq = (SELECT min(seq) FROM b) THEN s.snap || ' ' || s.xid EN
                 WHERE h.key = b.key AND h.seq < b.seq AND h.attempts > 0 AND h.available_at > now())` + heldDead + heldUnrouted + `,
   b.logged AND (SELECT EXISTS (SELECT 1 FROM {p}log_done))
     AND EXISTS (SELECT 1 FROM {p}log_done m WHERE m.partition = b.partition AND m.seq = b.seq)
-FROM b CROSS JOIN s
-ORDER BY b.seq`
+FROM b CROSS JOIN s` + sentinel + `
+ORDER BY ` + order
 }
 
 // settleLogSQL records the log rows of one read, fenced by the owner ($1)
@@ -634,6 +650,26 @@ func (s *logStore) fetch(ctx context.Context, p postboxdriver.FetchParams) ([]po
 // no bandRead when there is nothing to settle: no row, and no band to
 // close.
 func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]logRow, *bandRead, error) {
+	// A read cut short of its limit at a bound below rows it may have
+	// missed is read again at once, the bound raised: it has no effect to
+	// undo. One cut with a full batch, or cut three times, is kept.
+	for i := 0; ; i++ {
+		rows, br, cut, err := s.readOnce(ctx, p)
+		if !cut || err != nil || len(rows) == p.Limit || i == 2 {
+			return rows, br, err
+		}
+	}
+}
+
+// readOnce is one read. In a log split into chunks, the read's range
+// arms stop at an upper bound u, by which PostgreSQL skips the chunks
+// ahead of the sequence and the default partition (design §3, "An upper
+// bound on the read"). The statement returns the sequence's last
+// value, read after its snapshot, and when it is above u the read is cut:
+// it may have missed rows above u that its snapshot sees. A cut read is
+// recorded as a full one (the band stays open), its cursor no further
+// than u, and the bound rises for the next.
+func (s *logStore) readOnce(ctx context.Context, p postboxdriver.FetchParams) ([]logRow, *bandRead, bool, error) {
 	parts := make([]int, 0, len(p.Fence.Generations))
 	for part := range p.Fence.Generations {
 		parts = append(parts, part)
@@ -641,7 +677,7 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 	sort.Ints(parts)
 	base, err := s.positions(ctx, p.Fence, parts)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
 	k := len(parts)
 	ps, lo, loNext, hi := make([]int32, k), make([]string, k), make([]string, k), make([]*string, k)
@@ -662,13 +698,19 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 	if p.Topics != nil {
 		args = append(args, pgsql.LikePatterns(p.Topics))
 	}
+	chunked := s.chunks.width > 0
+	u := s.top.Load() + s.chunks.width/16 + 1
+	if chunked {
+		args = append(args, u)
+	}
 	rs, err := s.db.Query(ctx, q, args...)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
 	var out []logRow
 	var mark *string
 	var snap, xid string
+	top := int64(-1)
 	maxSeq := map[int]int64{}
 	br := &bandRead{base: base, next: map[int]position{}, logged: map[int64]loggedRow{}}
 	for rs.Next() {
@@ -676,10 +718,20 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 		rec := &r.rec
 		if err := rs.Scan(&mark, &rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &rec.Headers, &rec.Partition, &rec.Attempts, &rec.CreatedAt, &r.logged, &r.held, &r.marked); err != nil {
 			rs.Close()
-			return nil, nil, err
+			return nil, nil, false, err
 		}
 		if mark != nil {
-			snap, xid, _ = strings.Cut(*mark, " ")
+			// "snap xid", "snap xid top" in a log split into chunks, or
+			// "top N" alone for a read that found nothing there.
+			f := strings.Split(*mark, " ")
+			if f[0] == "top" {
+				top, _ = strconv.ParseInt(f[1], 10, 64)
+				continue
+			}
+			snap, xid = f[0], f[1]
+			if len(f) == 3 {
+				top, _ = strconv.ParseInt(f[2], 10, 64)
+			}
 		}
 		if r.logged {
 			if !r.marked {
@@ -691,7 +743,19 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 	}
 	rs.Close()
 	if err := rs.Err(); err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
+	}
+	cut := false
+	if chunked {
+		if top < 0 {
+			return nil, nil, false, errors.New("postbox: the log's read returned no sequence value")
+		}
+		raise(&s.top, top)
+		cut = top > u
+	}
+	if len(out) == 0 && cut {
+		// Rows above u may be visible: no band closes.
+		return nil, nil, true, nil
 	}
 	if len(out) == 0 {
 		// Nothing left of an open band: it is read whole, and closes
@@ -708,9 +772,19 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 		if len(br.base) == 0 {
 			br = nil
 		}
-		return nil, br, nil
+		return nil, br, false, nil
 	}
 	full, last := len(out) == p.Limit, out[len(out)-1].rec.Seq
+	if cut {
+		// Every row up to u was read, and up to the batch's last when
+		// the batch is full; none above u.
+		if full {
+			last = min(last, u)
+		} else {
+			last = u
+		}
+		full = true
+	}
 	for part := range maxSeq {
 		br.touched = append(br.touched, part)
 	}
@@ -718,7 +792,17 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 	for _, part := range parts {
 		br.next[part] = base[part].next(full, snap, xid, last, maxSeq[part])
 	}
-	return out, br, nil
+	return out, br, cut, nil
+}
+
+// raise sets v to n if n is larger.
+func raise(v *atomic.Int64, n int64) {
+	for {
+		seen := v.Load()
+		if n <= seen || v.CompareAndSwap(seen, n) {
+			return
+		}
+	}
 }
 
 // positions returns the fenced partitions' positions, loading from the
