@@ -60,6 +60,11 @@ CREATE TABLE {p}log_chunks (
 // writer holding a value below its end.
 var ErrSequenceCached = errors.New("postbox: the log's chunks need the outbox sequence's cache at 1")
 
+// seqLastSQL is the last value the outbox's sequence has handed out (0
+// before the first): values are handed out in order (its cache is 1), so
+// every value up to it has been drawn.
+const seqLastSQL = `(SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {p}outbox_seq_seq)`
+
 // chunkTable is the name of the chunk starting at lo.
 func (s *logStore) chunkTable(lo int64) string { return fmt.Sprintf("%slog_c%d", s.prefix, lo) }
 
@@ -165,8 +170,7 @@ DELETE FROM {p}log_done m USING c WHERE m.seq >= c.lo AND m.seq < c.hi`), lo)
 // chunk's width, and at most chunkLockTimeout behind a long statement or
 // writer, after which the attach gives up until the next pass.
 func (s *logStore) attachChunks(ctx context.Context) error {
-	const read = `SELECT (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {p}outbox_seq_seq),
-  coalesce((SELECT max(hi) FROM {p}log_chunks), 0)`
+	const read = `SELECT ` + seqLastSQL + `, coalesce((SELECT max(hi) FROM {p}log_chunks), 0)`
 	w, ahead := s.chunks.width, int64(s.chunks.ahead)
 	var last, top int64
 	if err := s.pool.QueryRow(ctx, s.r.Replace(read)).Scan(&last, &top); err != nil || top >= last+1+ahead*w {
@@ -207,7 +211,7 @@ func (s *logStore) sealChunks(ctx context.Context) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var last int64
 		var cache int64
-		if err := tx.QueryRow(ctx, s.r.Replace(`SELECT (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {p}outbox_seq_seq),
+		if err := tx.QueryRow(ctx, s.r.Replace(`SELECT `+seqLastSQL+`,
   (SELECT seqcache FROM pg_sequence WHERE seqrelid = '{p}outbox_seq_seq'::regclass)`)).Scan(&last, &cache); err != nil {
 			return err
 		}

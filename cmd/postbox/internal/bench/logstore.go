@@ -464,7 +464,7 @@ func readSQL(k int, strict, routed, chunked bool) string {
 		if routed {
 			u = "$9"
 		}
-		const last = `(SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {p}outbox_seq_seq)::text`
+		const last = seqLastSQL + `::text`
 		below, top, order = ` AND o.seq <= `+u+`::bigint`, ` || ' ' || `+last, "2"
 		sentinel = `
 UNION ALL
