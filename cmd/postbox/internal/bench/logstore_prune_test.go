@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
@@ -159,19 +162,74 @@ SELECT -g, gen_random_uuid(), 't', 'k', '\x00', '{}', g %% 64, now(), 1, 'x' FRO
 			b.Fatal(err)
 		}
 	}
+	historyCases(b, st, func(fence postboxdriver.Fence) error {
+		_, br, err := st.read(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 500})
+		if err == nil && br == nil {
+			err = errors.New("the read found nothing")
+		}
+		return err
+	})
+}
+
+// BenchmarkTableHistory is BenchmarkLogHistory over the drivers' own
+// storage: TABLE_HISTORY_ROWS rows (default 1,000,000) in the published
+// table, written over the past six days, and TABLE_HISTORY_PENDING
+// (default 5,000) pending in the outbox, written with SQL as a writer in
+// another language writes them.
+// The read is the relay's Fetch of 500 rows:
+//
+//	go test -run '^$' -bench TableHistory -benchtime 5x -timeout 30m ./cmd/postbox/internal/bench/
+func BenchmarkTableHistory(b *testing.B) {
+	rows, pending := envInt(b, "TABLE_HISTORY_ROWS", 1_000_000), envInt(b, "TABLE_HISTORY_PENDING", 5_000)
+	ctx := context.Background()
+	pool := testdb.Pool(b)
+	p := testdb.Prefix(b)
+	testdb.DropPrefix(b, pool, p)
+	driver, _, err := migrated(ctx, pool, p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := driver.Open(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, q := range []string{
+		`INSERT INTO %[1]spublished (seq, id, topic, key, payload, headers, partition, created_at, attempts, published_at)
+SELECT -g, gen_random_uuid(), 't' || g %% 8, 'k' || g %% 1000, convert_to(repeat('x', 256), 'UTF8'), '{}', g %% 64,
+  now() - interval '6 days' + g * (interval '6 days' / %[2]d), 1, now() - interval '6 days' + g * (interval '6 days' / %[2]d)
+FROM generate_series(1, %[2]d) g`,
+		`INSERT INTO %[1]soutbox (id, topic, key, payload, headers)
+SELECT gen_random_uuid(), 't' || g %% 8, 'k' || g %% 1000, convert_to(repeat('x', 256), 'UTF8'), '{}'
+FROM generate_series(1, %[3]d) g`,
+		`INSERT INTO %[1]sdead (seq, id, topic, key, payload, headers, partition, created_at, attempts, last_error)
+SELECT -g, gen_random_uuid(), 't', 'k', '\x00', '{}', g %% 64, now(), 1, 'x' FROM generate_series(1, 100) g`,
+		`VACUUM ANALYZE %[1]spublished, %[1]soutbox, %[1]sdead`,
+	} {
+		if _, err := pool.Exec(ctx, fmt.Sprintf(q, p, rows, pending)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	historyCases(b, st, func(fence postboxdriver.Fence) error {
+		recs, err := st.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 500})
+		if err == nil && len(recs) == 0 {
+			err = errors.New("the read found nothing")
+		}
+		return err
+	})
+}
+
+// historyCases runs the history benchmarks' calls over st, a relay's read
+// of 500 rows through read, each as a sub-benchmark reporting
+// PostgreSQL's and this process's CPU a call.
+func historyCases(b *testing.B, st postboxdriver.Store[pgx.Tx], read func(postboxdriver.Fence) error) {
+	ctx := context.Background()
 	fence := fenceAll(b, st)
 	window := postboxdriver.ReplayParams{Since: time.Now().Add(-time.Hour), Until: time.Now(), Actor: "bench", DryRun: true}
 	for _, c := range []struct {
 		name string
 		run  func() error
 	}{
-		{"Read500", func() error {
-			_, br, err := st.read(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 500})
-			if err == nil && br == nil {
-				err = errors.New("the read found nothing")
-			}
-			return err
-		}},
+		{"Read500", func() error { return read(fence) }},
 		{"Stats", func() error { _, err := st.Stats(ctx); return err }},
 		{"TopicStats", func() error { _, err := st.TopicStats(ctx); return err }},
 		{"ReplayDryRun", func() error { _, err := st.Replay(ctx, window); return err }},
