@@ -215,6 +215,25 @@ func (s *Server) URL(databaseURL string) (string, error) {
 	return u.String(), nil
 }
 
+// Exited reports whether the pooler ended before Stop was called, and if
+// so how: its exit status and the end of its output and log, which Stop
+// removes with its directory.
+func (s *Server) Exited() (string, bool) {
+	select {
+	case <-s.done:
+	default:
+		return "", false
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "pgbouncer on port %d ended: %v", s.Port, s.cmd.ProcessState)
+	for _, name := range []string{"pgbouncer.out", "pgbouncer.log"} {
+		text, _ := os.ReadFile(filepath.Join(s.dir, name)) //nolint:gosec // the pooler's own files, in the directory Start made
+		lines := strings.Split(strings.TrimSpace(string(text)), "\n")
+		fmt.Fprintf(&b, "\n%s, last lines:\n%s", name, strings.Join(lines[max(0, len(lines)-20):], "\n"))
+	}
+	return b.String(), true
+}
+
 // Stop ends the pooler (SIGINT: at once, dropping its connections) and
 // removes its directory if Start made it.
 func (s *Server) Stop() {

@@ -152,7 +152,14 @@ func BouncerURL(t testing.TB, params string) string {
 	if err != nil {
 		t.Fatalf("testdb: %v", err)
 	}
-	t.Cleanup(s.Stop)
+	t.Cleanup(func() {
+		// A pooler that ended on its own fails every later connection of
+		// the test with "connection refused": say why it ended.
+		if why, ended := s.Exited(); ended {
+			t.Error(why)
+		}
+		s.Stop()
+	})
 	through, err := s.URL(PostgresURL())
 	if err != nil {
 		t.Fatalf("testdb: %v", err)
