@@ -439,3 +439,33 @@ func TestDashboardActsOnAFilteredSet(t *testing.T) {
 		t.Fatalf("audit page:\n%s", p.body)
 	}
 }
+
+// Past ten thousand rows, with the table's statistics taken, the status
+// reports the history's size as PostgreSQL's estimate, flagged so in the
+// API and marked "≈" on the overview; autovacuum is off on the table so
+// that its statistics are only those the test takes.
+func TestStatusMarksEstimates(t *testing.T) {
+	f := postgresFixture(t)
+	a := serve(t, &postboxadmin.Config{Admin: f.admin, Tokens: tokens()})
+	f.exec(t, `ALTER TABLE {p}published SET (autovacuum_enabled = false)`)
+	grow := func(n int) {
+		f.exec(t, `INSERT INTO {p}published (seq, id, topic, key, payload, headers, partition, created_at, attempts)
+SELECT -g - $2::int, gen_random_uuid(), 't', 'k', '\x00', '{}', 0, now(), 1 FROM generate_series(1, $1::int) g`, n, 1_000_000)
+	}
+	grow(10_000 - 2) // the fixture published two
+	f.exec(t, `ANALYZE {p}published`)
+	st := a.must(t, 200, "GET", "/v1/status", readToken, "")
+	if st.json["published_kept_estimated"] != false || st.json["pending_estimated"] != false || st.json["published_kept"] != 10_000.0 {
+		t.Fatalf("a history of 10,000 rows: %s", st)
+	}
+	grow(20_000)
+	st = a.must(t, 200, "GET", "/v1/status", readToken, "")
+	if n, _ := st.json["published_kept"].(float64); st.json["published_kept_estimated"] != true || n < 27_000 || n > 33_000 {
+		t.Fatalf("a history of 30,000 rows, analyzed at 10,000: %s", st)
+	}
+	b := newBrowser(t, a.ts)
+	b.signIn(t, readToken)
+	if p := b.get(t, "/"); !strings.Contains(p.body, `<dd id="fig-published">≈ `) || strings.Contains(p.body, `<dd id="fig-pending">≈`) {
+		t.Fatalf("the overview does not mark the history's estimate alone:\n%s", p.body)
+	}
+}

@@ -89,13 +89,17 @@
 // Every field and parameter may be left out (null counts as left out), but
 // for replay's "since". The other endpoints take no parameters.
 //
-// Status: {"pending", "dead", "published_kept", "oldest_pending_age_seconds",
+// Status: {"pending", "dead", "published_kept", "pending_estimated",
+// "published_kept_estimated", "oldest_pending_age_seconds",
 // "unrouted_pending", "held_snapshot", "partitions": {"total", "unowned",
 // "relays"}, "topics": [{"topic", "pending", "dead",
 // "oldest_pending_age_seconds", "published_last_minute", "routed"}]}.
 // "routed" is false for a topic no route of the relay takes
 // (Config.Routed); "unrouted_pending" counts those topics' pending
-// messages, which are also in "pending". "partitions" counts the
+// messages, which are also in "pending". "pending_estimated" and
+// "published_kept_estimated" say the count before them is the database's
+// estimate (past 10,000 rows, on PostgreSQL; postboxdriver.Stats), which
+// the overview shows as "≈ n". "partitions" counts the
 // partitions no relay holds a live lease on (all of them while no relay
 // runs) and the live relays.
 //

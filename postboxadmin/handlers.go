@@ -21,9 +21,13 @@ const (
 )
 
 type statusJSON struct {
-	Pending                 int64   `json:"pending"`
-	Dead                    int64   `json:"dead"`
-	PublishedKept           int64   `json:"published_kept"`
+	Pending       int64 `json:"pending"`
+	Dead          int64 `json:"dead"`
+	PublishedKept int64 `json:"published_kept"`
+	// PendingEstimated and PublishedKeptEstimated are set where the count
+	// is the database's estimate (postboxdriver.Stats).
+	PendingEstimated        bool    `json:"pending_estimated"`
+	PublishedKeptEstimated  bool    `json:"published_kept_estimated"`
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 	// UnroutedPending counts the pending messages of topics no route of
 	// the relay takes (Config.Routed); they are included in Pending.
@@ -127,6 +131,7 @@ func (s *Server) status(ctx context.Context) (postbox.Status, error) {
 // statusOf is the status as the API answers it.
 func (s *Server) statusOf(st *postbox.Status) statusJSON {
 	out := statusJSON{Pending: st.Pending, Dead: st.Dead, PublishedKept: st.Published,
+		PendingEstimated: st.PendingEstimated, PublishedKeptEstimated: st.PublishedEstimated,
 		OldestPendingAgeSeconds: st.OldestPendingAge.Seconds(), Topics: make([]topicJSON, 0, len(st.Topics)),
 		Partitions: partitionsJSON{Total: st.Partitions.Total, Unowned: st.Partitions.Unowned, Relays: st.Partitions.Relays, Holders: holdersOf(&st.Partitions)}}
 	if h := st.HeldSnapshot; h != nil {

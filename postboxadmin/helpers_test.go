@@ -64,6 +64,9 @@ type fixture struct {
 	// kill writes m, whose payload must start with "poison", and drains
 	// it dead; it returns its id.
 	kill func(t *testing.T, m postbox.Message) string
+	// exec runs a statement on PostgreSQL's fixture, {p} standing for
+	// the table prefix.
+	exec func(t *testing.T, sql string, args ...any)
 }
 
 // The dead messages' payloads: the publisher rejects any payload that
@@ -137,6 +140,12 @@ func postgresFixture(t testing.TB) *fixture {
 	f := newFixture(t, d, prefix)
 	f.agePublished = func(t *testing.T) {
 		if _, err := pool.Exec(context.Background(), `UPDATE `+prefix+`published SET published_at = now() - interval '8 days'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.exec = func(t *testing.T, sql string, args ...any) {
+		t.Helper()
+		if _, err := pool.Exec(context.Background(), strings.ReplaceAll(sql, "{p}", prefix), args...); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -243,12 +243,27 @@ type Migration struct {
 }
 
 // Stats is a snapshot of the outbox.
+//
+// Pending and Published are exact up to StatsExactUpTo rows. Above it,
+// a driver that can read the database's own estimate of a table's rows
+// (PostgreSQL: the planner's, from the table's statistics scaled to its
+// current size) reports that instead and sets PendingEstimated or
+// PublishedEstimated, so that reading the status costs the same whatever
+// the backlog and the history hold; one that cannot (MySQL, SQLite), or
+// a table never analyzed, counts every row.
 type Stats struct {
 	Pending          int64
 	Dead             int64
 	OldestPendingAge time.Duration // database clock; zero when nothing is pending
 	Published        int64         // rows kept in the published history
+
+	PendingEstimated   bool
+	PublishedEstimated bool
 }
+
+// StatsExactUpTo is how many pending or published rows Stats counts
+// exactly before it may report an estimate.
+const StatsExactUpTo = 10_000
 
 // PartitionStats is the state of the partitions' leases, on the database
 // clock.

@@ -258,16 +258,26 @@ func statusJSON(st postbox.Status) map[string]any {
 	}
 	return map[string]any{
 		"pending": st.Pending, "dead": st.Dead, "published_kept": st.Published,
+		"pending_estimated": st.PendingEstimated, "published_kept_estimated": st.PublishedEstimated,
 		"oldest_pending_age_seconds": st.OldestPendingAge.Seconds(), "topics": topicsJSON(st.Topics),
 		"held_snapshot": held,
 		"partitions":    map[string]int{"total": st.Partitions.Total, "unowned": st.Partitions.Unowned, "relays": st.Partitions.Relays},
 	}
 }
 
+// approx is n, marked "≈" when it is the database's estimate.
+func approx(n int64, estimated bool) string {
+	if estimated {
+		return "≈" + strconv.FormatInt(n, 10)
+	}
+	return strconv.FormatInt(n, 10)
+}
+
 // printStatus is status's text rendering of st.
 func printStatus(out io.Writer, st postbox.Status) error {
-	fmt.Fprintf(out, "pending %d (oldest %s)  dead %d  published kept %d\n",
-		st.Pending, st.OldestPendingAge.Round(time.Millisecond), st.Dead, st.Published)
+	fmt.Fprintf(out, "pending %s (oldest %s)  dead %d  published kept %s\n",
+		approx(st.Pending, st.PendingEstimated), st.OldestPendingAge.Round(time.Millisecond), st.Dead,
+		approx(st.Published, st.PublishedEstimated))
 	fmt.Fprintf(out, "relays %d live; %d of %d partitions held by none\n", st.Partitions.Relays, st.Partitions.Unowned, st.Partitions.Total)
 	if h := st.HeldSnapshot; h != nil {
 		fmt.Fprintf(out, "oldest snapshot held by another session: pid %d (%s) for %s; the outbox's dead rows stay until it ends\n",

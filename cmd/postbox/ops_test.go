@@ -217,3 +217,21 @@ func TestRelayRefusedListenerExits2(t *testing.T) {
 		}
 	}
 }
+
+// status marks a count that is the database's estimate, in text and in
+// JSON, and leaves an exact one as it was.
+func TestStatusMarksEstimates(t *testing.T) {
+	st := postbox.Status{}
+	st.Pending, st.Published, st.PublishedEstimated = 12, 1_234_567, true
+	var out bytes.Buffer
+	if err := printStatus(&out, st); err != nil {
+		t.Fatal(err)
+	}
+	if line := strings.SplitN(out.String(), "\n", 2)[0]; !strings.Contains(line, "pending 12 (") || !strings.Contains(line, "published kept ≈1234567") {
+		t.Fatalf("status says %q", line)
+	}
+	js := statusJSON(st)
+	if js["pending_estimated"] != false || js["published_kept_estimated"] != true || js["published_kept"] != int64(1_234_567) {
+		t.Fatalf("status --json: %v", js)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -194,13 +195,41 @@ ORDER BY 1`),
 SELECT (SELECT count(*) FROM marked) + (SELECT count(*) FROM cleared)
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async`),
 		expire: r.Replace(`UPDATE {p}leases SET owner = $1, generation = generation + 1, expires_at = now() - interval '1 second'`),
-		stats: r.Replace(`SELECT
-  (SELECT count(*) FROM {p}outbox),
-  (SELECT count(*) FROM {p}dead),
-  coalesce((SELECT extract(epoch FROM now() - created_at) FROM {p}outbox ORDER BY seq LIMIT 1), 0)::float8,
-  (SELECT count(*) FROM {p}published)`),
+		stats: strings.NewReplacer("{n}", strconv.Itoa(postboxdriver.StatsExactUpTo),
+			"{n1}", strconv.Itoa(postboxdriver.StatsExactUpTo+1)).Replace(r.Replace(statsSQL)),
 	}
 }
+
+// statsSQL is Stats: the pending and published rows counted up to one
+// past postboxdriver.StatsExactUpTo, and past that the
+// planner's estimate, as it scales the table's statistics (rows a page at
+// the last ANALYZE or VACUUM) to the table's pages now, never below the
+// count's floor. A table with no statistics yet is counted whole: the
+// CASE runs that count only then. Counted whole, a history of a million
+// rows cost PostgreSQL 390 ms of CPU a call, the dashboard's every
+// refresh (BENCHMARKS.md, "The status at any size").
+const statsSQL = `WITH n AS (
+  SELECT
+    (SELECT count(*) FROM (SELECT FROM {p}outbox LIMIT {n1}) x) AS pending,
+    (SELECT count(*) FROM (SELECT FROM {p}published LIMIT {n1}) x) AS published,
+    ` + estimateSQL + `('{p}outbox'::regclass)) AS pending_est,
+    ` + estimateSQL + `('{p}published'::regclass)) AS published_est
+)
+SELECT
+  CASE WHEN pending <= {n} THEN pending ELSE coalesce(pending_est, (SELECT count(*) FROM {p}outbox)) END,
+  (SELECT count(*) FROM {p}dead),
+  coalesce((SELECT extract(epoch FROM now() - created_at) FROM {p}outbox ORDER BY seq LIMIT 1), 0)::float8,
+  CASE WHEN published <= {n} THEN published ELSE coalesce(published_est, (SELECT count(*) FROM {p}published)) END,
+  pending > {n} AND pending_est IS NOT NULL,
+  published > {n} AND published_est IS NOT NULL
+FROM n`
+
+// estimateSQL, closed by a table's oid and ")", is the planner's estimate
+// of the table's rows, at least that floor; null where the table has no
+// statistics.
+const estimateSQL = `(SELECT greatest({n1}, (c.reltuples / c.relpages *
+      (pg_relation_size(c.oid) / current_setting('block_size')::bigint))::bigint)
+    FROM pg_class c WHERE c.reltuples >= 0 AND c.relpages > 0 AND c.oid = `
 
 // moveToHistory is the CTEs that move a batch's published rows ($s) to
 // the history, fenced by the owner ($o) and its generations by partition
@@ -675,7 +704,7 @@ func (c *Core) MarkInFlight(ctx context.Context, f postboxdriver.Fence, seqs []i
 func (c *Core) Stats(ctx context.Context) (postboxdriver.Stats, error) {
 	var s postboxdriver.Stats
 	var age float64
-	err := c.queryRow(ctx, c.db, c.q.stats, nil, &s.Pending, &s.Dead, &age, &s.Published)
+	err := c.queryRow(ctx, c.db, c.q.stats, nil, &s.Pending, &s.Dead, &age, &s.Published, &s.PendingEstimated, &s.PublishedEstimated)
 	s.OldestPendingAge = time.Duration(age * float64(time.Second))
 	return s, err
 }

@@ -86,12 +86,12 @@
     });
   }
   function apply(st) {
-    text("fig-pending", st.pending);
+    text("fig-pending", (st.pending_estimated ? "≈ " : "") + st.pending);
     text("fig-oldest", secs(st.oldest_pending_age_seconds));
     text("fig-unrouted", st.unrouted_pending);
     var dead = document.querySelector("#fig-dead a");
     if (dead) { dead.textContent = st.dead; }
-    text("fig-published", st.published_kept);
+    text("fig-published", (st.published_kept_estimated ? "≈ " : "") + st.published_kept);
     text("fig-unowned", st.partitions.unowned + " of " + st.partitions.total);
     rows("topics-body", st.topics, 7, "Nothing pending, dead or published in the last minute.", function (tr, t) {
       cell(tr, "th", t.topic);
