@@ -32,7 +32,9 @@ type DrainResult struct {
 // running on the same tables.
 //
 // It runs the relay's own cycle, one lane over every partition, under
-// leases it takes on all of them and lets go when it returns.
+// leases it takes on all of them and lets go when it returns. A ctx that
+// ends while the leases are being granted waits for the grant's answer
+// (at most 5 s) and lets go of what it granted.
 func (c *Client[TTx]) Drain(ctx context.Context) (DrainResult, error) {
 	var res DrainResult
 	if len(c.routes) == 0 {

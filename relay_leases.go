@@ -145,14 +145,26 @@ func (r *relay) coordinate(ctx context.Context) (pending, moved bool, err error)
 
 // takeAll leases every partition, for Drain: it fails with
 // ErrPartitionsHeld, holding none, when a running relay holds some.
+//
+// The grant runs to its answer even when ctx ends meanwhile (bounded by
+// cleanupBudget), and a ctx that ended lets go of what it granted.
+// Abandoned, the statement could still reach the database and commit
+// after the call returned, holding every partition for a whole lease with
+// no one to release them: the next Drain failed with ErrPartitionsHeld
+// and relays waited the lease out.
 func (r *relay) takeAll(ctx context.Context) error {
 	all := make([]int, r.nparts)
 	for i := range all {
 		all[i] = i
 	}
 	start := time.Now()
-	leases, err := r.ex.AcquireLeases(ctx, r.id, all, r.cfg.LeaseDuration)
+	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
+	defer cancel()
+	leases, err := r.ex.AcquireLeases(cleanup, r.id, all, r.cfg.LeaseDuration)
 	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		return err
 	}
 	r.mu.Lock()
@@ -162,8 +174,12 @@ func (r *relay) takeAll(ctx context.Context) error {
 	}
 	r.validUntil = start.Add(r.cfg.LeaseDuration - r.cfg.LeaseDuration/10)
 	r.mu.Unlock()
-	if len(leases) != len(all) {
-		r.releaseAll(ctx)
+	switch {
+	case ctx.Err() != nil:
+		r.releaseAll(cleanup)
+		return ctx.Err()
+	case len(leases) != len(all):
+		r.releaseAll(cleanup)
 		return fmt.Errorf("%w (%d of %d)", ErrPartitionsHeld, len(all)-len(leases), len(all))
 	}
 	return nil

@@ -2,6 +2,7 @@ package postbox_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"regexp"
 	"strings"
@@ -258,4 +259,66 @@ func startProxiedRelay(t *testing.T, cfg postbox.Config) (context.Context, *prox
 		}
 	})
 	return ctx, pr
+}
+
+// A Drain whose context ends while its leases are being granted waits for
+// the database's answer and lets go of what it was granted. Abandoned, the
+// grant reached the database all the same and held every partition for a
+// lease with no one to release them: the next Drain failed with
+// ErrPartitionsHeld. A proxy holds the grant's answer back once its
+// statement has reached the database (the exec mode sends a statement and
+// its parameters in one write).
+func TestDrainCancelledWhileTakingLeasesHoldsNone(t *testing.T) {
+	_, prefix := testdb.Migrated(t)
+	proxied, proxy := testdb.Proxied(t, testdb.PostgresURL())
+	sent := make(chan func(), 1)
+	var once sync.Once
+	proxy.Inspect(func() tcpproxy.Inspector {
+		return func(chunk []byte) bool {
+			if strings.Contains(string(chunk), "UPDATE "+prefix+"leases SET\n  generation") {
+				once.Do(func() { sent <- proxy.Blackhole() })
+			}
+			return true
+		}
+	})
+	pool := testdb.PoolAt(t, proxied+"&default_query_exec_mode=exec")
+	client, err := postbox.NewClient(postboxpgx.New(pool), &postbox.Config{Prefix: prefix, Publisher: postboxtest.NewBroker(nil),
+		NoSignals: true, LeaseDuration: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	drained := make(chan error, 1)
+	go func() {
+		_, err := client.Drain(ctx)
+		drained <- err
+	}()
+	var lift func()
+	select {
+	case lift = <-sent:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the leases' grant was never sent")
+	}
+	cancel()
+	// The answer stays held a moment after the cancel, long enough for a
+	// Drain that does not wait for it to have returned.
+	select {
+	case err := <-drained:
+		lift()
+		t.Logf("returned before the answer: %v", err)
+		drained <- err
+	case <-time.After(200 * time.Millisecond):
+		lift()
+	}
+	select {
+	case err := <-drained:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled drain: %v, want context.Canceled", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the cancelled drain did not return")
+	}
+	if _, err := client.Drain(context.Background()); err != nil {
+		t.Fatalf("the next drain: %v", err)
+	}
 }
