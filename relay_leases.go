@@ -157,6 +157,9 @@ func (r *relay) takeAll(ctx context.Context) error {
 	for i := range all {
 		all[i] = i
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	start := time.Now()
 	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupBudget)
 	defer cancel()
