@@ -22,7 +22,7 @@ type DrainResult struct {
 	Published int // rows published and marked
 	Failed    int // publishes that failed as message failures (attempts spent)
 	Dead      int // rows moved to the dead messages
-	Waiting   int // rows left pending, waiting for a retry (Stats.Pending: an estimate past 10,000)
+	Waiting   int // rows left pending, waiting for a retry (Stats.Pending: on PostgreSQL, an estimate past 10,000)
 }
 
 // Drain runs the relay synchronously, in the calling goroutine, until no

@@ -206,7 +206,7 @@ FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async`),
 // the last ANALYZE or VACUUM) to the table's pages now, never below the
 // count's floor. A table with no statistics yet is counted whole: the
 // CASE runs that count only then. Counted whole, a history of a million
-// rows cost PostgreSQL 390 ms of CPU a call, the dashboard's every
+// rows cost PostgreSQL 250–390 ms of CPU a call, on the dashboard's every
 // refresh (BENCHMARKS.md, "The status at any size").
 const statsSQL = `WITH n AS (
   SELECT
