@@ -84,7 +84,11 @@ distribution for the plot.`,
 			fmt.Fprintf(out, "%d messages at %d msg/s asked, %.0f msg/s achieved (a writer started a slot at worst %.1f ms late); %d measured after the warm-up\n",
 				res.Written, res.Rate, res.Achieved, res.MaxBehindMillis, res.Measured)
 			fmt.Fprintf(out, "checked: %d distinct ids acknowledged, %d duplicate acks, the stream holds them all\n", res.Acked, res.Duplicates)
-			fmt.Fprintf(out, "relay statements/s under this load: %.1f (%.2f a message)\n", res.BusyQueriesPerSec, res.BusyPerMessage)
+			fmt.Fprintf(out, "relay statements/s under this load: %.1f (%.2f a message", res.BusyQueriesPerSec, res.BusyPerMessage)
+			if res.BusyPerMessageExceptJIT != res.BusyPerMessage {
+				fmt.Fprintf(out, "; %.2f but for the log's jit settings, each in its statement's round trip", res.BusyPerMessageExceptJIT)
+			}
+			fmt.Fprintf(out, ")\n")
 			for _, k := range res.BusyStatementKinds() {
 				fmt.Fprintf(out, "  %-50s %6d  (%.1f/s)\n", k, res.BusyStatements[k], float64(res.BusyStatements[k])/res.BusySeconds)
 			}
@@ -122,6 +126,7 @@ distribution for the plot.`,
 	f.DurationVar(&opts.AckTimeout, "ack-timeout", 30*time.Second, "longest wait for the last acks after the writing")
 	f.DurationVar(&opts.Baseline, "baseline", 10*time.Second, "how long to measure the same-run floor first: commit, then publish straight to JetStream (0 skips)")
 	f.StringVar(&jsonFile, "json", "", "also write the results, with the latency distribution, as JSON to this file")
+	f.StringVar(&opts.Storage, "storage", "table", "where the messages go: table (the outbox the drivers keep) or log (PostgreSQL: the log read by snapshot bands, design §3, not in the drivers yet)")
 	return cmd
 }
 

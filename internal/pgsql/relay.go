@@ -383,9 +383,7 @@ func (c *Core) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 		c.written.Or(1 << p)
 		return c.insert(ctx, c.q.insertOne, r.ID, r.Topic, nullable(r.Key), notNil(r.Payload), string(r.Headers), int32(p))
 	}
-	args, written := InsertArrays(rows)
-	c.written.Or(written)
-	return c.insert(ctx, c.q.insert, args...)
+	return c.InsertRows(ctx, c.q.insert, rows)
 }
 
 // InsertArrays are the arrays the many-row insert binds for rows, in its
@@ -429,6 +427,15 @@ func (c *Core) AfterCommit(fn func()) bool {
 		}
 	}
 	return false
+}
+
+// InsertRows inserts rows with sql, an insert that takes InsertArrays'
+// arrays (a table of the caller's own with the outbox's columns), as
+// Insert inserts into the outbox: in a postboxpgx.Tx, with the COMMIT.
+func (c *Core) InsertRows(ctx context.Context, sql string, rows []postboxdriver.Row) error {
+	args, written := InsertArrays(rows)
+	c.written.Or(written)
+	return c.insert(ctx, sql, args...)
 }
 
 func (c *Core) insert(ctx context.Context, sql string, args ...any) error {

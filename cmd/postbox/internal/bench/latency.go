@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
 
@@ -63,6 +64,10 @@ type LatencyOptions struct {
 	AckTimeout time.Duration
 	// IdleOnly stops after the idle count: no writing, no latency.
 	IdleOnly bool
+	// Storage is where the messages go: "table" (the outbox the drivers
+	// keep, the default) or "log" (PostgreSQL: the log read by snapshot
+	// bands, design §3, through this package's Store).
+	Storage string
 	// Baseline is how long the same-run floor is measured before the
 	// postbox phase, at the same rate: each writer commits a domain row and
 	// then publishes the message to JetStream itself, waiting for the ack
@@ -93,6 +98,8 @@ func (o *LatencyOptions) Validate() error {
 		return fmt.Errorf("--idle-only needs a positive --idle")
 	case o.AckTimeout < 0:
 		return fmt.Errorf("--ack-timeout must be positive, got %s", o.AckTimeout)
+	case o.Storage != "" && o.Storage != "table" && o.Storage != "log":
+		return fmt.Errorf("--storage is table or log, not %q", o.Storage)
 	}
 	return nil
 }
@@ -108,6 +115,7 @@ func (o *LatencyOptions) defaults() {
 	o.Idle = cmp.Or(o.Idle, 10*time.Second)
 	o.AckTimeout = cmp.Or(o.AckTimeout, 30*time.Second)
 	o.Baseline = cmp.Or(o.Baseline, 10*time.Second)
+	o.Storage = cmp.Or(o.Storage, "table")
 }
 
 // Percentiles of a latency distribution, in milliseconds.
@@ -154,6 +162,9 @@ type LatencyResult struct {
 	BusyQueriesPerSec float64          `json:"busy_queries_per_s"`
 	BusyStatements    map[string]int64 `json:"busy_statements"`
 	BusyPerMessage    float64          `json:"busy_per_message"`
+	// BusyPerMessageExceptJIT leaves out the setting that goes before
+	// each of the log's statements, in the same round trip (Storage log).
+	BusyPerMessageExceptJIT float64 `json:"busy_per_message_except_jit"`
 	// CPU per message by process during the postbox phase (this process
 	// holds the writers and, unless SeparateWriter, the relay) and during
 	// the baseline; CPUKnown is false where /proc cannot be read.
@@ -199,6 +210,15 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 		return res, err
 	}
 	defer drop()
+	// The relay's and the writers' drivers: postboxpgx's over the outbox,
+	// or the log's.
+	driver := func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] { return postboxpgx.New(pool) }
+	if opts.Storage == "log" {
+		if _, err := wpool.Exec(ctx, logSchema(prefix, false)); err != nil {
+			return res, fmt.Errorf("create the log: %w", err)
+		}
+		driver = func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] { return &logDriver{pool: pool} }
+	}
 	counter := &statementCounter{prefix: prefix}
 	rcfg, err := pgxpool.ParseConfig(opts.DatabaseURL)
 	if err != nil {
@@ -218,7 +238,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	defer func() { _ = inner.Close(context.WithoutCancel(ctx)) }()
 	acks := newAckRecorder(inner)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	relay, err := postbox.NewClient(postboxpgx.New(rpool), &postbox.Config{
+	relay, err := postbox.NewClient(driver(rpool), &postbox.Config{
 		Prefix: prefix, Publisher: acks, Logger: quiet, PollInterval: opts.PollInterval, Lanes: opts.Lanes, NoSignals: opts.NoSignals,
 	})
 	if err != nil {
@@ -228,7 +248,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	res.PollInterval, res.Lanes = cfg.PollInterval, cfg.Lanes
 	writer := relay
 	if opts.SeparateWriter {
-		writer, err = postbox.NewClient(postboxpgx.New(wpool), &postbox.Config{Prefix: prefix, Logger: quiet, NoSignals: opts.NoSignals})
+		writer, err = postbox.NewClient(driver(wpool), &postbox.Config{Prefix: prefix, Logger: quiet, NoSignals: opts.NoSignals})
 		if err != nil {
 			return res, err
 		}
@@ -370,6 +390,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	res.BusyQueriesPerSec = float64(busyN) / res.BusySeconds
 	res.BusyStatements = busy
 	res.BusyPerMessage = float64(busyN) / float64(len(ids))
+	res.BusyPerMessageExceptJIT = float64(busyN-busy[jitKind]) / float64(len(ids))
 
 	ackAt, dups := acks.result()
 	res.Acked, res.Duplicates = len(ackAt), dups
@@ -638,10 +659,22 @@ func (c *statementCounter) snapshot() statementCounts {
 	return out
 }
 
+// jitKind names the setting that goes before each of the log's
+// statements in the same round trip (noJIT).
+const jitKind = "jit off (before each of the log's statements)"
+
 // kind names a statement of the relay's for the report.
 func (c *statementCounter) kind(sql string) string {
 	s := strings.Join(strings.Fields(sql), " ")
 	switch {
+	case s == jitOff:
+		return jitKind
+	case strings.Contains(s, "UPDATE "+c.prefix+"positions") && strings.Contains(s, c.prefix+"log o"):
+		return "log: record and read"
+	case strings.Contains(s, "UPDATE "+c.prefix+"positions"):
+		return "log: record"
+	case strings.Contains(s, c.prefix+"log o"):
+		return "log: read"
 	case strings.Contains(s, "ORDER BY o.seq") && strings.Contains(s, "DELETE FROM "+c.prefix+"outbox"):
 		return "mark and fetch"
 	case strings.Contains(s, "ORDER BY o.seq"):

@@ -9,16 +9,21 @@ import (
 	"github.com/postbox-go/postbox/cmd/postbox/internal/bench"
 )
 
-// A short latency run at a low rate, in both writing modes: every message
-// written is acknowledged exactly once and the stream holds them all
-// (Latency checks the ids and the stream), the percentiles are ordered,
-// and the idle relay's statements were counted.
+// A short latency run at a low rate, in both writing modes and over the
+// log: every message written is acknowledged exactly once and the stream
+// holds them all (Latency checks the ids and the stream), the percentiles
+// are ordered, and the idle relay's statements were counted.
 func TestLatencySmall(t *testing.T) {
-	for _, separate := range []bool{false, true} {
+	for _, tc := range []struct {
+		separate bool
+		storage  string
+		pipeline bool
+	}{{false, "table", false}, {true, "table", false}, {false, "log", true}} {
+		separate := tc.separate
 		var out bytes.Buffer
 		res, err := bench.Latency(context.Background(), bench.LatencyOptions{
 			Rate: 200, Duration: 2 * time.Second, Warmup: 200 * time.Millisecond, Writers: 2, Keys: 10,
-			SeparateWriter: separate, Idle: time.Second,
+			SeparateWriter: separate, Idle: time.Second, Storage: tc.storage, Pipeline: tc.pipeline,
 		}, &out)
 		if err != nil {
 			t.Fatalf("separate writer %v: %v\n%s", separate, err, out.String())
@@ -52,6 +57,7 @@ func TestLatencyRejectsBadOptions(t *testing.T) {
 		{bench.LatencyOptions{Keys: -3}, "--keys"},
 		{bench.LatencyOptions{PollInterval: time.Microsecond}, "--poll-interval"},
 		{bench.LatencyOptions{Lanes: 100}, "--lanes"},
+		{bench.LatencyOptions{Storage: "wal"}, "--storage"},
 	} {
 		wantRejected(t, bench.Latency, tc.opts, tc.flag)
 	}

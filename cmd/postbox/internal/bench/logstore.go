@@ -373,9 +373,21 @@ type logTx struct {
 	tx pgx.Tx
 }
 
+// Insert writes the log as postboxpgx writes the outbox: in a
+// postboxpgx.Tx, with the COMMIT.
 func (t logTx) Insert(ctx context.Context, rows []postboxdriver.Row) error {
+	if c, ok := t.Executor.(*pgsql.Core); ok {
+		return t.s.wrap(c.InsertRows(ctx, t.s.insert, rows))
+	}
 	_, err := t.tx.Exec(ctx, t.s.insert, insertArrays(rows)...)
 	return t.s.wrap(err)
+}
+
+// AfterCommit implements postboxdriver.AfterCommitter as postboxpgx's
+// Executor does: a postboxpgx.Tx wakes the relay once it has committed.
+func (t logTx) AfterCommit(fn func()) bool {
+	ac, ok := t.Executor.(postboxdriver.AfterCommitter)
+	return ok && ac.AfterCommit(fn)
 }
 
 // insertArrays are the log insert's parameters, the outbox insert's.

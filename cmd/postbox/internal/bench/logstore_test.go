@@ -19,6 +19,7 @@ import (
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
+	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // The real relay drains the log while writers commit into it: late, with
@@ -524,5 +525,45 @@ func TestLogStoreReadsALateCommit(t *testing.T) {
 	}
 	if recs := read(); len(recs) != 1 || recs[0].ID != lateRow[0].ID {
 		t.Fatalf("the late commit's row was not read: %+v", recs)
+	}
+}
+
+// In a postboxpgx.Tx a message goes into the log with the COMMIT, as it
+// goes into the outbox: the transaction's own statements do not see it
+// before, everyone sees it after.
+func TestLogStoreWritesWithTheCommit(t *testing.T) {
+	ctx := context.Background()
+	pool, open := logStoreSchema(t)
+	prefix := open().(*logStore).prefix
+	client, err := postbox.NewClient(&logDriver{pool: pool}, &postbox.Config{Prefix: prefix, NoSignals: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := postboxpgx.Begin(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := client.WriteTx(ctx, tx, postbox.Message{Topic: "t", Key: "k", Payload: []byte("p")}); err != nil {
+		t.Fatal(err)
+	}
+	count := func(q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) int {
+		t.Helper()
+		var n int
+		if err := q.QueryRow(ctx, `SELECT count(*) FROM `+prefix+`log`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := count(tx); n != 0 {
+		t.Fatalf("the log holds %d rows in the transaction before its commit; want the insert sent with the COMMIT", n)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(pool); n != 1 {
+		t.Fatalf("the log holds %d rows after the commit, want 1", n)
 	}
 }

@@ -87,8 +87,6 @@ func (o *WriteOptions) Validate() error {
 		return fmt.Errorf("--batch-writers must be between 1 and 64, got %d", o.BatchWriters)
 	case o.Storage != "" && o.Storage != "table" && o.Storage != "log":
 		return fmt.Errorf("--storage is table or log, not %q", o.Storage)
-	case o.Storage == "log" && o.Pipeline:
-		return fmt.Errorf("--storage log inserts with a statement of its own; --pipeline (the message with the COMMIT) is the outbox's")
 	}
 	if relayd.URLKind(o.DatabaseURL) == relayd.KindMySQL {
 		switch {
