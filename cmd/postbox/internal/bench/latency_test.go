@@ -12,7 +12,8 @@ import (
 // A short latency run at a low rate, in both writing modes and over the
 // log: every message written is acknowledged exactly once and the stream
 // holds them all (Latency checks the ids and the stream), the percentiles
-// are ordered, and the idle relay's statements were counted.
+// are ordered, and the idle relay's statements were counted. Over the log,
+// the relay's small batches are recorded with its next reads.
 func TestLatencySmall(t *testing.T) {
 	for _, tc := range []struct {
 		separate bool
@@ -43,6 +44,9 @@ func TestLatencySmall(t *testing.T) {
 		}
 		if res.IdleQueriesPerSec <= 0 || len(res.IdleStatements) == 0 {
 			t.Fatalf("idle statements not counted: %+v", res.IdleStatements)
+		}
+		if tc.storage == "log" && res.BusyStatements["batch: log: record and read"] == 0 {
+			t.Fatalf("over the log, no batch was recorded with the next read: %+v", res.BusyStatements)
 		}
 	}
 }

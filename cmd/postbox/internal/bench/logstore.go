@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -249,12 +250,13 @@ func (d *logDriver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
 	r := strings.NewReplacer("{p}", prefix)
 	st := &logStore{
 		Store: inner, pool: d.pool, db: noJIT{d.pool}, r: r, prefix: prefix, chunks: d.chunks,
-		reads:    map[readShape]string{},
-		pos:      map[int]position{},
-		pending:  map[readKey]*bandRead{},
-		settling: map[int]bool{},
-		noted:    map[int]time.Time{},
-		owed:     map[int]bool{},
+		reads:       map[readShape]string{},
+		settleReads: map[readShape]string{},
+		pos:         map[int]position{},
+		pending:     map[readKey]*bandRead{},
+		settling:    map[int]bool{},
+		noted:       map[int]time.Time{},
+		owed:        map[int]bool{},
 		insert: r.Replace(`INSERT INTO {p}log (id, topic, key, payload, headers, partition)
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[], $6::int[])`),
 		load: r.Replace(`SELECT partition, lo::text, lo_next::text, lo_seq, hi::text, hi_next::text, band_cursor, band_max
@@ -281,9 +283,10 @@ FROM {p}positions WHERE partition = ANY($1::int[])`),
 // logStore is postboxpgx's Store with the relay's path on the log: Insert
 // writes the log, Fetch reads it by bands beside the outbox's exceptions,
 // and Settle advances the positions (or records rows one by one); Stats,
-// ResolveCrashes and RequeueDeadMessages take the log into account. It
-// embeds the Store interface, not its type, so the relay sees no
-// SettleFetch: a batch's record is its own statement.
+// ResolveCrashes and RequeueDeadMessages take the log into account, and
+// SettleFetch records a small batch in the statement of the next read. It
+// embeds the Store interface, not its type, so that the relay sees only
+// what this type builds over the log.
 type logStore struct {
 	postboxdriver.Store[pgx.Tx]
 	pool   *pgxpool.Pool
@@ -298,8 +301,9 @@ type logStore struct {
 	replay                                           pgsql.ReplayStatements
 
 	mu sync.Mutex
-	// reads are the read statements by their shape.
-	reads map[readShape]string
+	// reads are the read statements by their shape, and settleReads the
+	// record-and-read statements.
+	reads, settleReads map[readShape]string
 	// pos are the positions this process holds, by partition, for the
 	// generation each was loaded or advanced under.
 	pos map[int]position
@@ -316,8 +320,10 @@ type logStore struct {
 	noted map[int]time.Time
 	owed  map[int]bool
 
-	// published counts the messages Settle recorded as published.
-	published atomic.Int64
+	// published counts the messages Settle recorded as published, and
+	// rode the records that went in the statement of the next read
+	// (SettleFetch).
+	published, rode atomic.Int64
 	// top is the largest value of the sequence a read has seen, which
 	// the next read's upper bound starts from (readOnce).
 	top atomic.Int64
@@ -448,6 +454,18 @@ func (s *logStore) ConnLost(ctx context.Context, tx pgx.Tx) bool {
 // assigned after the snapshot was taken, which bounds every id assigned
 // before it. Having an id, it commits without waiting for a flush.
 func readSQL(k int, strict, routed, chunked bool) string {
+	ctes, sel, order := readParts(k, strict, routed, chunked, "")
+	return "WITH " + ctes + "\n" + sel + "\nORDER BY " + order
+}
+
+// readParts is readSQL in parts: its common table expressions, its
+// SELECT, and what it is ordered by. gate, when not empty, is a condition
+// without which the SELECT returns no row (settleReadSQL's fence).
+func readParts(k int, strict, routed, chunked bool, gate string) (ctes, sel, order string) {
+	if gate != "" {
+		gate = `
+WHERE ` + gate
+	}
 	var dead, heldDead, with, topic, unrouted, heldUnrouted string
 	if strict {
 		dead = `
@@ -467,7 +485,7 @@ func readSQL(k int, strict, routed, chunked bool) string {
       AND (` + pgsql.BehindUnrouted("b") + `
            OR EXISTS (SELECT 1 FROM b b2 WHERE b2.key = b.key AND b2.seq < b.seq AND NOT (b2.topic LIKE ANY($8::text[]))))`
 	}
-	var bound, above, below, top, sentinel, order string
+	var bound, above, below, top, sentinel string
 	order = "b.seq"
 	if chunked {
 		bound, above = `
@@ -481,7 +499,7 @@ func readSQL(k int, strict, routed, chunked bool) string {
 		sentinel = `
 UNION ALL
 SELECT 'top ' || ` + last + `, 0, '', '', '', '\x'::bytea, '{}', -1, 0, now(), false, false, false
-WHERE NOT EXISTS (SELECT 1 FROM b)`
+WHERE NOT EXISTS (SELECT 1 FROM b)` + strings.Replace(gate, "\nWHERE", " AND", 1)
 	}
 	const cols = `o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition`
 	var arms []string
@@ -512,13 +530,13 @@ WHERE NOT EXISTS (SELECT 1 FROM b)`
   ORDER BY o.seq LIMIT $2)`)
 	// The snapshot and the id come once, on the first row; a read that
 	// finds nothing returns no row, and the join leaves the id unassigned.
-	return `WITH ` + with + `b AS (
+	ctes = with + `b AS (
 ` + strings.Join(arms, "\nUNION ALL\n") + `
 ORDER BY 1 LIMIT $2), s AS (
   SELECT pg_current_snapshot()::text AS snap, pg_current_xact_id()::text AS xid,
     set_config('synchronous_commit', 'off', true) AS async
-)
-SELECT CASE WHEN b.seq = (SELECT min(seq) FROM b) THEN s.snap || ' ' || s.xid` + top + ` END,
+)`
+	sel = `SELECT CASE WHEN b.seq = (SELECT min(seq) FROM b) THEN s.snap || ' ' || s.xid` + top + ` END,
   b.seq, b.id::text, b.topic, coalesce(b.key, ''), b.payload, b.headers::text, b.partition, b.attempts, b.created_at, b.logged,
   b.logged AND b.key IS NOT NULL
     AND EXISTS (SELECT 1 FROM {p}outbox r WHERE r.attempts > 0 AND r.key IS NOT NULL)
@@ -526,8 +544,8 @@ SELECT CASE WHEN b.seq = (SELECT min(seq) FROM b) THEN s.snap || ' ' || s.xid` +
                 WHERE h.key = b.key AND h.seq < b.seq AND h.attempts > 0 AND h.available_at > now())` + heldDead + heldUnrouted + `,
   b.logged AND (SELECT EXISTS (SELECT 1 FROM {p}log_done))
     AND EXISTS (SELECT 1 FROM {p}log_done m WHERE m.partition = b.partition AND m.seq = b.seq)
-FROM b CROSS JOIN s` + sentinel + `
-ORDER BY ` + order
+FROM b CROSS JOIN s` + gate + sentinel
+	return ctes, sel, order
 }
 
 // settleLogSQL records the log rows of one read, fenced by the owner ($1)
@@ -548,7 +566,16 @@ ORDER BY ` + order
 //
 // The log keeps only what it published: the rows it hands to the outbox
 // leave it, so that its history is every row a position has passed.
-const settleLogSQL = `WITH moved AS (
+const settleLogSQL = `WITH ` + settleLogCTEs + `
+SELECT partition::bigint, 0, false, set_config('synchronous_commit', 'off', true) = 'off' FROM moved
+UNION ALL
+SELECT seq, attempts, false, false FROM copied WHERE attempts > 0
+UNION ALL
+SELECT seq, attempts, true, false FROM buried`
+
+// settleLogCTEs are settleLogSQL's common table expressions, which
+// settleReadSQL shares.
+const settleLogCTEs = `moved AS (
   UPDATE {p}positions x SET lo = a.lo::pg_snapshot, lo_next = a.lo_next::xid8, lo_seq = a.lo_seq,
     hi = a.hi::pg_snapshot, hi_next = a.hi_next::xid8, band_cursor = a.cur, band_max = a.bmax
   FROM unnest($3::int[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::bigint[], $10::bigint[])
@@ -596,12 +623,7 @@ const settleLogSQL = `WITH moved AS (
     payload = EXCLUDED.payload, headers = EXCLUDED.headers, partition = EXCLUDED.partition,
     created_at = EXCLUDED.created_at, attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error, dead_at = now()
   RETURNING seq, attempts
-)
-SELECT partition::bigint, 0, false, set_config('synchronous_commit', 'off', true) = 'off' FROM moved
-UNION ALL
-SELECT seq, attempts, false, false FROM copied WHERE attempts > 0
-UNION ALL
-SELECT seq, attempts, true, false FROM buried`
+)`
 
 // Fetch implements postboxdriver.Executor: up to p.Limit rows of the
 // fenced partitions in seq order, from the log's bands and the outbox's
@@ -612,6 +634,19 @@ func (s *logStore) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]po
 }
 
 func (s *logStore) fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
+	return s.fetchAfter(ctx, p, nil)
+}
+
+// firstRead is a read of p already run, by settleReadSQL, and where it
+// leads (finish).
+type firstRead struct {
+	rows []logRow
+	br   *bandRead
+	cut  bool
+}
+
+// fetchAfter is fetch, whose first read, when first is not nil, has run.
+func (s *logStore) fetchAfter(ctx context.Context, p postboxdriver.FetchParams, first *firstRead) ([]postboxdriver.Record, error) {
 	if len(p.Fence.Generations) == 0 || p.Limit <= 0 {
 		return nil, nil
 	}
@@ -619,7 +654,19 @@ func (s *logStore) fetch(ctx context.Context, p postboxdriver.FetchParams) ([]po
 	// hands the relay nothing to settle: its rows are moved out and its
 	// position moved here, and the read runs again.
 	for range 4 {
-		rows, br, err := s.read(ctx, p)
+		var rows []logRow
+		var br *bandRead
+		var err error
+		switch {
+		case first == nil:
+			rows, br, err = s.read(ctx, p)
+		case first.cut && len(first.rows) < p.Limit:
+			// Cut short of its limit: read again, the bound raised (read).
+			rows, br, err = s.read(ctx, p)
+		default:
+			rows, br = first.rows, first.br
+		}
+		first = nil
 		if err != nil {
 			return nil, err
 		}
@@ -682,15 +729,47 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 // recorded as a full one (the band stays open), its cursor no further
 // than u, and the bound rises for the next.
 func (s *logStore) readOnce(ctx context.Context, p postboxdriver.FetchParams) ([]logRow, *bandRead, bool, error) {
-	parts := make([]int, 0, len(p.Fence.Generations))
-	for part := range p.Fence.Generations {
-		parts = append(parts, part)
-	}
-	sort.Ints(parts)
+	parts := fenced(p.Fence)
 	base, err := s.positions(ctx, p.Fence, parts)
 	if err != nil {
 		return nil, nil, false, err
 	}
+	pl := s.plan(p, parts, base)
+	rs, err := s.db.Query(ctx, s.statement(s.reads, pl.shape, readSQL), pl.args...)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	got, err := scanRead(rs)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	return s.finish(pl, got)
+}
+
+// fenced are the fence's partitions in order.
+func fenced(f postboxdriver.Fence) []int {
+	parts := make([]int, 0, len(f.Generations))
+	for part := range f.Generations {
+		parts = append(parts, part)
+	}
+	sort.Ints(parts)
+	return parts
+}
+
+// readPlan is a read about to run: the partitions it reads and the
+// positions it reads them from, its statement's shape and arguments, and
+// in a log split into chunks its upper bound u.
+type readPlan struct {
+	p     postboxdriver.FetchParams
+	parts []int
+	base  map[int]position
+	shape readShape
+	args  []any
+	u     int64
+}
+
+// plan is the read of p's partitions from the positions base.
+func (s *logStore) plan(p postboxdriver.FetchParams, parts []int, base map[int]position) readPlan {
 	k := len(parts)
 	ps, lo, loNext, hi := make([]int32, k), make([]string, k), make([]string, k), make([]*string, k)
 	loSeq, cur := make([]int64, k), make([]int64, k)
@@ -698,72 +777,103 @@ func (s *logStore) readOnce(ctx context.Context, p postboxdriver.FetchParams) ([
 		b := base[part]
 		ps[i], lo[i], loNext[i], loSeq[i], hi[i], cur[i] = int32(part), b.lo, b.loNext, b.loSeq, b.hi, b.cursor
 	}
-	s.mu.Lock()
-	shape := readShape{k, p.BlockOnDead, p.Topics != nil}
-	q, ok := s.reads[shape]
-	if !ok {
-		q = s.r.Replace(readSQL(k, p.BlockOnDead, p.Topics != nil, s.chunks.width > 0))
-		s.reads[shape] = q
-	}
-	s.mu.Unlock()
-	args := []any{ps, p.Limit, lo, loNext, loSeq, hi, cur}
+	pl := readPlan{p: p, parts: parts, base: base, shape: readShape{k, p.BlockOnDead, p.Topics != nil}}
+	pl.args = []any{ps, p.Limit, lo, loNext, loSeq, hi, cur}
 	if p.Topics != nil {
-		args = append(args, pgsql.LikePatterns(p.Topics))
+		pl.args = append(pl.args, pgsql.LikePatterns(p.Topics))
 	}
-	chunked := s.chunks.width > 0
-	u := s.top.Load() + s.chunks.width/16 + 1
-	if chunked {
-		args = append(args, u)
+	if s.chunks.width > 0 {
+		pl.u = s.top.Load() + s.chunks.width/16 + 1
+		pl.args = append(pl.args, pl.u)
 	}
-	rs, err := s.db.Query(ctx, q, args...)
-	if err != nil {
-		return nil, nil, false, err
+	return pl
+}
+
+// statement is the statement of shape in cache, built by build and
+// prefixed on first use.
+func (s *logStore) statement(cache map[readShape]string, shape readShape, build func(k int, strict, routed, chunked bool) string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q, ok := cache[shape]
+	if !ok {
+		q = s.r.Replace(build(shape.parts, shape.strict, shape.routed, s.chunks.width > 0))
+		cache[shape] = q
 	}
-	var out []logRow
+	return q
+}
+
+// scanned is what a read statement returned: its rows, its snapshot and
+// id, the sequence's last value (-1 where the statement does not read
+// it), and for settleReadSQL the partitions its record moved.
+type scanned struct {
+	rows      []logRow
+	snap, xid string
+	top       int64
+	moved     []int
+	record    bool // a settleReadSQL's record row came
+}
+
+// scanRead reads a read statement's rows: the log's and the outbox's, with
+// the statement's own values on the first (readSQL) and rows of their own
+// ("top N", "moved p,q,... async").
+func scanRead(rs pgx.Rows) (scanned, error) {
+	defer rs.Close()
+	got := scanned{top: -1}
 	var mark *string
-	var snap, xid string
-	top := int64(-1)
-	maxSeq := map[int]int64{}
-	br := &bandRead{base: base, next: map[int]position{}, logged: map[int64]loggedRow{}}
 	for rs.Next() {
 		var r logRow
 		rec := &r.rec
 		if err := rs.Scan(&mark, &rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &rec.Headers, &rec.Partition, &rec.Attempts, &rec.CreatedAt, &r.logged, &r.held, &r.marked); err != nil {
-			rs.Close()
-			return nil, nil, false, err
+			return got, err
 		}
 		if mark != nil {
 			// "snap xid", "snap xid top" in a log split into chunks, or
 			// "top N" alone for a read that found nothing there.
 			f := strings.Split(*mark, " ")
-			if f[0] == "top" {
-				top, _ = strconv.ParseInt(f[1], 10, 64)
+			switch f[0] {
+			case "top":
+				got.top, _ = strconv.ParseInt(f[1], 10, 64)
+				continue
+			case "moved":
+				got.record = true
+				for _, part := range strings.Split(f[1], ",") {
+					if n, err := strconv.Atoi(part); err == nil {
+						got.moved = append(got.moved, n)
+					}
+				}
 				continue
 			}
-			snap, xid = f[0], f[1]
+			got.snap, got.xid = f[0], f[1]
 			if len(f) == 3 {
-				top, _ = strconv.ParseInt(f[2], 10, 64)
+				got.top, _ = strconv.ParseInt(f[2], 10, 64)
 			}
 		}
-		if r.logged {
+		got.rows = append(got.rows, r)
+	}
+	return got, rs.Err()
+}
+
+// finish works out where the read pl, which returned got, leads: the
+// rows, what to settle, and whether the read was cut at its upper bound.
+func (s *logStore) finish(pl readPlan, got scanned) ([]logRow, *bandRead, bool, error) {
+	base, out := pl.base, got.rows
+	maxSeq := map[int]int64{}
+	br := &bandRead{base: base, next: map[int]position{}, logged: map[int64]loggedRow{}}
+	for _, r := range out {
+		if rec := r.rec; r.logged {
 			if !r.marked {
 				br.logged[rec.Seq] = loggedRow{rec.Partition, rec.Topic, rec.CreatedAt}
 			}
 			maxSeq[rec.Partition] = max(maxSeq[rec.Partition], rec.Seq)
 		}
-		out = append(out, r)
-	}
-	rs.Close()
-	if err := rs.Err(); err != nil {
-		return nil, nil, false, err
 	}
 	cut := false
-	if chunked {
-		if top < 0 {
+	if s.chunks.width > 0 {
+		if got.top < 0 {
 			return nil, nil, false, errors.New("postbox: the log's read returned no sequence value")
 		}
-		raise(&s.top, top)
-		cut = top > u
+		raise(&s.top, got.top)
+		cut = got.top > pl.u
 	}
 	if len(out) == 0 && cut {
 		// Rows above u may be visible: no band closes.
@@ -776,7 +886,7 @@ func (s *logStore) readOnce(ctx context.Context, p postboxdriver.FetchParams) ([
 		// Only the closing partitions are recorded, so that a lane's
 		// read of the others is not disturbed.
 		br.base = map[int]position{}
-		for _, part := range parts {
+		for _, part := range pl.parts {
 			if base[part].hi != nil {
 				br.base[part], br.next[part] = base[part], base[part].next(false, "", "", 0, 0)
 			}
@@ -786,14 +896,14 @@ func (s *logStore) readOnce(ctx context.Context, p postboxdriver.FetchParams) ([
 		}
 		return nil, br, false, nil
 	}
-	full, last := len(out) == p.Limit, out[len(out)-1].rec.Seq
+	full, last := len(out) == pl.p.Limit, out[len(out)-1].rec.Seq
 	if cut {
 		// Every row up to u was read, and up to the batch's last when
 		// the batch is full; none above u.
 		if full {
-			last = min(last, u)
+			last = min(last, pl.u)
 		} else {
-			last = u
+			last = pl.u
 		}
 		full = true
 	}
@@ -801,8 +911,8 @@ func (s *logStore) readOnce(ctx context.Context, p postboxdriver.FetchParams) ([
 		br.touched = append(br.touched, part)
 	}
 	sort.Ints(br.touched)
-	for _, part := range parts {
-		br.next[part] = base[part].next(full, snap, xid, last, maxSeq[part])
+	for _, part := range pl.parts {
+		br.next[part] = base[part].next(full, got.snap, got.xid, last, maxSeq[part])
 	}
 	return out, br, cut, nil
 }
@@ -864,6 +974,146 @@ func (s *logStore) positions(ctx context.Context, f postboxdriver.Fence, parts [
 		return nil, fmt.Errorf("bench: %d of %d partitions have no position", len(parts)-len(out), len(parts))
 	}
 	return out, nil
+}
+
+// settleParams is the number of settleLogSQL's parameters, after which
+// settleReadSQL's read takes its own.
+const settleParams = 21
+
+// placeholder is a statement's parameter reference.
+var placeholder = regexp.MustCompile(`\$[0-9]+`)
+
+// settleReadSQL records a read's log rows as settleLogSQL does and reads
+// the next batch of k partitions as readSQL does, in one statement
+// (SettleFetch): the read's parameters follow the record's, and its
+// positions are those the record moves to. The read runs only if the
+// record moved every partition it was given; a row of its own, first,
+// names those it moved ("moved p,q,..."). The statement has one snapshot,
+// which the read returns as its own, and the record's update assigns the
+// statement its id after that snapshot was taken, as a read alone does:
+// the id bounds every id assigned before the snapshot (design §3, "The
+// position"). Neither part sees what the other writes: SettleFetch runs it
+// only for a batch whose every log row was published, whose record moves
+// no row out of the log, and the read takes its positions as parameters.
+func settleReadSQL(k int, strict, routed, chunked bool) string {
+	ctes, sel, _ := readParts(k, strict, routed, chunked, "{settled}")
+	shift := func(q string) string {
+		return placeholder.ReplaceAllStringFunc(q, func(m string) string {
+			n, _ := strconv.Atoi(m[1:])
+			return "$" + strconv.Itoa(n+settleParams)
+		})
+	}
+	return "WITH " + settleLogCTEs + ",\n" + shift(ctes) + "\n" +
+		strings.ReplaceAll(shift(sel), "{settled}", "(SELECT count(*) FROM moved) = cardinality($3::int[])") + `
+UNION ALL
+SELECT 'moved ' || coalesce((SELECT string_agg(partition::text, ',') FROM moved), '') || ' ' || set_config('synchronous_commit', 'off', true),
+  -1, '', '', '', '\x'::bytea, '{}', -1, 0, now(), false, false, false
+ORDER BY 2`
+}
+
+// SettleFetch implements postboxdriver.SettleFetcher. A batch that
+// published every log row it read and nothing else, as the relay's small
+// batches do, is recorded in the statement that reads the next batch
+// (settleReadSQL). Any other is recorded as Settle records it, and the
+// next batch read after.
+func (s *logStore) SettleFetch(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int, p postboxdriver.FetchParams) (postboxdriver.Settled, []postboxdriver.Record, error) {
+	if len(o.Failed) > 0 {
+		return postboxdriver.Settled{}, nil, fmt.Errorf("postbox: SettleFetch records publishes only, and was given %d failures", len(o.Failed))
+	}
+	st, recs, err := s.settleFetch(ctx, f, o, maxAttempts, p)
+	return st, recs, s.wrap(err)
+}
+
+func (s *logStore) settleFetch(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int, p postboxdriver.FetchParams) (postboxdriver.Settled, []postboxdriver.Record, error) {
+	lr, pl, err := s.planSettleRead(ctx, f, o, maxAttempts, p)
+	if err != nil {
+		return postboxdriver.Settled{}, nil, err
+	}
+	if lr == nil {
+		st, err := s.record(ctx, f, o, maxAttempts)
+		if err != nil || st.Published < len(o.Published) {
+			// A lease moved on: the relay renews before it reads.
+			return st, nil, err
+		}
+		recs, err := s.fetch(ctx, p)
+		return st, recs, err
+	}
+	var moved []int
+	defer func() { s.release(lr, moved) }()
+	rs, err := s.db.Query(ctx, s.statement(s.settleReads, pl.shape, settleReadSQL), append(slices.Clip(lr.args), pl.args...)...)
+	if err != nil {
+		return postboxdriver.Settled{}, nil, err
+	}
+	got, err := scanRead(rs)
+	if err == nil && !got.record {
+		err = errors.New("postbox: the log's record and read returned no record")
+	}
+	if err != nil {
+		return postboxdriver.Settled{}, nil, err
+	}
+	moved = got.moved
+	st := postboxdriver.Settled{Published: s.moved(lr, moved)}
+	s.published.Add(int64(st.Published))
+	s.rode.Add(1)
+	if len(moved) < len(lr.parts) {
+		return st, nil, nil
+	}
+	rows, br, cut, err := s.finish(pl, got)
+	if err != nil {
+		return st, nil, err
+	}
+	recs, err := s.fetchAfter(ctx, p, &firstRead{rows, br, cut})
+	return st, recs, err
+}
+
+// planSettleRead prepares the record of o and the read of p in one
+// statement: o names a read this process holds, every log row of which
+// it published and nothing else, and every partition of that read can be
+// recorded now and, where p reads it too, under the same generation. It
+// returns the record, claimed, and the read from the positions the record
+// moves to; or no record when o is to be recorded on its own.
+func (s *logStore) planSettleRead(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int, p postboxdriver.FetchParams) (*logRecord, readPlan, error) {
+	if len(o.Read) == 0 || len(o.Published) != len(o.Read) || len(p.Fence.Generations) == 0 || p.Limit <= 0 {
+		return nil, readPlan{}, nil
+	}
+	s.mu.Lock()
+	br := s.pending[keyOf(o.Read)]
+	s.mu.Unlock()
+	if br == nil || len(br.logged) != len(o.Published) {
+		return nil, readPlan{}, nil
+	}
+	for _, seq := range o.Published {
+		if _, ok := br.logged[seq]; !ok {
+			return nil, readPlan{}, nil
+		}
+	}
+	for part, base := range br.base {
+		if gen, ok := p.Fence.Generations[part]; ok && gen != base.gen {
+			return nil, readPlan{}, nil
+		}
+	}
+	parts := fenced(p.Fence)
+	base, err := s.positions(ctx, p.Fence, parts)
+	if err != nil {
+		return nil, readPlan{}, err
+	}
+	lr := s.claim(f, br, o, maxAttempts)
+	if lr == nil {
+		return nil, readPlan{}, nil
+	}
+	if len(lr.parts) < len(br.base) {
+		s.release(lr, nil)
+		return nil, readPlan{}, nil
+	}
+	s.mu.Lock()
+	delete(s.pending, keyOf(o.Read))
+	s.mu.Unlock()
+	for part, next := range br.next {
+		if _, ok := base[part]; ok {
+			base[part] = next
+		}
+	}
+	return lr, s.plan(p, parts, base), nil
 }
 
 // Settle implements postboxdriver.Executor: the batch's exceptions are
@@ -1306,15 +1556,56 @@ func (s *logStore) settleRows(ctx context.Context, f postboxdriver.Fence, o post
 // partitions that o did not publish.
 func (s *logStore) settleLog(ctx context.Context, f postboxdriver.Fence, br *bandRead, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
 	var out postboxdriver.Settled
+	lr := s.claim(f, br, o, maxAttempts)
+	if lr == nil {
+		return out, nil
+	}
+	var moved []int
+	defer func() { s.release(lr, moved) }()
+	rs, err := s.db.Query(ctx, s.settle, lr.args...)
+	if err != nil {
+		return out, err
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var n int64
+		var attempts int
+		var dead, sync bool
+		if err := rs.Scan(&n, &attempts, &dead, &sync); err != nil {
+			return out, err
+		}
+		if sync {
+			moved = append(moved, int(n))
+			continue
+		}
+		out.Failed = append(out.Failed, postboxdriver.FailResult{Seq: n, Attempts: attempts, Dead: dead})
+	}
+	if err := rs.Err(); err != nil {
+		return out, err
+	}
+	out.Published = s.moved(lr, moved)
+	return out, nil
+}
+
+// logRecord is a record of a read's log rows on its way: the read, the
+// outcome, the partitions it moves, which this process holds for it
+// (s.settling) until release, the record's arguments (settleLogSQL's),
+// the log rows it records as published, and the partitions due a note.
+type logRecord struct {
+	br    *bandRead
+	o     postboxdriver.Outcome
+	parts []int
+	args  []any
+	done  int
+	noted []int32
+}
+
+// claim prepares the record of br's log rows under f with o's outcome:
+// of br's partitions, those this process still holds where br read them
+// and no other record is moving. It returns nil when there are none.
+func (s *logStore) claim(f postboxdriver.Fence, br *bandRead, o postboxdriver.Outcome, maxAttempts int) *logRecord {
 	s.mu.Lock()
 	var parts []int
-	defer func() {
-		s.mu.Lock()
-		for _, part := range parts {
-			delete(s.settling, part)
-		}
-		s.mu.Unlock()
-	}()
 	for part, base := range br.base {
 		if s.settling[part] {
 			continue // another read of the partition is being settled
@@ -1327,7 +1618,7 @@ func (s *logStore) settleLog(ctx context.Context, f postboxdriver.Fence, br *ban
 	}
 	s.mu.Unlock()
 	if len(parts) == 0 {
-		return out, nil
+		return nil
 	}
 	sort.Ints(parts)
 	k := len(parts)
@@ -1385,57 +1676,54 @@ func (s *logStore) settleLog(ctx context.Context, f postboxdriver.Fence, br *ban
 			cerr, cbackoff, cdead = append(cerr, nil), append(cbackoff, 0), append(cdead, false)
 		}
 	}
-	touched := s.dueNotes(br.touched, moving)
-	var moved []int
-	defer func() { s.unnoted(touched, moved) }()
+	noted := s.dueNotes(br.touched, moving)
 	tparts, topics, counts, oldest := make([]int32, 0, len(sent)), make([]string, 0, len(sent)), make([]int32, 0, len(sent)), make([]time.Time, 0, len(sent))
 	for k, t := range sent {
 		tparts, topics, counts, oldest = append(tparts, int32(k.part)), append(topics, k.topic), append(counts, t.n), append(oldest, t.oldest)
 	}
-	rs, err := s.db.Query(ctx, s.settle, f.Owner, pgsql.Generations(f), ps, lo, loNext, loSeq, hi, hiNext, cur, bmax,
+	return &logRecord{br: br, o: o, parts: parts, done: done, noted: noted, args: []any{
+		f.Owner, pgsql.Generations(f), ps, lo, loNext, loSeq, hi, hiNext, cur, bmax,
 		nonNil(cseq), nonNil(cpart), nonNil(cerr), nonNil(cbackoff), nonNil(cdead), maxAttempts,
-		touched, tparts, topics, counts, oldest)
-	if err != nil {
-		return out, err
-	}
-	defer rs.Close()
-	for rs.Next() {
-		var n int64
-		var attempts int
-		var dead, sync bool
-		if err := rs.Scan(&n, &attempts, &dead, &sync); err != nil {
-			return out, err
-		}
-		if sync {
-			moved = append(moved, int(n))
-			continue
-		}
-		out.Failed = append(out.Failed, postboxdriver.FailResult{Seq: n, Attempts: attempts, Dead: dead})
-	}
-	if err := rs.Err(); err != nil {
-		return out, err
-	}
+		noted, tparts, topics, counts, oldest,
+	}}
+}
+
+// moved takes the positions of the partitions the record lr moved as
+// this process's, and returns how many of its log rows it recorded as
+// published: all of them, or where some lease moved on, those of the
+// partitions moved.
+func (s *logStore) moved(lr *logRecord, moved []int) int {
 	s.mu.Lock()
 	for _, part := range moved {
-		s.pos[part] = br.next[part]
+		s.pos[part] = lr.br.next[part]
 	}
 	s.mu.Unlock()
-	if len(moved) == len(parts) {
-		out.Published = done
-	} else {
-		// Some lease moved on: count only the rows of the partitions
-		// moved.
-		held := map[int]bool{}
-		for _, part := range moved {
-			held[part] = true
-		}
-		for _, seq := range o.Published {
-			if lr, ok := br.logged[seq]; ok && held[lr.part] {
-				out.Published++
-			}
+	if len(moved) == len(lr.parts) {
+		return lr.done
+	}
+	held := map[int]bool{}
+	for _, part := range moved {
+		held[part] = true
+	}
+	n := 0
+	for _, seq := range lr.o.Published {
+		if r, ok := lr.br.logged[seq]; ok && held[r.part] {
+			n++
 		}
 	}
-	return out, nil
+	return n
+}
+
+// release ends the record lr, which moved the partitions moved: its
+// partitions are free to settle again, and those it was to note and did
+// not move are owed a note again.
+func (s *logStore) release(lr *logRecord, moved []int) {
+	s.unnoted(lr.noted, moved)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, part := range lr.parts {
+		delete(s.settling, part)
+	}
 }
 
 // dueNotes returns the partitions whose positions a record moving the

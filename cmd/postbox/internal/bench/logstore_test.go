@@ -32,7 +32,16 @@ import (
 // positions have passed them, pruning every 10 ms with no retention at
 // all. Every committed message must be published once, none rolled back,
 // and each key's in the order its writers committed.
-func TestLogStoreUnderConcurrentWriters(t *testing.T) {
+func TestLogStoreUnderConcurrentWriters(t *testing.T) { concurrentWriters(t, true) }
+
+// The same, with every publish succeeding: the relay's small batches are
+// then recorded in the statement of the lane's next read (SettleFetch),
+// which must keep every guarantee while writers commit late beside it.
+func TestLogStoreRecordsWithTheNextRead(t *testing.T) { concurrentWriters(t, false) }
+
+// concurrentWriters runs the relay over the log under concurrent writers,
+// with publishes failing when failing is set.
+func concurrentWriters(t *testing.T, failing bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	pool := testdb.Pool(t)
@@ -56,11 +65,11 @@ CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KE
 		n, _ := strconv.Atoi(num)
 		mu.Lock()
 		defer mu.Unlock()
-		if n%3 == 0 && env.Attempt == 1 {
+		if failing && n%3 == 0 && env.Attempt == 1 {
 			failedOnce++
 			return postbox.NewMessageError(errors.New("the first publish of every third message fails"))
 		}
-		if strings.HasSuffix(env.ID, "0") && !cut[env.ID] {
+		if failing && strings.HasSuffix(env.ID, "0") && !cut[env.ID] {
 			cut[env.ID] = true
 			return errors.New("the broker is cut off at one message in sixteen, once")
 		}
@@ -226,8 +235,11 @@ CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KE
 			}
 		}
 	}
-	if failedOnce == 0 || len(cut) == 0 {
+	if failing && (failedOnce == 0 || len(cut) == 0) {
 		t.Errorf("%d publishes failed, %d met a broker failure: the copies to the outbox were not exercised", failedOnce, len(cut))
+	}
+	if !failing && drv.store.Load().rode.Load() == 0 {
+		t.Error("no record went with the next read: SettleFetch was not exercised")
 	}
 	var passed int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+prefix+`outbox`).Scan(&passed); err != nil {
@@ -236,8 +248,8 @@ CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KE
 	if passed != 0 {
 		t.Errorf("%d exceptions left in the outbox", passed)
 	}
-	t.Logf("%d committed, %d rolled back, %d first publishes failed, %d of %d chunks dropped",
-		len(committed), len(rolledBack), failedOnce, dropped, len(chunks))
+	t.Logf("%d committed, %d rolled back, %d first publishes failed, %d of %d chunks dropped, %d records with the next read",
+		len(committed), len(rolledBack), failedOnce, dropped, len(chunks), drv.store.Load().rode.Load())
 }
 
 // writeLogged writes one message of a random key in a transaction of its
@@ -525,6 +537,76 @@ func TestLogStoreReadsALateCommit(t *testing.T) {
 	}
 	if recs := read(); len(recs) != 1 || recs[0].ID != lateRow[0].ID {
 		t.Fatalf("the late commit's row was not read: %+v", recs)
+	}
+}
+
+// A batch that published every log row it read is recorded in the
+// statement that reads the next batch: the position moves past it, a row
+// written since is read, and so is a late commit below the new position's
+// lo_seq, by the xid arm; under a fence that moved on, nothing is recorded
+// and nothing read, though a row waits.
+func TestLogStoreSettleFetch(t *testing.T) {
+	ctx := context.Background()
+	pool, open := logStoreSchema(t)
+	st := open().(*logStore)
+	row := func(key string) []postboxdriver.Row {
+		return []postboxdriver.Row{{ID: postbox.NewID(), Topic: "t", Key: key, Payload: []byte("p"), Headers: []byte("{}")}}
+	}
+	late, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = late.Rollback(ctx) }()
+	if err := st.UnwrapExecutor(late).Insert(ctx, row("late")); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Insert(ctx, row("a")); err != nil {
+		t.Fatal(err)
+	}
+	fence := fenceAll(t, st)
+	params := postboxdriver.FetchParams{Fence: fence, Limit: 10}
+	recs, err := st.Fetch(ctx, params)
+	if err != nil || len(recs) != 1 || recs[0].Key != "a" {
+		t.Fatalf("fetch = %+v, %v; want a", recs, err)
+	}
+	if err := st.Insert(ctx, row("b")); err != nil {
+		t.Fatal(err)
+	}
+	// step records recs, read alone, under f with the next read, and
+	// returns what it read, which must be want's key (or nothing) after
+	// published rows recorded.
+	step := func(f postboxdriver.Fence, recs []postboxdriver.Record, published int, want string) []postboxdriver.Record {
+		t.Helper()
+		rode := st.rode.Load()
+		o := postboxdriver.Outcome{Read: []int64{recs[0].Seq}, Published: []int64{recs[0].Seq}}
+		got, next, err := st.SettleFetch(ctx, f, o, 5, params)
+		var keys string
+		for _, r := range next {
+			keys += r.Key
+		}
+		if err != nil || keys != want || got.Published != published {
+			t.Fatalf("SettleFetch of %s = %+v, read %q, %v; want %d recorded and %q read", recs[0].Key, got, keys, err, published, want)
+		}
+		if st.rode.Load() != rode+1 {
+			t.Fatalf("SettleFetch of %s was not one statement", recs[0].Key)
+		}
+		return next
+	}
+	recs = step(fence, recs, 1, "b")
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	recs = step(fence, recs, 1, "late")
+	stale := postboxdriver.Fence{Owner: fence.Owner, Generations: map[int]int64{}}
+	for p, g := range fence.Generations {
+		stale.Generations[p] = g - 1
+	}
+	if err := st.Insert(ctx, row("c")); err != nil {
+		t.Fatal(err)
+	}
+	step(stale, recs, 0, "")
+	if s, err := st.Stats(ctx); err != nil || s.Pending != 2 || s.Published != 2 {
+		t.Fatalf("stats = %+v, %v; want the late row and c pending, a and b published", s, err)
 	}
 }
 
