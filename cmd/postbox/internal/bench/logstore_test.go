@@ -549,8 +549,10 @@ func TestLogStoreSettleFetch(t *testing.T) {
 	ctx := context.Background()
 	pool, open := logStoreSchema(t)
 	st := open().(*logStore)
-	row := func(key string) []postboxdriver.Row {
-		return []postboxdriver.Row{{ID: postbox.NewID(), Topic: "t", Key: key, Payload: []byte("p"), Headers: []byte("{}")}}
+	// Every row has the same key, so that all are in one partition and
+	// the late row's seq is below that partition's lo_seq once a is read.
+	row := func(name string) []postboxdriver.Row {
+		return []postboxdriver.Row{{ID: postbox.NewID(), Topic: "t", Key: "k", Payload: []byte(name), Headers: []byte("{}")}}
 	}
 	late, err := pool.Begin(ctx)
 	if err != nil {
@@ -566,29 +568,29 @@ func TestLogStoreSettleFetch(t *testing.T) {
 	fence := fenceAll(t, st)
 	params := postboxdriver.FetchParams{Fence: fence, Limit: 10}
 	recs, err := st.Fetch(ctx, params)
-	if err != nil || len(recs) != 1 || recs[0].Key != "a" {
+	if err != nil || len(recs) != 1 || string(recs[0].Payload) != "a" {
 		t.Fatalf("fetch = %+v, %v; want a", recs, err)
 	}
 	if err := st.Insert(ctx, row("b")); err != nil {
 		t.Fatal(err)
 	}
 	// step records recs, read alone, under f with the next read, and
-	// returns what it read, which must be want's key (or nothing) after
-	// published rows recorded.
+	// returns what it read, which must be the row named want (or nothing)
+	// after published rows recorded.
 	step := func(f postboxdriver.Fence, recs []postboxdriver.Record, published int, want string) []postboxdriver.Record {
 		t.Helper()
 		rode := st.rode.Load()
 		o := postboxdriver.Outcome{Read: []int64{recs[0].Seq}, Published: []int64{recs[0].Seq}}
 		got, next, err := st.SettleFetch(ctx, f, o, 5, params)
-		var keys string
+		var names string
 		for _, r := range next {
-			keys += r.Key
+			names += string(r.Payload)
 		}
-		if err != nil || keys != want || got.Published != published {
-			t.Fatalf("SettleFetch of %s = %+v, read %q, %v; want %d recorded and %q read", recs[0].Key, got, keys, err, published, want)
+		if err != nil || names != want || got.Published != published {
+			t.Fatalf("SettleFetch of %s = %+v, read %q, %v; want %d recorded and %q read", recs[0].Payload, got, names, err, published, want)
 		}
 		if st.rode.Load() != rode+1 {
-			t.Fatalf("SettleFetch of %s was not one statement", recs[0].Key)
+			t.Fatalf("SettleFetch of %s was not one statement", recs[0].Payload)
 		}
 		return next
 	}
