@@ -390,7 +390,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	res.BusyQueriesPerSec = float64(busyN) / res.BusySeconds
 	res.BusyStatements = busy
 	res.BusyPerMessage = float64(busyN) / float64(len(ids))
-	res.BusyPerMessageExceptJIT = float64(busyN-busy[jitKind]) / float64(len(ids))
+	res.BusyPerMessageExceptJIT = float64(busyN-busy[batchKind+jitKind]) / float64(len(ids))
 
 	ackAt, dups := acks.result()
 	res.Acked, res.Duplicates = len(ackAt), dups
@@ -660,8 +660,12 @@ func (c *statementCounter) snapshot() statementCounts {
 }
 
 // jitKind names the setting that goes before each of the log's
-// statements in the same round trip (noJIT).
+// statements in the same round trip (noJIT), which sends both in a batch,
+// so that the counter counts it under batchKind+jitKind.
 const jitKind = "jit off (before each of the log's statements)"
+
+// batchKind prefixes the kind of a statement sent in a batch.
+const batchKind = "batch: "
 
 // kind names a statement of the relay's for the report.
 func (c *statementCounter) kind(sql string) string {
@@ -703,7 +707,7 @@ func (c *statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ p
 }
 
 func (c *statementCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
-	c.add("batch: " + c.kind(data.SQL))
+	c.add(batchKind + c.kind(data.SQL))
 }
 
 func (c *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}

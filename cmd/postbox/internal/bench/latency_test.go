@@ -48,6 +48,9 @@ func TestLatencySmall(t *testing.T) {
 		if tc.storage == "log" && res.BusyStatements["batch: log: record and read"] == 0 {
 			t.Fatalf("over the log, no batch was recorded with the next read: %+v", res.BusyStatements)
 		}
+		if jit := res.BusyPerMessage - res.BusyPerMessageExceptJIT; tc.storage == "log" && jit <= 0 || tc.storage == "table" && jit != 0 {
+			t.Fatalf("%s: %.2f statements a message, %.2f but for the log's JIT settings", tc.storage, res.BusyPerMessage, res.BusyPerMessageExceptJIT)
+		}
 	}
 }
 
