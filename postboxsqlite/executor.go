@@ -162,10 +162,12 @@ WHERE (o.seq IN (SELECT value FROM json_each(?1))
 	return q
 }
 
-// fetchSQL reads pending rows in seq order. A keyed row is held back while
-// an older row of its key waits for a retry (or is dead, when strict):
-// only rows that failed before can do that, and the partial retry index
-// holds exactly those, so the check costs nothing while nothing fails.
+// fetchSQL reads pending rows in seq order. A row that never failed is
+// due at once; only a retry waits for its available_at, as on PostgreSQL.
+// A keyed row is held back while an older row of its key waits for a
+// retry (or is dead, when strict): only rows that failed before can do
+// that, and the partial retry index holds exactly those, so the check
+// costs nothing while nothing fails.
 func fetchSQL(strict, routed bool) string {
 	var with, topic, unrouted, dead string
 	if strict {
@@ -190,7 +192,7 @@ func fetchSQL(strict, routed bool) string {
 	return with + `SELECT o.seq, o.id, o.topic, coalesce(o.key, ''), o.payload, o.headers, o.partition, o.attempts, o.created_at
 FROM {p}outbox o
 WHERE o.partition IN (SELECT value FROM json_each(?1))
-  AND o.available_at <= {now}` + topic + `
+  AND (o.attempts = 0 OR o.available_at <= {now})` + topic + `
   AND (o.key IS NULL OR NOT (
     EXISTS (SELECT 1 FROM {p}outbox b
             WHERE b.key = o.key AND b.seq < o.seq AND b.attempts > 0 AND b.available_at > {now})` + dead + unrouted + `))

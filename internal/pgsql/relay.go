@@ -246,7 +246,14 @@ const moveToHistory = `moved AS (
   RETURNING 1
 )`
 
-// fetchSQL reads pending rows in seq order. A keyed row is held back while
+// fetchSQL reads pending rows in seq order. A row that never failed is
+// due at once; only a retry waits for its available_at. A fresh row's
+// available_at is its writer's now(), when its transaction began, which
+// for a key's later row, whose writer began first and waited on the key's
+// lock, is earlier than for the row before it: a read whose statement
+// began between the two writers' starts and took its snapshot after both
+// commits found the later row due and the earlier one not yet, and
+// published them out of order. A keyed row is held back while
 // an older row of its key waits for a retry (or is dead, when strict):
 // only rows that failed before can do that, and the partial retry index
 // holds exactly those. Whether it holds any is asked once per statement
@@ -318,7 +325,7 @@ func fetchParts(strict, routed bool) (with, read string) {
 	return with, `SELECT o.seq, o.id::text, o.topic, coalesce(o.key, ''), o.payload, o.headers::text, o.partition, o.attempts, o.created_at
 FROM {p}outbox o
 WHERE o.partition = ANY($1::int[])
-  AND o.available_at <= now()` + topic + `{exclude}
+  AND (o.attempts = 0 OR o.available_at <= now())` + topic + `{exclude}
   AND (o.key IS NULL OR NOT (
     EXISTS (SELECT 1 FROM {p}outbox r WHERE r.attempts > 0 AND r.key IS NOT NULL)
     AND EXISTS (SELECT 1 FROM {p}outbox b

@@ -28,6 +28,7 @@ func (s *suite[TTx]) runExecutor(t *testing.T) {
 	t.Run("NotMigrated", s.execNotMigrated)
 	t.Run("MaintenanceClaims", s.execMaintenanceClaims)
 	t.Run("CrashMarks", s.execCrashMarks)
+	t.Run("ReadSpanningKeyWriters", s.execReadSpanningWriters)
 }
 
 // A lease is Crashed when taken from an owner whose lease ran out, not
@@ -208,6 +209,88 @@ func (s *suite[TTx]) execMaintenanceClaims(t *testing.T) {
 	}
 	claim("b", 0, true) // free: taken, and already expired
 	claim("a", time.Minute, true)
+}
+
+// A read whose transaction began before a key's writer began, and that
+// reads once that writer and the key's next one have committed, reads the
+// key's rows in order or not at all. The next writer began first and
+// waited on the key's lock, as writers that serialize a key do. On
+// PostgreSQL now() is when a transaction began: a row's available_at,
+// by default its writer's now(), is then earlier for the later row, and a
+// read that held fresh rows to available_at <= now() returned the later
+// row without the earlier one, which a relay published after it. The
+// read spans the writers here by running in a transaction of its own; a
+// relay's statement spans them when its start (its now()) and its
+// snapshot are far enough apart, as they can be under load: a fleet run
+// of the fault harness stored a key's fourth row before its first three.
+func (s *suite[TTx]) execReadSpanningWriters(t *testing.T) {
+	if !s.h.Features.ConcurrentWriters {
+		t.Skip("database serializes writers: no read spans two of them")
+	}
+	e := s.setup(t)
+	ctx := context.Background()
+	ls, err := e.store.AcquireLeases(ctx, "r", allPartitions(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fence := fenceOf("r", ls)
+	// A row published before, for the combined statement to record.
+	if err := e.store.Insert(ctx, []postboxdriver.Row{row("t", "other")}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := e.store.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
+	if err != nil || len(before) != 1 {
+		t.Fatalf("fetched %d rows, %v; want 1", len(before), err)
+	}
+	// The timestamps of the three transactions' starts must differ.
+	tick := func() { time.Sleep(20 * time.Millisecond) }
+	later, commitLater, _ := s.h.Begin(t, ctx, e.d)
+	tick()
+	reader, _, rollbackReader := s.h.Begin(t, ctx, e.d)
+	defer func() { _ = rollbackReader() }()
+	tick()
+	earlier, commitEarlier, _ := s.h.Begin(t, ctx, e.d)
+	first, second := row("t", "k"), row("t", "k")
+	if err := e.store.UnwrapExecutor(earlier).Insert(ctx, []postboxdriver.Row{first}); err != nil {
+		t.Fatal(err)
+	}
+	if err := commitEarlier(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.UnwrapExecutor(later).Insert(ctx, []postboxdriver.Row{second}); err != nil {
+		t.Fatal(err)
+	}
+	if err := commitLater(); err != nil {
+		t.Fatal(err)
+	}
+	check := func(how string, recs []postboxdriver.Record) {
+		t.Helper()
+		var got []string
+		for _, rec := range recs {
+			if rec.Key == "k" {
+				got = append(got, rec.ID)
+			}
+		}
+		if len(got) > 0 && fmt.Sprint(got) != fmt.Sprint([]string{first.ID, second.ID}) {
+			t.Fatalf("%s returned %v of key k, whose rows are %s then %s: the later row without the earlier one", how, got, first.ID, second.ID)
+		}
+	}
+	ex := e.store.UnwrapExecutor(reader)
+	params := postboxdriver.FetchParams{Fence: fence, Limit: 10}
+	recs, err := ex.Fetch(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("Fetch", recs)
+	sf, ok := ex.(postboxdriver.SettleFetcher)
+	if !ok {
+		return
+	}
+	_, recs, err = sf.SettleFetch(ctx, fence, postboxdriver.Outcome{Read: []int64{before[0].Seq}, Published: []int64{before[0].Seq}}, 25, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("SettleFetch", recs)
 }
 
 func row(topic, key string) postboxdriver.Row {

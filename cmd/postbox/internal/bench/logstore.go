@@ -522,7 +522,7 @@ WHERE NOT EXISTS (SELECT 1 FROM b)` + strings.Replace(gate, "\nWHERE", " AND", 1
     OFFSET 0) o
   WHERE a.hi IS NULL OR pg_visible_in_snapshot(o.xid, a.hi::pg_snapshot))`,
 		`(SELECT `+cols+`, o.attempts, o.created_at, false AS logged FROM {p}outbox o
-  WHERE o.partition = ANY($1::int[]) AND o.available_at <= now()`+topic+`
+  WHERE o.partition = ANY($1::int[]) AND (o.attempts = 0 OR o.available_at <= now())`+topic+`
     AND (o.key IS NULL OR NOT (
       EXISTS (SELECT 1 FROM {p}outbox r WHERE r.attempts > 0 AND r.key IS NOT NULL)
       AND EXISTS (SELECT 1 FROM {p}outbox b
