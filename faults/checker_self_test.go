@@ -100,6 +100,14 @@ func TestFaultsChecker(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Errorf("rules fired:\n got %v\nwant %v", got, want)
 		}
+		// An order violation says how far apart the two were stored and
+		// committed, which tells a late commit from a read that skipped.
+		const order = "stream seq 2: key k1 seq 1 first stored after seq 2 (stream seq 1): stored 1ms after it, committed 1ms before it"
+		for _, v := range r.Violations {
+			if v.Rule == "stream_order" && v.Detail != order {
+				t.Errorf("stream_order: %q, want %q", v.Detail, order)
+			}
+		}
 	})
 	// The crash-looping messages: rk kills every relay publishing it,
 	// ck the consumer whenever its handler runs.

@@ -427,6 +427,7 @@ func judge(o observed, faults []*fault) *report {
 	// each key's first copies in write order (G4).
 	first := map[string]seen{}
 	lastSeq := map[string]int{}
+	lastStored := map[string]seen{} // the copy of lastSeq
 	c.StreamMessages = len(o.stream)
 	for _, s := range o.stream {
 		if s.MsgID != s.P.ID {
@@ -450,9 +451,15 @@ func judge(o observed, faults []*fault) *report {
 			continue
 		}
 		if prev, had := lastSeq[h.Key]; had && h.Seq <= prev {
-			r.add("stream_order", "G4", s.MsgID, h.Key, "stream seq %d: key %s seq %d first stored after seq %d", s.StreamSeq, h.Key, h.Seq, prev)
+			// When each was stored and committed: how far apart the
+			// copies were, and whether this one committed first.
+			ps := lastStored[h.Key]
+			r.add("stream_order", "G4", s.MsgID, h.Key, "stream seq %d: key %s seq %d first stored after seq %d (stream seq %d): stored %s after it, committed %s before it",
+				s.StreamSeq, h.Key, h.Seq, prev, ps.StreamSeq, s.Stored.Sub(ps.Stored), o.hist[ps.MsgID].At.Sub(h.At))
 		}
-		lastSeq[h.Key] = max(lastSeq[h.Key], h.Seq)
+		if h.Seq > lastSeq[h.Key] || lastStored[h.Key].MsgID == "" {
+			lastSeq[h.Key], lastStored[h.Key] = h.Seq, s
+		}
 	}
 	c.StreamDistinct = len(first)
 	for id := range commitAt {
