@@ -69,16 +69,17 @@ admin: {listen: "127.0.0.1:0"}
 	}
 	defer func() { _ = d.Stop(ctx) }()
 
-	// Rows that wait (available in an hour), created in the past: three
-	// of orders (over its route's count), one of slow, ten minutes old
-	// (within its route's hour), one of a topic no route takes, ten
-	// minutes old (past the default 5m, but not this relay's to publish).
-	if _, err := pool.Exec(ctx, `INSERT INTO `+prefix+`outbox (id, topic, payload, created_at, available_at) VALUES
- (gen_random_uuid(), 'orders.paid', '\x00', now() - interval '1 minute', now() + interval '1 hour'),
- (gen_random_uuid(), 'orders.paid', '\x00', now() - interval '1 minute', now() + interval '1 hour'),
- (gen_random_uuid(), 'orders.paid', '\x00', now() - interval '1 minute', now() + interval '1 hour'),
- (gen_random_uuid(), 'slow.report', '\x00', now() - interval '10 minutes', now() + interval '1 hour'),
- (gen_random_uuid(), 'unknown.thing', '\x00', now() - interval '10 minutes', now())`); err != nil {
+	// Rows that wait (retries due in an hour: a row that never failed is
+	// due at once), created in the past: three of orders (over its
+	// route's count), one of slow, ten minutes old (within its route's
+	// hour), one of a topic no route takes, ten minutes old (past the
+	// default 5m, but not this relay's to publish).
+	if _, err := pool.Exec(ctx, `INSERT INTO `+prefix+`outbox (id, topic, payload, created_at, available_at, attempts) VALUES
+ (gen_random_uuid(), 'orders.paid', '\x00', now() - interval '1 minute', now() + interval '1 hour', 1),
+ (gen_random_uuid(), 'orders.paid', '\x00', now() - interval '1 minute', now() + interval '1 hour', 1),
+ (gen_random_uuid(), 'orders.paid', '\x00', now() - interval '1 minute', now() + interval '1 hour', 1),
+ (gen_random_uuid(), 'slow.report', '\x00', now() - interval '10 minutes', now() + interval '1 hour', 1),
+ (gen_random_uuid(), 'unknown.thing', '\x00', now() - interval '10 minutes', now(), 0)`); err != nil {
 		t.Fatal(err)
 	}
 	err = d.Ready(ctx)
