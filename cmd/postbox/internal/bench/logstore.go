@@ -185,6 +185,9 @@ func (p position) next(full bool, snap, xid string, last, maxSeq int64) position
 type readShape struct {
 	parts          int
 	strict, routed bool
+	// small reads the partitions with one range arm instead of one a
+	// partition (readParts): the shape of a read that follows a short one.
+	small bool
 }
 
 // logRow is a row a band read returned: a log row, or an exception.
@@ -252,6 +255,7 @@ func (d *logDriver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
 		Store: inner, pool: d.pool, db: noJIT{d.pool}, r: r, prefix: prefix, chunks: d.chunks,
 		reads:       map[readShape]string{},
 		settleReads: map[readShape]string{},
+		shortReads:  map[int]bool{},
 		pos:         map[int]position{},
 		pending:     map[readKey]*bandRead{},
 		settling:    map[int]bool{},
@@ -304,6 +308,10 @@ type logStore struct {
 	// reads are the read statements by their shape, and settleReads the
 	// record-and-read statements.
 	reads, settleReads map[readShape]string
+	// shortReads says, by a read's first partition, whether the last read
+	// of those partitions returned fewer rows than its limit: the next
+	// then takes the small statement (short).
+	shortReads map[int]bool
 	// pos are the positions this process holds, by partition, for the
 	// generation each was loaded or advanced under.
 	pos map[int]position
@@ -425,7 +433,9 @@ func (s *logStore) ConnLost(ctx context.Context, tx pgx.Tx) bool {
 //
 //   - The range arms: one index range on (partition, seq) per partition,
 //     each limited, merged in seq order (a Merge Append that stops after
-//     the batch).
+//     the batch). With k = 0, one arm instead, a lateral join over the
+//     partitions, each limited, then sorted: the small statement, whose
+//     plan costs less to set up, for a read after a short one (short).
 //   - The xip arm: the rows of the transactions that had their id when lo
 //     was taken, at or below lo_seq, by the xid index alone, a probe per
 //     partition (OFFSET 0): those in lo's xip list, and those at or above
@@ -503,6 +513,22 @@ WHERE NOT EXISTS (SELECT 1 FROM b)` + strings.Replace(gate, "\nWHERE", " AND", 1
 	}
 	const cols = `o.seq, o.id, o.topic, o.key, o.payload, o.headers, o.partition`
 	var arms []string
+	if k == 0 {
+		// The small statement: one range arm over every partition, each
+		// limited, then sorted, with nothing to merge. Its plan is a few
+		// nodes where the k arms' are a few nodes a partition, and at a
+		// trickle, where a read returns a row or two, setting the plan up
+		// is most of what a read costs PostgreSQL (design §3, "At a
+		// trickle"). A backlog reads with the k arms, whose Merge Append
+		// stops after the batch.
+		arms = append(arms, `(SELECT `+cols+`, 0 AS attempts, o.created_at, true AS logged
+  FROM unnest($1::int[], $3::text[], $5::bigint[], $6::text[], $7::bigint[]) AS a(part, lo, lo_seq, hi, cur)
+  CROSS JOIN LATERAL (SELECT * FROM {p}log o
+    WHERE o.partition = a.part AND o.seq > greatest(a.lo_seq, a.cur)`+below+`
+      AND NOT pg_visible_in_snapshot(o.xid, a.lo::pg_snapshot)
+      AND (a.hi IS NULL OR pg_visible_in_snapshot(o.xid, a.hi::pg_snapshot))
+    ORDER BY o.seq LIMIT $2) o)`)
+	}
 	for i := 1; i <= k; i++ {
 		arms = append(arms, fmt.Sprintf(`(SELECT `+cols+`, 0 AS attempts, o.created_at, true AS logged FROM {p}log o
   WHERE o.partition = ($1::int[])[%[1]d] AND o.seq > greatest(($5::bigint[])[%[1]d], ($7::bigint[])[%[1]d])`+below+`
@@ -743,7 +769,32 @@ func (s *logStore) readOnce(ctx context.Context, p postboxdriver.FetchParams) ([
 	if err != nil {
 		return nil, nil, false, err
 	}
+	s.noteRead(pl, got)
 	return s.finish(pl, got)
+}
+
+// short says whether the last read whose first partition is parts[0]
+// was short (fewer rows than its limit), so that this one, most likely
+// short too, takes the small statement (readParts, k = 0). A backlog
+// reads full batches with the statement of one arm a partition.
+func (s *logStore) short(parts []int) bool {
+	if len(parts) == 0 {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.shortReads[parts[0]]
+}
+
+// noteRead keeps, for short, whether a read of pl returned fewer rows
+// than its limit.
+func (s *logStore) noteRead(pl readPlan, got scanned) {
+	if len(pl.parts) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.shortReads[pl.parts[0]] = len(got.rows) < pl.p.Limit
 }
 
 // fenced are the fence's partitions in order.
@@ -777,7 +828,7 @@ func (s *logStore) plan(p postboxdriver.FetchParams, parts []int, base map[int]p
 		b := base[part]
 		ps[i], lo[i], loNext[i], loSeq[i], hi[i], cur[i] = int32(part), b.lo, b.loNext, b.loSeq, b.hi, b.cursor
 	}
-	pl := readPlan{p: p, parts: parts, base: base, shape: readShape{k, p.BlockOnDead, p.Topics != nil}}
+	pl := readPlan{p: p, parts: parts, base: base, shape: readShape{k, p.BlockOnDead, p.Topics != nil, s.short(parts)}}
 	pl.args = []any{ps, p.Limit, lo, loNext, loSeq, hi, cur}
 	if p.Topics != nil {
 		pl.args = append(pl.args, pgsql.LikePatterns(p.Topics))
@@ -796,7 +847,11 @@ func (s *logStore) statement(cache map[readShape]string, shape readShape, build 
 	defer s.mu.Unlock()
 	q, ok := cache[shape]
 	if !ok {
-		q = s.r.Replace(build(shape.parts, shape.strict, shape.routed, s.chunks.width > 0))
+		k := shape.parts
+		if shape.small {
+			k = 0
+		}
+		q = s.r.Replace(build(k, shape.strict, shape.routed, s.chunks.width > 0))
 		cache[shape] = q
 	}
 	return q
@@ -1052,6 +1107,7 @@ func (s *logStore) settleFetch(ctx context.Context, f postboxdriver.Fence, o pos
 		return postboxdriver.Settled{}, nil, err
 	}
 	moved = got.moved
+	s.noteRead(pl, got)
 	st := postboxdriver.Settled{Published: s.moved(lr, moved)}
 	s.published.Add(int64(st.Published))
 	s.rode.Add(1)
