@@ -108,6 +108,10 @@ func TestFaultsChecker(t *testing.T) {
 				t.Errorf("stream_order: %q, want %q", v.Detail, order)
 			}
 		}
+		// A row stored late that also committed late: "after".
+		if got := beforeOrAfter(-3 * time.Millisecond); got != "3ms after" {
+			t.Errorf("beforeOrAfter(-3ms) = %q, want \"3ms after\"", got)
+		}
 	})
 	// The crash-looping messages: rk kills every relay publishing it,
 	// ck the consumer whenever its handler runs.

@@ -371,6 +371,15 @@ func (r *report) add(rule, guarantee, id, key, format string, args ...any) {
 	}
 }
 
+// beforeOrAfter says d, how long one time came before another, as "d
+// before", or as "d after" when it came after.
+func beforeOrAfter(d time.Duration) string {
+	if d < 0 {
+		return (-d).String() + " after"
+	}
+	return d.String() + " before"
+}
+
 // forgottenOutcome marks, inside judge, a commit the database forgot.
 const forgottenOutcome = "forgotten"
 
@@ -454,8 +463,8 @@ func judge(o observed, faults []*fault) *report {
 			// When each was stored and committed: how far apart the
 			// copies were, and whether this one committed first.
 			ps := lastStored[h.Key]
-			r.add("stream_order", "G4", s.MsgID, h.Key, "stream seq %d: key %s seq %d first stored after seq %d (stream seq %d): stored %s after it, committed %s before it",
-				s.StreamSeq, h.Key, h.Seq, prev, ps.StreamSeq, s.Stored.Sub(ps.Stored), o.hist[ps.MsgID].At.Sub(h.At))
+			r.add("stream_order", "G4", s.MsgID, h.Key, "stream seq %d: key %s seq %d first stored after seq %d (stream seq %d): stored %s after it, committed %s it",
+				s.StreamSeq, h.Key, h.Seq, prev, ps.StreamSeq, s.Stored.Sub(ps.Stored), beforeOrAfter(o.hist[ps.MsgID].At.Sub(h.At)))
 		}
 		if h.Seq > lastSeq[h.Key] || lastStored[h.Key].MsgID == "" {
 			lastSeq[h.Key], lastStored[h.Key] = h.Seq, s
