@@ -179,8 +179,10 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	var logs *logDriver
 	table := prefix + "outbox"
 	if opts.Storage == "log" {
-		if _, err := pg.pool.Exec(ctx, logSchema(prefix, opts.LogChunk > 0)); err != nil {
-			return res, fmt.Errorf("create the log: %w", err)
+		if opts.LogChunk > 0 {
+			if _, err := pg.pool.Exec(ctx, chunkLog(prefix)); err != nil {
+				return res, fmt.Errorf("split the log into chunks: %w", err)
+			}
 		}
 		logs, table = &logDriver{pool: pg.pool, chunks: chunking{width: opts.LogChunk, ahead: chunksAhead}}, prefix+"log"
 		if client, err = postbox.NewClient(logs, cfg); err == nil && opts.LogChunk > 0 {

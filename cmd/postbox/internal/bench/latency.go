@@ -214,9 +214,6 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	// or the log's.
 	driver := func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] { return postboxpgx.New(pool) }
 	if opts.Storage == "log" {
-		if _, err := wpool.Exec(ctx, logSchema(prefix, false)); err != nil {
-			return res, fmt.Errorf("create the log: %w", err)
-		}
 		driver = func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] { return &logDriver{pool: pool} }
 	}
 	counter := &statementCounter{prefix: prefix}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,15 +46,28 @@ const chunksAhead = 4
 // again.
 const chunkLockTimeout = "100ms"
 
-// chunkSchema is the chunks' part of the log's schema.
-const chunkSchema = `
+// chunkLog makes the empty log of migration 12, named with prefix, a
+// table partitioned by seq range with the same columns, defaults and
+// indexes, beside a default partition, and adds the list of chunks. The
+// old table's indexes are renamed first, so that the new ones take their
+// names (the one PostgreSQL names after its column is renamed after).
+func chunkLog(prefix string) string {
+	return strings.ReplaceAll(`
+ALTER TABLE {p}log RENAME TO {p}log_whole;
+ALTER INDEX {p}log_pkey RENAME TO {p}log_whole_pkey;
+ALTER INDEX {p}log_xid_idx RENAME TO {p}log_whole_xid_idx;
+ALTER INDEX {p}log_created_idx RENAME TO {p}log_whole_created_idx;
+CREATE TABLE {p}log (LIKE {p}log_whole INCLUDING ALL) PARTITION BY RANGE (seq);
+DROP TABLE {p}log_whole;
+ALTER INDEX {p}log_created_at_idx RENAME TO {p}log_created_idx;
 CREATE TABLE {p}log_default PARTITION OF {p}log DEFAULT;
 CREATE TABLE {p}log_chunks (
     lo         bigint      PRIMARY KEY,
     hi         bigint      NOT NULL,
     sealed_xid xid8,
     sealed_at  timestamptz
-);`
+);`, "{p}", prefix)
+}
 
 // ErrSequenceCached is returned by the chunks' maintenance when the
 // outbox's sequence caches values: a chunk's seal could then miss a

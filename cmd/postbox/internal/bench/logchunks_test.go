@@ -158,3 +158,66 @@ func TestLogChunksWaitForTheirWriters(t *testing.T) {
 		t.Fatalf("%d rows of the dropped chunk left, %v", left, err)
 	}
 }
+
+// Migration 12 makes the log with xid first and seq drawn from the
+// outbox's sequence (the position's argument rests on both), and a
+// position a partition from the log's beginning; chunkLog remakes the
+// empty table partitioned with the same columns, defaults and index
+// names.
+func TestLogMigration(t *testing.T) {
+	ctx := context.Background()
+	for _, chunked := range []bool{false, true} {
+		pool, open := logStoreChunked(t, chunking{width: map[bool]int64{true: 10}[chunked]})
+		prefix := open().(*logStore).prefix
+		var cols, defaults []string
+		var kind string
+		if err := pool.QueryRow(ctx, `SELECT array_agg(a.attname::text ORDER BY a.attnum),
+    array_agg(coalesce(pg_get_expr(d.adbin, d.adrelid), '') ORDER BY a.attnum), c.relkind::text
+  FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+  LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+  WHERE c.oid = $1::regclass GROUP BY c.relkind`, prefix+"log").Scan(&cols, &defaults, &kind); err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"xid", "seq", "id", "topic", "key", "payload", "headers", "partition", "created_at"}
+		if !slices.Equal(cols, want) {
+			t.Errorf("chunked %v: the log's columns are %v, want %v", chunked, cols, want)
+		}
+		if defaults[0] != "pg_current_xact_id()" || defaults[1] != fmt.Sprintf("nextval('%soutbox_seq_seq'::regclass)", prefix) {
+			t.Errorf("chunked %v: xid and seq default to %q and %q", chunked, defaults[0], defaults[1])
+		}
+		if want := map[bool]string{false: "r", true: "p"}[chunked]; kind != want {
+			t.Errorf("chunked %v: the log's relkind is %s, want %s", chunked, kind, want)
+		}
+		var indexes []string
+		if err := pool.QueryRow(ctx, `SELECT array_agg(indexrelid::regclass::text ORDER BY indexrelid::regclass::text)
+  FROM pg_index WHERE indrelid = $1::regclass`, prefix+"log").Scan(&indexes); err != nil {
+			t.Fatal(err)
+		}
+		if want := []string{prefix + "log_created_idx", prefix + "log_pkey", prefix + "log_xid_idx"}; !slices.Equal(indexes, want) {
+			t.Errorf("chunked %v: the log's indexes are %v, want %v", chunked, indexes, want)
+		}
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+prefix+`positions
+  WHERE lo::text = '1:1:' AND lo_next = '1' AND lo_seq = 0 AND hi IS NULL`).Scan(&n); err != nil || n != 64 {
+			t.Errorf("chunked %v: %d positions at the log's beginning (%v), want 64", chunked, n, err)
+		}
+		// A log row and an outbox row of one transaction: the seqs compare.
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var a, b int64
+		if err := tx.QueryRow(ctx, `INSERT INTO `+prefix+`log (id, topic, payload, headers, partition)
+  VALUES (gen_random_uuid(), 't', '\x', '{}', 0) RETURNING seq`).Scan(&a); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.QueryRow(ctx, `INSERT INTO `+prefix+`outbox (id, topic, payload, headers)
+  VALUES (gen_random_uuid(), 't', '\x', '{}') RETURNING seq`).Scan(&b); err != nil {
+			t.Fatal(err)
+		}
+		_ = tx.Rollback(ctx)
+		if b != a+1 {
+			t.Errorf("chunked %v: the log's row drew seq %d and the outbox's next %d; want one sequence", chunked, a, b)
+		}
+	}
+}

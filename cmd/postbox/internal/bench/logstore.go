@@ -40,15 +40,9 @@ import (
 // still need before they adopt it is listed in BENCHMARKS.md ("The log
 // drained by the relay").
 
-// logSchema adds the log and the partitions' positions to the tables
-// named with prefix. The log's xid comes first, so that its default
-// assigns the writer's transaction id before seq's nextval runs, and seq
-// is drawn from the outbox's sequence, so that the two tables' seqs
-// compare (design §3, "The position"). A position starts at '1:1:', a
-// snapshot in which nothing is visible: the log from its beginning. A
-// BRIN index on created_at lets a replay's window read the ranges of the
-// log written in it: rows are appended about in creation order, and the
-// index costs a write next to nothing.
+// The log's tables are migration 12's (internal/pgsql/migrations): the
+// log, the partitions' positions, the marks of rows recorded one by one
+// ({p}log_done) and the history of publishing ({p}log_passes).
 //
 // {p}log_done holds the log rows recorded one by one, by a Settle that
 // names rows of no read of this process's (a record of another process's
@@ -74,56 +68,8 @@ import (
 // and the renewals locked the same rows in different orders and
 // deadlocked, and each record lost so re-sent its batch.
 //
-// With chunked, the log is split by seq range (logchunks.go).
-func logSchema(prefix string, chunked bool) string {
-	split := ";"
-	if chunked {
-		split = " PARTITION BY RANGE (seq);" + chunkSchema
-	}
-	return strings.ReplaceAll(`
-CREATE TABLE {p}log (
-    xid        xid8        NOT NULL DEFAULT pg_current_xact_id(),
-    seq        bigint      NOT NULL DEFAULT nextval('{p}outbox_seq_seq'),
-    id         uuid        NOT NULL,
-    topic      text        NOT NULL,
-    key        text,
-    payload    bytea       NOT NULL,
-    headers    jsonb       NOT NULL,
-    partition  integer     NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (partition, seq)
-)`+split+`
-CREATE INDEX {p}log_xid_idx ON {p}log (xid);
-CREATE INDEX {p}log_created_idx ON {p}log USING brin (created_at);
-CREATE TABLE {p}positions (
-    partition   integer     PRIMARY KEY,
-    lo          pg_snapshot NOT NULL DEFAULT '1:1:',
-    lo_next     xid8        NOT NULL DEFAULT '1',
-    lo_seq      bigint      NOT NULL DEFAULT 0,
-    hi          pg_snapshot,
-    hi_next     xid8,
-    band_cursor bigint      NOT NULL DEFAULT 0,
-    band_max    bigint      NOT NULL DEFAULT 0
-);
-INSERT INTO {p}positions (partition) SELECT partition FROM {p}leases;
-CREATE TABLE {p}log_done (
-    partition integer NOT NULL,
-    seq       bigint  NOT NULL,
-    PRIMARY KEY (partition, seq)
-);
-CREATE TABLE {p}log_passes (
-    at      timestamptz   NOT NULL DEFAULT now(),
-    parts   integer[]     NOT NULL,
-    lo      text[]        NOT NULL,
-    lo_seq  bigint[]      NOT NULL,
-    hi      text[]        NOT NULL,
-    cursors bigint[]      NOT NULL,
-    topics  text[]        NOT NULL,
-    counts  integer[]     NOT NULL,
-    oldest  timestamptz[] NOT NULL
-);
-CREATE INDEX {p}log_passes_at_idx ON {p}log_passes (at);`, "{p}", prefix)
-}
+// Split into chunks by seq range (logchunks.go), the log is first made a
+// partitioned table by chunkLog.
 
 // position is a partition's place in the log: every committed row
 // visible in lo is done; a row not visible in lo was written by a
@@ -237,7 +183,7 @@ func keyOf(seqs []int64) readKey {
 // logDriver opens logStores over a pgx pool.
 type logDriver struct {
 	pool *pgxpool.Pool
-	// chunks splits the log (logSchema's chunked); zero leaves it whole.
+	// chunks splits the log (chunkLog); zero leaves it whole.
 	chunks chunking
 	// store is the Store opened last, whose published count the drain
 	// waits on.

@@ -28,8 +28,8 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// suiteLogDriver opens the log store with the log's schema among its
-// migrations, so that the suite's own migration creates it.
+// suiteLogDriver opens the log store with the log's chunks among its
+// migrations, so that the suite's own migration makes them.
 type suiteLogDriver struct{ logDriver }
 
 type suiteLogStore struct{ *logStore }
@@ -42,12 +42,12 @@ func (d *suiteLogDriver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error
 	return suiteLogStore{s.(*logStore)}, nil
 }
 
-// Migrations is the outbox's migrations and the log's schema after them,
-// with the log split into chunks of suiteChunks' width from seq 4 on, so
+// Migrations is the drivers' migrations, then the log of migration 12
+// split into chunks of suiteChunks' width from seq 4 on, so
 // that the suite's rows lie in the default partition (seqs 1–3 and past
 // the chunks) and in chunks.
 func (s suiteLogStore) Migrations() []postboxdriver.Migration {
-	return append(s.logStore.Migrations(), postboxdriver.Migration{Version: 1000, Name: "log", SQL: logSchema(s.prefix, true) + fmt.Sprintf(`
+	return append(s.logStore.Migrations(), postboxdriver.Migration{Version: 1000, Name: "log", SQL: chunkLog(s.prefix) + fmt.Sprintf(`
 DO $$ BEGIN FOR i IN 1..%[2]d LOOP
   EXECUTE format('CREATE TABLE %[1]slog_c%%1$s PARTITION OF %[1]slog FOR VALUES FROM (%%1$s) TO (%%2$s)', i * %[3]d, (i + 1) * %[3]d);
   INSERT INTO %[1]slog_chunks (lo, hi) VALUES (i * %[3]d, (i + 1) * %[3]d);

@@ -50,7 +50,7 @@ func concurrentWriters(t *testing.T, failing bool) {
 	if _, _, err := migrated(ctx, pool, prefix); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, logSchema(prefix, true)+`
+	if _, err := pool.Exec(ctx, chunkLog(prefix)+`
 CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, note text)`); err != nil {
 		t.Fatal(err)
 	}
@@ -410,8 +410,10 @@ func logStoreChunked(t testing.TB, c chunking) (*pgxpool.Pool, func() postboxdri
 	if _, _, err := migrated(ctx, pool, prefix); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, logSchema(prefix, c.width > 0)); err != nil {
-		t.Fatal(err)
+	if c.width > 0 {
+		if _, err := pool.Exec(ctx, chunkLog(prefix)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return pool, func() postboxdriver.Store[pgx.Tx] {
 		st, err := (&logDriver{pool: pool, chunks: c}).Open(prefix)

@@ -256,9 +256,6 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	var client benchClient
 	messages := prefix + "outbox"
 	if pg, ok := db.(*pgDatabase); ok && opts.Storage == "log" {
-		if _, err := pg.pool.Exec(ctx, logSchema(prefix, false)); err != nil {
-			return res, fmt.Errorf("create the log: %w", err)
-		}
 		messages = prefix + "log"
 		client, err = postbox.NewClient(&logDriver{pool: pg.pool}, cfg)
 	} else {
