@@ -3,7 +3,7 @@
 -- writes them yet: postbox's writer and the relay keep the outbox, and a
 -- writer in another language keeps inserting into the outbox under every
 -- model (design §3, "What changes for users"), so this migration changes
--- nothing for anyone. The benchmark's Store drains them
+-- nothing for anyone. The benchmark drains them through internal/pglog
 -- (`postbox bench drain --storage log`).
 --
 -- {prefix}log holds every message the writer inserts, never updated. Its

@@ -17,6 +17,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/cpuuse"
+	"github.com/postbox-go/postbox/internal/pglog"
 )
 
 // DrainOptions configure the backlog drain benchmark.
@@ -38,11 +40,11 @@ type DrainOptions struct {
 	CPUProfile string
 	// Storage is "table" (the default: the outbox the drivers keep) or
 	// "log" (PostgreSQL only: the log read by snapshot bands, design §3,
-	// on the relay's path; logstore.go). A log's drain samples no
+	// on the relay's path; internal/pglog). A log's drain samples no
 	// timeline of remaining rows.
 	Storage string
 	// LogChunk, with the log, splits it into chunks of that many seqs,
-	// which retention drops whole (logchunks.go); 0 keeps it whole.
+	// which retention drops whole (pglog.ChunkLog); 0 keeps it whole.
 	LogChunk int64
 	// SampleEvery, when positive, counts the outbox's remaining rows at
 	// this interval during the drain (a count(*) each time, on a
@@ -176,19 +178,19 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	var client benchClient
-	var logs *logDriver
+	var logs *pglog.Driver
 	table := prefix + "outbox"
 	if opts.Storage == "log" {
 		if opts.LogChunk > 0 {
-			if _, err := pg.pool.Exec(ctx, chunkLog(prefix)); err != nil {
+			if _, err := pg.pool.Exec(ctx, pglog.ChunkLog(prefix)); err != nil {
 				return res, fmt.Errorf("split the log into chunks: %w", err)
 			}
 		}
-		logs, table = &logDriver{pool: pg.pool, chunks: chunking{width: opts.LogChunk, ahead: chunksAhead}}, prefix+"log"
+		logs, table = pglog.New(pg.pool, opts.LogChunk), prefix+"log"
 		if client, err = postbox.NewClient(logs, cfg); err == nil && opts.LogChunk > 0 {
 			// The backlog's rows go into chunks, as a relay's
 			// retention pass keeps them ahead of the sequence.
-			err = logs.store.Load().attachChunks(ctx)
+			err = logs.AttachChunks(ctx)
 		}
 	} else {
 		client, err = db.newClient(cfg)
@@ -225,7 +227,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		return res, err
 	}
 	defer stopProfile()
-	drainCPU := cpuPhase(db.procs()...)
+	drainCPU := cpuuse.Phase(db.procs()...)
 	start = time.Now()
 	if err := client.Start(ctx); err != nil {
 		return res, err
@@ -245,7 +247,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	if logs == nil {
 		err = waitOutboxEmpty(ctx, db, prefix, 20*time.Millisecond)
 	} else {
-		err = waitLogDrained(ctx, db, logs.store.Load(), prefix, int64(opts.Messages), 20*time.Millisecond)
+		err = waitLogDrained(ctx, db, logs, prefix, int64(opts.Messages), 20*time.Millisecond)
 	}
 	if err != nil {
 		return res, err
@@ -293,7 +295,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 // dbProcs) and nats-server meanwhile (known reports whether /proc could be
 // read).
 func publishRaw(ctx context.Context, js jetstream.JetStream, subject string, payload []byte, n int, ids []string, dbProcs []string) (rate float64, use CPUUse, known bool, err error) {
-	cpu := cpuPhase(dbProcs...)
+	cpu := cpuuse.Phase(dbProcs...)
 	start := time.Now()
 	for i := 0; i < n; i++ {
 		msg := nats.NewMsg(subject)

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/postbox-go/postbox/internal/pglog"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxnats"
@@ -160,6 +161,18 @@ func dropPrefix(pool *pgxpool.Pool, prefix string) {
 // row.
 func waitOutboxEmpty(ctx context.Context, db database, prefix string, d time.Duration) error {
 	return pollUntil(ctx, d, func() (bool, error) { return db.empty(ctx, prefix+"outbox") })
+}
+
+// waitLogDrained polls, every d, until the relay has recorded n messages
+// as published over the log and the outbox under prefix holds no
+// exception.
+func waitLogDrained(ctx context.Context, db database, logs *pglog.Driver, prefix string, n int64, d time.Duration) error {
+	return pollUntil(ctx, d, func() (bool, error) {
+		if logs.Published() < n {
+			return false, nil
+		}
+		return db.empty(ctx, prefix+"outbox")
+	})
 }
 
 // pollUntil calls done every d until it reports true or fails, or ctx

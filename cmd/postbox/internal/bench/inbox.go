@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/cpuuse"
 	"github.com/postbox-go/postbox/postboxnats"
 )
 
@@ -192,7 +193,7 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 			return 0, err
 		}
 		defer stopProfile()
-		cpu := cpuPhase()
+		cpu := cpuuse.Phase()
 		runCtx, stop := context.WithCancel(ctx)
 		ran := make(chan error, 1)
 		start := time.Now()

@@ -20,6 +20,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/cpuuse"
+	"github.com/postbox-go/postbox/internal/pglog"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
@@ -214,7 +216,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	// or the log's.
 	driver := func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] { return postboxpgx.New(pool) }
 	if opts.Storage == "log" {
-		driver = func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] { return &logDriver{pool: pool} }
+		driver = func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] { return pglog.New(pool, 0) }
 	}
 	counter := &statementCounter{prefix: prefix}
 	rcfg, err := pgxpool.ParseConfig(opts.DatabaseURL)
@@ -297,7 +299,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 		// itself and waits for the PubAck.
 		n := max(int(float64(opts.Rate)*opts.Baseline.Seconds()), 1)
 		baselineN = n
-		baselineCPU := cpuPhase()
+		baselineCPU := cpuuse.Phase()
 		bwarm := min(warm, n/5)
 		fmt.Fprintf(out, "baseline, direct publish after commit: %d messages at %d msg/s (%d writers)\n", n, opts.Rate, opts.Writers)
 		domain := prefix + "orders"
@@ -355,7 +357,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	}
 	busyBefore := counter.snapshot()
 	busyStart := time.Now()
-	busyCPU := cpuPhase()
+	busyCPU := cpuuse.Phase()
 	p, err := pace(ctx, total, opts.Rate, opts.Writers, out, func() string { return fmt.Sprintf(", %d acknowledged", acks.count()) }, func(i int) error {
 		ct, err := writeOne(ctx, wpool, opts.Pipeline, writer, postbox.Message{ID: ids[i], Topic: "m", Key: key(i), Payload: payload})
 		commits[i] = ct
@@ -657,7 +659,7 @@ func (c *statementCounter) snapshot() statementCounts {
 }
 
 // jitKind names the setting that goes before each of the log's
-// statements in the same round trip (noJIT), which sends both in a batch,
+// statements in the same round trip (pglog's noJIT), which sends both in a batch,
 // so that the counter counts it under batchKind+jitKind.
 const jitKind = "jit off (before each of the log's statements)"
 
@@ -668,7 +670,7 @@ const batchKind = "batch: "
 func (c *statementCounter) kind(sql string) string {
 	s := strings.Join(strings.Fields(sql), " ")
 	switch {
-	case s == jitOff:
+	case s == pglog.JITOff:
 		return jitKind
 	case strings.Contains(s, "UPDATE "+c.prefix+"positions") && strings.Contains(s, c.prefix+"log o"):
 		return "log: record and read"

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/cpuuse"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxamqp"
 )
@@ -119,7 +120,7 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 		kind = "classic"
 	}
 	fmt.Fprintf(out, "raw RabbitMQ: publishing %d persistent messages of %d bytes to a %s queue, %d confirms outstanding\n", opts.Messages, len(payload), kind, opts.Window)
-	rawCPU := cpuPhaseOf(rabbitMQProcess)
+	rawCPU := cpuuse.PhaseOf(rabbitMQProcess)
 	var headers func(i int, id string) amqp.Table
 	if opts.RawHeaders {
 		at := time.Now().UTC().Format(time.RFC3339Nano)
@@ -184,7 +185,7 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 		return res, err
 	}
 	defer stopProfile()
-	drainCPU := cpuPhaseOf(rabbitMQProcess)
+	drainCPU := cpuuse.PhaseOf(rabbitMQProcess)
 	began = time.Now()
 	if err := client.Start(dctx); err != nil {
 		return res, err

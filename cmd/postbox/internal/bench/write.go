@@ -17,6 +17,8 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
+	"github.com/postbox-go/postbox/internal/cpuuse"
+	"github.com/postbox-go/postbox/internal/pglog"
 )
 
 // WriteOptions configure the write-overhead benchmark: domain transactions
@@ -64,7 +66,7 @@ type WriteOptions struct {
 	Emit bool
 	// Storage is where the postbox phase's messages go: "table" (the
 	// default, the outbox) or "log" (PostgreSQL: the log read by snapshot
-	// bands, design §3; logstore.go), its insert a statement of its own.
+	// bands, design §3; internal/pglog), its insert a statement of its own.
 	Storage string
 }
 
@@ -257,7 +259,7 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	messages := prefix + "outbox"
 	if pg, ok := db.(*pgDatabase); ok && opts.Storage == "log" {
 		messages = prefix + "log"
-		client, err = postbox.NewClient(&logDriver{pool: pg.pool}, cfg)
+		client, err = postbox.NewClient(pglog.New(pg.pool, 0), cfg)
 	} else {
 		client, err = db.newClient(cfg)
 	}
@@ -403,7 +405,7 @@ func (w *writeBench) phase(ctx context.Context, writers, rows int, mode writeMod
 	var committed atomic.Int64
 	errs := make(chan error, writers)
 	var wg sync.WaitGroup
-	cpu := cpuPhase(w.db.procs()...)
+	cpu := cpuuse.Phase(w.db.procs()...)
 	start := time.Now()
 	for n := range writers {
 		wg.Go(func() {

@@ -1,4 +1,4 @@
-package bench
+package pglog
 
 import (
 	"context"
@@ -44,13 +44,8 @@ func TestLogStoreRecordsWithTheNextRead(t *testing.T) { concurrentWriters(t, fal
 func concurrentWriters(t *testing.T, failing bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	pool := testdb.Pool(t)
-	prefix := testdb.Prefix(t)
-	testdb.DropPrefix(t, pool, prefix)
-	if _, _, err := migrated(ctx, pool, prefix); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, chunkLog(prefix)+`
+	pool, prefix := testdb.Migrated(t)
+	if _, err := pool.Exec(ctx, ChunkLog(prefix)+`
 CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, note text)`); err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +74,7 @@ CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KE
 		}
 		return nil
 	})
-	drv := &logDriver{pool: pool, chunks: chunking{width: 64, ahead: 3}}
+	drv := &Driver{pool: pool, chunks: chunking{width: 64, ahead: 3}}
 	client, err := postbox.NewClient(drv, &postbox.Config{
 		Prefix: prefix, Publisher: pub, BatchSize: 7, Lanes: 2, PollInterval: 5 * time.Millisecond,
 		BackoffBase: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
@@ -404,19 +399,14 @@ func logStoreSchema(t testing.TB) (*pgxpool.Pool, func() postboxdriver.Store[pgx
 func logStoreChunked(t testing.TB, c chunking) (*pgxpool.Pool, func() postboxdriver.Store[pgx.Tx]) {
 	t.Helper()
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	prefix := testdb.Prefix(t)
-	testdb.DropPrefix(t, pool, prefix)
-	if _, _, err := migrated(ctx, pool, prefix); err != nil {
-		t.Fatal(err)
-	}
+	pool, prefix := testdb.Migrated(t)
 	if c.width > 0 {
-		if _, err := pool.Exec(ctx, chunkLog(prefix)); err != nil {
+		if _, err := pool.Exec(ctx, ChunkLog(prefix)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return pool, func() postboxdriver.Store[pgx.Tx] {
-		st, err := (&logDriver{pool: pool, chunks: c}).Open(prefix)
+		st, err := (&Driver{pool: pool, chunks: c}).Open(prefix)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -621,7 +611,7 @@ func TestLogStoreWritesWithTheCommit(t *testing.T) {
 	ctx := context.Background()
 	pool, open := logStoreSchema(t)
 	prefix := open().(*logStore).prefix
-	client, err := postbox.NewClient(&logDriver{pool: pool}, &postbox.Config{Prefix: prefix, NoSignals: true})
+	client, err := postbox.NewClient(&Driver{pool: pool}, &postbox.Config{Prefix: prefix, NoSignals: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package bench
+package pglog
 
 import (
 	"context"
@@ -23,19 +23,19 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			return nil, err
 		}
-		return &suiteLogDriver{logDriver{pool: pool, chunks: suiteChunks}}, nil
+		return &suiteLogDriver{Driver{pool: pool, chunks: suiteChunks}}, nil
 	})
 	goleak.VerifyTestMain(m)
 }
 
 // suiteLogDriver opens the log store with the log's chunks among its
 // migrations, so that the suite's own migration makes them.
-type suiteLogDriver struct{ logDriver }
+type suiteLogDriver struct{ Driver }
 
 type suiteLogStore struct{ *logStore }
 
 func (d *suiteLogDriver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
-	s, err := d.logDriver.Open(prefix)
+	s, err := d.Driver.Open(prefix)
 	if err != nil {
 		return nil, err
 	}
@@ -47,7 +47,7 @@ func (d *suiteLogDriver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error
 // that the suite's rows lie in the default partition (seqs 1–3 and past
 // the chunks) and in chunks.
 func (s suiteLogStore) Migrations() []postboxdriver.Migration {
-	return append(s.logStore.Migrations(), postboxdriver.Migration{Version: 1000, Name: "log", SQL: chunkLog(s.prefix) + fmt.Sprintf(`
+	return append(s.logStore.Migrations(), postboxdriver.Migration{Version: 1000, Name: "log", SQL: ChunkLog(s.prefix) + fmt.Sprintf(`
 DO $$ BEGIN FOR i IN 1..%[2]d LOOP
   EXECUTE format('CREATE TABLE %[1]slog_c%%1$s PARTITION OF %[1]slog FOR VALUES FROM (%%1$s) TO (%%2$s)', i * %[3]d, (i + 1) * %[3]d);
   INSERT INTO %[1]slog_chunks (lo, hi) VALUES (i * %[3]d, (i + 1) * %[3]d);
@@ -70,7 +70,7 @@ var logTimes = map[string][2]string{
 func TestLogStoreConformance(t *testing.T) {
 	h := testdb.PgxHarness(testdb.PostgresURL(),
 		func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] {
-			return &suiteLogDriver{logDriver{pool: pool, chunks: suiteChunks}}
+			return &suiteLogDriver{Driver{pool: pool, chunks: suiteChunks}}
 		},
 		func(d postboxdriver.Driver[pgx.Tx]) *pgxpool.Pool { return d.(*suiteLogDriver).pool })
 	backdate := h.Backdate

@@ -1,4 +1,4 @@
-package bench
+package pglog
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/postbox-go/postbox/internal/cpuuse"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxpgx"
@@ -26,8 +27,8 @@ import (
 // payloads, a day past a week's retention. pg-µs/row is PostgreSQL's CPU
 // per deleted row:
 //
-//	go test -run '^$' -bench PrunePublished -benchtime 200x ./cmd/postbox/internal/bench/
-//	LOG_CHUNK_WIDTH=100000 go test -run '^$' -bench PrunePublished -benchtime 1000x ./cmd/postbox/internal/bench/
+//	go test -run '^$' -bench PrunePublished -benchtime 200x ./internal/pglog/
+//	LOG_CHUNK_WIDTH=100000 go test -run '^$' -bench PrunePublished -benchtime 1000x ./internal/pglog/
 func BenchmarkPrunePublished(b *testing.B) {
 	const batch, retention = 1000, 7 * 24 * time.Hour
 	for _, storage := range []string{"table", "log", "log-chunks"} {
@@ -89,7 +90,7 @@ FROM `+p+`positions`); err != nil {
 			if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+p+`published, `+p+`log`); err != nil {
 				b.Fatal(err)
 			}
-			cpu := cpuPhase()
+			cpu := cpuuse.Phase()
 			b.ResetTimer()
 			deleted := 0
 			for i := 0; i < b.N && deleted < n; i++ {
@@ -121,7 +122,7 @@ FROM `+p+`positions`); err != nil {
 // call, reported with PostgreSQL's and this process's CPU a call; a
 // request's window is the last hour:
 //
-//	go test -run '^$' -bench LogHistory -benchtime 5x -timeout 30m ./cmd/postbox/internal/bench/
+//	go test -run '^$' -bench LogHistory -benchtime 5x -timeout 30m ./internal/pglog/
 func BenchmarkLogHistory(b *testing.B) {
 	rows, perTx := envInt(b, "LOG_HISTORY_ROWS", 1_000_000), envInt(b, "LOG_HISTORY_TX_ROWS", 2_500)
 	ctx := context.Background()
@@ -178,18 +179,12 @@ SELECT -g, gen_random_uuid(), 't', 'k', '\x00', '{}', g %% 64, now(), 1, 'x' FRO
 // another language writes them.
 // The read is the relay's Fetch of 500 rows:
 //
-//	go test -run '^$' -bench TableHistory -benchtime 5x -timeout 30m ./cmd/postbox/internal/bench/
+//	go test -run '^$' -bench TableHistory -benchtime 5x -timeout 30m ./internal/pglog/
 func BenchmarkTableHistory(b *testing.B) {
 	rows, pending := envInt(b, "TABLE_HISTORY_ROWS", 1_000_000), envInt(b, "TABLE_HISTORY_PENDING", 5_000)
 	ctx := context.Background()
-	pool := testdb.Pool(b)
-	p := testdb.Prefix(b)
-	testdb.DropPrefix(b, pool, p)
-	driver, _, err := migrated(ctx, pool, p)
-	if err != nil {
-		b.Fatal(err)
-	}
-	st, err := driver.Open(p)
+	pool, p := testdb.Migrated(b)
+	st, err := postboxpgx.New(pool).Open(p)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -241,7 +236,7 @@ func historyCases(b *testing.B, st postboxdriver.Store[pgx.Tx], read func(postbo
 		}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			cpu := cpuPhase()
+			cpu := cpuuse.Phase()
 			for range b.N {
 				if err := c.run(); err != nil {
 					b.Fatal(err)

@@ -1,4 +1,4 @@
-package bench
+package pglog
 
 import (
 	"context"
@@ -27,11 +27,13 @@ import (
 // (lo_next, design §3 "The position").
 type noJIT struct{ pool *pgxpool.Pool }
 
-const jitOff = "SELECT set_config('jit', 'off', true)"
+// JITOff is the statement sent before each of the log's statements in
+// the same batch.
+const JITOff = "SELECT set_config('jit', 'off', true)"
 
 func (d noJIT) send(ctx context.Context, sql string, args []any) pgx.BatchResults {
 	b := &pgx.Batch{}
-	b.Queue(jitOff)
+	b.Queue(JITOff)
 	b.Queue(sql, args...)
 	return d.pool.SendBatch(ctx, b)
 }

@@ -1,4 +1,8 @@
-package bench
+// Package pglog is the log read by snapshot bands on PostgreSQL (design
+// §3, "The next storage model"): a Store over migration 12's tables that
+// the relay drains. No driver offers it yet; the benchmark measures it
+// (`postbox bench drain --storage log`).
+package pglog
 
 import (
 	"cmp"
@@ -69,7 +73,7 @@ import (
 // deadlocked, and each record lost so re-sent its batch.
 //
 // Split into chunks by seq range (logchunks.go), the log is first made a
-// partitioned table by chunkLog.
+// partitioned table by ChunkLog.
 
 // position is a partition's place in the log: every committed row
 // visible in lo is done; a row not visible in lo was written by a
@@ -180,18 +184,50 @@ func keyOf(seqs []int64) readKey {
 	return readKey{seqs[0], seqs[len(seqs)-1], len(seqs)}
 }
 
-// logDriver opens logStores over a pgx pool.
-type logDriver struct {
+// Driver opens Stores over the log on a pgx pool (postboxdriver.Driver).
+type Driver struct {
 	pool *pgxpool.Pool
-	// chunks splits the log (chunkLog); zero leaves it whole.
+	// chunks splits the log (ChunkLog); zero leaves it whole.
 	chunks chunking
 	// store is the Store opened last, whose published count the drain
 	// waits on.
 	store atomic.Pointer[logStore]
 }
 
+// New returns a Driver over the log on pool. With chunk above zero the
+// log, made a partitioned table by ChunkLog, is split into chunks of that
+// many seqs, chunksAhead of them kept attached beyond the sequence, which
+// retention drops whole; at zero the log is whole.
+func New(pool *pgxpool.Pool, chunk int64) *Driver {
+	d := &Driver{pool: pool}
+	if chunk > 0 {
+		d.chunks = chunking{width: chunk, ahead: chunksAhead}
+	}
+	return d
+}
+
+// Published is how many messages the Store opened last has recorded as
+// published: what a benchmark's drain waits for.
+func (d *Driver) Published() int64 {
+	if s := d.store.Load(); s != nil {
+		return s.published.Load()
+	}
+	return 0
+}
+
+// AttachChunks attaches, through the Store opened last, the chunks that
+// retention keeps ahead of the sequence: before a backlog is written, so
+// that its rows go into chunks.
+func (d *Driver) AttachChunks(ctx context.Context) error {
+	s := d.store.Load()
+	if s == nil {
+		return errors.New("pglog: no Store is open")
+	}
+	return s.attachChunks(ctx)
+}
+
 // Open implements postboxdriver.Driver.
-func (d *logDriver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
+func (d *Driver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
 	inner, err := postboxpgx.New(d.pool).Open(prefix)
 	if err != nil {
 		return nil, err
@@ -1804,15 +1840,4 @@ func nonNil[T any](xs []T) []T {
 		return []T{}
 	}
 	return xs
-}
-
-// waitLogDrained polls, every d, until the relay has recorded n messages
-// as published through s and the outbox under prefix holds no exception.
-func waitLogDrained(ctx context.Context, db database, s *logStore, prefix string, n int64, d time.Duration) error {
-	return pollUntil(ctx, d, func() (bool, error) {
-		if s.published.Load() < n {
-			return false, nil
-		}
-		return db.empty(ctx, prefix+"outbox")
-	})
 }

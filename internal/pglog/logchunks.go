@@ -1,4 +1,4 @@
-package bench
+package pglog
 
 import (
 	"context"
@@ -46,12 +46,12 @@ const chunksAhead = 4
 // again.
 const chunkLockTimeout = "100ms"
 
-// chunkLog makes the empty log of migration 12, named with prefix, a
+// ChunkLog makes the empty log of migration 12, named with prefix, a
 // table partitioned by seq range with the same columns, defaults and
 // indexes, beside a default partition, and adds the list of chunks. The
 // old table's indexes are renamed first, so that the new ones take their
 // names (the one PostgreSQL names after its column is renamed after).
-func chunkLog(prefix string) string {
+func ChunkLog(prefix string) string {
 	return strings.ReplaceAll(`
 ALTER TABLE {p}log RENAME TO {p}log_whole;
 ALTER INDEX {p}log_pkey RENAME TO {p}log_whole_pkey;
