@@ -70,7 +70,20 @@ type Database struct {
 	// database whose dead messages the admin API serves
 	// (/v1/consumers/...). Default: Prefix, whose migrations made them.
 	ConsumerPrefix string `yaml:"consumer_prefix"`
+	// Storage is what the relay reads: StorageTable (the default), the
+	// outbox, or StorageLog, the log of design §3 and the outbox beside it
+	// (PostgreSQL only, experimental). A relay over the log publishes the
+	// outbox's rows too, so writers may keep the outbox; a relay over the
+	// table never reads the log, so every relay of a database must say
+	// the same.
+	Storage string `yaml:"storage"`
 }
+
+// The storages a relay reads (Database.Storage).
+const (
+	StorageTable = "table"
+	StorageLog   = "log"
+)
 
 // NATS configures the JetStream publisher.
 type NATS struct {
@@ -360,6 +373,9 @@ func (c *Config) withDefaults() {
 		if c.Databases[i].ConsumerPrefix == "" {
 			c.Databases[i].ConsumerPrefix = c.Databases[i].Prefix
 		}
+		if c.Databases[i].Storage == "" {
+			c.Databases[i].Storage = StorageTable
+		}
 	}
 	if c.Ready.MaxPendingAge == 0 {
 		c.Ready.MaxPendingAge = Duration(DefaultReadyMaxPendingAge)
@@ -410,6 +426,12 @@ func (c *Config) Validate() error {
 		}
 		if err := postbox.ValidatePrefix(db.Prefix); err != nil {
 			bad(fmt.Sprintf("databases[%d].prefix", i), db.Prefix, "%s", err.(*postbox.ValidationError).Reason) //nolint:errorlint // always this type
+		}
+		switch {
+		case db.Storage != StorageTable && db.Storage != StorageLog:
+			bad(fmt.Sprintf("databases[%d].storage", i), db.Storage, "want %s or %s", StorageTable, StorageLog)
+		case db.Storage == StorageLog && URLKind(db.URL) != KindPostgres && URLKind(db.URL) != "":
+			bad(fmt.Sprintf("databases[%d].storage", i), db.Storage, "the log is PostgreSQL's; a %s database keeps the table", URLKind(db.URL))
 		}
 		if db.ConsumerPrefix == db.Prefix {
 			continue

@@ -101,6 +101,13 @@ var EnvVars = []EnvVar{
 			}
 			return nil
 		}},
+	{Name: "POSTBOX_STORAGE", Setting: "databases[].storage", Help: "what the relay reads, of every database: table (the outbox) or log (PostgreSQL, experimental)",
+		set: func(c *Config, v string) error {
+			for i := range c.Databases {
+				c.Databases[i].Storage = v
+			}
+			return nil
+		}},
 	{Name: "POSTBOX_NATS_URL", Setting: "nats.url", Help: "NATS server", set: str(func(c *Config) *string { return &c.NATS.URL })},
 	{Name: "POSTBOX_NATS_SUBJECT_PREFIX", Setting: "nats.subject_prefix", set: str(func(c *Config) *string { return &c.NATS.SubjectPrefix })},
 	{Name: "POSTBOX_AMQP_URL", Setting: "amqp.url", set: str(func(c *Config) *string { return &c.AMQP.URL })},

@@ -25,6 +25,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pglog"
 	"github.com/postbox-go/postbox/postboxadmin"
 	"github.com/postbox-go/postbox/postboxamqp"
 	"github.com/postbox-go/postbox/postboxdriver"
@@ -546,7 +547,10 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 	if err != nil {
 		return nil, err
 	}
-	drv := postboxpgx.New(pool)
+	var drv postboxdriver.Driver[pgx.Tx] = postboxpgx.New(pool)
+	if db.Storage == StorageLog {
+		drv = pglog.New(pool, 0)
+	}
 	c, err := postbox.NewClient(drv, ccfg)
 	if err == nil {
 		var inbox *postbox.Client[pgx.Tx]
