@@ -71,7 +71,10 @@ type counts struct {
 	DupEffects       int   `json:"dup_effects"`
 	ConsumerDead     int   `json:"consumer_dead_letters"`
 	RelayDead        int   `json:"relay_dead"`
-	OutboxPending    int   `json:"outbox_pending_at_end"`
+	OutboxPending    int64 `json:"outbox_pending_at_end"` // over the log, the log's too
+	// LogRows are the rows in the log at the end, over the log: what the
+	// writers put there and no record moved to the outbox.
+	LogRows int `json:"log_rows_at_end,omitempty"`
 	// The crash-looping messages committed, and the process deaths they
 	// caused (relays killed, consumer exits).
 	RelayCrashMessages    int `json:"relay_crash_messages"`
@@ -122,6 +125,7 @@ type report struct {
 	Profile        profile         `json:"profile"`
 	Broker         string          `json:"broker"`           // nats or rabbitmq
 	Database       string          `json:"database"`         // PostgreSQL or MariaDB
+	Storage        string          `json:"storage"`          // table or log (POSTBOX_FAULTS_STORAGE)
 	Dedupe         string          `json:"dedupe"`           // broker or inbox: who drops the relays' re-sends
 	Pooler         string          `json:"pooler,omitempty"` // pgbouncer when PostgreSQL was reached through one
 	Started        time.Time       `json:"started"`
@@ -180,11 +184,11 @@ func (r *report) Summary() string {
 		fo = fmt.Sprintf(" | failover (%s): promoted %dms after the kill, first commit %dms and first publish %dms after the promotion, forgotten commits %d (published %d), effects lost %d, async warning %v",
 			f.Replication, f.KillToPromoteMs, f.FirstCommitMs, f.FirstPublishMs, f.Forgotten, f.ForgottenPublished, f.EffectsLost, f.AsyncWarning)
 	}
-	return fmt.Sprintf("%s seed=%d profile=%s database=%s broker=%s dedupe=%s elapsed=%s | tx %d: committed %d (poison %d), rolled back %d (aborted %d), unknown resolved %d | "+
+	return fmt.Sprintf("%s seed=%d profile=%s database=%s storage=%s broker=%s dedupe=%s elapsed=%s | tx %d: committed %d (poison %d), rolled back %d (aborted %d), unknown resolved %d | "+
 		"stream %d stored, %d distinct, %d duplicates | effects %d, double applications %d, consumer dead letters %d, relay dead %d | "+
 		"crash-looping: relay %d (%d kills, at most %d for one, bound %d plus one per kill of a relay that gave up its crash marks), consumer %d (%d exits, at most %d for one, bound %d plus one per first delivery sent again, %d sent again; order inversions across its restarts %d) | "+
 		"faults %d [%s], relay starts %d, unexpected exits %d | lag p50 %dms p99 %dms max %dms, worst backlog drain %dms, worst drain after a lift %dms, settled %v in %dms | violations %d %v",
-		verdict, r.Seed, r.Profile.Name, r.Database, r.Broker, r.Dedupe, r.Elapsed, c.Transactions, c.Committed, c.CommittedPoison, c.RolledBack, c.Aborted, c.UnknownResolved,
+		verdict, r.Seed, r.Profile.Name, r.Database, r.Storage, r.Broker, r.Dedupe, r.Elapsed, c.Transactions, c.Committed, c.CommittedPoison, c.RolledBack, c.Aborted, c.UnknownResolved,
 		c.StreamMessages, c.StreamDistinct, c.StreamDuplicates, c.Effects, c.DupEffects, c.ConsumerDead, c.RelayDead,
 		c.RelayCrashMessages, c.RelayCrashKills, worst[crashRelay], relayCrashBound, c.ConsumerCrashMessages, c.ConsumerCrashExits, worst[crashConsumer], consumerCrashBound, resent, c.ApplyOrderAcrossRestart,
 		len(r.Faults), strings.Join(kinds, " "), starts, exits, r.Lag.P50Ms, r.Lag.P99Ms, r.Lag.MaxMs, maxBacklog, maxLift, r.Settled, r.SettleMs,
@@ -282,7 +286,13 @@ func (h *harness) check(ctx context.Context) *report {
 	}
 	rep := judge(o, faults)
 	h.judgeFailover(o, rep)
-	rep.Counts.OutboxPending, _ = h.db.count(ctx, "outbox")
+	rep.Counts.OutboxPending, _ = h.db.pending(ctx)
+	if rep.Storage = h.storage; h.storage == storageLog {
+		// A run over the log that left nothing in it did not test it.
+		if rep.Counts.LogRows, err = h.db.count(ctx, "log"); err != nil || rep.Counts.LogRows == 0 {
+			h.t.Errorf("faults: storage log, but the log holds %d rows at the end (%v)", rep.Counts.LogRows, err)
+		}
+	}
 	rep.Counts.Transactions = h.hist.transactions()
 	rep.Counts.WriteErrors = h.writeErrs.Load()
 	rep.Seed, rep.Profile, rep.Started = h.seed, h.prof, h.started

@@ -15,6 +15,7 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/pgbouncer"
+	"github.com/postbox-go/postbox/internal/pglog"
 	"github.com/postbox-go/postbox/internal/tcpproxy"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
@@ -40,6 +41,28 @@ func databaseName() (string, error) {
 	}
 }
 
+// The storages a run's relays read and its writers write
+// (POSTBOX_FAULTS_STORAGE).
+const (
+	storageTable = "table"
+	storageLog   = "log"
+)
+
+// storageName is the storage of the run: POSTBOX_FAULTS_STORAGE, table
+// (the default: the outbox) or log (PostgreSQL: the writers insert into
+// the log of design §3, and the relays run with storage: log, reading it
+// beside the outbox).
+func storageName() (string, error) {
+	switch v := os.Getenv("POSTBOX_FAULTS_STORAGE"); v {
+	case "", storageTable:
+		return storageTable, nil
+	case storageLog:
+		return storageLog, nil
+	default:
+		return "", fmt.Errorf("POSTBOX_FAULTS_STORAGE=%q: want table or log", v)
+	}
+}
+
 // mariaDBFaults are the fault kinds that a run on MariaDB injects: on it,
 // pg_terminate is KILL CONNECTION of the relays' (and the consumer's)
 // database user, pg_restart stops mariadbd (SIGTERM, or SIGKILL for the
@@ -61,6 +84,9 @@ func refuseOnMariaDB(prof profile, sched []*fault, fleet bool) string {
 	}
 	if pooler, _ := poolerName(); pooler != "" {
 		return "POSTBOX_FAULTS_POOLER (PgBouncer) is PostgreSQL's"
+	}
+	if storage, _ := storageName(); storage == storageLog {
+		return "POSTBOX_FAULTS_STORAGE=log: the log is PostgreSQL's"
 	}
 	for _, f := range sched {
 		if !slices.Contains(mariaDBFaults, f.Kind) {
@@ -87,6 +113,10 @@ type database interface {
 	begin(ctx context.Context) (dbTx, error)
 	// count counts table's rows.
 	count(ctx context.Context, table string) (int, error)
+	// pending counts the messages not published yet, as the writers'
+	// Store counts them: the outbox's, and over the log those no
+	// position has passed.
+	pending(ctx context.Context) (int64, error)
 	// column reads column col, as text, of table's rows where cond holds
 	// ("" for every row).
 	column(ctx context.Context, table, col, cond string) ([]string, error)
@@ -214,7 +244,11 @@ func newPGDatabase(ctx context.Context, h *harness) *pgDatabase {
 		_, err := h.pool.Exec(ctx, q)
 		return err
 	}
-	if d.client, err = prepare(ctx, postboxpgx.New(h.pool), p, exec, domain); err != nil {
+	var driver postboxdriver.Driver[pgx.Tx] = postboxpgx.New(h.pool)
+	if h.storage == storageLog {
+		driver = pglog.New(h.pool, 0)
+	}
+	if d.client, err = prepare(ctx, driver, p, exec, domain); err != nil {
 		t.Fatal(err)
 	}
 	return d
@@ -237,6 +271,11 @@ func (d *pgDatabase) begin(ctx context.Context) (dbTx, error) {
 		return nil, err
 	}
 	return &pgTx{tx: tx, d: d}, nil
+}
+
+func (d *pgDatabase) pending(ctx context.Context) (int64, error) {
+	st, err := d.client.Stats(ctx)
+	return st.Pending, err
 }
 
 func (d *pgDatabase) count(ctx context.Context, table string) (int, error) {

@@ -39,6 +39,9 @@
 // POSTBOX_FAULTS_BROKER (nats, the default, nats-cluster with the cluster
 // profile, or rabbitmq), POSTBOX_FAULTS_NATS_SYNC (nats-cluster: always),
 // POSTBOX_FAULTS_POOLER (pgbouncer: every connection through PgBouncer),
+// POSTBOX_FAULTS_STORAGE (table, the default, or log: the writers insert
+// into the log of design §3 through internal/pglog and the relays run
+// with storage: log; PostgreSQL only, and not TestShards),
 // POSTBOX_FAULTS_SEED (a run with the same seed draws the same schedule
 // and the same writer decisions), POSTBOX_FAULTS_DEDUPE (NATS: broker or
 // inbox), POSTBOX_FAULTS_REPORT (the JSON report's path),

@@ -47,6 +47,7 @@ type harness struct {
 	// replLink carries the replica's stream from the primary.
 	replLink *tcpproxy.Proxy
 	pooler   string        // "" or pgbouncer (POSTBOX_FAULTS_POOLER)
+	storage  string        // table or log (POSTBOX_FAULTS_STORAGE)
 	pool     *pgxpool.Pool // writers and the harness (application_name fx<run>writer)
 	pg       *pgCluster
 	broker   broker
@@ -82,6 +83,9 @@ func newHarness(t *testing.T, ctx context.Context, prof profile, seed uint64, di
 	h := &harness{t: t, prof: prof, seed: seed, dir: dir, runID: run, prefix: "fx" + run + "_"}
 	kind, err := databaseName()
 	if err != nil {
+		t.Fatal(err)
+	}
+	if h.storage, err = storageName(); err != nil {
 		t.Fatal(err)
 	}
 	if kind == dbMariaDB {
@@ -147,6 +151,7 @@ log:
 			"POSTBOX_CONFIG="+cfg,
 			"POSTBOX_DATABASE_URL="+h.db.relayURL(via, i),
 			"POSTBOX_PREFIX="+p,
+			"POSTBOX_STORAGE="+h.storage,
 			"POSTBOX_ADMIN_LISTEN=off",
 		)
 		bp, err := tcpproxy.New(h.broker.addr())

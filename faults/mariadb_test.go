@@ -246,6 +246,11 @@ func (d *mariaDatabase) begin(ctx context.Context) (dbTx, error) {
 	return &mariaTx{tx: tx, d: d}, nil
 }
 
+func (d *mariaDatabase) pending(ctx context.Context) (int64, error) {
+	st, err := d.client.Stats(ctx)
+	return st.Pending, err
+}
+
 func (d *mariaDatabase) count(ctx context.Context, table string) (int, error) {
 	var n int
 	err := d.db.QueryRowContext(ctx, "SELECT count(*) FROM "+d.prefix+table).Scan(&n)

@@ -97,6 +97,9 @@ func TestShards(t *testing.T) {
 	if pooler, err := poolerName(); err != nil || pooler != "" {
 		t.Fatalf("POSTBOX_FAULTS_POOLER: TestShards connects to each shard directly")
 	}
+	if storage, err := storageName(); err != nil || storage != storageTable {
+		t.Fatalf("POSTBOX_FAULTS_STORAGE: TestShards runs over the table")
+	}
 	plain := map[string]profile{}
 	for name, p := range shardProfiles {
 		plain[name] = p.profile
@@ -281,7 +284,7 @@ func newShardRun(t *testing.T, ctx context.Context, prof shardProfile, seed uint
 			t.Fatal(err)
 		}
 		h := &harness{t: t, prof: prof.profile, seed: shardSeed(seed, k), dir: sdir, runID: run, prefix: "fx" + run + "_",
-			topic: fmt.Sprintf("fx.s%d.changed", k)}
+			topic: fmt.Sprintf("fx.s%d.changed", k), storage: storageTable}
 		h.db = newPGDatabase(ctx, h)
 		b := &natsBroker{srv: srv, urls: srv.url(), nc: nc, js: js, stream: fmt.Sprintf("FX%sS%d", run, k), subj: subj}
 		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
