@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -30,15 +31,19 @@ const (
 
 // databaseName is the database the run uses: POSTBOX_FAULTS_DB, postgres
 // (the default) or mariadb.
-func databaseName() (string, error) {
-	switch v := os.Getenv("POSTBOX_FAULTS_DB"); v {
-	case "", dbPostgres:
-		return dbPostgres, nil
-	case dbMariaDB:
-		return dbMariaDB, nil
-	default:
-		return "", fmt.Errorf("POSTBOX_FAULTS_DB=%q: want postgres or mariadb", v)
+func databaseName() (string, error) { return envChoice("POSTBOX_FAULTS_DB", dbPostgres, dbMariaDB) }
+
+// envChoice is the value of the variable name, one of values, the first
+// when it is unset or empty.
+func envChoice(name string, values ...string) (string, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return values[0], nil
 	}
+	if slices.Contains(values, v) {
+		return v, nil
+	}
+	return "", fmt.Errorf("%s=%q: want %s", name, v, strings.Join(values, " or "))
 }
 
 // The storages a run's relays read and its writers write
@@ -53,14 +58,7 @@ const (
 // the log of design §3, and the relays run with storage: log, reading it
 // beside the outbox).
 func storageName() (string, error) {
-	switch v := os.Getenv("POSTBOX_FAULTS_STORAGE"); v {
-	case "", storageTable:
-		return storageTable, nil
-	case storageLog:
-		return storageLog, nil
-	default:
-		return "", fmt.Errorf("POSTBOX_FAULTS_STORAGE=%q: want table or log", v)
-	}
+	return envChoice("POSTBOX_FAULTS_STORAGE", storageTable, storageLog)
 }
 
 // mariaDBFaults are the fault kinds that a run on MariaDB injects: on it,
