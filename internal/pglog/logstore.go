@@ -1,7 +1,9 @@
 // Package pglog is the log read by snapshot bands on PostgreSQL (design
 // §3, "The next storage model"): a Store over migration 12's tables that
-// the relay drains. No driver offers it yet; the benchmark measures it
-// (`postbox bench drain --storage log`).
+// the relay drains. No public driver offers it yet: `postbox relay` reads
+// it with storage: log, the fault harness writes and relays over it
+// (POSTBOX_FAULTS_STORAGE=log), and the benchmark measures it (`postbox
+// bench drain --storage log`).
 package pglog
 
 import (
