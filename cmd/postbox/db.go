@@ -15,6 +15,7 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
+	"github.com/postbox-go/postbox/internal/pglog"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
@@ -25,6 +26,7 @@ type dbFlags struct {
 	url       string
 	prefix    string
 	retention string
+	storage   string
 	json      bool
 }
 
@@ -34,6 +36,8 @@ func (f *dbFlags) register(cmd *cobra.Command) {
 		"database: postgres://... for PostgreSQL, mysql://user:password@host:3306/dbname for MySQL and MariaDB, sqlite:PATH for SQLite (env POSTBOX_DATABASE_URL)")
 	p.StringVar(&f.prefix, "prefix", envOr("POSTBOX_PREFIX", postbox.DefaultPrefix), "table prefix (env POSTBOX_PREFIX)")
 	p.StringVar(&f.retention, "retention", envOr("POSTBOX_RETENTION", "168h"), "how long published messages are kept: the prune age and the replay horizon (env POSTBOX_RETENTION)")
+	p.StringVar(&f.storage, "storage", envOr("POSTBOX_STORAGE", relayd.StorageTable),
+		"what the relays of the database read, as their storage setting says: table, or log (PostgreSQL, experimental: status, replay and prune then count and move the log's rows too) (env POSTBOX_STORAGE)")
 	p.BoolVar(&f.json, "json", false, "print JSON instead of tables")
 }
 
@@ -90,10 +94,17 @@ func (f *dbFlags) open(cmd *cobra.Command) (*conn, error) {
 	}
 	ccfg := &postbox.Config{Prefix: f.prefix, Retention: retention}
 	mcfg := &postboxmigrate.Config{Prefix: f.prefix}
+	pg := strings.HasPrefix(f.url, "postgres://") || strings.HasPrefix(f.url, "postgresql://")
+	switch {
+	case f.storage != relayd.StorageTable && f.storage != relayd.StorageLog:
+		return nil, usagef("--storage %q: want %s or %s", f.storage, relayd.StorageTable, relayd.StorageLog)
+	case f.storage == relayd.StorageLog && !pg && relayd.URLKind(f.url) != "":
+		return nil, usagef("--storage log: the log is PostgreSQL's; a %s database keeps the table", relayd.URLKind(f.url))
+	}
 	switch {
 	case f.url == "":
 		return nil, usagef("--database is required (or POSTBOX_DATABASE_URL): %s", relayd.URLForms)
-	case strings.HasPrefix(f.url, "postgres://"), strings.HasPrefix(f.url, "postgresql://"):
+	case pg:
 		pcfg, err := pgxpool.ParseConfig(f.url)
 		if err != nil {
 			return nil, usagef("--database: %v", err)
@@ -112,7 +123,10 @@ func (f *dbFlags) open(cmd *cobra.Command) (*conn, error) {
 			pool.Close()
 			return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
 		}
-		d := postboxpgx.New(pool)
+		var d postboxdriver.Driver[pgx.Tx] = postboxpgx.New(pool)
+		if f.storage == relayd.StorageLog {
+			d = pglog.New(pool, 0)
+		}
 		return finish(d, ccfg, mcfg, pool.Close)
 	case relayd.URLKind(f.url) != "":
 		if relayd.URLKind(f.url) == relayd.KindSQLite && strings.Trim(strings.TrimPrefix(f.url, "sqlite:"), "/") == "" {

@@ -208,9 +208,12 @@ func shardsStatus(cmd *cobra.Command, f *dbFlags, path string) error {
 	down := 0
 	for i, db := range cfg.Databases {
 		sf := *f
-		sf.url, sf.prefix = db.URL, db.Prefix
+		sf.url, sf.prefix, sf.storage = db.URL, db.Prefix, db.Storage
 		if sf.prefix == "" {
 			sf.prefix = postbox.DefaultPrefix
+		}
+		if sf.storage == "" {
+			sf.storage = relayd.StorageTable
 		}
 		entry := map[string]any{"shard": strconv.Itoa(i), "database": relayd.Redact(db.URL), "up": false}
 		var st postbox.Status

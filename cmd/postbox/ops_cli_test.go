@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pglog"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxpgx"
 )
@@ -333,5 +334,59 @@ func TestCLIStatusPerShard(t *testing.T) {
 	text, _, code := runSplit(t, "status", "--config", path)
 	if code != 1 || !strings.Contains(text, "shard 0 (") || !strings.Contains(text, "): up") || !strings.Contains(text, "shard 1 (") || !strings.Contains(text, "DOWN") {
 		t.Fatalf("text: exit %d\n%s", code, text)
+	}
+}
+
+// --storage log opens the log's Store, as a relay with storage: log
+// reads: status counts the log's pending rows, which the table's does not
+// see; a storage that is neither, or the log on another database, is a
+// usage error naming the flag.
+func TestCLIStorage(t *testing.T) {
+	ctx := context.Background()
+	pool, prefix := testdb.Migrated(t)
+	w, err := postbox.NewClient(pglog.New(pool, 0), &postbox.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := w.Write(ctx, postbox.Message{Topic: "orders.logged"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := []string{"--database", testdb.PostgresURL(), "--prefix", prefix, "--json"}
+	for storage, want := range map[string]float64{"table": 0, "log": 3} {
+		var st map[string]any
+		out := must(t, append([]string{"status", "--storage", storage}, db...)...)
+		if err := json.Unmarshal([]byte(out), &st); err != nil || st["pending"] != want {
+			t.Fatalf("status --storage %s: %s (%v), want pending %v", storage, out, err, want)
+		}
+	}
+	// status --config takes each database's storage from the relay's file.
+	path := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(path, []byte(`databases:
+  - {url: "`+testdb.PostgresURL()+`", prefix: `+prefix+`, storage: log}
+  - {url: "`+testdb.PostgresURL()+`", prefix: `+prefix+`}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var shards struct {
+		Shards []struct {
+			Status map[string]any `json:"status"`
+		} `json:"shards"`
+	}
+	out := must(t, "status", "--config", path, "--json")
+	if err := json.Unmarshal([]byte(out), &shards); err != nil || len(shards.Shards) != 2 ||
+		shards.Shards[0].Status["pending"] != 3.0 || shards.Shards[1].Status["pending"] != 0.0 {
+		t.Fatalf("status --config: %s (%v), want 3 pending over the log and 0 over the table", out, err)
+	}
+	for _, c := range []struct{ args []string }{
+		{append([]string{"status", "--storage", "sideways"}, db...)},
+		{[]string{"status", "--storage", "log", "--database", "sqlite:" + filepath.Join(t.TempDir(), "x.db"), "--json"}},
+	} {
+		_, stderr, code := runSplit(t, c.args...)
+		var e map[string]any
+		if err := json.Unmarshal([]byte(stderr), &e); err != nil || code != 2 || !strings.Contains(e["error"].(string), "--storage") {
+			t.Errorf("%v: exit %d, stderr %q", c.args, code, stderr)
+		}
 	}
 }
