@@ -94,12 +94,9 @@ func (f *dbFlags) open(cmd *cobra.Command) (*conn, error) {
 	}
 	ccfg := &postbox.Config{Prefix: f.prefix, Retention: retention}
 	mcfg := &postboxmigrate.Config{Prefix: f.prefix}
-	pg := strings.HasPrefix(f.url, "postgres://") || strings.HasPrefix(f.url, "postgresql://")
-	switch {
-	case f.storage != relayd.StorageTable && f.storage != relayd.StorageLog:
-		return nil, usagef("--storage %q: want %s or %s", f.storage, relayd.StorageTable, relayd.StorageLog)
-	case f.storage == relayd.StorageLog && !pg && relayd.URLKind(f.url) != "":
-		return nil, usagef("--storage log: the log is PostgreSQL's; a %s database keeps the table", relayd.URLKind(f.url))
+	pg := relayd.URLKind(f.url) == relayd.KindPostgres
+	if why := relayd.StorageProblem(f.url, f.storage); why != "" {
+		return nil, usagef("--storage %q: %s", f.storage, why)
 	}
 	switch {
 	case f.url == "":

@@ -85,6 +85,19 @@ const (
 	StorageLog   = "log"
 )
 
+// StorageProblem says what is wrong with storage for a database at url,
+// or "": it is table or log, and log only on PostgreSQL (a URL of no
+// known kind is the URL's problem, not the storage's).
+func StorageProblem(url, storage string) string {
+	switch kind := URLKind(url); {
+	case storage != StorageTable && storage != StorageLog:
+		return fmt.Sprintf("want %s or %s", StorageTable, StorageLog)
+	case storage == StorageLog && kind != KindPostgres && kind != "":
+		return fmt.Sprintf("the log is PostgreSQL's; a %s database keeps the table", kind)
+	}
+	return ""
+}
+
 // NATS configures the JetStream publisher.
 type NATS struct {
 	URL           string `yaml:"url"`
@@ -427,11 +440,8 @@ func (c *Config) Validate() error {
 		if err := postbox.ValidatePrefix(db.Prefix); err != nil {
 			bad(fmt.Sprintf("databases[%d].prefix", i), db.Prefix, "%s", err.(*postbox.ValidationError).Reason) //nolint:errorlint // always this type
 		}
-		switch {
-		case db.Storage != StorageTable && db.Storage != StorageLog:
-			bad(fmt.Sprintf("databases[%d].storage", i), db.Storage, "want %s or %s", StorageTable, StorageLog)
-		case db.Storage == StorageLog && URLKind(db.URL) != KindPostgres && URLKind(db.URL) != "":
-			bad(fmt.Sprintf("databases[%d].storage", i), db.Storage, "the log is PostgreSQL's; a %s database keeps the table", URLKind(db.URL))
+		if why := StorageProblem(db.URL, db.Storage); why != "" {
+			bad(fmt.Sprintf("databases[%d].storage", i), db.Storage, "%s", why)
 		}
 		if db.ConsumerPrefix == db.Prefix {
 			continue
