@@ -268,6 +268,12 @@ func TestBrokerRefusedFrameIsMessageFailure(t *testing.T) {
 
 // A message over the server's max_message_size (128 MiB on RabbitMQ 3.x):
 // the broker closes the channel with 406 PRECONDITION_FAILED.
+//
+// The publish timeout is long: writing 128 MiB under -race on a loaded
+// machine can take longer than the default 5 s, and a first attempt that
+// times out before the broker's close arrives never sees the 406, so the
+// message is only a suspect after its second attempt and blamed on its
+// third (the relay keeps sending it until then; this test counts two).
 func TestBrokerRefusedSizeIsMessageFailure(t *testing.T) {
 	if testing.Short() {
 		t.Skip("sends 128 MiB")
@@ -281,7 +287,7 @@ func TestBrokerRefusedSizeIsMessageFailure(t *testing.T) {
 	defer ch.Close()
 	x := uniqueName()
 	ensure(t, conn, postboxamqp.Topology{Exchange: x, Queue: x + ".q", Bindings: []string{"#"}})
-	p := publisher(t, postboxamqp.URL(url), &postboxamqp.Config{Exchange: x, MaxMessageSize: 512 << 20})
+	p := publisher(t, postboxamqp.URL(url), &postboxamqp.Config{Exchange: x, MaxMessageSize: 512 << 20, PublishTimeout: 5 * time.Minute})
 	env := envelope("t", "")
 	env.Payload = make([]byte, 128<<20+1)
 	err = againAfterInfrastructure(t, func() error { return publish(t, p, context.Background(), env) })
