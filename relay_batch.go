@@ -71,6 +71,7 @@ func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, unti
 	sus := r.suspects(fence)
 	var out batchResult
 	var m marked
+	var whole map[int]bool
 	if sus == nil {
 		r.solo.RLock()
 		out = r.publish(hard, deadline, until, recs)
@@ -80,6 +81,7 @@ func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, unti
 				&prior{fence: fence, recs: recs, out: out, took: time.Since(began)}, nil
 		}
 	} else {
+		whole = r.readWhole(recs) // asked before the marks move the read's rows
 		out, m = r.publishMarked(hard, deadline, until, fence, recs, sus, calm)
 	}
 	res, rep := r.record(hard, fence, recs, out)
@@ -97,7 +99,7 @@ func (r *relay) step(soft, hard context.Context, fence postboxdriver.Fence, unti
 			res.markErr = errors.Join(res.markErr, err)
 		}
 		if m.complete && res.markErr == nil {
-			r.settle(fence, sus, recs)
+			r.settle(fence, sus, recs, whole)
 		}
 	}
 	r.report(rep, time.Since(began))

@@ -77,8 +77,19 @@ func (r *relay) suspects(fence postboxdriver.Fence) map[int]bool {
 // settle ends the crash marks on the partitions of sus that recs, a batch
 // published with them whose every suspect was published alone, read rows
 // of; on all of them when the batch was not full, so that every row
-// pending on them was read.
-func (r *relay) settle(fence postboxdriver.Fence, sus map[int]bool, recs []postboxdriver.Record) {
+// pending on them was read. The rows of a partition are read oldest
+// first, so the rows the dead relay had in flight are among the first
+// read.
+//
+// A store whose read can end short of its limit with rows left
+// (postboxdriver.PartialReader: the log, read by snapshot bands) says
+// which partitions the read took whole (whole, not nil), and only those
+// are settled: a band read short of its limit, closing a band the dead
+// relay read past, leaves its in-flight rows in the next band, and ending
+// the marks there had them published unmarked, a crash on them counted
+// against nothing. Over a backlog the marks then last until the relay
+// catches up with the partition.
+func (r *relay) settle(fence postboxdriver.Fence, sus map[int]bool, recs []postboxdriver.Record, whole map[int]bool) {
 	read := map[int]bool{}
 	for i := range recs {
 		read[recs[i].Partition] = true
@@ -87,10 +98,25 @@ func (r *relay) settle(fence postboxdriver.Fence, sus map[int]bool, recs []postb
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for p := range sus {
-		if read[p] || !full {
+		if whole != nil && whole[p] || whole == nil && (read[p] || !full) {
 			r.settled[p] = fence.Generations[p]
 		}
 	}
+}
+
+// readWhole asks a PartialReader which partitions the read that returned
+// recs took whole; nil for another store, whose reads are whole up to
+// their limit.
+func (r *relay) readWhole(recs []postboxdriver.Record) map[int]bool {
+	pr, ok := r.ex.(postboxdriver.PartialReader)
+	if !ok {
+		return nil
+	}
+	whole := map[int]bool{}
+	for _, p := range pr.ReadWhole(recs) {
+		whole[p] = true
+	}
+	return whole
 }
 
 // marked is what publishMarked leaves for the caller: the rows still

@@ -335,6 +335,27 @@ type Executor interface {
 	ApplyMigration(ctx context.Context, m Migration) error
 }
 
+// PartialReader is an Executor whose Fetch can return fewer rows than its
+// limit while rows of a fenced partition remain to be read: a read of a
+// log by snapshot bands stops at the end of its band, and the rows
+// committed after the band's snapshot wait for the next read. It is
+// optional. An Executor without it reads its partitions' pending rows in
+// seq order up to the limit, so that a read short of its limit read every
+// one.
+//
+// The relay asks it before it ends the crash marks of a partition taken
+// after its owner's lease ran out (design §4, "A message that kills the
+// relay"): the rows the dead relay had in flight were pending when the
+// partition was taken, so they have all been read once a read of the
+// partition reads it whole.
+type PartialReader interface {
+	// ReadWhole reports the fenced partitions of which the read that
+	// returned recs read every row pending when it began. It is asked
+	// before recs are settled; a read it does not know (settled, or
+	// forgotten) read none whole.
+	ReadWhole(recs []Record) []int
+}
+
 // SettleFetcher is an Executor that can record the publishes of one batch
 // and read the next batch in a single round trip. It is optional. A relay
 // whose batches are small (a steady trickle rather than a backlog)

@@ -161,6 +161,9 @@ type bandRead struct {
 	base, next map[int]position
 	logged     map[int64]loggedRow
 	touched    []int
+	// whole are the partitions the read took whole (ReadWhole): short of
+	// its limit, in a band its own snapshot opened.
+	whole []int
 }
 
 // loggedRow is a log row a read handed to the relay.
@@ -655,6 +658,23 @@ type firstRead struct {
 	cut  bool
 }
 
+// ReadWhole implements postboxdriver.PartialReader: a read short of its
+// limit, not cut at an upper bound, takes whole the partitions that had
+// no band open, whose band it opened at its own snapshot; a partition
+// whose band was open is read to the end of that band only.
+func (s *logStore) ReadWhole(recs []postboxdriver.Record) []int {
+	seqs := make([]int64, len(recs))
+	for i := range recs {
+		seqs[i] = recs[i].Seq
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if br := s.pending[keyOf(seqs)]; br != nil {
+		return slices.Clone(br.whole)
+	}
+	return nil
+}
+
 // fetchAfter is fetch, whose first read, when first is not nil, has run.
 func (s *logStore) fetchAfter(ctx context.Context, p postboxdriver.FetchParams, first *firstRead) ([]postboxdriver.Record, error) {
 	if len(p.Fence.Generations) == 0 || p.Limit <= 0 {
@@ -936,6 +956,16 @@ func (s *logStore) finish(pl readPlan, got scanned) ([]logRow, *bandRead, bool, 
 		return nil, br, false, nil
 	}
 	full, last := len(out) == pl.p.Limit, out[len(out)-1].rec.Seq
+	if !full && !cut {
+		// A partition whose band was open is read to that band's end,
+		// which an older snapshot bounds: rows committed after it wait
+		// for the next read. One without reads to this read's snapshot.
+		for _, part := range pl.parts {
+			if base[part].hi == nil {
+				br.whole = append(br.whole, part)
+			}
+		}
+	}
 	if cut {
 		// Every row up to u was read, and up to the batch's last when
 		// the batch is full; none above u.

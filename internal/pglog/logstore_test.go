@@ -731,3 +731,71 @@ func TestLogReadShapesAgree(t *testing.T) {
 		})
 	}
 }
+
+// ReadWhole names the partitions a read took whole. A full read takes
+// none: its band, open on every partition it read, stays open at its
+// snapshot. The read that ends that band
+// short of its limit takes none either: a row committed after the band's
+// snapshot waits for the next read, which opens a band at its own
+// snapshot and, short, takes every partition whole. The relay ends a
+// taken partition's crash marks on that answer, so a row the dead relay
+// had in flight in the next band is still published marked.
+func TestLogStoreReadWhole(t *testing.T) {
+	ctx := context.Background()
+	_, open := logStoreSchema(t)
+	st := open()
+	pr, ok := st.(postboxdriver.PartialReader)
+	if !ok {
+		t.Fatal("the log's Store is no PartialReader")
+	}
+	write := func(n int) {
+		t.Helper()
+		for range n {
+			row := []postboxdriver.Row{{ID: postbox.NewID(), Topic: "t", Key: "k", Payload: []byte("p"), Headers: []byte("{}")}}
+			if err := st.Insert(ctx, row); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	fence := fenceAll(t, st)
+	read := func(limit int) ([]postboxdriver.Record, map[int]bool) {
+		t.Helper()
+		recs, err := st.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: limit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole := map[int]bool{}
+		for _, p := range pr.ReadWhole(recs) {
+			whole[p] = true
+		}
+		var seqs []int64
+		for _, r := range recs {
+			seqs = append(seqs, r.Seq)
+		}
+		if _, err := st.Settle(ctx, fence, postboxdriver.Outcome{Read: seqs, Published: seqs}, 5); err != nil {
+			t.Fatal(err)
+		}
+		if got := pr.ReadWhole(recs); got != nil {
+			t.Fatalf("ReadWhole of a settled read = %v, want nil", got)
+		}
+		return recs, whole
+	}
+	write(3)
+	recs, whole := read(2)
+	if len(recs) != 2 || len(whole) != 0 {
+		t.Fatalf("full read: %d rows, whole %v; want 2 rows, none whole", len(recs), whole)
+	}
+	part := recs[0].Partition
+	write(1) // after the band's snapshot
+	recs, whole = read(10)
+	if len(recs) != 1 || whole[part] {
+		t.Fatalf("the read ending the band: %d rows, whole %v; want 1 row, partition %d not whole", len(recs), whole, part)
+	}
+	if len(whole) != 0 {
+		t.Fatalf("the read ending the band took %d partitions whole; the full read opened a band on every one", len(whole))
+	}
+	recs, whole = read(10)
+	if len(recs) != 1 || !whole[part] || len(whole) != 64 {
+		t.Fatalf("the next read: %d rows, %d partitions whole (%d: %v); want the row written after the band, every partition whole", len(recs), len(whole), part, whole[part])
+	}
+}
