@@ -377,11 +377,18 @@ type logTx struct {
 // Insert writes the log as postboxpgx writes the outbox: in a
 // postboxpgx.Tx, with the COMMIT.
 func (t logTx) Insert(ctx context.Context, rows []postboxdriver.Row) error {
-	if c, ok := t.Executor.(*pgsql.Core); ok {
+	if c, ok := t.Executor.(rowsInserter); ok {
 		return t.s.wrap(c.InsertRows(ctx, t.s.insert, rows))
 	}
 	_, err := t.tx.Exec(ctx, t.s.insert, insertArrays(rows)...)
 	return t.s.wrap(err)
+}
+
+// rowsInserter is pgsql.Core's InsertRows, which postboxpgx's Store and
+// its Executors have: it notes the partitions written, which the next
+// change signal names.
+type rowsInserter interface {
+	InsertRows(ctx context.Context, sql string, rows []postboxdriver.Row) error
 }
 
 // AfterCommit implements postboxdriver.AfterCommitter as postboxpgx's
@@ -397,10 +404,27 @@ func insertArrays(rows []postboxdriver.Row) []any {
 	return args
 }
 
-// Insert implements postboxdriver.Executor: the rows go to the log.
+// Insert implements postboxdriver.Executor: the rows go to the log, their
+// partitions noted for the next change signal (Signal).
 func (s *logStore) Insert(ctx context.Context, rows []postboxdriver.Row) error {
+	if c, ok := s.Store.(rowsInserter); ok {
+		return s.wrap(c.InsertRows(ctx, s.insert, rows))
+	}
 	_, err := s.pool.Exec(ctx, s.insert, insertArrays(rows)...)
 	return s.wrap(err)
+}
+
+// Signal implements postboxdriver.Signaler as postboxpgx's Store does:
+// the log's writes (InsertRows marks their partitions) wake the relays of
+// other processes as the outbox's do, on the same channel.
+func (s *logStore) Signal(ctx context.Context, committed bool) error {
+	return s.Store.(postboxdriver.Signaler).Signal(ctx, committed)
+}
+
+// Listen implements postboxdriver.Listener as postboxpgx's Store does: a
+// relay over the log is woken by the writes of other processes.
+func (s *logStore) Listen(ctx context.Context, ready func(), heard func(postboxdriver.Heard)) error {
+	return s.Store.(postboxdriver.Listener).Listen(ctx, ready, heard)
 }
 
 // wrap is err, as postboxdriver.ErrNotMigrated when the log's tables do

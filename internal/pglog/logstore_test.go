@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -797,5 +798,56 @@ func TestLogStoreReadWhole(t *testing.T) {
 	recs, whole = read(10)
 	if len(recs) != 1 || !whole[part] || len(whole) != 64 {
 		t.Fatalf("the next read: %d rows, %d partitions whole (%d: %v); want the row written after the band, every partition whole", len(recs), len(whole), part, whole[part])
+	}
+}
+
+// The log's Store signals and listens as postboxpgx's does: a write
+// through a Client over the log, on another pool, reaches a listener over
+// the log as a change signal naming the partition written, so that a
+// relay in another process wakes instead of waiting for its poll.
+func TestLogStoreSignals(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, open := logStoreSchema(t)
+	l, ok := open().(postboxdriver.Listener)
+	if !ok {
+		t.Fatal("the log's Store is not a postboxdriver.Listener")
+	}
+	ready := make(chan struct{})
+	heard := make(chan postboxdriver.Heard, 10)
+	lctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- l.Listen(lctx, func() { close(ready) }, func(h postboxdriver.Heard) { heard <- h }) }()
+	defer func() {
+		stop()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("listen returned %v after its context ended", err)
+		}
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("listen ended before it was ready: %v", err)
+	}
+	other := testdb.PoolAt(t, testdb.PostgresURL())
+	prefix := open().(*logStore).prefix
+	writer, err := postbox.NewClient(&Driver{pool: other}, &postbox.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.Write(ctx, postbox.Message{Topic: "orders.paid", Key: "k", Payload: []byte("p")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case h := <-heard:
+		if want := []int{postboxdriver.PartitionOf("k", "", 64)}; !slices.Equal(h.Partitions, want) || !h.Committed {
+			t.Fatalf("heard %+v, want partitions %v, committed", h, want)
+		}
+	case <-ctx.Done():
+		t.Fatal("no change signal heard for a write into the log")
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+prefix+`log`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the log holds %d rows (%v), want the write's", n, err)
 	}
 }
