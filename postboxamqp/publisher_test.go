@@ -271,9 +271,10 @@ func TestBrokerRefusedFrameIsMessageFailure(t *testing.T) {
 //
 // The publish timeout is long: writing 128 MiB under -race on a loaded
 // machine can take longer than the default 5 s, and a first attempt that
-// times out before the broker's close arrives never sees the 406, so the
-// message is only a suspect after its second attempt and blamed on its
-// third (the relay keeps sending it until then; this test counts two).
+// times out before the broker's close arrives never sees the 406: the
+// message becomes a suspect only when that close comes, and is blamed on
+// a later attempt, the first to be alone in flight when the 406 arrives
+// (the relay keeps sending it until then; this test counts two).
 func TestBrokerRefusedSizeIsMessageFailure(t *testing.T) {
 	if testing.Short() {
 		t.Skip("sends 128 MiB")

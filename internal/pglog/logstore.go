@@ -274,10 +274,12 @@ FROM {p}positions WHERE partition = ANY($1::int[])`),
 // logStore is postboxpgx's Store with the relay's path on the log: Insert
 // writes the log, Fetch reads it by bands beside the outbox's exceptions,
 // and Settle advances the positions (or records rows one by one); Stats,
-// ResolveCrashes and RequeueDeadMessages take the log into account, and
-// SettleFetch records a small batch in the statement of the next read. It
-// embeds the Store interface, not its type, so that the relay sees only
-// what this type builds over the log.
+// ResolveCrashes and RequeueDeadMessages take the log into account,
+// SettleFetch records a small batch in the statement of the next read, and
+// ReadWhole says which partitions a read took whole. It embeds the Store
+// interface, not its type, so that the relay sees only what this type
+// builds over the log, and the change signals (Signal, Listen), which it
+// passes on.
 type logStore struct {
 	postboxdriver.Store[pgx.Tx]
 	pool   *pgxpool.Pool

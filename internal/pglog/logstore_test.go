@@ -735,12 +735,12 @@ func TestLogReadShapesAgree(t *testing.T) {
 
 // ReadWhole names the partitions a read took whole. A full read takes
 // none: its band, open on every partition it read, stays open at its
-// snapshot. The read that ends that band
-// short of its limit takes none either: a row committed after the band's
-// snapshot waits for the next read, which opens a band at its own
-// snapshot and, short, takes every partition whole. The relay ends a
-// taken partition's crash marks on that answer, so a row the dead relay
-// had in flight in the next band is still published marked.
+// snapshot. The read that ends that band short of its limit takes none
+// either: a row committed after the band's snapshot waits for the next
+// read, which opens a band at its own snapshot and, short, takes every
+// partition whole. The relay ends a taken partition's crash marks on that
+// answer, so a row the dead relay had in flight in the next band is still
+// published marked.
 func TestLogStoreReadWhole(t *testing.T) {
 	ctx := context.Background()
 	_, open := logStoreSchema(t)
