@@ -134,6 +134,11 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs ro
 	if err := checkConnections(ctx, ex, cfg); err != nil {
 		return nil, fmt.Errorf("postbox: start relay: %w", err)
 	}
+	if g, ok := ex.(postboxdriver.StorageGuard); ok {
+		if err := g.CheckStorage(ctx); err != nil {
+			return nil, fmt.Errorf("postbox: start relay: %w", err)
+		}
+	}
 	// Every start is a new owner: two processes never share a name in the
 	// leases table, even when they were given the same RelayID, since
 	// the fence tells owners apart by name.

@@ -52,6 +52,13 @@ var (
 	// cache_describe (or exec, or simple_protocol) in the connection
 	// string, or use session pooling.
 	ErrPooledStatements = errors.New("postbox: PostgreSQL is reached through a transaction-pooling pooler and the client prepares named statements; set default_query_exec_mode=cache_describe in the connection string")
+	// ErrStorageRefused means the storage the database's relays read
+	// (design §3, "Switching a database to the log") does not let a
+	// relay run, or a switch happen: a relay over the table while the
+	// database says log, or while the log holds a message no relay over
+	// it has passed; a switch to the log while a relay over the table
+	// runs. The message names both sides.
+	ErrStorageRefused = errors.New("postbox: refused by the database's storage setting")
 	// ErrNoSignals is returned by Listener.Listen when the connections
 	// cannot carry change signals: a signal sent on another connection did
 	// not arrive (a transaction pooler such as PgBouncer's pool_mode =

@@ -356,6 +356,17 @@ type PartialReader interface {
 	ReadWhole(recs []Record) []int
 }
 
+// StorageGuard is an Executor whose database says which storage its
+// relays read (design §3, "Switching a database to the log"). It is
+// optional. A relay asks CheckStorage before it starts and refuses to
+// start on its error, ErrStorageRefused when the database's storage does
+// not let this Executor's relay run; the Executor's Coordinate then
+// refuses the relay's heartbeat in the same case, with the same error,
+// so that a switch racing the start cannot let it through.
+type StorageGuard interface {
+	CheckStorage(ctx context.Context) error
+}
+
 // SettleFetcher is an Executor that can record the publishes of one batch
 // and read the next batch in a single round trip. It is optional. A relay
 // whose batches are small (a steady trickle rather than a backlog)

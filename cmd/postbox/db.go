@@ -16,6 +16,7 @@ import (
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
 	"github.com/postbox-go/postbox/internal/pglog"
+	"github.com/postbox-go/postbox/internal/pgsql"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
 	"github.com/postbox-go/postbox/postboxpgx"
@@ -57,6 +58,8 @@ type conn struct {
 	// retention is the one in force: --retention, with 0 turned into
 	// the default.
 	retention time.Duration
+	// storage is the database's storage setting, nil but on PostgreSQL.
+	storage pgsql.StorageSetting
 }
 
 // retentionText says what retention is in force, in words.
@@ -124,7 +127,17 @@ func (f *dbFlags) open(cmd *cobra.Command) (*conn, error) {
 		if f.storage == relayd.StorageLog {
 			d = pglog.New(pool, 0)
 		}
-		return finish(d, ccfg, mcfg, pool.Close)
+		c, err := finish(d, ccfg, mcfg, pool.Close)
+		if err != nil {
+			return nil, err
+		}
+		st, err := postboxpgx.New(pool).Open(f.prefix)
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		c.storage, _ = st.(pgsql.StorageSetting)
+		return c, nil
 	case relayd.URLKind(f.url) != "":
 		if relayd.URLKind(f.url) == relayd.KindSQLite && strings.Trim(strings.TrimPrefix(f.url, "sqlite:"), "/") == "" {
 			return nil, usagef("--database sqlite: needs a file path, e.g. sqlite:/var/lib/app/app.db")

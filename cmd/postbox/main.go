@@ -79,7 +79,7 @@ func newRoot() *cobra.Command {
 	group(root)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usagef("%v", err) })
 	var db dbFlags
-	ops := []*cobra.Command{newMigrate(&db), newStatus(&db), newDead(&db), newConsumerDead(&db), newReplay(&db), newPrune(&db)}
+	ops := []*cobra.Command{newMigrate(&db), newStatus(&db), newDead(&db), newConsumerDead(&db), newReplay(&db), newPrune(&db), newStorage(&db)}
 	for _, c := range ops {
 		db.register(c)
 	}

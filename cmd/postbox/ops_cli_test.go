@@ -390,3 +390,67 @@ func TestCLIStorage(t *testing.T) {
 		}
 	}
 }
+
+// postbox storage shows what the database says its relays read and what
+// each live relay reads; "postbox storage log" is refused, naming the
+// relay, while a relay over the table runs, and goes through once it has
+// stopped; a relay over the table is then refused at its start.
+func TestCLIStorageSwitch(t *testing.T) {
+	ctx := context.Background()
+	db, c := pgTarget(t)
+	db = append(db, "--json")
+	type state struct {
+		Storage string `json:"storage"`
+		Relays  []struct {
+			ID, Storage string
+		} `json:"relays"`
+	}
+	read := func(args ...string) state {
+		t.Helper()
+		var st state
+		if out := must(t, append(args, db...)...); json.Unmarshal([]byte(out), &st) != nil {
+			t.Fatalf("postbox %v: %s", args, out)
+		}
+		return st
+	}
+	if st := read("storage"); st.Storage != "table" || len(st.Relays) != 0 {
+		t.Fatalf("a new database: %+v", st)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var st state
+	for deadline := time.Now().Add(10 * time.Second); len(st.Relays) == 0; time.Sleep(20 * time.Millisecond) {
+		if st = read("storage"); time.Now().After(deadline) {
+			t.Fatal("the relay never registered")
+		}
+	}
+	if st.Relays[0].Storage != "table" {
+		t.Fatalf("the relay registered %+v", st.Relays)
+	}
+	_, stderr, code := runSplit(t, append([]string{"storage", "log"}, db...)...)
+	if code != 1 || !strings.Contains(stderr, st.Relays[0].ID) || !strings.Contains(stderr, "refused by the database's storage setting") {
+		t.Fatalf("storage log beside a relay over the table: exit %d, %s", code, stderr)
+	}
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := read("storage", "log"); st.Storage != "log" {
+		t.Fatalf("storage log with no relay: %+v", st)
+	}
+	if err := c.Start(ctx); err == nil {
+		_ = c.Stop(ctx)
+		t.Fatal("a relay over the table started on a database that says log")
+	}
+	if st := read("storage", "table"); st.Storage != "table" {
+		t.Fatalf("storage table: %+v", st)
+	}
+	for _, args := range [][]string{
+		append([]string{"storage", "sideways"}, db...),
+		{"storage", "--database", "sqlite:" + filepath.Join(t.TempDir(), "x.db"), "--json"},
+	} {
+		if _, stderr, code := runSplit(t, args...); code != 2 {
+			t.Errorf("%v: exit %d, stderr %q", args, code, stderr)
+		}
+	}
+}

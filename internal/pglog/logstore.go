@@ -237,6 +237,9 @@ func (d *Driver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
 	if err != nil {
 		return nil, err
 	}
+	if !pgsql.ReadsLog(inner) {
+		return nil, errors.New("pglog: postboxpgx's Store embeds no pgsql.Core")
+	}
 	r := strings.NewReplacer("{p}", prefix)
 	st := &logStore{
 		Store: inner, pool: d.pool, db: noJIT{d.pool}, r: r, prefix: prefix, chunks: d.chunks,
@@ -1280,48 +1283,18 @@ func (s *logStore) record(ctx context.Context, f postboxdriver.Fence, o postboxd
 // were moved to the outbox or the dead messages by the statement that
 // moved it.
 var logPendingSQL = func() string {
-	a := logPendingArms("true", "true")
+	a := pgsql.LogPendingArms("true", "true")
 	return `SELECT g.topic, g.created_at ` + a[0] + `
 UNION ALL
 SELECT g.topic, g.created_at ` + a[1]
 }()
-
-// logPendingWhere is the test that the position x has not passed the log
-// row g of its partition.
-const logPendingWhere = `NOT pg_visible_in_snapshot(g.xid, x.lo)
-    AND NOT (x.hi IS NOT NULL AND pg_visible_in_snapshot(g.xid, x.hi) AND g.seq <= x.band_cursor)
-    AND NOT EXISTS (SELECT 1 FROM {p}log_done m WHERE m.partition = g.partition AND m.seq = g.seq)`
-
-// logPendingArms are the two searches for the log rows no position has
-// passed, as FROM and WHERE clauses over the positions x and the log g,
-// with onX added as a condition on x and onG on g. A pending row has a
-// seq above lo_seq, found by a range of the primary key, or at or below
-// it was written by a transaction running when lo was taken, found by the
-// xid index as the read's xip arm finds it (design §3, "The position").
-// Either reads what is pending, not the history the log keeps: the
-// second tests the partition and lo_seq with "+ 0", so that PostgreSQL
-// uses the xid index alone rather than ANDing it with the partition's
-// range of the primary key (the read's xip arm says why). OFFSET 0 keeps
-// each a probe per partition: joined, PostgreSQL hashed the positions and
-// scanned the whole log for each.
-func logPendingArms(onX, onG string) [2]string {
-	return [2]string{
-		`FROM {p}positions x CROSS JOIN LATERAL (SELECT g.* FROM {p}log g
-    WHERE g.partition = x.partition AND g.seq > x.lo_seq AND ` + onG + ` OFFSET 0) g
-  WHERE ` + onX + ` AND ` + logPendingWhere,
-		`FROM {p}positions x CROSS JOIN LATERAL (SELECT g.* FROM {p}log g
-    WHERE (g.xid = ANY(ARRAY(SELECT pg_snapshot_xip(x.lo))) OR g.xid >= pg_snapshot_xmax(x.lo) AND g.xid < x.lo_next)
-      AND g.partition + 0 = x.partition AND g.seq + 0 <= x.lo_seq AND ` + onG + ` OFFSET 0) g
-  WHERE ` + onX + ` AND ` + logPendingWhere,
-	}
-}
 
 // logRequeuePending is a requeue's test that the dead message d's id is
 // pending again in the log, in d's partition (logPendingArms). OFFSET 0
 // keeps each EXISTS a probe per dead message: without it the first
 // becomes one hashed scan of the whole log.
 var logRequeuePending = func() string {
-	a := logPendingArms("x.partition = d.partition", "g.id = d.id")
+	a := pgsql.LogPendingArms("x.partition = d.partition", "g.id = d.id")
 	return `EXISTS (SELECT 1 ` + a[0] + ` OFFSET 0)
   OR EXISTS (SELECT 1 ` + a[1] + ` OFFSET 0)`
 }()
@@ -1361,7 +1334,7 @@ func (s *logStore) Stats(ctx context.Context) (postboxdriver.Stats, error) {
 const logHistory = `(SELECT seq, id, topic, key, payload, headers, partition, created_at FROM {p}published
   UNION ALL
   SELECT g.seq, g.id, g.topic, g.key, g.payload, g.headers, g.partition, g.created_at
-  FROM {p}log g JOIN {p}positions x USING (partition) WHERE NOT (` + logPendingWhere + `)) p`
+  FROM {p}log g JOIN {p}positions x USING (partition) WHERE NOT (` + pgsql.LogPendingWhere + `)) p`
 
 // logReplayMove deletes for a replay under the messages' own ids the
 // published rows selected, from the published table and from the log
@@ -1371,7 +1344,7 @@ var logReplayMove = `pub AS (
   RETURNING p.seq, p.id, p.topic, p.key, p.payload, p.headers, p.partition
 ), lg AS (
   DELETE FROM {p}log g USING {p}positions x
-  WHERE x.partition = g.partition AND ` + pgsql.ReplayWhere("g") + ` AND NOT (` + logPendingWhere + `)
+  WHERE x.partition = g.partition AND ` + pgsql.ReplayWhere("g") + ` AND NOT (` + pgsql.LogPendingWhere + `)
   RETURNING g.seq, g.id, g.topic, g.key, g.payload, g.headers, g.partition
 ), unmarked AS (
   DELETE FROM {p}log_done m USING lg WHERE m.partition = lg.partition AND m.seq = lg.seq
@@ -1407,7 +1380,7 @@ var logReplayCountsSQL = `WITH h AS (
   SELECT g.topic, NOT coalesce(` + logBehind + `, false)
   FROM {p}log g JOIN {p}positions x USING (partition)
   LEFT JOIN ` + logPositionsAt("now() - $5 * interval '1 millisecond'") + ` ON e.partition = g.partition
-  WHERE NOT (` + logPendingWhere + `) AND ` + pgsql.ReplayWhere("g") + `
+  WHERE NOT (` + pgsql.LogPendingWhere + `) AND ` + pgsql.ReplayWhere("g") + `
 )
 SELECT topic, count(*)::int, (count(*) FILTER (WHERE $5 > 0 AND recent))::int FROM h GROUP BY topic ORDER BY topic`
 

@@ -64,10 +64,13 @@ type dialect struct {
 	// partitions written since its last one (signal.go).
 	signalID string
 	written  atomic.Uint64
-	q        queries
-	aq       adminQueries
-	iq       inboxQueries
-	idq      idempotencyQueries
+	// storage is StorageLog for the Core of the log's Store (ReadsLog),
+	// "" otherwise: what its relays read.
+	storage string
+	q       queries
+	aq      adminQueries
+	iq      inboxQueries
+	idq     idempotencyQueries
 }
 
 // Core implements postboxdriver.Executor for PostgreSQL over a DB: the
@@ -214,9 +217,10 @@ func queryOne[T any](ctx context.Context, c *Core, sql string, args []any, scan 
 func (c *Core) wrap(err error) error { return NotMigrated(c.prefix, err) }
 
 // NotMigrated returns err wrapped in postboxdriver.ErrNotMigrated when a
-// table under prefix it needs does not exist, and err itself otherwise.
+// table under prefix it needs does not exist, or a column a later
+// migration adds, and err itself otherwise.
 func NotMigrated(prefix string, err error) error {
-	if err != nil && isUndefinedTable(err) {
+	if err != nil && (isUndefinedTable(err) || isUndefinedColumn(err)) {
 		return fmt.Errorf("%w (prefix %q): %w", postboxdriver.ErrNotMigrated, prefix, err)
 	}
 	return err
@@ -227,6 +231,13 @@ func NotMigrated(prefix string, err error) error {
 func isUndefinedTable(err error) bool {
 	var coded interface{ SQLState() string }
 	return errors.As(err, &coded) && coded.SQLState() == "42P01"
+}
+
+// isUndefinedColumn recognizes undefined_column: a column of a later
+// migration (relays.storage, migration 13) on tables migrated before it.
+func isUndefinedColumn(err error) bool {
+	var coded interface{ SQLState() string }
+	return errors.As(err, &coded) && coded.SQLState() == "42703"
 }
 
 func scanAll(rows Rows, fn func(Rows) error) error {

@@ -14,6 +14,8 @@ import (
 type queries struct {
 	insert, insertOne, partitions, coordinate, unregister, acquire, release, fetch, fetchStrict, fetchRouted, fetchRoutedStrict,
 	settle, resolveCrashes, markInFlight, expire, stats string
+	// The database's storage setting (storage.go).
+	checkStorage, storageState, lockStorage, switchStorage string
 	// settleFetch are the fetches as settleFetchSQL makes them, indexed
 	// like fetchVariant.
 	settleFetch [4]string
@@ -51,9 +53,20 @@ VALUES ($1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, $6::int)`),
 		// that listening relays renew at once; a plain renewal announces
 		// nothing. The announce CTE is a SELECT, which runs only where it
 		// is read: the heartbeat's row reads it.
+		//
+		// The heartbeat registers what the relay reads ($8, table or log)
+		// and is refused, with no row, for a relay over the table while
+		// the database says log (migration 13): such a relay then renews
+		// and takes no lease, and Coordinate returns ErrStorageRefused. It
+		// may still let leases go. A switch (SwitchStorage) locks the
+		// storage table, which the statement reads, and PostgreSQL takes
+		// a statement's locks before its snapshot, so a heartbeat reads
+		// the setting as the switch committed it.
 		coordinate: r.Replace(`WITH beat AS (
-  INSERT INTO {p}relays (id, expires_at) VALUES ($1, now() + $2 * interval '1 millisecond')
-  ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
+  INSERT INTO {p}relays (id, expires_at, storage)
+  SELECT $1, now() + $2 * interval '1 millisecond', $8
+  WHERE $8 = 'log' OR (SELECT storage FROM {p}storage) IS DISTINCT FROM 'log'
+  ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at, storage = EXCLUDED.storage
   RETURNING id, xmax = 0 AS joined
 ), announce AS (
   SELECT pg_notify($6, $7) FROM beat WHERE beat.joined OR $2 = 0 OR cardinality($4::int[]) > 0
@@ -68,7 +81,7 @@ VALUES ($1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, $6::int)`),
     owner = $1,
     expires_at = now() + $2 * interval '1 millisecond'
   WHERE partition = ANY($3::int[]) AND NOT (partition = ANY($4::int[]))
-    AND (owner IS NULL OR owner = $1 OR expires_at <= now())
+    AND (owner IS NULL OR owner = $1 OR expires_at <= now()) AND EXISTS (SELECT 1 FROM beat)
   RETURNING partition, owner, generation, expires_at, crashed
 )
 SELECT -1, id, (SELECT count(*) FROM announce), now(), false, false FROM beat
@@ -82,7 +95,11 @@ SELECT l.partition,
   t.partition IS NULL AND (r.partition IS NOT NULL OR l.expires_at <= now()),
   coalesce(t.crashed, r.crashed, l.crashed)
 FROM {p}leases l LEFT JOIN taken t USING (partition) LEFT JOIN released r USING (partition)`),
-		unregister: r.Replace(`DELETE FROM {p}relays WHERE id = $1 OR expires_at < now() - interval '1 hour'`),
+		checkStorage:  r.Replace(checkStorageSQL),
+		storageState:  r.Replace(storageStateSQL),
+		lockStorage:   r.Replace(`LOCK TABLE {p}storage IN ACCESS EXCLUSIVE MODE`),
+		switchStorage: r.Replace(`UPDATE {p}storage SET storage = $1, changed_at = now()`),
+		unregister:    r.Replace(`DELETE FROM {p}relays WHERE id = $1 OR expires_at < now() - interval '1 hour'`),
 		acquire: r.Replace(`UPDATE {p}leases SET
   generation = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN generation ELSE generation + 1 END,
   crashed = CASE WHEN owner IS NOT DISTINCT FROM $1 THEN crashed ELSE owner IS NOT NULL OR crashed END,
@@ -483,7 +500,7 @@ func (c *Core) Partitions(ctx context.Context) (int, error) {
 // Coordinate implements postboxdriver.Executor.
 func (c *Core) Coordinate(ctx context.Context, relayID string, ttl time.Duration, want, drop, settled []int) (postboxdriver.Membership, error) {
 	var m postboxdriver.Membership
-	rows, err := queryAll(ctx, c, c.q.coordinate, []any{relayID, ttl.Milliseconds(), int32s(want), int32s(drop), int32s(settled), Channel(c.prefix), c.signalID + " " + signalRelays}, func(r Rows) (postboxdriver.Lease, error) {
+	rows, err := queryAll(ctx, c, c.q.coordinate, []any{relayID, ttl.Milliseconds(), int32s(want), int32s(drop), int32s(settled), Channel(c.prefix), c.signalID + " " + signalRelays, c.relayStorage()}, func(r Rows) (postboxdriver.Lease, error) {
 		var l postboxdriver.Lease
 		err := r.Scan(&l.Partition, &l.Owner, &l.Generation, &l.ExpiresAt, &l.Expired, &l.Crashed)
 		return l, err
@@ -500,6 +517,11 @@ func (c *Core) Coordinate(ctx context.Context, relayID string, ttl time.Duration
 	}
 	sort.Strings(m.Live)
 	sort.Slice(m.Leases, func(i, j int) bool { return m.Leases[i].Partition < m.Leases[j].Partition })
+	// Only the storage setting refuses a heartbeat; a relay leaving (ttl
+	// 0) has let its leases go all the same.
+	if i := sort.SearchStrings(m.Live, relayID); ttl > 0 && (i == len(m.Live) || m.Live[i] != relayID) {
+		return m, c.refusedTable(relayID, time.Time{})
+	}
 	return m, nil
 }
 

@@ -73,9 +73,10 @@ type Database struct {
 	// Storage is what the relay reads: StorageTable (the default), the
 	// outbox, or StorageLog, the log of design §3 and the outbox beside it
 	// (PostgreSQL only, experimental). A relay over the log publishes the
-	// outbox's rows too, so writers may keep the outbox; a relay over the
-	// table never reads the log, so every relay of a database must say
-	// the same.
+	// outbox's rows too, so writers may keep the outbox, and runs under
+	// either setting of the database (`postbox storage`); a relay over the
+	// table never reads the log, and is refused while the database says
+	// log.
 	Storage string `yaml:"storage"`
 }
 

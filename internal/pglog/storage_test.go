@@ -1,0 +1,239 @@
+package pglog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pgsql"
+	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/postboxdriver"
+	"github.com/postbox-go/postbox/postboxpgx"
+)
+
+// storageClients opens, over one migrated database, a table Store (with
+// the storage setting) and Clients over the table and over the log.
+func storageClients(t *testing.T) (pool *pgxpool.Pool, prefix string, setting pgsql.StorageSetting, table, log func() *postbox.Client[pgx.Tx]) {
+	t.Helper()
+	pool, prefix = testdb.Migrated(t)
+	st, err := postboxpgx.New(pool).Open(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setting = st.(pgsql.StorageSetting)
+	client := func(d postboxdriver.Driver[pgx.Tx]) func() *postbox.Client[pgx.Tx] {
+		return func() *postbox.Client[pgx.Tx] {
+			c, err := postbox.NewClient(d, &postbox.Config{
+				Prefix: prefix, PollInterval: 20 * time.Millisecond,
+				Publisher: postbox.PublisherFunc(func(context.Context, *postbox.Envelope) error { return nil }),
+				Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+	}
+	return pool, prefix, setting, client(postboxpgx.New(pool)), client(New(pool, 0))
+}
+
+// The database says what its relays read (migration 13). A switch to the
+// log is refused while a relay over the table runs; once it says log, a
+// relay over the table is refused at its start, and a relay over the log
+// runs under either setting. The way back is never refused, but a relay
+// over the table waits for the log to drain.
+func TestStorageSwitch(t *testing.T) {
+	ctx := context.Background()
+	pool, prefix, setting, tableClient, logClient := storageClients(t)
+
+	st, err := setting.Storage(ctx)
+	if err != nil || st.Storage != pgsql.StorageTable || len(st.Relays) != 0 {
+		t.Fatalf("a new database: %+v, %v; want table and no relay", st, err)
+	}
+
+	tc := tableClient()
+	if err := tc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitRelays(t, setting, 1)
+	_, err = setting.SwitchStorage(ctx, pgsql.StorageLog)
+	if !errors.Is(err, postboxdriver.ErrStorageRefused) || !strings.Contains(err.Error(), "read the table") {
+		t.Fatalf("a switch to the log beside a relay over the table: %v, want ErrStorageRefused naming it", err)
+	}
+	if st, _ := setting.Storage(ctx); st.Storage != pgsql.StorageTable || len(st.Relays) != 1 || st.Relays[0].Storage != pgsql.StorageTable {
+		t.Fatalf("after the refused switch: %+v", st)
+	}
+	if err := tc.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	if st, err = setting.SwitchStorage(ctx, pgsql.StorageLog); err != nil || st.Storage != pgsql.StorageLog {
+		t.Fatalf("the switch to the log with no relay: %+v, %v", st, err)
+	}
+	if err := tableClient().Start(ctx); !errors.Is(err, postboxdriver.ErrStorageRefused) || !strings.Contains(err.Error(), "says its relays read the log") {
+		t.Fatalf("a relay over the table on a database that says log: %v, want ErrStorageRefused", err)
+	}
+	lc := logClient()
+	if err := lc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitRelays(t, setting, 1)
+	if st, _ := setting.Storage(ctx); st.Relays[0].Storage != pgsql.StorageLog {
+		t.Fatalf("the relay over the log registered %+v", st.Relays)
+	}
+
+	// Back to the table: writers first. A message the log still holds
+	// keeps relays over the table from starting until the log relays
+	// pass it.
+	if st, err = setting.SwitchStorage(ctx, pgsql.StorageTable); err != nil || st.Storage != pgsql.StorageTable {
+		t.Fatalf("the switch back with a relay over the log: %+v, %v", st, err)
+	}
+	if err := lc.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := New(pool, 0).Open(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.Insert(ctx, []postboxdriver.Row{{ID: postbox.NewID(), Topic: "t", Payload: []byte("x"), Headers: []byte("{}")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tableClient().Start(ctx); !errors.Is(err, postboxdriver.ErrStorageRefused) || !strings.Contains(err.Error(), "log holds messages") {
+		t.Fatalf("a relay over the table while the log holds a message: %v, want ErrStorageRefused", err)
+	}
+	lc = logClient()
+	if err := lc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	tc = tableClient()
+	for err = tc.Start(ctx); err != nil; err = tc.Start(ctx) {
+		if !errors.Is(err, postboxdriver.ErrStorageRefused) || time.Now().After(deadline) {
+			t.Fatalf("a relay over the table once the log is drained: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, c := range []*postbox.Client[pgx.Tx]{tc, lc} {
+		if err := c.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitRelays waits until n relays are live.
+func waitRelays(t *testing.T, setting pgsql.StorageSetting, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		st, err := setting.Storage(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Relays) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d live relays, want %d", len(st.Relays), n)
+		}
+	}
+}
+
+// A relay over the table whose start raced a switch to the log is refused
+// at its next heartbeat, and takes no lease with it; and no heartbeat
+// registers a relay over the table between a switch's check and its
+// commit: heartbeats of relays over the table (each registered for a
+// minute, then leaving) race switches to the log and back, and after each
+// switch that went through no relay over the table is live.
+func TestStorageHeartbeatRefused(t *testing.T) {
+	ctx := context.Background()
+	pool, prefix, setting, _, _ := storageClients(t)
+	st, err := postboxpgx.New(pool).Open(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := setting.SwitchStorage(ctx, pgsql.StorageLog); err != nil {
+		t.Fatal(err)
+	}
+	m, err := st.Coordinate(ctx, "late", time.Minute, []int{0, 1, 2}, nil, nil)
+	if !errors.Is(err, postboxdriver.ErrStorageRefused) {
+		t.Fatalf("a heartbeat over the table on a database that says log: %v", err)
+	}
+	for _, l := range m.Leases {
+		if l.Owner == "late" {
+			t.Fatalf("the refused heartbeat took partition %d", l.Partition)
+		}
+	}
+	if _, err := st.Coordinate(ctx, "late", 0, nil, []int{0}, nil); err != nil {
+		t.Fatalf("a refused relay's leave: %v", err)
+	}
+	if _, err := setting.SwitchStorage(ctx, pgsql.StorageTable); err != nil {
+		t.Fatal(err)
+	}
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var stopOnce sync.Once
+	halt := func() { stopOnce.Do(func() { close(stop) }); wg.Wait() }
+	defer halt()
+	beats := make([]int, 2)
+	for w := range beats {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := fmt.Sprintf("t%d-%d", w, i)
+				if _, err := st.Coordinate(ctx, id, time.Minute, nil, nil, nil); err == nil {
+					beats[w]++
+				} else if !errors.Is(err, postboxdriver.ErrStorageRefused) {
+					t.Error(err)
+					return
+				}
+				if _, err := st.Coordinate(ctx, id, 0, nil, nil, nil); err != nil {
+					t.Error(err)
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	switched := 0
+	for range 200 {
+		after, err := setting.SwitchStorage(ctx, pgsql.StorageLog)
+		if errors.Is(err, postboxdriver.ErrStorageRefused) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		switched++
+		var live int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+prefix+`relays WHERE storage = 'table' AND expires_at > now()`).Scan(&live); err != nil {
+			t.Fatal(err)
+		}
+		if live > 0 {
+			t.Fatalf("%d relays over the table live after a switch to the log went through (%+v)", live, after)
+		}
+		if _, err := setting.SwitchStorage(ctx, pgsql.StorageTable); err != nil {
+			t.Fatal(err)
+		}
+	}
+	halt()
+	if switched == 0 || beats[0] == 0 {
+		t.Fatalf("%d switches went through, %v heartbeats registered: the race was not exercised", switched, beats)
+	}
+	t.Logf("%d of 200 switches went through; heartbeats registered by worker: %v", switched, beats)
+}
