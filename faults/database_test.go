@@ -251,9 +251,9 @@ func newPGDatabase(ctx context.Context, h *harness) *pgDatabase {
 	}
 	if h.storage == storageLog {
 		// The database says log, as `postbox storage log` leaves it
-		// (migration 13): every relay's heartbeat then reads that a relay
-		// over the table would be refused.
-		if err := exec(ctx, `UPDATE `+p+`storage SET storage = 'log', changed_at = now()`); err != nil {
+		// (migration 13): the writers write the log only then, and a
+		// relay over the table would be refused.
+		if err := pglog.UseLog(ctx, h.pool, p); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -344,6 +344,9 @@ func TestCLIStatusPerShard(t *testing.T) {
 func TestCLIStorage(t *testing.T) {
 	ctx := context.Background()
 	pool, prefix := testdb.Migrated(t)
+	if err := pglog.UseLog(ctx, pool, prefix); err != nil {
+		t.Fatal(err)
+	}
 	w, err := postbox.NewClient(pglog.New(pool, 0), &postbox.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)

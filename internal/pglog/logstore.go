@@ -231,6 +231,23 @@ func (d *Driver) AttachChunks(ctx context.Context) error {
 	return s.attachChunks(ctx)
 }
 
+// UseLog switches the database at prefix to the log, as `postbox storage
+// log` does (pgsql.Core's SwitchStorage): the Store's writes go to the log
+// only then. The benchmark and the fault harness call it on their own
+// tables before they write.
+func UseLog(ctx context.Context, pool *pgxpool.Pool, prefix string) error {
+	st, err := postboxpgx.New(pool).Open(prefix)
+	if err != nil {
+		return err
+	}
+	set, ok := st.(pgsql.StorageSetting)
+	if !ok {
+		return errors.New("pglog: postboxpgx's Store has no storage setting")
+	}
+	_, err = set.SwitchStorage(ctx, pgsql.StorageLog)
+	return err
+}
+
 // Open implements postboxdriver.Driver.
 func (d *Driver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
 	inner, err := postboxpgx.New(d.pool).Open(prefix)
@@ -251,8 +268,7 @@ func (d *Driver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
 		settling:    map[int]bool{},
 		noted:       map[int]time.Time{},
 		owed:        map[int]bool{},
-		insert: r.Replace(`INSERT INTO {p}log (id, topic, key, payload, headers, partition)
-SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[], $6::int[])`),
+		insert:      r.Replace(insertSQL),
 		load: r.Replace(`SELECT partition, lo::text, lo_next::text, lo_seq, hi::text, hi_next::text, band_cursor, band_max
 FROM {p}positions WHERE partition = ANY($1::int[])`),
 		settle:     r.Replace(settleLogSQL),
@@ -379,8 +395,9 @@ type logTx struct {
 	tx pgx.Tx
 }
 
-// Insert writes the log as postboxpgx writes the outbox: in a
-// postboxpgx.Tx, with the COMMIT.
+// Insert writes the log, or the outbox while the database says table
+// (insertSQL), as postboxpgx writes the outbox: in a postboxpgx.Tx, with
+// the COMMIT.
 func (t logTx) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 	if c, ok := t.Executor.(rowsInserter); ok {
 		return t.s.wrap(c.InsertRows(ctx, t.s.insert, rows))
@@ -403,14 +420,38 @@ func (t logTx) AfterCommit(fn func()) bool {
 	return ok && ac.AfterCommit(fn)
 }
 
+// insertSQL writes the rows ($1–$6, the outbox insert's arrays) where the
+// database says (migration 13, design §3 "Switching a database to the
+// log"): into the log while it says log, into the outbox otherwise, so
+// that a relay over the table, which never reads the log, is never left
+// a row it cannot see. Both inserts read the setting under the
+// statement's one snapshot, so exactly one of them writes. The statement
+// reads it in the writer's transaction, which then holds the storage
+// table's lock to its end: a switch, which locks the table against every
+// reader, waits for every write that read the setting before it, so that
+// once a switch back to the table has committed no write can still add
+// to the log. Each insert reads unnest itself: a CTE both read would be
+// materialized, which cost a one-row write more (BENCHMARKS.md, "The log's
+// writer follows the database's setting").
+var insertSQL = func() string {
+	rows := `SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[], $6::int[])`
+	return `WITH lg AS (
+  INSERT INTO {p}log (id, topic, key, payload, headers, partition) ` + rows + `
+  WHERE (SELECT storage FROM {p}storage) = 'log'
+)
+INSERT INTO {p}outbox (id, topic, key, payload, headers, partition) ` + rows + `
+WHERE (SELECT storage FROM {p}storage) IS DISTINCT FROM 'log'`
+}()
+
 // insertArrays are the log insert's parameters, the outbox insert's.
 func insertArrays(rows []postboxdriver.Row) []any {
 	args, _ := pgsql.InsertArrays(rows)
 	return args
 }
 
-// Insert implements postboxdriver.Executor: the rows go to the log, their
-// partitions noted for the next change signal (Signal).
+// Insert implements postboxdriver.Executor: the rows go to the log, or the
+// outbox while the database says table (insertSQL), their partitions
+// noted for the next change signal (Signal).
 func (s *logStore) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 	if c, ok := s.Store.(rowsInserter); ok {
 		return s.wrap(c.InsertRows(ctx, s.insert, rows))

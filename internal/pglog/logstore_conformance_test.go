@@ -43,15 +43,17 @@ func (d *suiteLogDriver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error
 }
 
 // Migrations is the drivers' migrations, then the log of migration 12
-// split into chunks of suiteChunks' width from seq 4 on, so
-// that the suite's rows lie in the default partition (seqs 1–3 and past
-// the chunks) and in chunks.
+// split into chunks of suiteChunks' width from seq 4 on, so that the
+// suite's rows lie in the default partition (seqs 1–3 and past the
+// chunks) and in chunks, and the database switched to the log (migration
+// 13's setting), so that the Store writes the log.
 func (s suiteLogStore) Migrations() []postboxdriver.Migration {
 	return append(s.logStore.Migrations(), postboxdriver.Migration{Version: 1000, Name: "log", SQL: ChunkLog(s.prefix) + fmt.Sprintf(`
 DO $$ BEGIN FOR i IN 1..%[2]d LOOP
   EXECUTE format('CREATE TABLE %[1]slog_c%%1$s PARTITION OF %[1]slog FOR VALUES FROM (%%1$s) TO (%%2$s)', i * %[3]d, (i + 1) * %[3]d);
   INSERT INTO %[1]slog_chunks (lo, hi) VALUES (i * %[3]d, (i + 1) * %[3]d);
-END LOOP; END $$`, s.prefix, suiteChunks.ahead, suiteChunks.width)})
+END LOOP; END $$;
+UPDATE %[1]sstorage SET storage = 'log'`, s.prefix, suiteChunks.ahead, suiteChunks.width)})
 }
 
 // suiteChunks splits the suite's logs: sixteen chunks of four seqs.

@@ -46,7 +46,7 @@ func TestLogStoreRecordsWithTheNextRead(t *testing.T) { concurrentWriters(t, fal
 func concurrentWriters(t *testing.T, failing bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	pool, prefix := testdb.Migrated(t)
+	pool, prefix := migratedLog(t)
 	if _, err := pool.Exec(ctx, ChunkLog(prefix)+`
 CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, note text)`); err != nil {
 		t.Fatal(err)
@@ -419,7 +419,7 @@ func logStoreSchema(t testing.TB) (*pgxpool.Pool, func() postboxdriver.Store[pgx
 func logStoreChunked(t testing.TB, c chunking) (*pgxpool.Pool, func() postboxdriver.Store[pgx.Tx]) {
 	t.Helper()
 	ctx := context.Background()
-	pool, prefix := testdb.Migrated(t)
+	pool, prefix := migratedLog(t)
 	if c.width > 0 {
 		if _, err := pool.Exec(ctx, ChunkLog(prefix)); err != nil {
 			t.Fatal(err)
@@ -432,6 +432,17 @@ func logStoreChunked(t testing.TB, c chunking) (*pgxpool.Pool, func() postboxdri
 		}
 		return st
 	}
+}
+
+// migratedLog is a migrated database that says log (UseLog), so that the
+// log's Store writes the log.
+func migratedLog(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	pool, prefix := testdb.Migrated(t)
+	if err := UseLog(context.Background(), pool, prefix); err != nil {
+		t.Fatal(err)
+	}
+	return pool, prefix
 }
 
 // fenceAll takes every partition's lease for st and returns its fence.

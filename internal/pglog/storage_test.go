@@ -92,21 +92,30 @@ func TestStorageSwitch(t *testing.T) {
 		t.Fatalf("the relay over the log registered %+v", st.Relays)
 	}
 
-	// Back to the table: writers first. A message the log still holds
-	// keeps relays over the table from starting until the log relays
-	// pass it.
-	if st, err = setting.SwitchStorage(ctx, pgsql.StorageTable); err != nil || st.Storage != pgsql.StorageTable {
-		t.Fatalf("the switch back with a relay over the log: %+v, %v", st, err)
-	}
+	// The log's writer follows the setting: while it says log, a write
+	// goes to the log (and waits there, no relay running).
 	if err := lc.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	ls, err := New(pool, 0).Open(prefix)
-	if err != nil {
+	lw := logClient()
+	if err := lw.Write(ctx, postbox.Message{Topic: "t", Key: "k"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := ls.Insert(ctx, []postboxdriver.Row{{ID: postbox.NewID(), Topic: "t", Payload: []byte("x"), Headers: []byte("{}")}}); err != nil {
+	if got := rowsIn(t, pool, prefix); got != [2]int{1, 0} {
+		t.Fatalf("a write while the database says log: %v rows in the log and the outbox, want 1 and 0", got)
+	}
+
+	// Back to the table: writers first, at once; the message the log
+	// still holds keeps relays over the table from starting until the
+	// relays over the log pass it.
+	if st, err = setting.SwitchStorage(ctx, pgsql.StorageTable); err != nil || st.Storage != pgsql.StorageTable {
+		t.Fatalf("the switch back: %+v, %v", st, err)
+	}
+	if err := lw.Write(ctx, postbox.Message{Topic: "t", Key: "k"}); err != nil {
 		t.Fatal(err)
+	}
+	if got := rowsIn(t, pool, prefix); got != [2]int{1, 1} {
+		t.Fatalf("a write once the database says table: %v rows in the log and the outbox, want 1 and 1", got)
 	}
 	if err := tableClient().Start(ctx); !errors.Is(err, postboxdriver.ErrStorageRefused) || !strings.Contains(err.Error(), "log holds messages") {
 		t.Fatalf("a relay over the table while the log holds a message: %v, want ErrStorageRefused", err)
@@ -127,6 +136,70 @@ func TestStorageSwitch(t *testing.T) {
 		if err := c.Stop(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// rowsIn counts the rows of the log and of the outbox.
+func rowsIn(t *testing.T, pool *pgxpool.Pool, prefix string) (n [2]int) {
+	t.Helper()
+	if err := pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM `+prefix+`log), (SELECT count(*) FROM `+prefix+`outbox)`).Scan(&n[0], &n[1]); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A switch waits for the writes that read the setting before it, so that
+// none of them adds to the log once the switch back to the table has
+// committed; it gives up, switching nothing, when one outlasts the lock
+// timeout.
+func TestStorageSwitchWaitsForWriters(t *testing.T) {
+	ctx := context.Background()
+	pool, _, setting, _, logClient := storageClients(t)
+	lw := logClient()
+	if _, err := setting.SwitchStorage(ctx, pgsql.StorageLog); err != nil {
+		t.Fatal(err)
+	}
+	write := func() pgx.Tx {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lw.WriteTx(ctx, tx, postbox.Message{Topic: "t"}); err != nil {
+			t.Fatal(err)
+		}
+		return tx
+	}
+
+	tx := write()
+	switched := make(chan error, 1)
+	go func() {
+		_, err := setting.SwitchStorage(ctx, pgsql.StorageTable)
+		switched <- err
+	}()
+	select {
+	case err := <-switched:
+		t.Fatalf("the switch ended (%v) while a write that read the setting was open", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-switched; err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := setting.SwitchStorage(ctx, pgsql.StorageLog); err != nil {
+		t.Fatal(err)
+	}
+	tx = write()
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err := setting.SwitchStorage(ctx, pgsql.StorageTable)
+	if err == nil || !strings.Contains(err.Error(), "did not end within") {
+		t.Fatalf("a switch behind a write open past the lock timeout: %v", err)
+	}
+	if st, err := setting.Storage(ctx); err != nil || st.Storage != pgsql.StorageLog {
+		t.Fatalf("after the switch gave up: %+v, %v; want log still", st, err)
 	}
 }
 

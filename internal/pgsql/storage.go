@@ -2,6 +2,7 @@ package pgsql
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -192,6 +193,18 @@ func (c *Core) storageState(ctx context.Context, q Querier) (StorageState, error
 	return st, c.wrap(err)
 }
 
+// storageLockTimeout bounds a switch's wait for the storage table's lock.
+// Every write of the log's Store holds that table's lock to its
+// transaction's end, and writers queue behind a switch that waits: a long
+// transaction would stall them all.
+const storageLockTimeout = 5 * time.Second
+
+// isLockTimeout recognizes lock_not_available, which lock_timeout raises.
+func isLockTimeout(err error) bool {
+	var coded interface{ SQLState() string }
+	return errors.As(err, &coded) && coded.SQLState() == "55P03"
+}
+
 // SwitchStorage sets what the database says its relays read, to
 // StorageTable or StorageLog, and returns the state after the switch.
 // The switch to the log is refused (postboxdriver.ErrStorageRefused)
@@ -207,7 +220,14 @@ func (c *Core) SwitchStorage(ctx context.Context, to string) (StorageState, erro
 	}
 	var st StorageState
 	err := c.db.Tx(ctx, func(q Querier) error {
+		if _, err := q.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, storageLockTimeout.String()); err != nil {
+			return err
+		}
 		if _, err := q.Exec(ctx, c.q.lockStorage); err != nil {
+			if isLockTimeout(err) {
+				return fmt.Errorf("postbox: switch storage: a transaction that read the setting (a write to the log or a relay's heartbeat) "+
+					"did not end within %s; nothing was switched: %w", storageLockTimeout, err)
+			}
 			return err
 		}
 		var err error

@@ -11,10 +11,14 @@
 --   row no position has passed;
 -- - a relay over the log runs under either setting: it reads both.
 --
--- The switch locks this table, which every heartbeat reads, so that no
+-- The log's writer writes the log only while this says log, the outbox
+-- otherwise, reading it in its insert statement. The switch locks this
+-- table, which every heartbeat and every such write reads, so that no
 -- heartbeat registers a relay over the table between the switch's check
--- of the relays and its commit. Every database starts on the table, as it
--- ran before this migration; no writer reads the setting yet.
+-- of the relays and its commit, and no write that read the old setting
+-- is still open once it has committed. Every database starts on the
+-- table, as it ran before this migration; the drivers' writers keep the
+-- outbox, which every relay reads.
 CREATE TABLE {prefix}storage (
     only_row   boolean     PRIMARY KEY DEFAULT true CHECK (only_row),
     storage    text        NOT NULL CHECK (storage IN ('table', 'log')),

@@ -181,6 +181,9 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 	var logs *pglog.Driver
 	table := prefix + "outbox"
 	if opts.Storage == "log" {
+		if err := pglog.UseLog(ctx, pg.pool, prefix); err != nil {
+			return res, fmt.Errorf("switch the database to the log: %w", err)
+		}
 		if opts.LogChunk > 0 {
 			if _, err := pg.pool.Exec(ctx, pglog.ChunkLog(prefix)); err != nil {
 				return res, fmt.Errorf("split the log into chunks: %w", err)

@@ -217,6 +217,9 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	driver := func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] { return postboxpgx.New(pool) }
 	if opts.Storage == "log" {
 		driver = func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] { return pglog.New(pool, 0) }
+		if err := pglog.UseLog(ctx, wpool, prefix); err != nil {
+			return res, fmt.Errorf("switch the database to the log: %w", err)
+		}
 	}
 	counter := &statementCounter{prefix: prefix}
 	rcfg, err := pgxpool.ParseConfig(opts.DatabaseURL)

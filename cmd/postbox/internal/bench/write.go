@@ -259,7 +259,9 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	messages := prefix + "outbox"
 	if pg, ok := db.(*pgDatabase); ok && opts.Storage == "log" {
 		messages = prefix + "log"
-		client, err = postbox.NewClient(pglog.New(pg.pool, 0), cfg)
+		if err = pglog.UseLog(ctx, pg.pool, prefix); err == nil {
+			client, err = postbox.NewClient(pglog.New(pg.pool, 0), cfg)
+		}
 	} else {
 		client, err = db.newClient(cfg)
 	}

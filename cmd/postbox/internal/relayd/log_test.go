@@ -32,6 +32,9 @@ relay: {lease: 3s, poll_interval: 20ms}
 admin: {listen: "127.0.0.1:0"}
 `, map[string]string{"POSTBOX_DATABASE_URL": testdb.PostgresURL(), "POSTBOX_PREFIX": prefix, "POSTBOX_NATS_URL": url, "POSTBOX_STORAGE": "log"})
 
+	if err := pglog.UseLog(ctx, pool, prefix); err != nil {
+		t.Fatal(err)
+	}
 	writer, err := postbox.NewClient(pglog.New(pool, 0), &postbox.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
