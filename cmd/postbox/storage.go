@@ -29,7 +29,11 @@ the table is refused at its start and at its next heartbeat.
 Back to the table: writers first, then relays. Run "postbox storage table",
 then restart the relays with storage table once the log is drained; a relay
 over the table refuses to start while the log holds a message no relay over
-it has passed.`,
+it has passed.
+
+Writers: the log's writer reads the setting in each write, and a switch waits
+up to 5s for the writes that read it before; the drivers' writers keep the
+outbox under either setting, which every relay reads.`,
 		Args:      cobra.MaximumNArgs(1),
 		ValidArgs: []string{relayd.StorageTable, relayd.StorageLog},
 		RunE: withConnArgs(f, func(ctx context.Context, c *conn, out io.Writer, args []string) error {

@@ -209,11 +209,14 @@ func isLockTimeout(err error) bool {
 // StorageTable or StorageLog, and returns the state after the switch.
 // The switch to the log is refused (postboxdriver.ErrStorageRefused)
 // while a live relay reads the table, naming it: such a relay never reads
-// the log. It locks the storage table first, which every heartbeat reads:
-// a heartbeat that read it before waits in the switch's check of the
-// relays, and one that reads it after reads the new setting, and is
-// refused. The switch back to the table is never refused; relays over the
-// table then wait for the log to drain (CheckStorage).
+// the log. It locks the storage table first, which every heartbeat and
+// every write of the log's Store reads, holding the lock to its
+// transaction's end: the switch waits for those that read it before (a
+// heartbeat's registration is then in the relays it checks), and those
+// that read it after read the new setting (a heartbeat over the table is
+// refused, a write goes where it says). The switch back to the table is
+// never refused; relays over the table then wait for the log to drain
+// (CheckStorage).
 func (c *Core) SwitchStorage(ctx context.Context, to string) (StorageState, error) {
 	if to != StorageTable && to != StorageLog {
 		return StorageState{}, fmt.Errorf("postbox: storage %q: want %s or %s", to, StorageTable, StorageLog)
