@@ -310,3 +310,27 @@ func TestStorageHeartbeatRefused(t *testing.T) {
 	}
 	t.Logf("%d of 200 switches went through; heartbeats registered by worker: %v", switched, beats)
 }
+
+// A relay of this version on tables migrated before migration 13 is told
+// to migrate: the heartbeat's missing column and the start's missing table
+// are ErrNotMigrated.
+func TestStorageNotMigrated(t *testing.T) {
+	ctx := context.Background()
+	pool, prefix, _, tableClient, _ := storageClients(t)
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+prefix+`relays DROP COLUMN storage`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := postboxpgx.New(pool).Open(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Coordinate(ctx, "old", time.Minute, nil, nil, nil); !errors.Is(err, postboxdriver.ErrNotMigrated) {
+		t.Fatalf("a heartbeat without relays.storage: %v, want ErrNotMigrated", err)
+	}
+	if _, err := pool.Exec(ctx, `DROP TABLE `+prefix+`storage`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tableClient().Start(ctx); !errors.Is(err, postboxdriver.ErrNotMigrated) {
+		t.Fatalf("a start without the storage table: %v, want ErrNotMigrated", err)
+	}
+}
