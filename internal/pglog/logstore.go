@@ -254,12 +254,13 @@ func (d *Driver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
 	if err != nil {
 		return nil, err
 	}
-	if !pgsql.ReadsLog(inner) {
+	core := pgsql.ReadsLog(inner)
+	if core == nil {
 		return nil, errors.New("pglog: postboxpgx's Store embeds no pgsql.Core")
 	}
 	r := strings.NewReplacer("{p}", prefix)
 	st := &logStore{
-		Store: inner, pool: d.pool, db: noJIT{d.pool}, r: r, prefix: prefix, chunks: d.chunks,
+		Store: inner, core: core, pool: d.pool, db: noJIT{d.pool}, r: r, prefix: prefix, chunks: d.chunks,
 		reads:       map[readShape]string{},
 		settleReads: map[readShape]string{},
 		shortReads:  map[int]bool{},
@@ -291,7 +292,7 @@ FROM {p}positions WHERE partition = ANY($1::int[])`),
 }
 
 // logStore is postboxpgx's Store with the relay's path on the log: Insert
-// writes the log, Fetch reads it by bands beside the outbox's exceptions,
+// writes the log (the outbox while the database says table), Fetch reads it by bands beside the outbox's exceptions,
 // and Settle advances the positions (or records rows one by one); Stats,
 // ResolveCrashes and RequeueDeadMessages take the log into account,
 // SettleFetch records a small batch in the statement of the next read, and
@@ -301,6 +302,9 @@ FROM {p}positions WHERE partition = ANY($1::int[])`),
 // passes on.
 type logStore struct {
 	postboxdriver.Store[pgx.Tx]
+	// core is the Core that Store embeds (pgsql.ReadsLog): its inserts
+	// note their partitions for the change signals.
+	core   *pgsql.Core
 	pool   *pgxpool.Pool
 	db     noJIT // every statement but the writer's insert
 	r      *strings.Replacer
@@ -384,33 +388,29 @@ func (s *logStore) dropStale() {
 }
 
 func (s *logStore) UnwrapExecutor(tx pgx.Tx) postboxdriver.Executor {
-	return logTx{Executor: s.Store.UnwrapExecutor(tx), s: s, tx: tx}
+	ex := s.Store.UnwrapExecutor(tx)
+	core, _ := ex.(*pgsql.Core)
+	return logTx{Executor: ex, s: s, core: core}
 }
 
 // logTx is the Executor in a caller's transaction, whose Insert writes
-// the log.
+// the log. core is the Executor postboxpgx's Store unwraps, a Core bound
+// to the transaction (in a postboxpgx.Tx, deferring its insert to the
+// COMMIT).
 type logTx struct {
 	postboxdriver.Executor
-	s  *logStore
-	tx pgx.Tx
+	s    *logStore
+	core *pgsql.Core
 }
 
 // Insert writes the log, or the outbox while the database says table
 // (insertSQL), as postboxpgx writes the outbox: in a postboxpgx.Tx, with
-// the COMMIT.
+// the COMMIT; its partitions noted for the next change signal.
 func (t logTx) Insert(ctx context.Context, rows []postboxdriver.Row) error {
-	if c, ok := t.Executor.(rowsInserter); ok {
-		return t.s.wrap(c.InsertRows(ctx, t.s.insert, rows))
+	if t.core == nil {
+		return fmt.Errorf("pglog: postboxpgx's Executor is a %T, not a pgsql.Core", t.Executor)
 	}
-	_, err := t.tx.Exec(ctx, t.s.insert, insertArrays(rows)...)
-	return t.s.wrap(err)
-}
-
-// rowsInserter is pgsql.Core's InsertRows, which postboxpgx's Store and
-// its Executors have: it notes the partitions written, which the next
-// change signal names.
-type rowsInserter interface {
-	InsertRows(ctx context.Context, sql string, rows []postboxdriver.Row) error
+	return t.s.wrap(t.core.InsertRows(ctx, t.s.insert, rows))
 }
 
 // AfterCommit implements postboxdriver.AfterCommitter as postboxpgx's
@@ -443,28 +443,18 @@ INSERT INTO {p}outbox (id, topic, key, payload, headers, partition) ` + rows + `
 WHERE (SELECT storage FROM {p}storage) IS DISTINCT FROM 'log'`
 }()
 
-// insertArrays are the log insert's parameters, the outbox insert's.
-func insertArrays(rows []postboxdriver.Row) []any {
-	args, _ := pgsql.InsertArrays(rows)
-	return args
-}
-
 // Insert implements postboxdriver.Executor: the rows go to the log, or the
 // outbox while the database says table (insertSQL), their partitions
 // noted for the next change signal (Signal).
 func (s *logStore) Insert(ctx context.Context, rows []postboxdriver.Row) error {
-	if c, ok := s.Store.(rowsInserter); ok {
-		return s.wrap(c.InsertRows(ctx, s.insert, rows))
-	}
-	_, err := s.pool.Exec(ctx, s.insert, insertArrays(rows)...)
-	return s.wrap(err)
+	return s.wrap(s.core.InsertRows(ctx, s.insert, rows))
 }
 
 // Signal implements postboxdriver.Signaler as postboxpgx's Store does:
 // the log's writes (InsertRows marks their partitions) wake the relays of
 // other processes as the outbox's do, on the same channel.
 func (s *logStore) Signal(ctx context.Context, committed bool) error {
-	return s.Store.(postboxdriver.Signaler).Signal(ctx, committed)
+	return s.core.Signal(ctx, committed)
 }
 
 // Listen implements postboxdriver.Listener as postboxpgx's Store does: a

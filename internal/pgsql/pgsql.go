@@ -220,24 +220,23 @@ func (c *Core) wrap(err error) error { return NotMigrated(c.prefix, err) }
 // table under prefix it needs does not exist, or a column a later
 // migration adds, and err itself otherwise.
 func NotMigrated(prefix string, err error) error {
-	if err != nil && (isUndefinedTable(err) || isUndefinedColumn(err)) {
+	if code := sqlState(err); code == "42P01" || code == "42703" {
 		return fmt.Errorf("%w (prefix %q): %w", postboxdriver.ErrNotMigrated, prefix, err)
 	}
 	return err
 }
 
-// isUndefinedTable recognizes PostgreSQL's undefined_table error through
-// the SQLState method pgx's error has, so this package needs no client.
-func isUndefinedTable(err error) bool {
+// sqlState is the SQLSTATE of PostgreSQL's error in err, "" for none,
+// through the SQLState method pgx's error has, so this package needs no
+// client: 42P01 undefined_table, 42703 undefined_column (a column of a
+// later migration, such as relays.storage of migration 13), 55P03
+// lock_not_available (lock_timeout).
+func sqlState(err error) string {
 	var coded interface{ SQLState() string }
-	return errors.As(err, &coded) && coded.SQLState() == "42P01"
-}
-
-// isUndefinedColumn recognizes undefined_column: a column of a later
-// migration (relays.storage, migration 13) on tables migrated before it.
-func isUndefinedColumn(err error) bool {
-	var coded interface{ SQLState() string }
-	return errors.As(err, &coded) && coded.SQLState() == "42703"
+	if errors.As(err, &coded) {
+		return coded.SQLState()
+	}
+	return ""
 }
 
 func scanAll(rows Rows, fn func(Rows) error) error {

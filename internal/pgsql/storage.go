@@ -2,7 +2,6 @@ package pgsql
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -26,14 +25,16 @@ func (c *Core) core() *Core { return c }
 
 // ReadsLog makes the Core that x embeds register its relays as readers of
 // the log (Coordinate's heartbeat) and let them run under either setting
-// of the database (CheckStorage). The log's Store calls it on the Store it
-// wraps, before any use; it reports whether x embeds a Core.
-func ReadsLog(x any) bool {
+// of the database (CheckStorage), and returns it; nil when x embeds none.
+// The log's Store calls it on the Store it wraps, before any use.
+func ReadsLog(x any) *Core {
 	h, ok := x.(coreOf)
-	if ok {
-		h.core().storage = StorageLog
+	if !ok {
+		return nil
 	}
-	return ok
+	c := h.core()
+	c.storage = StorageLog
+	return c
 }
 
 // readsLog says whether the Core's relays read the log.
@@ -199,12 +200,6 @@ func (c *Core) storageState(ctx context.Context, q Querier) (StorageState, error
 // transaction would stall them all.
 const storageLockTimeout = 5 * time.Second
 
-// isLockTimeout recognizes lock_not_available, which lock_timeout raises.
-func isLockTimeout(err error) bool {
-	var coded interface{ SQLState() string }
-	return errors.As(err, &coded) && coded.SQLState() == "55P03"
-}
-
 // SwitchStorage sets what the database says its relays read, to
 // StorageTable or StorageLog, and returns the state after the switch.
 // The switch to the log is refused (postboxdriver.ErrStorageRefused)
@@ -227,7 +222,7 @@ func (c *Core) SwitchStorage(ctx context.Context, to string) (StorageState, erro
 			return err
 		}
 		if _, err := q.Exec(ctx, c.q.lockStorage); err != nil {
-			if isLockTimeout(err) {
+			if sqlState(err) == "55P03" {
 				return fmt.Errorf("postbox: switch storage: a transaction that read the setting (a write to the log or a relay's heartbeat) "+
 					"did not end within %s; nothing was switched: %w", storageLockTimeout, err)
 			}
