@@ -244,7 +244,7 @@ func newPGDatabase(ctx context.Context, h *harness) *pgDatabase {
 	}
 	var driver postboxdriver.Driver[pgx.Tx] = postboxpgx.New(h.pool)
 	if h.storage == storageLog {
-		driver = pglog.New(h.pool, 0)
+		driver = postboxpgx.New(h.pool, postboxpgx.WithLog())
 	}
 	if d.client, err = prepare(ctx, driver, p, exec, domain); err != nil {
 		t.Fatal(err)

@@ -9,99 +9,84 @@
 //
 // A transaction begun with Begin (a *Tx) sends the messages with its
 // COMMIT, in one round trip, instead of in a statement of their own.
+//
+// With WithLog the driver's relays read the log (design §3, "The next
+// storage model"), which PostgreSQL drains without moving each message
+// into a history, and its writers write the log while the database says
+// so (`postbox storage log`).
 package postboxpgx
 
 import (
-	"context"
-
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/postbox-go/postbox/internal/pglog"
 	"github.com/postbox-go/postbox/internal/pgsql"
-	"github.com/postbox-go/postbox/internal/pgxq"
+	"github.com/postbox-go/postbox/internal/pgxdriver"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
 
 // Driver adapts a pgx pool. Transactions are pgx.Tx.
 type Driver struct {
 	pool *pgxpool.Pool
+	log  bool
 }
 
-var (
-	_ postboxdriver.Driver[pgx.Tx]      = (*Driver)(nil)
-	_ postboxdriver.ConnChecker[pgx.Tx] = (*store)(nil)
-)
+var _ postboxdriver.Driver[pgx.Tx] = (*Driver)(nil)
+
+// An Option sets how a Driver stores messages.
+type Option func(*Driver)
+
+// WithLog makes the Driver's Stores work over the log of PostgreSQL
+// migration 12 (design §3, "The next storage model") beside the outbox.
+// Their relays read the log by snapshot bands and advance a position per
+// partition once a batch, instead of moving each message from the outbox
+// into the published table: PostgreSQL's CPU a drained message falls to
+// about a third (BENCHMARKS.md, "The log drained by the relay"). History,
+// replay, dead messages and retention read the log beside the outbox and
+// the published table.
+//
+// The writers follow the database's setting (migration 13): they write
+// the log while it says log and the outbox while it says table, deciding
+// in the writer's own transaction. A relay over the log reads both, so it
+// runs under either setting, and a relay without WithLog is refused while
+// the database says log. To move a database to the log: run every relay
+// of it with WithLog (or `storage: log` in `postbox relay`), then `postbox
+// storage log`. The way back: `postbox storage table`, then relays without
+// WithLog once the log holds nothing pending.
+//
+// What changes for a user (design §3, "What changes for users"): the log
+// has no unique index on id, so a second pending message under an id
+// already pending is no longer refused at insert, and writers of other
+// languages, who insert into the outbox, keep the outbox's cost.
+func WithLog() Option { return func(d *Driver) { d.log = true } }
 
 // New returns a driver over pool.
-func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
+func New(pool *pgxpool.Pool, opts ...Option) *Driver {
+	d := &Driver{pool: pool}
+	for _, o := range opts {
+		o(d)
+	}
+	return d
+}
 
 // Pool returns the pool the driver was made with.
 func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 
 // Open implements postboxdriver.Driver.
 func (d *Driver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
-	core, err := pgsql.New(poolDB{querier[*pgxpool.Pool]{d.pool}}, prefix)
-	if err != nil {
-		return nil, err
+	outbox := pgxdriver.New(d.pool, unwrap)
+	if d.log {
+		return pglog.New(outbox, d.pool, 0).Open(prefix)
 	}
-	return &store{Core: core, pool: d.pool}, nil
+	return outbox.Open(prefix)
 }
 
-type store struct {
-	*pgsql.Core
-	pool *pgxpool.Pool
-}
-
-func (s *store) UnwrapExecutor(tx pgx.Tx) postboxdriver.Executor {
+// unwrap is the Querier of a caller's transaction: a Tx's defers its
+// inserts to the COMMIT.
+func unwrap(tx pgx.Tx) pgsql.Querier {
 	if t, ok := tx.(*Tx); ok {
-		return s.WithTx(deferring{querier[pgx.Tx]{t}, t})
+		return deferring{pgxdriver.Querier[pgx.Tx]{C: t}, t}
 	}
-	return s.WithTx(querier[pgx.Tx]{tx})
-}
-
-func (s *store) InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	return pgx.BeginFunc(ctx, s.pool, fn)
-}
-
-// ConnLost implements postboxdriver.ConnChecker: pgx closes a connection
-// that failed or that the server ended, so asking costs no round trip.
-func (s *store) ConnLost(_ context.Context, tx pgx.Tx) bool {
-	c := tx.Conn()
-	return c != nil && c.IsClosed()
-}
-
-// conn is what a pool and a transaction share.
-type conn interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
-// querier adapts a pool or a transaction to pgsql.Querier.
-type querier[C conn] struct{ c C }
-
-func (q querier[C]) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
-	tag, err := q.c.Exec(ctx, sql, args...)
-	return tag.RowsAffected(), err
-}
-
-func (q querier[C]) Query(ctx context.Context, sql string, args ...any) (pgsql.Rows, error) {
-	return q.c.Query(ctx, sql, args...)
-}
-
-// poolDB runs pgsql's transactions of its own on the pool.
-type poolDB struct{ querier[*pgxpool.Pool] }
-
-func (d poolDB) Tx(ctx context.Context, fn func(q pgsql.Querier) error) error {
-	return pgx.BeginFunc(ctx, d.c, func(tx pgx.Tx) error { return fn(querier[pgx.Tx]{tx}) })
-}
-
-// Pin runs fn on one of the pool's connections.
-func (d poolDB) Pin(ctx context.Context, fn func(q pgsql.Querier, named bool) error) error {
-	c, err := d.c.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer c.Release()
-	return fn(pgxq.Unnamed(c.Conn()), pgxq.NamesStatements(c.Conn().Config()))
+	return pgxdriver.Querier[pgx.Tx]{C: tx}
 }

@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/postbox-go/postbox/internal/pgxdriver"
 )
 
 // Tx is a transaction whose Commit sends the messages written into it with
@@ -232,7 +234,7 @@ func (closedBatch) Tx() pgx.Tx                       { return nil }
 
 // deferring is the querier of a Tx: its outbox inserts wait for Commit.
 type deferring struct {
-	querier[pgx.Tx]
+	pgxdriver.Querier[pgx.Tx]
 	t *Tx
 }
 

@@ -15,7 +15,6 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
-	"github.com/postbox-go/postbox/internal/pglog"
 	"github.com/postbox-go/postbox/internal/pgsql"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
@@ -38,7 +37,7 @@ func (f *dbFlags) register(cmd *cobra.Command) {
 	p.StringVar(&f.prefix, "prefix", envOr("POSTBOX_PREFIX", postbox.DefaultPrefix), "table prefix (env POSTBOX_PREFIX)")
 	p.StringVar(&f.retention, "retention", envOr("POSTBOX_RETENTION", "168h"), "how long published messages are kept: the prune age and the replay horizon (env POSTBOX_RETENTION)")
 	p.StringVar(&f.storage, "storage", envOr("POSTBOX_STORAGE", relayd.StorageTable),
-		"what the relays of the database read, as their storage setting says: table, or log (PostgreSQL, experimental: status, replay and prune then count and move the log's rows too) (env POSTBOX_STORAGE)")
+		"what the relays of the database read, as their storage setting says: table, or log (PostgreSQL: status, replay and prune then count and move the log's rows too) (env POSTBOX_STORAGE)")
 	p.BoolVar(&f.json, "json", false, "print JSON instead of tables")
 }
 
@@ -125,7 +124,7 @@ func (f *dbFlags) open(cmd *cobra.Command) (*conn, error) {
 		}
 		var d postboxdriver.Driver[pgx.Tx] = postboxpgx.New(pool)
 		if f.storage == relayd.StorageLog {
-			d = pglog.New(pool, 0)
+			d = postboxpgx.New(pool, postboxpgx.WithLog())
 		}
 		c, err := finish(d, ccfg, mcfg, pool.Close)
 		if err != nil {

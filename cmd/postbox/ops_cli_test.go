@@ -347,7 +347,7 @@ func TestCLIStorage(t *testing.T) {
 	if err := pglog.UseLog(ctx, pool, prefix); err != nil {
 		t.Fatal(err)
 	}
-	w, err := postbox.NewClient(pglog.New(pool, 0), &postbox.Config{Prefix: prefix})
+	w, err := postbox.NewClient(postboxpgx.New(pool, postboxpgx.WithLog()), &postbox.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

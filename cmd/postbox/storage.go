@@ -17,7 +17,7 @@ func newStorage(f *dbFlags) *cobra.Command {
 		Use:   "storage [table|log]",
 		Short: "Show what the database says its relays read, and each live relay's storage; switch it",
 		Long: `storage shows what a PostgreSQL database says its relays read: table (the
-outbox) or log (the log of design §3, experimental, with the outbox beside it),
+outbox) or log (the log of design §3, with the outbox beside it),
 since when, and what each live relay reads. With an argument it switches the
 setting.
 

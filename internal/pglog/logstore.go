@@ -1,9 +1,11 @@
 // Package pglog is the log read by snapshot bands on PostgreSQL (design
 // §3, "The next storage model"): a Store over migration 12's tables that
-// the relay drains. No public driver offers it yet: `postbox relay` reads
-// it with storage: log, the fault harness writes and relays over it
+// the relay drains, wrapping the outbox's Store (internal/pgxdriver). Users
+// reach it through postboxpgx.WithLog, and `postbox relay` with storage:
+// log; the fault harness writes and relays over it
 // (POSTBOX_FAULTS_STORAGE=log), and the benchmark measures it (`postbox
-// bench drain --storage log`).
+// bench drain --storage log`), with the chunks of logchunks.go as an
+// option only this package's New offers.
 package pglog
 
 import (
@@ -24,8 +26,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox/internal/pgsql"
+	"github.com/postbox-go/postbox/internal/pgxdriver"
 	"github.com/postbox-go/postbox/postboxdriver"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // The log read by snapshot bands (design §3, "The next storage model"),
@@ -192,6 +194,11 @@ func keyOf(seqs []int64) readKey {
 // Driver opens Stores over the log on a pgx pool (postboxdriver.Driver).
 type Driver struct {
 	pool *pgxpool.Pool
+	// outbox opens the Store over the outbox that the log's wraps: the
+	// outbox's own statements, and the caller's transactions as that
+	// Store binds statements to them. Nil opens pgxdriver's, which runs a
+	// transaction's statements in it at once.
+	outbox postboxdriver.Driver[pgx.Tx]
 	// chunks splits the log (ChunkLog); zero leaves it whole.
 	chunks chunking
 	// store is the Store opened last, whose published count the drain
@@ -199,12 +206,13 @@ type Driver struct {
 	store atomic.Pointer[logStore]
 }
 
-// New returns a Driver over the log on pool. With chunk above zero the
-// log, made a partitioned table by ChunkLog, is split into chunks of that
-// many seqs, chunksAhead of them kept attached beyond the sequence, which
-// retention drops whole; at zero the log is whole.
-func New(pool *pgxpool.Pool, chunk int64) *Driver {
-	d := &Driver{pool: pool}
+// New returns a Driver over the log on pool, whose Stores wrap those
+// outbox opens (postboxpgx's, on the same pool). With chunk above zero
+// the log, made a partitioned table by ChunkLog, is split into chunks of
+// that many seqs, chunksAhead of them kept attached beyond the sequence,
+// which retention drops whole; at zero the log is whole.
+func New(outbox postboxdriver.Driver[pgx.Tx], pool *pgxpool.Pool, chunk int64) *Driver {
+	d := &Driver{pool: pool, outbox: outbox}
 	if chunk > 0 {
 		d.chunks = chunking{width: chunk, ahead: chunksAhead}
 	}
@@ -236,13 +244,13 @@ func (d *Driver) AttachChunks(ctx context.Context) error {
 // only then. The benchmark and the fault harness call it on their own
 // tables before they write.
 func UseLog(ctx context.Context, pool *pgxpool.Pool, prefix string) error {
-	st, err := postboxpgx.New(pool).Open(prefix)
+	st, err := pgxdriver.New(pool, nil).Open(prefix)
 	if err != nil {
 		return err
 	}
 	set, ok := st.(pgsql.StorageSetting)
 	if !ok {
-		return errors.New("pglog: postboxpgx's Store has no storage setting")
+		return errors.New("pglog: the outbox's Store has no storage setting")
 	}
 	_, err = set.SwitchStorage(ctx, pgsql.StorageLog)
 	return err
@@ -250,13 +258,17 @@ func UseLog(ctx context.Context, pool *pgxpool.Pool, prefix string) error {
 
 // Open implements postboxdriver.Driver.
 func (d *Driver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
-	inner, err := postboxpgx.New(d.pool).Open(prefix)
+	outbox := d.outbox
+	if outbox == nil {
+		outbox = pgxdriver.New(d.pool, nil)
+	}
+	inner, err := outbox.Open(prefix)
 	if err != nil {
 		return nil, err
 	}
 	core := pgsql.ReadsLog(inner)
 	if core == nil {
-		return nil, errors.New("pglog: postboxpgx's Store embeds no pgsql.Core")
+		return nil, fmt.Errorf("pglog: the outbox's Store, a %T, embeds no pgsql.Core", inner)
 	}
 	r := strings.NewReplacer("{p}", prefix)
 	st := &logStore{
@@ -408,7 +420,7 @@ type logTx struct {
 // the COMMIT; its partitions noted for the next change signal.
 func (t logTx) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 	if t.core == nil {
-		return fmt.Errorf("pglog: postboxpgx's Executor is a %T, not a pgsql.Core", t.Executor)
+		return fmt.Errorf("pglog: the outbox's Executor is a %T, not a pgsql.Core", t.Executor)
 	}
 	return t.s.wrap(t.core.InsertRows(ctx, t.s.insert, rows))
 }

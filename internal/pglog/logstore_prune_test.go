@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/postbox-go/postbox/internal/cpuuse"
+	"github.com/postbox-go/postbox/internal/pgxdriver"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // BenchmarkPrunePublished deletes history older than the retention by
@@ -46,7 +46,7 @@ func BenchmarkPrunePublished(b *testing.B) {
 			p := st.prefix
 			prune := st.PrunePublished
 			if storage == "table" {
-				inner, err := postboxpgx.New(pool).Open(p)
+				inner, err := pgxdriver.New(pool, nil).Open(p)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -184,7 +184,7 @@ func BenchmarkTableHistory(b *testing.B) {
 	rows, pending := envInt(b, "TABLE_HISTORY_ROWS", 1_000_000), envInt(b, "TABLE_HISTORY_PENDING", 5_000)
 	ctx := context.Background()
 	pool, p := testdb.Migrated(b)
-	st, err := postboxpgx.New(pool).Open(p)
+	st, err := pgxdriver.New(pool, nil).Open(p)
 	if err != nil {
 		b.Fatal(err)
 	}

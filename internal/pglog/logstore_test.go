@@ -21,7 +21,6 @@ import (
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // The real relay drains the log while writers commit into it: late, with
@@ -632,46 +631,6 @@ func TestLogStoreSettleFetch(t *testing.T) {
 	step(stale, recs, 0, "")
 	if s, err := st.Stats(ctx); err != nil || s.Pending != 2 || s.Published != 2 {
 		t.Fatalf("stats = %+v, %v; want the late row and c pending, a and b published", s, err)
-	}
-}
-
-// In a postboxpgx.Tx a message goes into the log with the COMMIT, as it
-// goes into the outbox: the transaction's own statements do not see it
-// before, everyone sees it after.
-func TestLogStoreWritesWithTheCommit(t *testing.T) {
-	ctx := context.Background()
-	pool, open := logStoreSchema(t)
-	prefix := open().(*logStore).prefix
-	client, err := postbox.NewClient(&Driver{pool: pool}, &postbox.Config{Prefix: prefix, NoSignals: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := postboxpgx.Begin(ctx, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if err := client.WriteTx(ctx, tx, postbox.Message{Topic: "t", Key: "k", Payload: []byte("p")}); err != nil {
-		t.Fatal(err)
-	}
-	count := func(q interface {
-		QueryRow(context.Context, string, ...any) pgx.Row
-	}) int {
-		t.Helper()
-		var n int
-		if err := q.QueryRow(ctx, `SELECT count(*) FROM `+prefix+`log`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	if n := count(tx); n != 0 {
-		t.Fatalf("the log holds %d rows in the transaction before its commit; want the insert sent with the COMMIT", n)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if n := count(pool); n != 1 {
-		t.Fatalf("the log holds %d rows after the commit, want 1", n)
 	}
 }
 

@@ -16,9 +16,9 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/pgsql"
+	"github.com/postbox-go/postbox/internal/pgxdriver"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // storageClients opens, over one migrated database, a table Store (with
@@ -26,7 +26,7 @@ import (
 func storageClients(t *testing.T) (pool *pgxpool.Pool, prefix string, setting pgsql.StorageSetting, table, log func() *postbox.Client[pgx.Tx]) {
 	t.Helper()
 	pool, prefix = testdb.Migrated(t)
-	st, err := postboxpgx.New(pool).Open(prefix)
+	st, err := pgxdriver.New(pool, nil).Open(prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func storageClients(t *testing.T) (pool *pgxpool.Pool, prefix string, setting pg
 			return c
 		}
 	}
-	return pool, prefix, setting, client(postboxpgx.New(pool)), client(New(pool, 0))
+	return pool, prefix, setting, client(pgxdriver.New(pool, nil)), client(New(nil, pool, 0))
 }
 
 // The database says what its relays read (migration 13). A switch to the
@@ -229,7 +229,7 @@ func waitRelays(t *testing.T, setting pgsql.StorageSetting, n int) {
 func TestStorageHeartbeatRefused(t *testing.T) {
 	ctx := context.Background()
 	pool, prefix, setting, _, _ := storageClients(t)
-	st, err := postboxpgx.New(pool).Open(prefix)
+	st, err := pgxdriver.New(pool, nil).Open(prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +320,7 @@ func TestStorageNotMigrated(t *testing.T) {
 	if _, err := pool.Exec(ctx, `ALTER TABLE `+prefix+`relays DROP COLUMN storage`); err != nil {
 		t.Fatal(err)
 	}
-	st, err := postboxpgx.New(pool).Open(prefix)
+	st, err := pgxdriver.New(pool, nil).Open(prefix)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,9 +20,9 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx" for database/sql
 
 	"github.com/postbox-go/postbox/internal/pgbouncer"
+	"github.com/postbox-go/postbox/internal/pgxdriver"
 	"github.com/postbox-go/postbox/internal/tcpproxy"
 	"github.com/postbox-go/postbox/postboxmigrate"
-	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // PostgresURL is the database tests use; POSTBOX_TEST_DATABASE_URL
@@ -118,7 +118,7 @@ func Migrated(t testing.TB) (*pgxpool.Pool, string) {
 	pool := Pool(t)
 	prefix := Prefix(t)
 	DropPrefix(t, pool, prefix)
-	m, err := postboxmigrate.New(postboxpgx.New(pool), &postboxmigrate.Config{Prefix: prefix})
+	m, err := postboxmigrate.New(pgxdriver.New(pool, nil), &postboxmigrate.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/cpuuse"
 	"github.com/postbox-go/postbox/internal/pglog"
+	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // DrainOptions configure the backlog drain benchmark.
@@ -189,7 +190,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 				return res, fmt.Errorf("split the log into chunks: %w", err)
 			}
 		}
-		logs, table = pglog.New(pg.pool, opts.LogChunk), prefix+"log"
+		logs, table = pglog.New(postboxpgx.New(pg.pool), pg.pool, opts.LogChunk), prefix+"log"
 		if client, err = postbox.NewClient(logs, cfg); err == nil && opts.LogChunk > 0 {
 			// The backlog's rows go into chunks, as a relay's
 			// retention pass keeps them ahead of the sequence.

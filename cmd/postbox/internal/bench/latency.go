@@ -216,7 +216,9 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	// or the log's.
 	driver := func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] { return postboxpgx.New(pool) }
 	if opts.Storage == "log" {
-		driver = func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] { return pglog.New(pool, 0) }
+		driver = func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] {
+			return postboxpgx.New(pool, postboxpgx.WithLog())
+		}
 		if err := pglog.UseLog(ctx, wpool, prefix); err != nil {
 			return res, fmt.Errorf("switch the database to the log: %w", err)
 		}

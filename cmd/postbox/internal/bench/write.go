@@ -19,6 +19,7 @@ import (
 	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
 	"github.com/postbox-go/postbox/internal/cpuuse"
 	"github.com/postbox-go/postbox/internal/pglog"
+	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // WriteOptions configure the write-overhead benchmark: domain transactions
@@ -260,7 +261,7 @@ func Write(ctx context.Context, opts WriteOptions, out io.Writer) (WriteResult, 
 	if pg, ok := db.(*pgDatabase); ok && opts.Storage == "log" {
 		messages = prefix + "log"
 		if err = pglog.UseLog(ctx, pg.pool, prefix); err == nil {
-			client, err = postbox.NewClient(pglog.New(pg.pool, 0), cfg)
+			client, err = postbox.NewClient(postboxpgx.New(pg.pool, postboxpgx.WithLog()), cfg)
 		}
 	} else {
 		client, err = db.newClient(cfg)

@@ -101,7 +101,7 @@ var EnvVars = []EnvVar{
 			}
 			return nil
 		}},
-	{Name: "POSTBOX_STORAGE", Setting: "databases[].storage", Help: "what the relay reads, of every database: table (the outbox) or log (PostgreSQL, experimental)",
+	{Name: "POSTBOX_STORAGE", Setting: "databases[].storage", Help: "what the relay reads, of every database: table (the outbox) or log (PostgreSQL: the log and the outbox, as postboxpgx.WithLog)",
 		set: func(c *Config, v string) error {
 			for i := range c.Databases {
 				c.Databases[i].Storage = v

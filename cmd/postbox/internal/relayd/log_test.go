@@ -16,6 +16,7 @@ import (
 	"github.com/postbox-go/postbox/cmd/postbox/internal/relayd"
 	"github.com/postbox-go/postbox/internal/pglog"
 	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/postboxpgx"
 )
 
 // A daemon with storage: log publishes what postbox's log writer put in
@@ -35,7 +36,7 @@ admin: {listen: "127.0.0.1:0"}
 	if err := pglog.UseLog(ctx, pool, prefix); err != nil {
 		t.Fatal(err)
 	}
-	writer, err := postbox.NewClient(pglog.New(pool, 0), &postbox.Config{Prefix: prefix})
+	writer, err := postbox.NewClient(postboxpgx.New(pool, postboxpgx.WithLog()), &postbox.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

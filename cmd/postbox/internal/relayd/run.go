@@ -25,7 +25,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/postbox-go/postbox"
-	"github.com/postbox-go/postbox/internal/pglog"
 	"github.com/postbox-go/postbox/postboxadmin"
 	"github.com/postbox-go/postbox/postboxamqp"
 	"github.com/postbox-go/postbox/postboxdriver"
@@ -549,7 +548,7 @@ func openShard(ctx context.Context, db Database, cfg *Config, routes []postbox.R
 	}
 	var drv postboxdriver.Driver[pgx.Tx] = postboxpgx.New(pool)
 	if db.Storage == StorageLog {
-		drv = pglog.New(pool, 0)
+		drv = postboxpgx.New(pool, postboxpgx.WithLog())
 	}
 	c, err := postbox.NewClient(drv, ccfg)
 	if err == nil {
