@@ -47,8 +47,9 @@ const chunksAhead = 4
 const chunkLockTimeout = "100ms"
 
 // ChunkLog makes the empty log of migration 12, named with prefix, a
-// table partitioned by seq range with the same columns, defaults and
-// indexes, beside a default partition, and adds the list of chunks. The
+// table partitioned by seq range with the same columns, defaults,
+// indexes and update trigger (migration 14), beside a default partition,
+// and adds the list of chunks. The
 // old table's indexes are renamed first, so that the new ones take their
 // names (the one PostgreSQL names after its column is renamed after).
 func ChunkLog(prefix string) string {
@@ -61,6 +62,8 @@ CREATE TABLE {p}log (LIKE {p}log_whole INCLUDING ALL) PARTITION BY RANGE (seq);
 DROP TABLE {p}log_whole;
 ALTER INDEX {p}log_created_at_idx RENAME TO {p}log_created_idx;
 CREATE TABLE {p}log_default PARTITION OF {p}log DEFAULT;
+CREATE TRIGGER {p}log_rules_update BEFORE UPDATE OF id, topic, key, payload, headers, partition ON {p}log
+    FOR EACH ROW EXECUTE FUNCTION {p}outbox_rules();
 CREATE TABLE {p}log_chunks (
     lo         bigint      PRIMARY KEY,
     hi         bigint      NOT NULL,

@@ -292,7 +292,15 @@ func writeLogged(ctx context.Context, pool interface {
 	id := postbox.NewID()
 	key := fmt.Sprintf("k%d", k)
 	msg := postbox.Message{ID: id, Topic: "t", Key: key, Payload: fmt.Appendf(nil, "%s:%d", key, n)}
-	if err := client.WriteTx(ctx, tx, msg); err != nil {
+	if rng.IntN(4) == 0 {
+		// A writer in another language: the outbox's rules trigger moves
+		// its row into the log (migration 14), often as the transaction's
+		// first write.
+		if _, err := tx.Exec(ctx, `INSERT INTO `+prefix+`outbox (id, topic, key, payload) VALUES ($1, $2, $3, $4)`,
+			msg.ID, msg.Topic, msg.Key, msg.Payload); err != nil {
+			return err
+		}
+	} else if err := client.WriteTx(ctx, tx, msg); err != nil {
 		return err
 	}
 	if rng.IntN(5) == 0 {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox"
@@ -171,7 +172,161 @@ func TestStorageSwitchWaitsForWriters(t *testing.T) {
 		return tx
 	}
 
+	switchWaits(t, setting, write())
+
+	if _, err := setting.SwitchStorage(ctx, pgsql.StorageLog); err != nil {
+		t.Fatal(err)
+	}
 	tx := write()
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err := setting.SwitchStorage(ctx, pgsql.StorageTable)
+	if err == nil || !strings.Contains(err.Error(), "did not end within") {
+		t.Fatalf("a switch behind a write open past the lock timeout: %v", err)
+	}
+	if st, err := setting.Storage(ctx); err != nil || st.Storage != pgsql.StorageLog {
+		t.Fatalf("after the switch gave up: %+v, %v; want log still", st, err)
+	}
+}
+
+// A writer in another language inserts into the outbox, leaving the
+// partition out: the rules trigger checks the row, and while the database
+// says log moves it into the log (migration 14), computing its partition
+// as postbox's writer does; a row that breaks a rule is refused either
+// way, writing nothing; a switch waits for the writer's transaction as
+// for postbox's writer's; and a replay as new messages, whose copies the
+// trigger moves, still counts them.
+func TestStorageOtherWriters(t *testing.T) {
+	ctx := context.Background()
+	pool, prefix, setting, _, logClient := storageClients(t)
+	insert := func(q interface {
+		Query(context.Context, string, ...any) (pgx.Rows, error)
+	}, key, headers string) (returned int, err error) {
+		rows, err := q.Query(ctx, `INSERT INTO `+prefix+`outbox (id, topic, key, payload, headers)
+  VALUES (gen_random_uuid(), 'orders.paid', $1, '\x7b7d', $2::jsonb) RETURNING id`, key, headers)
+		if err != nil {
+			return 0, err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			returned++
+		}
+		return returned, rows.Err()
+	}
+
+	if n, err := insert(pool, "k1", `{}`); err != nil || n != 1 {
+		t.Fatalf("a row while the database says table: %d returned, %v; want 1", n, err)
+	}
+	if got := rowsIn(t, pool, prefix); got != [2]int{0, 1} {
+		t.Fatalf("while the database says table: %v rows in the log and the outbox, want 0 and 1", got)
+	}
+	if _, err := setting.SwitchStorage(ctx, pgsql.StorageLog); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := insert(pool, "k2", `{"ce-source":"billing"}`); err != nil || n != 0 {
+		t.Fatalf("a row while the database says log: %d returned, %v; want none, the row moved", n, err)
+	}
+	if got := rowsIn(t, pool, prefix); got != [2]int{1, 1} {
+		t.Fatalf("while the database says log: %v rows in the log and the outbox, want 1 and 1", got)
+	}
+	var part int
+	var headers string
+	if err := pool.QueryRow(ctx, `SELECT partition, headers::text FROM `+prefix+`log WHERE key = 'k2'`).Scan(&part, &headers); err != nil {
+		t.Fatal(err)
+	}
+	// The log draws the moved row's seq itself, after the outbox's default
+	// drew one and the log's xid default gave the transaction its id (the
+	// log's first column): a row whose transaction got its id after a
+	// reader's snapshot then has a seq above every seq that reader read
+	// (design §3, "The position"). The outbox's insert is the
+	// transaction's first write; no other session draws from the sequence.
+	var drawn, seq int64
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `SELECT nextval('`+prefix+`outbox_seq_seq')`).Scan(&drawn); err != nil {
+			return err
+		}
+		if _, err := insert(tx, "k5", `{}`); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT seq FROM `+prefix+`log WHERE key = 'k5'`).Scan(&seq)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if seq != drawn+2 {
+		t.Fatalf("the moved row has seq %d after the sequence's %d; want %d, drawn by the log after the outbox's default drew %d", seq, drawn, drawn+2, drawn+1)
+	}
+	if want := postboxdriver.PartitionOf("k2", "", 64); part != want || headers != `{"ce-source": "billing"}` {
+		t.Fatalf("the moved row: partition %d, headers %s; want %d and the writer's headers", part, headers, want)
+	}
+	_, err := insert(pool, "k3", `{"nats-x":"v"}`)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.ConstraintName != prefix+"outbox_header_reserved_check" {
+		t.Fatalf("a row breaking a rule while the database says log: %v, want the rule's check_violation", err)
+	}
+	if got := rowsIn(t, pool, prefix); got != [2]int{2, 1} {
+		t.Fatalf("after the refused row: %v rows in the log and the outbox, want 2 and 1", got)
+	}
+	// An update of a message in the log is held to the rules, and keeps
+	// it in its partition.
+	for _, u := range []struct{ set, constraint string }{
+		{`headers = '{"nats-x":"v"}'`, "outbox_header_reserved_check"},
+		{`key = 'k2-' || (SELECT k FROM generate_series(1, 1000) k WHERE ` + partitionSQL("'k2-' || k") + ` <> partition LIMIT 1)`, "log_partition_check"},
+	} {
+		_, err := pool.Exec(ctx, `UPDATE `+prefix+`log SET `+u.set+` WHERE key = 'k2'`)
+		if !errors.As(err, &pgErr) || pgErr.ConstraintName != prefix+u.constraint {
+			t.Fatalf("an update of a message in the log setting %s: %v, want the check_violation of %s", u.set, err, u.constraint)
+		}
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+prefix+`log SET headers = '{"ce-source":"billing","a":"b"}' WHERE key = 'k2'`); err != nil {
+		t.Fatalf("an update of a message in the log within the rules: %v", err)
+	}
+
+	// The relay over the log publishes both; a replay of them as new
+	// messages moves its copies into the log and counts them.
+	lc := logClient()
+	if err := lc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		s, err := lc.Admin().Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Pending == 0 && s.Published == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status %+v, want the three rows published", s.Stats)
+		}
+	}
+	if err := lc.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n, err := lc.Admin().Replay(ctx, postbox.ReplayRequest{Since: time.Now().Add(-time.Hour), Until: time.Now().Add(time.Minute), AsNew: true, Actor: "test"})
+	if err != nil || n != 3 {
+		t.Fatalf("a replay as new messages: %d, %v; want 3", n, err)
+	}
+	if got := rowsIn(t, pool, prefix); got[0] != 5 {
+		t.Fatalf("after the replay: %v rows in the log and the outbox, want the copies in the log", got)
+	}
+
+	// A switch waits for a writer's transaction that read the setting.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := insert(tx, "k4", `{}`); err != nil {
+		t.Fatal(err)
+	}
+	switchWaits(t, setting, tx)
+}
+
+// switchWaits checks that a switch to the table waits for tx, a writer's
+// transaction that read the setting, then commits it: the switch ends
+// once it has committed.
+func switchWaits(t *testing.T, setting pgsql.StorageSetting, tx pgx.Tx) {
+	t.Helper()
+	ctx := context.Background()
 	switched := make(chan error, 1)
 	go func() {
 		_, err := setting.SwitchStorage(ctx, pgsql.StorageTable)
@@ -188,19 +343,12 @@ func TestStorageSwitchWaitsForWriters(t *testing.T) {
 	if err := <-switched; err != nil {
 		t.Fatal(err)
 	}
+}
 
-	if _, err := setting.SwitchStorage(ctx, pgsql.StorageLog); err != nil {
-		t.Fatal(err)
-	}
-	tx = write()
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err := setting.SwitchStorage(ctx, pgsql.StorageTable)
-	if err == nil || !strings.Contains(err.Error(), "did not end within") {
-		t.Fatalf("a switch behind a write open past the lock timeout: %v", err)
-	}
-	if st, err := setting.Storage(ctx); err != nil || st.Storage != pgsql.StorageLog {
-		t.Fatalf("after the switch gave up: %+v, %v; want log still", st, err)
-	}
+// partitionSQL is the partition of the key expression k, as PostgreSQL
+// computes it (migration 11).
+func partitionSQL(k string) string {
+	return `(((('x' || substr(md5(` + k + `), 1, 8))::bit(32)::integer) & 2147483647) % 64)`
 }
 
 // waitRelays waits until n relays are live.

@@ -129,7 +129,10 @@ type ReplayStatements struct {
 // seqs after everything pending; the history keeps one row per id, so
 // they leave it until they are published again. Copies as new messages
 // take the audit entry's id first, so that every copy can name it; they
-// get fresh ids and leave the history as it was.
+// get fresh ids and leave the history as it was. Copies are inserted
+// without a partition, so the rules trigger checks them and, while the
+// database says log, moves them into the log (migration 14), where the
+// outbox's insert returns no row: they are counted from their source.
 func ReplaySQL(prefix, history, move string) ReplayStatements {
 	r := strings.NewReplacer("{p}", prefix)
 	replayNewWhere := ReplayNewWhere("p")
@@ -148,15 +151,15 @@ SELECT n FROM n`),
 		Audit: r.Replace(`INSERT INTO {p}replays (actor, since, until, topic, key, count, dry_run) VALUES ($1, $2, $3, $4, $5, $6, true)`),
 		Copy: r.Replace(`WITH aid AS (
   SELECT nextval(pg_get_serial_sequence('{p}replays', 'id')) AS id
+), src AS MATERIALIZED (
+  SELECT p.seq, p.id, p.topic, p.key, p.payload, p.headers FROM ` + history + ` WHERE ` + replayNewWhere + `
 ), copied AS (
   INSERT INTO {p}outbox (id, topic, key, payload, headers)
-  SELECT gen_random_uuid(), p.topic, p.key, p.payload,
-    p.headers || jsonb_build_object('` + postboxdriver.HeaderReplayOf + `', p.id::text, '` + postboxdriver.HeaderReplay + `', (SELECT id FROM aid)::text)
-  FROM ` + history + ` WHERE ` + replayNewWhere + `
-  ORDER BY p.seq
-  RETURNING 1
+  SELECT gen_random_uuid(), topic, key, payload,
+    headers || jsonb_build_object('` + postboxdriver.HeaderReplayOf + `', id::text, '` + postboxdriver.HeaderReplay + `', (SELECT id FROM aid)::text)
+  FROM src ORDER BY seq
 ), n AS (
-  SELECT count(*) AS n FROM copied
+  SELECT count(*) AS n FROM src
 ), audit AS (
   INSERT INTO {p}replays (id, actor, since, until, topic, key, count, dry_run, as_new) OVERRIDING SYSTEM VALUE
   SELECT (SELECT id FROM aid), $5, $1, $2, $3, $4, n, false, true FROM n

@@ -19,9 +19,9 @@ import (
 	"github.com/postbox-go/postbox/postboxpgx"
 )
 
-// A daemon with storage: log publishes what postbox's log writer put in
-// the log and what another program inserted into the outbox (the table
-// contract), each key in its writers' order.
+// A daemon with storage: log publishes what postbox's writers put in the
+// log and in the outbox and what another program inserted through the
+// outbox (the table contract), each key in its writers' order.
 func TestDaemonOverTheLog(t *testing.T) {
 	ctx := context.Background()
 	pool, prefix := testdb.Migrated(t)
@@ -40,17 +40,29 @@ admin: {listen: "127.0.0.1:0"}
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Each key's messages alternate between the log and the outbox.
+	plain, err := postbox.NewClient(postboxpgx.New(pool), &postbox.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each key's messages go by turns to the log (postbox's writer made
+	// WithLog), to the outbox (one without it) and to the log again (a
+	// writer in another language, whose row the rules trigger moves).
 	const keys, per = 5, 40
+	logged := 0
 	for i := range per {
 		for k := range keys {
 			payload := []byte(strconv.Itoa(i))
 			key := fmt.Sprintf("k%d", k)
-			if i%2 == 0 {
+			switch i % 3 {
+			case 0:
 				err = writer.Write(ctx, postbox.Message{Topic: "log.written", Key: key, Payload: payload})
-			} else {
+				logged++
+			case 1:
+				err = plain.Write(ctx, postbox.Message{Topic: "log.written", Key: key, Payload: payload})
+			default:
 				_, err = pool.Exec(ctx, `INSERT INTO `+prefix+`outbox (id, topic, key, payload, headers)
 VALUES (gen_random_uuid(), 'log.written', $1, $2, '{}')`, key, payload)
+				logged++
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -58,8 +70,8 @@ VALUES (gen_random_uuid(), 'log.written', $1, $2, '{}')`, key, payload)
 		}
 	}
 	var n int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+prefix+`log`).Scan(&n); err != nil || n != keys*per/2 {
-		t.Fatalf("the log holds %d rows (%v), want %d", n, err, keys*per/2)
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+prefix+`log`).Scan(&n); err != nil || n != logged {
+		t.Fatalf("the log holds %d rows (%v), want %d", n, err, logged)
 	}
 
 	nc, err := nats.Connect(url)
