@@ -71,12 +71,12 @@ type Database struct {
 	// (/v1/consumers/...). Default: Prefix, whose migrations made them.
 	ConsumerPrefix string `yaml:"consumer_prefix"`
 	// Storage is what the relay reads: StorageTable (the default), the
-	// outbox, or StorageLog, the log of design §3 and the outbox beside it
-	// (PostgreSQL only, as postboxpgx.WithLog). A relay over the log publishes the
-	// outbox's rows too, so writers may keep the outbox, and runs under
-	// either setting of the database (`postbox storage`); a relay over the
-	// table never reads the log, and is refused while the database says
-	// log.
+	// outbox, or StorageLog, the log of design §3 and the outbox beside
+	// it (PostgreSQL only, as postboxpgx.WithLog). A relay over the log
+	// publishes the outbox's rows too, so writers may keep the outbox, and
+	// runs under either setting of the database (`postbox storage`); a
+	// relay over the table never reads the log, and is refused while the
+	// database says log.
 	Storage string `yaml:"storage"`
 }
 
