@@ -114,7 +114,7 @@ func newBenchDrain() *cobra.Command {
 	f.IntVar(&opts.Replicas, "replicas", 0, "replicas of the benchmark's streams (0: one); 3 with --nats-url listing a three-node cluster")
 	f.IntVar(&opts.BatchSize, "batch", 500, "relay batch size")
 	f.IntVar(&opts.Lanes, "lanes", 0, "relay lanes (default the library's)")
-	f.StringVar(&opts.Storage, "storage", "table", "table (the outbox the drivers keep) or log (PostgreSQL: the log read by snapshot bands, design §3, not in the drivers yet; no --json timeline)")
+	f.StringVar(&opts.Storage, "storage", "table", "table (the outbox) or log (PostgreSQL: the log read by snapshot bands, design §3, as postboxpgx.WithLog; no --json timeline)")
 	f.Int64Var(&opts.LogChunk, "log-chunk", 0, "with --storage log, split the log into chunks of this many seqs, which retention drops whole (0: the log whole)")
 	f.StringVar(&opts.CPUProfile, "cpuprofile", "", "write a CPU profile of the drain phase to this file")
 	f.StringVar(&jsonFile, "json", "", "also write each run's figures, with the remaining rows over time, as JSON to this file")

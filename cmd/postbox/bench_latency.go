@@ -126,7 +126,7 @@ distribution for the plot.`,
 	f.DurationVar(&opts.AckTimeout, "ack-timeout", 30*time.Second, "longest wait for the last acks after the writing")
 	f.DurationVar(&opts.Baseline, "baseline", 10*time.Second, "how long to measure the same-run floor first: commit, then publish straight to JetStream (0 skips)")
 	f.StringVar(&jsonFile, "json", "", "also write the results, with the latency distribution, as JSON to this file")
-	f.StringVar(&opts.Storage, "storage", "table", "where the messages go: table (the outbox the drivers keep) or log (PostgreSQL: the log read by snapshot bands, design §3, not in the drivers yet)")
+	f.StringVar(&opts.Storage, "storage", "table", "where the messages go: table (the outbox) or log (PostgreSQL: the log read by snapshot bands, design §3, as postboxpgx.WithLog)")
 	return cmd
 }
 

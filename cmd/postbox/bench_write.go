@@ -129,7 +129,7 @@ PostgreSQL's URL or mysql://... for MySQL or MariaDB.`,
 	f.BoolVar(&opts.NoSignals, "no-signals", false, "the writing client sends no change signals (Config.NoSignals)")
 	f.BoolVar(&opts.Pipeline, "pipeline", false, "begin the postbox phase's transactions with postboxpgx.Begin: the messages go with the COMMIT, in one round trip; PostgreSQL only")
 	f.BoolVar(&opts.Emit, "emit", false, "also run each case with a transactional pg_logical_emit_message of the same bytes in place of each message's row (the WAL path's write); PostgreSQL with wal_level = logical only")
-	f.StringVar(&opts.Storage, "storage", "table", "where the postbox phase's messages go: table (the outbox) or log (PostgreSQL: the log read by snapshot bands, design §3, not in the drivers yet)")
+	f.StringVar(&opts.Storage, "storage", "table", "where the postbox phase's messages go: table (the outbox) or log (PostgreSQL: the log read by snapshot bands, design §3, as postboxpgx.WithLog)")
 	f.BoolVar(&bare, "bare", true, "also run each case with a bare row (the outbox's columns, plain SQL, primary key alone) in place of each message: the database's raw insert rate")
 	f.StringVar(&jsonFile, "json", "", "also write the results as JSON to this file")
 	return cmd

@@ -31,9 +31,11 @@ then restart the relays with storage table once the log is drained; a relay
 over the table refuses to start while the log holds a message no relay over
 it has passed.
 
-Writers: the log's writer reads the setting in each write, and a switch waits
-up to 5s for the writes that read it before; the drivers' writers keep the
-outbox under either setting, which every relay reads.`,
+Writers: a writer made postboxpgx.WithLog, and the outbox's rules trigger for
+the rows of writers in other languages, read the setting in each write and
+write the log while it says log; a switch waits up to 5s for the writes that
+read it before. Writers without the option keep the outbox, which every relay
+reads.`,
 		Args:      cobra.MaximumNArgs(1),
 		ValidArgs: []string{relayd.StorageTable, relayd.StorageLog},
 		RunE: withConnArgs(f, func(ctx context.Context, c *conn, out io.Writer, args []string) error {

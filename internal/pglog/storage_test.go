@@ -267,9 +267,13 @@ func TestStorageOtherWriters(t *testing.T) {
 	}
 	// An update of a message in the log is held to the rules, and keeps
 	// it in its partition.
+	moved := "k2-1"
+	for i := 2; postboxdriver.PartitionOf(moved, "", 64) == part; i++ {
+		moved = fmt.Sprint("k2-", i)
+	}
 	for _, u := range []struct{ set, constraint string }{
 		{`headers = '{"nats-x":"v"}'`, "outbox_header_reserved_check"},
-		{`key = 'k2-' || (SELECT k FROM generate_series(1, 1000) k WHERE ` + partitionSQL("'k2-' || k") + ` <> partition LIMIT 1)`, "log_partition_check"},
+		{`key = '` + moved + `'`, "log_partition_check"},
 	} {
 		_, err := pool.Exec(ctx, `UPDATE `+prefix+`log SET `+u.set+` WHERE key = 'k2'`)
 		if !errors.As(err, &pgErr) || pgErr.ConstraintName != prefix+u.constraint {
@@ -343,12 +347,6 @@ func switchWaits(t *testing.T, setting pgsql.StorageSetting, tx pgx.Tx) {
 	if err := <-switched; err != nil {
 		t.Fatal(err)
 	}
-}
-
-// partitionSQL is the partition of the key expression k, as PostgreSQL
-// computes it (migration 11).
-func partitionSQL(k string) string {
-	return `(((('x' || substr(md5(` + k + `), 1, 8))::bit(32)::integer) & 2147483647) % 64)`
 }
 
 // waitRelays waits until n relays are live.
