@@ -775,8 +775,7 @@ func (s *logStore) fetchAfter(ctx context.Context, p postboxdriver.FetchParams, 
 		if br == nil {
 			return nil, s.payNotes(ctx, p.Fence)
 		}
-		var recs []postboxdriver.Record
-		var seqs []int64
+		recs, seqs := make([]postboxdriver.Record, 0, len(rows)), make([]int64, 0, len(rows))
 		for _, r := range rows {
 			if !r.held && !r.marked {
 				recs, seqs = append(recs, r.rec), append(seqs, r.rec.Seq)
@@ -841,7 +840,7 @@ func (s *logStore) readOnce(ctx context.Context, p postboxdriver.FetchParams) ([
 	if err != nil {
 		return nil, nil, false, err
 	}
-	got, err := scanRead(rs)
+	got, err := scanRead(rs, pl)
 	if err != nil {
 		return nil, nil, false, err
 	}
@@ -947,14 +946,25 @@ type scanned struct {
 // scanRead reads a read statement's rows: the log's and the outbox's, with
 // the statement's own values on the first (readSQL) and rows of their own
 // ("top N", "moved p,q,... async").
-func scanRead(rs pgx.Rows) (scanned, error) {
+//
+// The rows are scanned in place. A read expected to be full (pl's shape
+// not small: the last read of its partitions was not short) makes room
+// for its limit at once, so that a batch of a backlog costs one
+// allocation for its rows rather than one a row and the slice's growth;
+// a short one grows as it goes.
+func scanRead(rs pgx.Rows, pl readPlan) (scanned, error) {
 	defer rs.Close()
 	got := scanned{top: -1}
+	if !pl.shape.small {
+		got.rows = make([]logRow, 0, pl.p.Limit+1)
+	}
 	var mark *string
 	for rs.Next() {
-		var r logRow
+		got.rows = append(got.rows, logRow{})
+		r := &got.rows[len(got.rows)-1]
 		rec := &r.rec
 		if err := rs.Scan(&mark, &rec.Seq, &rec.ID, &rec.Topic, &rec.Key, &rec.Payload, &rec.Headers, &rec.Partition, &rec.Attempts, &rec.CreatedAt, &r.logged, &r.held, &r.marked); err != nil {
+			got.rows = got.rows[:len(got.rows)-1]
 			return got, err
 		}
 		if mark != nil {
@@ -964,6 +974,7 @@ func scanRead(rs pgx.Rows) (scanned, error) {
 			switch f[0] {
 			case "top":
 				got.top, _ = strconv.ParseInt(f[1], 10, 64)
+				got.rows = got.rows[:len(got.rows)-1]
 				continue
 			case "moved":
 				got.record = true
@@ -972,6 +983,7 @@ func scanRead(rs pgx.Rows) (scanned, error) {
 						got.moved = append(got.moved, n)
 					}
 				}
+				got.rows = got.rows[:len(got.rows)-1]
 				continue
 			}
 			got.snap, got.xid = f[0], f[1]
@@ -979,7 +991,6 @@ func scanRead(rs pgx.Rows) (scanned, error) {
 				got.top, _ = strconv.ParseInt(f[2], 10, 64)
 			}
 		}
-		got.rows = append(got.rows, r)
 	}
 	return got, rs.Err()
 }
@@ -989,7 +1000,7 @@ func scanRead(rs pgx.Rows) (scanned, error) {
 func (s *logStore) finish(pl readPlan, got scanned) ([]logRow, *bandRead, bool, error) {
 	base, out := pl.base, got.rows
 	maxSeq := map[int]int64{}
-	br := &bandRead{base: base, next: map[int]position{}, logged: map[int64]loggedRow{}}
+	br := &bandRead{base: base, next: map[int]position{}, logged: make(map[int64]loggedRow, len(out))}
 	for _, r := range out {
 		if rec := r.rec; r.logged {
 			if !r.marked {
@@ -1185,7 +1196,7 @@ func (s *logStore) settleFetch(ctx context.Context, f postboxdriver.Fence, o pos
 	if err != nil {
 		return postboxdriver.Settled{}, nil, err
 	}
-	got, err := scanRead(rs)
+	got, err := scanRead(rs, pl)
 	if err == nil && !got.record {
 		err = errors.New("postbox: the log's record and read returned no record")
 	}

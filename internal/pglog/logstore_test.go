@@ -710,7 +710,7 @@ func TestLogReadShapesAgree(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				got, err := scanRead(rs)
+				got, err := scanRead(rs, pl)
 				if err != nil {
 					t.Fatal(err)
 				}
