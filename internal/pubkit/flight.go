@@ -20,6 +20,13 @@ type Flight struct {
 	window *Window
 	weight int
 	held   atomic.Bool // holds weight slots of window
+
+	// The shared watch of the flight's context (Kit.Enter): the Kit
+	// whose watches hold it, and its place in its watch's list, guarded
+	// by that Kit's wmu.
+	kit        *Kit
+	cw         *ctxWatch
+	prev, next *Flight
 }
 
 // Base returns f: a record that embeds Flight is a Record.
@@ -73,6 +80,9 @@ func whyNot(ctx context.Context, why func(ctxErr error) error) error {
 
 // Stop unregisters the watch and frees its timer: the outcome is known.
 func (f *Flight) Stop() {
+	if f.kit != nil {
+		f.kit.unwatch(f)
+	}
 	if f.stop != nil {
 		f.stop()
 	}

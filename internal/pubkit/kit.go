@@ -33,6 +33,21 @@ type Kit struct {
 	mu   sync.Mutex // guards shut, and wg.Add with it
 	shut bool
 	wg   sync.WaitGroup
+
+	// wmu guards watches and every watch's list of flights.
+	wmu     sync.Mutex
+	watches []*ctxWatch
+}
+
+// ctxWatch finishes the flights Entered with its context when the
+// context ends: the publishes of one relay batch share a context, and
+// so one registration with it, where a registration a publish would cost
+// each of them allocations and two turns of the context's own lock.
+type ctxWatch struct {
+	ctx  context.Context
+	stop func() bool // unregisters from ctx
+	head *Flight
+	n    int
 }
 
 // New returns a Kit whose publishes fail with closed once it is closed,
@@ -109,12 +124,109 @@ func (k *Kit) Enter(ctx context.Context, f *Flight, done func(error)) bool {
 		}
 		f.Hold(k.window, 1)
 	}
-	f.Watch(ctx, 0, nil)
+	k.watch(ctx, f)
 	if !k.Open() {
 		f.Settle(k.closed)
 		return false
 	}
 	return true
+}
+
+// watch finishes f with ctx.Err() when ctx ends, through the watch k
+// shares among the flights of ctx, until f's Stop. A context that never
+// ends needs none.
+func (k *Kit) watch(ctx context.Context, f *Flight) {
+	if ctx.Done() == nil {
+		return
+	}
+	k.wmu.Lock()
+	defer k.wmu.Unlock()
+	var w *ctxWatch
+	// Few contexts have publishes in flight at once: a relay's lanes
+	// each publish one batch at a time.
+	for _, c := range k.watches {
+		if c.ctx == ctx {
+			w = c
+			break
+		}
+	}
+	if w == nil {
+		w = &ctxWatch{ctx: ctx}
+		k.watches = append(k.watches, w)
+		// For a context that has ended, fire runs at once on a
+		// goroutine of its own, which waits for wmu.
+		w.stop = context.AfterFunc(ctx, func() { k.fire(w) })
+	}
+	f.kit, f.cw, f.prev, f.next = k, w, nil, w.head
+	if w.head != nil {
+		w.head.prev = f
+	}
+	w.head = f
+	w.n++
+}
+
+// unwatch takes f out of its watch, which is dropped once it holds no
+// flight. Its context may end at the same moment: fire then finds f out
+// of the list, or takes it first, and the outcome's Finish and the
+// context's race as they do with a watch of their own.
+func (k *Kit) unwatch(f *Flight) {
+	k.wmu.Lock()
+	w := f.cw
+	if w == nil {
+		k.wmu.Unlock()
+		return
+	}
+	if f.prev != nil {
+		f.prev.next = f.next
+	} else {
+		w.head = f.next
+	}
+	if f.next != nil {
+		f.next.prev = f.prev
+	}
+	f.cw, f.prev, f.next = nil, nil, nil
+	w.n--
+	var stop func() bool
+	if w.n == 0 {
+		k.drop(w)
+		stop = w.stop
+	}
+	k.wmu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// fire finishes every flight of w, whose context ended.
+func (k *Kit) fire(w *ctxWatch) {
+	k.wmu.Lock()
+	k.drop(w)
+	var fs []*Flight
+	for f := w.head; f != nil; {
+		next := f.next
+		f.cw, f.prev, f.next = nil, nil, nil
+		fs = append(fs, f)
+		f = next
+	}
+	w.head, w.n = nil, 0
+	k.wmu.Unlock()
+	err := w.ctx.Err()
+	for _, f := range fs {
+		f.Finish(err)
+	}
+}
+
+// drop removes w from k's watches, if it is still there.
+func (k *Kit) drop(w *ctxWatch) {
+	for i, c := range k.watches {
+		if c == w {
+			last := len(k.watches) - 1
+			k.watches[i] = k.watches[last]
+			k.watches[last] = nil
+			k.watches = k.watches[:last]
+			return
+		}
+	}
 }
 
 // Open read-locks the gate and reports true unless the Kit is closed;

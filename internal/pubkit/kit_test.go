@@ -138,6 +138,141 @@ func TestFlightDoneOnce(t *testing.T) {
 	}
 }
 
+// TestEnterSharesWatch: the flights Entered with one context share one
+// watch. Its end finishes those still in flight, with the context's
+// error, and none settled before; a watch is dropped once its last flight
+// settles or its context ends, and a context that ended gets a watch of
+// its own that fires at once.
+func TestEnterSharesWatch(t *testing.T) {
+	k := New(0, errClosed)
+	enter := func(ctx context.Context, got chan<- error) *Flight {
+		t.Helper()
+		f := &Flight{}
+		if !k.Enter(ctx, f, func(err error) { got <- err }) {
+			t.Fatal("Enter refused an open Kit")
+		}
+		k.Leave()
+		return f
+	}
+	watches := func() int {
+		k.wmu.Lock()
+		defer k.wmu.Unlock()
+		return len(k.watches)
+	}
+	a, cancelA := context.WithCancel(context.Background())
+	b, cancelB := context.WithCancel(context.Background())
+	defer cancelB()
+	gotA, gotB := make(chan error, 10), make(chan error, 10)
+	var fa, fb []*Flight
+	for range 5 {
+		fa = append(fa, enter(a, gotA))
+		fb = append(fb, enter(b, gotB))
+	}
+	if n := watches(); n != 2 {
+		t.Fatalf("%d watches for two contexts, want 2", n)
+	}
+	// Settle the first, a middle and the last of a's list.
+	for _, i := range []int{0, 2, 4} {
+		fa[i].Settle(nil)
+		if err := <-gotA; err != nil {
+			t.Fatalf("settled flight: got %v", err)
+		}
+	}
+	cancelA()
+	for range 2 {
+		if err := <-gotA; !errors.Is(err, context.Canceled) {
+			t.Fatalf("flight of an ended context: got %v", err)
+		}
+	}
+	for _, f := range fa {
+		f.Settle(nil) // the loser's outcome is ignored
+	}
+	if n := watches(); n != 1 {
+		t.Fatalf("%d watches once a's ended, want 1", n)
+	}
+	for _, f := range fb {
+		f.Settle(nil)
+	}
+	for range fb {
+		if err := <-gotB; err != nil {
+			t.Fatalf("settled flight of b: got %v", err)
+		}
+	}
+	if n := watches(); n != 0 {
+		t.Fatalf("%d watches once every flight settled, want 0", n)
+	}
+	select {
+	case err := <-gotA:
+		t.Fatalf("a done called twice: %v", err)
+	case err := <-gotB:
+		t.Fatalf("b done called twice: %v", err)
+	default:
+	}
+	// A context that ended after Start's check, before the watch.
+	f := enter(a, gotA)
+	if err := <-gotA; !errors.Is(err, context.Canceled) {
+		t.Fatalf("flight of a context already ended: got %v", err)
+	}
+	f.Settle(nil)
+	// Background never ends: no watch.
+	f = enter(context.Background(), gotB)
+	if n := watches(); n != 0 {
+		t.Fatalf("%d watches for context.Background, want 0", n)
+	}
+	f.Settle(nil)
+	<-gotB
+}
+
+// TestEnterSharedWatchRace races flights of one context settling with
+// the context's end and with flights entering: every done runs exactly
+// once, and no watch is left behind.
+func TestEnterSharedWatchRace(t *testing.T) {
+	k := New(0, errClosed)
+	for round := range 200 {
+		ctx, cancel := context.WithCancel(context.Background())
+		const n = 16
+		calls := make([]atomic.Int32, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				f := &Flight{}
+				if !k.Enter(ctx, f, func(error) { calls[i].Add(1) }) {
+					t.Error("Enter refused an open Kit")
+					return
+				}
+				k.Leave()
+				if i%2 == 0 {
+					runtime.Gosched()
+				}
+				f.Settle(nil)
+			}()
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); cancel() }()
+		wg.Wait()
+		// A watch that fired may still be finishing its flights.
+		deadline := time.Now().Add(10 * time.Second)
+		for i := range calls {
+			for calls[i].Load() == 0 && time.Now().Before(deadline) {
+				runtime.Gosched()
+			}
+		}
+		for i := range calls {
+			if c := calls[i].Load(); c != 1 {
+				t.Fatalf("round %d, flight %d: done called %d times", round, i, c)
+			}
+		}
+		k.wmu.Lock()
+		left := len(k.watches)
+		k.wmu.Unlock()
+		if left != 0 {
+			t.Fatalf("round %d: %d watches left", round, left)
+		}
+	}
+}
+
 // TestFlightContextEndKeepsSlot: a publish whose context ended has its
 // done called, but holds its slot until the broker settles it.
 func TestFlightContextEndKeepsSlot(t *testing.T) {
@@ -424,4 +559,25 @@ func BenchmarkFlightWatch(b *testing.B) {
 			}
 		})
 	}
+	// Enter's watch, shared by the publishes of one context, with the
+	// window of a relay's publisher: its flights settle in the order
+	// they entered.
+	b.Run("Enter", func(b *testing.B) {
+		b.ReportAllocs()
+		k := New(256, errClosed)
+		ring := make([]*Flight, 0, 128)
+		for b.Loop() {
+			f := &Flight{}
+			k.Enter(ctx, f, func(error) {})
+			k.Leave()
+			if len(ring) == cap(ring) {
+				ring[0].Settle(nil)
+				ring = append(ring[:0], ring[1:]...)
+			}
+			ring = append(ring, f)
+		}
+		for _, f := range ring {
+			f.Settle(nil)
+		}
+	})
 }
