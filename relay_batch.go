@@ -220,6 +220,27 @@ type outcome struct {
 	err error
 }
 
+// pubDone is the done of one record's publish: it frees the record's
+// window token and reports its outcome, once. A batch makes its records'
+// at once.
+type pubDone struct {
+	once    atomic.Bool
+	i       int
+	window  chan struct{}
+	end     func(error) // the tracer's span, or nil
+	results chan<- outcome
+}
+
+func (d *pubDone) done(err error) {
+	if d.once.CompareAndSwap(false, true) {
+		<-d.window // free the slot at once, for every lane
+		if d.end != nil {
+			d.end(err)
+		}
+		d.results <- outcome{d.i, err}
+	}
+}
+
 // publish sends recs with at most PublishWindow outstanding, each keyed
 // message only after its predecessor in the batch was acknowledged. A
 // message failure ends its key's chain for this batch (the rest stay
@@ -247,6 +268,7 @@ func (r *relay) publish(ctx context.Context, deadline, until time.Time, recs []p
 	// Buffered for every record, so a publisher that calls done after the
 	// batch is abandoned never blocks.
 	results := make(chan outcome, len(recs))
+	dones := make([]pubDone, len(recs))
 	inflight, head := 0, 0
 	settle := func(o outcome) {
 		inflight--
@@ -291,20 +313,12 @@ func (r *relay) publish(ctx context.Context, deadline, until time.Time, recs []p
 				continue
 			}
 			inflight++
-			var once atomic.Bool
-			var end func(error)
+			d := &dones[i]
+			d.i, d.window, d.results = i, r.window, results
 			if r.cfg.Tracer != nil {
-				end = r.cfg.Tracer.StartPublish(ctx, env)
+				d.end = r.cfg.Tracer.StartPublish(ctx, env)
 			}
-			r.pub.Publish(ctx, env, func(err error) {
-				if once.CompareAndSwap(false, true) {
-					<-r.window // free the slot at once, for every lane
-					if end != nil {
-						end(err)
-					}
-					results <- outcome{i, err}
-				}
-			})
+			r.pub.Publish(ctx, env, d.done)
 		}
 	wait:
 		if inflight == 0 {
