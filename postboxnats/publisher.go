@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -37,7 +38,18 @@ type Publisher struct {
 	mu       sync.Mutex
 	inflight map[*nats.Msg]*flight // sent, awaiting the broker's answer
 	lookups  map[string][]waiter   // subject -> publishes awaiting a stream lookup
+
+	// subjects holds the valid subjects of up to maxSubjects topics,
+	// topic -> subject, where they are SubjectPrefix+topic: a relay
+	// publishes few topics many times, and the subject need not be
+	// joined and checked again each time.
+	subjects  sync.Map
+	nsubjects atomic.Int32
 }
+
+// maxSubjects bounds the subjects a Publisher keeps: past it, a topic's
+// subject is joined and checked at each publish.
+const maxSubjects = 4096
 
 // flight is one publish awaiting its outcome. Its slot is freed when the
 // client hands the broker's answer back (take), before the outcome is
@@ -133,10 +145,18 @@ func (p *Publisher) Subject(topic string) (string, error) {
 	if p.cfg.Subject != nil {
 		s = p.cfg.Subject(topic)
 	} else {
+		if s, ok := p.subjects.Load(topic); ok {
+			return s.(string), nil
+		}
 		s = p.cfg.SubjectPrefix + topic
 	}
 	if err := validateSubject(s); err != nil {
 		return "", fmt.Errorf("topic %q: %w", configcheck.Shorten(topic), err)
+	}
+	// A Subject function is the caller's, and may not give the same
+	// subject twice: its subjects are not kept.
+	if p.cfg.Subject == nil && p.nsubjects.Load() < maxSubjects && p.nsubjects.Add(1) <= maxSubjects {
+		p.subjects.Store(topic, s)
 	}
 	return s, nil
 }

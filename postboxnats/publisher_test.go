@@ -124,9 +124,27 @@ func TestSubjectMapping(t *testing.T) {
 			err := publish(t, p, ctx, envelope("t", "x"))
 			mustPermanent(t, err, postboxnats.ErrInvalidSubject)
 		}
-		// A valid topic can still make an invalid subject.
+		// A valid topic can still make an invalid subject, every time
+		// (the subjects kept are valid ones only), and a prefix's
+		// subject is the same when asked again.
 		p := publisher(t, js, &postboxnats.Config{SubjectPrefix: base + "."})
-		mustPermanent(t, publish(t, p, ctx, envelope("a..b", "x")), postboxnats.ErrInvalidSubject)
+		for range 2 {
+			mustPermanent(t, publish(t, p, ctx, envelope("a..b", "x")), postboxnats.ErrInvalidSubject)
+			if got, err := p.Subject("orders"); err != nil || got != base+".orders" {
+				t.Fatalf("Subject(orders) = %q, %v", got, err)
+			}
+		}
+		// A Subject function is asked each time.
+		calls := 0
+		counted := publisher(t, js, &postboxnats.Config{Subject: func(topic string) string { calls++; return base + "." + topic }})
+		for range 3 {
+			if _, err := counted.Subject("orders"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if calls != 3 {
+			t.Fatalf("Subject function called %d times for 3 subjects, want 3", calls)
+		}
 
 		info, err := s.Info(ctx)
 		if err != nil {
