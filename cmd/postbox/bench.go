@@ -117,6 +117,7 @@ func newBenchDrain() *cobra.Command {
 	f.StringVar(&opts.Storage, "storage", "table", "table (the outbox) or log (PostgreSQL: the log read by snapshot bands, design §3, as postboxpgx.WithLog; no --json timeline)")
 	f.Int64Var(&opts.LogChunk, "log-chunk", 0, "with --storage log, split the log into chunks of this many seqs, which retention drops whole (0: the log whole)")
 	f.StringVar(&opts.CPUProfile, "cpuprofile", "", "write a CPU profile of the drain phase to this file")
+	f.StringVar(&opts.MemProfile, "memprofile", "", "write the drain phase's allocations to this file, to read against FILE.base (written at its start): go tool pprof -sample_index=alloc_space -base FILE.base postbox FILE")
 	f.StringVar(&jsonFile, "json", "", "also write each run's figures, with the remaining rows over time, as JSON to this file")
 	f.DurationVar(&opts.SampleEvery, "sample-every", 100*time.Millisecond, "with --json, count the remaining rows this often during the drain (0: no timeline)")
 	return drain

@@ -39,6 +39,10 @@ type DrainOptions struct {
 	// CPUProfile, when set, names a file that receives a CPU profile of
 	// the drain phase.
 	CPUProfile string
+	// MemProfile, when set, names a file that receives the allocations
+	// of the drain phase, as a profile to read against the one written
+	// beside it at the phase's start (MemProfile+".base").
+	MemProfile string
 	// Storage is "table" (the default: the outbox the drivers keep) or
 	// "log" (PostgreSQL only: the log read by snapshot bands, design §3,
 	// on the relay's path; internal/pglog). A log's drain samples no
@@ -231,6 +235,10 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		return res, err
 	}
 	defer stopProfile()
+	stopAllocs, err := startAllocProfile(opts.MemProfile)
+	if err != nil {
+		return res, err
+	}
 	drainCPU := cpuuse.Phase(db.procs()...)
 	start = time.Now()
 	if err := client.Start(ctx); err != nil {
@@ -257,6 +265,9 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		return res, err
 	}
 	res.DrainElapsed = time.Since(start)
+	if err := stopAllocs(); err != nil {
+		return res, err
+	}
 	res.DrainRate = float64(opts.Messages) / res.DrainElapsed.Seconds()
 	res.Ratio = res.DrainRate / res.RawRate
 	res.RatioPlain = res.DrainRate / res.RawPlainRate

@@ -1,6 +1,8 @@
 package bench_test
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/postbox-go/postbox/cmd/postbox/internal/bench"
@@ -21,11 +23,24 @@ func TestDrainSmall(t *testing.T) {
 // The drain from the log read by snapshot bands (--storage log), whole
 // and split into chunks of 1,000 seqs (--log-chunk): the stream must hold
 // exactly the backlog, as for the outbox.
+//
+// With --memprofile, the drain's allocations are written, with those up to
+// its start beside them, and readable as profiles.
 func TestDrainSmallLog(t *testing.T) {
 	for _, chunk := range []int64{0, 1000} {
-		res := runBench(t, bench.Drain, bench.DrainOptions{Messages: 3000, Keys: 50, Storage: "log", LogChunk: chunk})
+		mem := filepath.Join(t.TempDir(), "allocs.prof")
+		res := runBench(t, bench.Drain, bench.DrainOptions{Messages: 3000, Keys: 50, Storage: "log", LogChunk: chunk, MemProfile: mem})
 		if res.Storage != "log" || res.DrainRate <= 0 || res.Ratio <= 0 {
 			t.Fatalf("--log-chunk %d: result %+v", chunk, res)
+		}
+		for _, f := range []string{mem + ".base", mem} {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+				t.Fatalf("%s: not a gzipped profile (%d bytes)", f, len(b))
+			}
 		}
 	}
 	wantRejected(t, bench.Drain, bench.DrainOptions{Messages: 10, Storage: "chunks"}, "--storage", "chunks")
