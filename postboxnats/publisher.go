@@ -153,7 +153,7 @@ func (p *Publisher) Subject(topic string) (string, error) {
 	if err := validateSubject(s); err != nil {
 		return "", fmt.Errorf("topic %q: %w", configcheck.Shorten(topic), err)
 	}
-	// A Subject function is the caller's, and may not give the same
+	// A Subject function is the caller's, and need not give the same
 	// subject twice: its subjects are not kept.
 	if p.cfg.Subject == nil && p.nsubjects.Load() < maxSubjects && p.nsubjects.Add(1) <= maxSubjects {
 		p.subjects.Store(topic, s)
