@@ -46,8 +46,7 @@ type Kit struct {
 type ctxWatch struct {
 	ctx  context.Context
 	stop func() bool // unregisters from ctx
-	head *Flight
-	n    int
+	head *Flight     // nil once no flight is left
 }
 
 // New returns a Kit whose publishes fail with closed once it is closed,
@@ -162,7 +161,6 @@ func (k *Kit) watch(ctx context.Context, f *Flight) {
 		w.head.prev = f
 	}
 	w.head = f
-	w.n++
 }
 
 // unwatch takes f out of its watch, which is dropped once it holds no
@@ -185,9 +183,8 @@ func (k *Kit) unwatch(f *Flight) {
 		f.next.prev = f.prev
 	}
 	f.cw, f.prev, f.next = nil, nil, nil
-	w.n--
 	var stop func() bool
-	if w.n == 0 {
+	if w.head == nil {
 		k.drop(w)
 		stop = w.stop
 	}
@@ -208,7 +205,7 @@ func (k *Kit) fire(w *ctxWatch) {
 		fs = append(fs, f)
 		f = next
 	}
-	w.head, w.n = nil, 0
+	w.head = nil
 	k.wmu.Unlock()
 	err := w.ctx.Err()
 	for _, f := range fs {

@@ -69,7 +69,7 @@ func startAllocProfile(path string) (stop func() error, err error) {
 	}
 	var once sync.Once
 	return func() error {
-		err := error(nil)
+		var err error
 		once.Do(func() { err = writeAllocs(path) })
 		return err
 	}, nil
