@@ -496,16 +496,23 @@ func (s *logStore) ConnLost(ctx context.Context, tx pgx.Tx) bool {
 //     partitions, each limited, then sorted: the small statement, whose
 //     plan costs less to set up, for a read after a short one (short).
 //   - The xip arm: the rows of the transactions that had their id when lo
-//     was taken, at or below lo_seq, by the xid index alone, a probe per
-//     partition (OFFSET 0): those in lo's xip list, and those at or above
-//     its xmax and below lo_next. The "+ 0" keeps PostgreSQL from ANDing
-//     the index with the partition's range of the primary key, whose
-//     entries (the partition's whole history) it then read: a read of 500
-//     rows over a log of 1,000,000 took 128 ms so, 7 ms as built. In a
-//     log split into chunks (chunked) the arm reads only the chunks at or
-//     above the partition's chunkBound: the xid index has no bound by
-//     seq, so without it the arm probed every chunk's index; with it
-//     PostgreSQL skips the others at run time.
+//     was taken, at or below lo_seq: those in lo's xip list, and those at
+//     or above its xmax and below lo_next. It probes the xid index alone
+//     (OFFSET 0), once for each distinct (lo, lo_next) among the
+//     partitions, and joins what it finds to the partitions by partition
+//     and snapshot. The partitions a read moves share its snapshot, so a
+//     lane's usually share one: at a trickle, where every read's snapshot
+//     holds the writers' transactions in flight, a probe a partition
+//     looked each id up once for each of the lane's partitions, and read
+//     each row found that often, to keep one partition's. Kept apart from
+//     seq and partition, the probe cannot become an AND with the primary
+//     key's range, whose entries (a partition's whole history) PostgreSQL
+//     then read: a read of 500 rows over a log of 1,000,000 took 128 ms
+//     so, 7 ms by the xid index. In a log split into chunks (chunked) the
+//     probe reads only the chunks at or above its snapshot's chunkBound:
+//     the xid index has no bound by seq, so without it the probe read
+//     every chunk's index; with it PostgreSQL skips the others at run
+//     time.
 //   - The exceptions: the outbox's rows available now, held behind an
 //     older failed row of their key as the relay's fetch holds them.
 //
@@ -558,7 +565,8 @@ WHERE ` + gate
 	order = "b.seq"
 	if chunked {
 		bound, above = `
-  CROSS JOIN LATERAL `+chunkBound("a.lo::pg_snapshot"), ` AND o.seq >= cb.seq`
+    CROSS JOIN LATERAL `+chunkBound("d.lo::pg_snapshot"), `
+        AND o.seq >= cb.seq`
 		u := "$8"
 		if routed {
 			u = "$9"
@@ -596,16 +604,19 @@ WHERE NOT EXISTS (SELECT 1 FROM b)` + strings.Replace(gate, "\nWHERE", " AND", 1
   ORDER BY o.seq LIMIT $2)`, i))
 	}
 	arms = append(arms, `(SELECT `+cols+`, 0 AS attempts, o.created_at, true AS logged
-  FROM unnest($1::int[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bigint[]) AS a(part, lo, lo_next, lo_seq, hi, cur)`+bound+`
-  CROSS JOIN LATERAL (SELECT * FROM {p}log o
-    WHERE o.xid = ANY(ARRAY(SELECT pg_snapshot_xip(a.lo::pg_snapshot)))
-      AND o.partition + 0 = a.part AND o.seq + 0 <= a.lo_seq AND o.seq + 0 > a.cur`+above+`
-    UNION ALL
-    SELECT * FROM {p}log o
-    WHERE o.xid >= pg_snapshot_xmax(a.lo::pg_snapshot) AND o.xid < a.lo_next::xid8
-      AND o.partition + 0 = a.part AND o.seq + 0 <= a.lo_seq AND o.seq + 0 > a.cur`+above+`
+  FROM (SELECT d.lo AS d_lo, d.lo_next AS d_next, o.*
+    FROM (SELECT DISTINCT lo, lo_next FROM unnest($3::text[], $4::text[]) AS d(lo, lo_next)) d`+bound+`
+    CROSS JOIN LATERAL (SELECT * FROM {p}log o
+      WHERE o.xid = ANY(ARRAY(SELECT pg_snapshot_xip(d.lo::pg_snapshot)))`+above+`
+      UNION ALL
+      SELECT * FROM {p}log o
+      WHERE o.xid >= pg_snapshot_xmax(d.lo::pg_snapshot) AND o.xid < d.lo_next::xid8`+above+`
+      OFFSET 0) o
     OFFSET 0) o
-  WHERE a.hi IS NULL OR pg_visible_in_snapshot(o.xid, a.hi::pg_snapshot))`,
+  JOIN unnest($1::int[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bigint[]) AS a(part, lo, lo_next, lo_seq, hi, cur)
+    ON a.lo = o.d_lo AND a.lo_next = o.d_next AND a.part = o.partition
+  WHERE o.seq <= a.lo_seq AND o.seq > a.cur
+    AND (a.hi IS NULL OR pg_visible_in_snapshot(o.xid, a.hi::pg_snapshot)))`,
 		`(SELECT `+cols+`, o.attempts, o.created_at, false AS logged FROM {p}outbox o
   WHERE o.partition = ANY($1::int[]) AND (o.attempts = 0 OR o.available_at <= now())`+topic+`
     AND (o.key IS NULL OR NOT (

@@ -570,6 +570,88 @@ func TestLogStoreReadsALateCommit(t *testing.T) {
 	}
 }
 
+// Late commits in two partitions whose positions were taken by different
+// reads, so that one read holds two snapshots: the xid arm looks each
+// snapshot's ids up once and gives each partition the rows of its own
+// snapshot's transactions. The first late transaction is in both
+// snapshots' xip lists; its row is read once, for its own partition.
+func TestLogStoreReadsLateCommitsUnderTwoSnapshots(t *testing.T) {
+	ctx := context.Background()
+	pool, open := logStoreSchema(t)
+	st := open()
+	all := fenceAll(t, st)
+	keys := [2]string{"a", ""}
+	part := func(key string) int { return postboxdriver.PartitionOf(key, "", len(all.Generations)) }
+	for i := 0; keys[1] == ""; i++ {
+		if k := fmt.Sprintf("b%d", i); part(k) != part(keys[0]) {
+			keys[1] = k
+		}
+	}
+	only := func(parts ...int) postboxdriver.Fence {
+		f := postboxdriver.Fence{Owner: all.Owner, Generations: map[int]int64{}}
+		for _, p := range parts {
+			f.Generations[p] = all.Generations[p]
+		}
+		return f
+	}
+	row := func(key string) []postboxdriver.Row {
+		return []postboxdriver.Row{{ID: postbox.NewID(), Topic: "t", Key: key, Payload: []byte("p"), Headers: []byte("{}")}}
+	}
+	read := func(fence postboxdriver.Fence) []string {
+		t.Helper()
+		recs, err := st.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seqs []int64
+		var ids []string
+		for _, r := range recs {
+			seqs, ids = append(seqs, r.Seq), append(ids, r.ID)
+		}
+		if len(seqs) > 0 {
+			if _, err := st.Settle(ctx, fence, postboxdriver.Outcome{Read: seqs, Published: seqs}, 5); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return ids
+	}
+	var late [2]pgx.Tx
+	var lateRows [2][]postboxdriver.Row
+	for i, key := range keys {
+		// A transaction left running, then a committed row of the same
+		// partition above it, read alone: the partition's position takes
+		// the read's snapshot, with the running transactions in its xip.
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		late[i], lateRows[i] = tx, row(key)
+		if err := st.UnwrapExecutor(tx).Insert(ctx, lateRows[i]); err != nil {
+			t.Fatal(err)
+		}
+		committed := row(key)
+		if err := st.Insert(ctx, committed); err != nil {
+			t.Fatal(err)
+		}
+		if ids := read(only(part(key))); len(ids) != 1 || ids[0] != committed[0].ID {
+			t.Fatalf("partition %d's first read = %v, want the committed row alone", part(key), ids)
+		}
+	}
+	for _, tx := range late {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := read(only(part(keys[0]), part(keys[1])))
+	if want := []string{lateRows[0][0].ID, lateRows[1][0].ID}; !slices.Equal(ids, want) {
+		t.Fatalf("the late commits' read = %v, want %v", ids, want)
+	}
+	if ids := read(all); len(ids) != 0 {
+		t.Fatalf("a read after them = %v, want nothing", ids)
+	}
+}
+
 // A batch that published every log row it read is recorded in the
 // statement that reads the next batch: the position moves past it, a row
 // written since is read, and so is a late commit below the new position's
