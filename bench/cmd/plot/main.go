@@ -15,10 +15,12 @@
 //	go run ./cmd/plot --drain-sweep d10k.json,d100k.json,d1m.json --latency-sweep l100.json,l1000.json --out ../docs/bench
 //
 // drain-sweep.png shows the drain rate over the backlog size (each file's
-// median) beside the same runs' raw JetStream rates, with and without
-// Nats-Msg-Id; latency-sweep.png shows p50 and p99 over the paced rate,
-// one pair of lines per mode (the relay's own client, or a separate one),
-// beside the same runs' direct-publish floor.
+// median), a line for each storage the files name (the outbox, or the log
+// of `--storage log`), beside the same runs' raw JetStream rates, with and
+// without Nats-Msg-Id; latency-sweep.png shows p50 and p99 over the paced
+// rate, one pair of lines per mode (the relay's own client, or a separate
+// one), beside the same runs' direct-publish floor, in a panel for each
+// storage.
 package main
 
 import (
@@ -127,6 +129,7 @@ type latencyResult struct {
 	IdleQueries      float64     `json:"idle_queries_per_s"`
 	SeparateWriter   bool        `json:"separate_writer"`
 	BaselineMeasured int         `json:"baseline_measured"`
+	Storage          string      `json:"storage"`
 }
 
 type drainResults struct {
@@ -323,12 +326,18 @@ func plotDrain(r drainResults, smooth float64, path string) error {
 	bottom.Legend.Left = true
 	bottom.Y.Max *= 1.35 // room for the legend above the lines
 
-	const w, h = 12 * vg.Inch, 9 * vg.Inch
+	return saveStacked(path, 12*vg.Inch, 9*vg.Inch, top, bottom)
+}
+
+// saveStacked draws plots one above the other on a w×h canvas and writes
+// it to path as PNG.
+func saveStacked(path string, w, h vg.Length, plots ...*plot.Plot) error {
 	img := vgimg.New(w, h)
 	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 2, Cols: 1, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 8, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
-	top.Draw(tiles.At(dc, 0, 0))
-	bottom.Draw(tiles.At(dc, 0, 1))
+	tiles := draw.Tiles{Rows: len(plots), Cols: 1, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 8, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
+	for i, p := range plots {
+		p.Draw(tiles.At(dc, 0, i))
+	}
 	f, err := os.Create(path) //nolint:gosec // the output the user names
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"image/color"
@@ -34,7 +35,11 @@ func sweeps(drain, latency, out string) error {
 			if len(r.Runs) == 0 {
 				return fmt.Errorf("--drain-sweep %s: the file holds no runs", strings.Split(drain, ",")[i])
 			}
-			points = append(points, r.point())
+			pt, err := r.point()
+			if err != nil {
+				return fmt.Errorf("--drain-sweep %s: %w", strings.Split(drain, ",")[i], err)
+			}
+			points = append(points, pt)
 		}
 		if err := writeFigure(filepath.Join(out, "drain-sweep.png"), func(path string) error { return plotDrainSweep(points, path) }); err != nil {
 			return err
@@ -78,6 +83,7 @@ func writeFigure(path string, plot func(path string) error) error {
 // drainSweepFile is the part of `postbox bench drain --json` a sweep uses.
 type drainSweepFile struct {
 	Runs []struct {
+		Storage      string
 		Messages     int
 		RawRate      float64
 		RawPlainRate float64
@@ -85,35 +91,65 @@ type drainSweepFile struct {
 	}
 }
 
-// drainPoint is one backlog size: the medians of its file's runs.
+// drainPoint is one backlog size over one storage: the medians of its
+// file's runs.
 type drainPoint struct {
+	storage                string
 	messages               int
 	drain, rawID, rawPlain float64
 	runs                   int
 }
 
-func (f drainSweepFile) point() drainPoint {
-	median := func(get func(i int) float64) float64 {
+// storageOf names a benchmark's storage, table (the outbox) or log: the
+// JSON of a benchmark from before it named its storage is the outbox's.
+func storageOf(s string) string { return cmp.Or(s, "table") }
+
+// storages are the storages the sweeps draw, in their order: each name,
+// how a figure calls it and its drain line's color.
+var storages = []struct {
+	name, label string
+	c           color.Color
+}{{"table", "the outbox", blue}, {"log", "the log (--storage log)", red}}
+
+// median is the median of xs, which it sorts.
+func median(xs []float64) float64 {
+	sort.Float64s(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
+}
+
+// point is the file's point; its runs are of one size over one storage.
+func (f drainSweepFile) point() (drainPoint, error) {
+	first := f.Runs[0]
+	for _, r := range f.Runs[1:] {
+		if r.Messages != first.Messages || storageOf(r.Storage) != storageOf(first.Storage) {
+			return drainPoint{}, fmt.Errorf("the file mixes runs of %d messages over %s with runs of %d over %s",
+				first.Messages, storageOf(first.Storage), r.Messages, storageOf(r.Storage))
+		}
+	}
+	each := func(get func(i int) float64) float64 {
 		xs := make([]float64, len(f.Runs))
 		for i := range f.Runs {
 			xs[i] = get(i)
 		}
-		sort.Float64s(xs)
-		n := len(xs)
-		if n%2 == 1 {
-			return xs[n/2]
-		}
-		return (xs[n/2-1] + xs[n/2]) / 2
+		return median(xs)
 	}
 	return drainPoint{
-		messages: f.Runs[0].Messages,
-		drain:    median(func(i int) float64 { return f.Runs[i].DrainRate }),
-		rawID:    median(func(i int) float64 { return f.Runs[i].RawRate }),
-		rawPlain: median(func(i int) float64 { return f.Runs[i].RawPlainRate }),
+		storage:  storageOf(first.Storage),
+		messages: first.Messages,
+		drain:    each(func(i int) float64 { return f.Runs[i].DrainRate }),
+		rawID:    each(func(i int) float64 { return f.Runs[i].RawRate }),
+		rawPlain: each(func(i int) float64 { return f.Runs[i].RawPlainRate }),
 		runs:     len(f.Runs),
-	}
+	}, nil
 }
 
+// plotDrainSweep draws a drain line for each storage among points, and
+// the raw rates at each size: the median of that size's points, each of
+// which measured its own.
 func plotDrainSweep(points []drainPoint, path string) error {
 	sort.Slice(points, func(i, j int) bool { return points[i].messages < points[j].messages })
 	p := plot.New()
@@ -123,30 +159,55 @@ func plotDrainSweep(points []drainPoint, path string) error {
 	p.X.Scale = plot.LogScale{}
 	p.X.Tick.Marker = plot.LogTicks{}
 	p.Add(plotter.NewGrid())
-	series := []struct {
+	type series struct {
 		name   string
-		get    func(drainPoint) float64
+		xys    plotter.XYs
 		c      color.Color
 		dashed bool
-	}{
-		{"postbox drain", func(d drainPoint) float64 { return d.drain }, blue, false},
-		{"raw, Nats-Msg-Id", func(d drainPoint) float64 { return d.rawID }, orange, false},
-		{"raw, no id", func(d drainPoint) float64 { return d.rawPlain }, purple, false},
-		{"target: half the raw rate with Nats-Msg-Id", func(d drainPoint) float64 { return d.rawID / 2 }, green, true},
 	}
-	top := 0.0
-	for _, s := range series {
-		var xys plotter.XYs
+	var all []series
+	for _, st := range storages {
+		s := series{name: "postbox drain, " + st.label, c: st.c}
 		for _, d := range points {
-			if v := s.get(d); v > 0 {
-				xys = append(xys, plotter.XY{X: float64(d.messages), Y: v})
-				top = math.Max(top, v)
+			if d.storage == st.name && d.drain > 0 {
+				s.xys = append(s.xys, plotter.XY{X: float64(d.messages), Y: d.drain})
 			}
 		}
-		if len(xys) == 0 {
+		all = append(all, s)
+	}
+	rawID := series{name: "raw, Nats-Msg-Id", c: orange}
+	rawPlain := series{name: "raw, no id", c: purple}
+	target := series{name: "target: half the raw rate with Nats-Msg-Id", c: green, dashed: true}
+	for i := 0; i < len(points); {
+		j, ids, plains := i, []float64{}, []float64{}
+		for ; j < len(points) && points[j].messages == points[i].messages; j++ {
+			if points[j].rawID > 0 {
+				ids = append(ids, points[j].rawID)
+			}
+			if points[j].rawPlain > 0 {
+				plains = append(plains, points[j].rawPlain)
+			}
+		}
+		x := float64(points[i].messages)
+		if len(ids) > 0 {
+			m := median(ids)
+			rawID.xys = append(rawID.xys, plotter.XY{X: x, Y: m})
+			target.xys = append(target.xys, plotter.XY{X: x, Y: m / 2})
+		}
+		if len(plains) > 0 {
+			rawPlain.xys = append(rawPlain.xys, plotter.XY{X: x, Y: median(plains)})
+		}
+		i = j
+	}
+	top := 0.0
+	for _, s := range append(all, rawID, rawPlain, target) {
+		if len(s.xys) == 0 {
 			continue
 		}
-		if err := addSeries(p, xys, s.name, s.c, s.dashed); err != nil {
+		for _, xy := range s.xys {
+			top = math.Max(top, xy.Y)
+		}
+		if err := addSeries(p, s.xys, s.name, s.c, s.dashed); err != nil {
 			return err
 		}
 	}
@@ -158,9 +219,40 @@ func plotDrainSweep(points []drainPoint, path string) error {
 	return p.Save(12*vg.Inch, 6.5*vg.Inch, path)
 }
 
+// plotLatencySweep draws a panel for each storage among rs, one above the
+// other.
 func plotLatencySweep(rs []latencyResult, path string) error {
+	var panels []*plot.Plot
+	for _, st := range storages {
+		var of []latencyResult
+		for _, r := range rs {
+			if storageOf(r.Storage) == st.name {
+				of = append(of, r)
+			}
+		}
+		if len(of) == 0 {
+			continue
+		}
+		p, err := latencyPanel(of, st.label)
+		if err != nil {
+			return err
+		}
+		panels = append(panels, p)
+	}
+	if len(panels) == 0 {
+		return errors.New("--latency-sweep: no runs to draw")
+	}
+	if len(panels) == 1 {
+		return panels[0].Save(12*vg.Inch, 7*vg.Inch, path)
+	}
+	return saveStacked(path, 12*vg.Inch, vg.Length(len(panels))*6.5*vg.Inch, panels...)
+}
+
+// latencyPanel is p50 and p99 over the rate for rs, the runs over one
+// storage, named by label.
+func latencyPanel(rs []latencyResult, label string) (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = "Commit to JetStream ack over the paced rate: p50 and p99, beside the same runs' direct publish after commit"
+	p.Title.Text = "Commit to JetStream ack over the paced rate, " + label + ": p50 and p99, beside the same runs' direct publish after commit"
 	p.X.Label.Text = "messages committed per second (one per transaction) as achieved, log scale"
 	p.Y.Label.Text = "ms, log scale"
 	p.X.Scale = plot.LogScale{}
@@ -212,12 +304,12 @@ func plotLatencySweep(rs []latencyResult, path string) error {
 			}
 			sort.Slice(s.xys, func(i, j int) bool { return s.xys[i].X < s.xys[j].X })
 			if err := addSeries(p, s.xys, s.name, s.c, s.dashed); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
 	if maxX == 0 {
-		return errors.New("--latency-sweep: no runs to draw")
+		return nil, errors.New("--latency-sweep: no runs to draw")
 	}
 	for _, t := range []struct {
 		ms    float64
@@ -226,7 +318,7 @@ func plotLatencySweep(rs []latencyResult, path string) error {
 	}{{2, "target p50 ≤ 2 ms", green}, {10, "target p99 ≤ 10 ms", red}} {
 		h, err := plotter.NewLine(plotter.XYs{{X: minX, Y: t.ms}, {X: maxX, Y: t.ms}})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		h.Color, h.Dashes = t.c, []vg.Length{vg.Points(2), vg.Points(3)}
 		p.Add(h)
@@ -234,7 +326,7 @@ func plotLatencySweep(rs []latencyResult, path string) error {
 	}
 	p.Legend.Top = true
 	p.Legend.Left = true
-	return p.Save(12*vg.Inch, 7*vg.Inch, path)
+	return p, nil
 }
 
 // addSeries draws xys as a line with its points, dashed or not, and names

@@ -170,14 +170,16 @@ type LatencyResult struct {
 	// CPU per message by process during the postbox phase (this process
 	// holds the writers and, unless SeparateWriter, the relay) and during
 	// the baseline; CPUKnown is false where /proc cannot be read.
-	CPU              CPUUse        `json:"cpu_per_message"`
-	CPUKnown         bool          `json:"cpu_known"`
-	BaselineCPU      CPUUse        `json:"baseline_cpu_per_message"`
-	BaselineCPUKnown bool          `json:"baseline_cpu_known"`
-	SeparateWriter   bool          `json:"separate_writer"`
-	NoSignals        bool          `json:"no_signals"`
-	PollInterval     time.Duration `json:"poll_interval_ns"`
-	Lanes            int           `json:"lanes"`
+	CPU              CPUUse `json:"cpu_per_message"`
+	CPUKnown         bool   `json:"cpu_known"`
+	BaselineCPU      CPUUse `json:"baseline_cpu_per_message"`
+	BaselineCPUKnown bool   `json:"baseline_cpu_known"`
+	SeparateWriter   bool   `json:"separate_writer"`
+	// Storage is LatencyOptions.Storage: table or log.
+	Storage      string        `json:"storage"`
+	NoSignals    bool          `json:"no_signals"`
+	PollInterval time.Duration `json:"poll_interval_ns"`
+	Lanes        int           `json:"lanes"`
 }
 
 // Latency measures the time from a message's commit to the broker's ack
@@ -190,7 +192,7 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	}
 	opts.defaults()
 	res.Rate = opts.Rate
-	res.SeparateWriter, res.NoSignals = opts.SeparateWriter, opts.NoSignals
+	res.SeparateWriter, res.NoSignals, res.Storage = opts.SeparateWriter, opts.NoSignals, opts.Storage
 	tag := randTag()
 	bs, err := openStream(ctx, opts.NatsURL, "BENCH_LATENCY_"+tag, "bench.latency."+tag+".", 0)
 	if err != nil {

@@ -32,6 +32,9 @@ func TestLatencySmall(t *testing.T) {
 		if res.Written != 400 || res.Acked != 400 || res.Duplicates != 0 {
 			t.Fatalf("separate writer %v: written %d, acked %d, duplicates %d", separate, res.Written, res.Acked, res.Duplicates)
 		}
+		if res.Storage != tc.storage {
+			t.Fatalf("the result names storage %q, want %q", res.Storage, tc.storage)
+		}
 		if res.Measured != 400-40 {
 			t.Fatalf("measured %d, want 360 (the warm-up left out)", res.Measured)
 		}
