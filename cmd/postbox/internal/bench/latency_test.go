@@ -30,7 +30,8 @@ func TestLatencySmall(t *testing.T) {
 			t.Fatalf("separate writer %v: %v\n%s", separate, err, out.String())
 		}
 		if res.Written != 400 || res.Acked != 400 || res.Duplicates != 0 {
-			t.Fatalf("separate writer %v: written %d, acked %d, duplicates %d", separate, res.Written, res.Acked, res.Duplicates)
+			t.Fatalf("separate writer %v, storage %s, pipeline %v: written %d, acked %d, duplicates %d; the relay's statements: %v",
+				separate, tc.storage, tc.pipeline, res.Written, res.Acked, res.Duplicates, res.BusyStatements)
 		}
 		if res.Storage != tc.storage {
 			t.Fatalf("the result names storage %q, want %q", res.Storage, tc.storage)
