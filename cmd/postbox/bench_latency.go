@@ -84,6 +84,15 @@ distribution for the plot.`,
 			fmt.Fprintf(out, "%d messages at %d msg/s asked, %.0f msg/s achieved (a writer started a slot at worst %.1f ms late); %d measured after the warm-up\n",
 				res.Written, res.Rate, res.Achieved, res.MaxBehindMillis, res.Measured)
 			fmt.Fprintf(out, "checked: %d distinct ids acknowledged, %d duplicate acks, the stream holds them all\n", res.Acked, res.Duplicates)
+			for _, d := range res.DuplicateAcks {
+				fmt.Fprintf(out, "  acknowledged again: message %d (%s), %.1f ms after its first ack\n", d.Message, d.ID, d.LateMillis)
+			}
+			if res.RelayWarnings > 0 {
+				fmt.Fprintf(out, "the relay logged %d warnings: the run met a stall or a fault, and its figures are not a clean run's\n", res.RelayWarnings)
+				for _, w := range res.RelayWarningLines {
+					fmt.Fprintf(out, "  %s\n", w)
+				}
+			}
 			fmt.Fprintf(out, "relay statements/s under this load: %.1f (%.2f a message", res.BusyQueriesPerSec, res.BusyPerMessage)
 			if res.BusyPerMessageExceptJIT != res.BusyPerMessage {
 				fmt.Fprintf(out, "; %.2f but for the log's jit settings, each in its statement's round trip", res.BusyPerMessageExceptJIT)

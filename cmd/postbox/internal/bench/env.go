@@ -3,7 +3,11 @@ package bench
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -30,6 +34,41 @@ func defaultURLs(databaseURL *string, database string, natsURL *string) {
 	if natsURL != nil && *natsURL == "" {
 		*natsURL = nats.DefaultURL
 	}
+}
+
+// warnings keeps what a relay logs at WARN and above during a run: its
+// pauses, its marks lost to fencing, its failures to renew. They say that
+// the run met a stall or a fault, which also explains a message the relay
+// sent twice. The first maxWarnings are kept, and all are counted.
+type warnings struct {
+	mu    sync.Mutex
+	lines []string
+	n     int
+}
+
+const maxWarnings = 20
+
+// Write takes one record from the text handler of logger.
+func (w *warnings) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.n++
+	if len(w.lines) < maxWarnings {
+		w.lines = append(w.lines, strings.TrimSpace(string(p)))
+	}
+	return len(p), nil
+}
+
+// logger is a relay's logger whose warnings w keeps; it drops the rest.
+func (w *warnings) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// result is how many warnings came, and the first of them.
+func (w *warnings) result() (int, []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n, slices.Clone(w.lines)
 }
 
 // randTag is a run's random tag, which names its tables, streams and

@@ -132,6 +132,14 @@ type CDFPoint struct {
 	Millis   float64 `json:"ms"`
 }
 
+// DuplicateAck is a message acknowledged again: its number in the order
+// of writing, its id, and how long after its first ack it came.
+type DuplicateAck struct {
+	Message    int     `json:"message"`
+	ID         string  `json:"id"`
+	LateMillis float64 `json:"late_ms"`
+}
+
 // LatencyResult is the benchmark's outcome.
 type LatencyResult struct {
 	Rate       int     `json:"rate"`       // the paced rate asked for, msg/s
@@ -140,6 +148,15 @@ type LatencyResult struct {
 	Measured   int     `json:"measured"`   // of them, after the warm-up
 	Acked      int     `json:"acked"`      // distinct ids acknowledged
 	Duplicates int     `json:"duplicates"` // acks beyond the first per id
+	// DuplicateAcks are the first of those acks: which message, and how
+	// long after its first ack.
+	DuplicateAcks []DuplicateAck `json:"duplicate_acks,omitempty"`
+	// RelayWarnings counts what the relay logged at WARN and above while
+	// it ran (a pause, marks lost to fencing, a failed renewal): a stall
+	// or a fault, after which these figures are not a clean run's.
+	// RelayWarningLines are the first of them.
+	RelayWarnings     int      `json:"relay_warnings"`
+	RelayWarningLines []string `json:"relay_warning_lines,omitempty"`
 	// MaxBehind is how late a writer started its slot at worst: the pacing
 	// holds when it is small against the interval between slots.
 	MaxBehindMillis float64 `json:"max_behind_ms"`
@@ -244,8 +261,9 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	defer func() { _ = inner.Close(context.WithoutCancel(ctx)) }()
 	acks := newAckRecorder(inner)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var warned warnings
 	relay, err := postbox.NewClient(driver(rpool), &postbox.Config{
-		Prefix: prefix, Publisher: acks, Logger: quiet, PollInterval: opts.PollInterval, Lanes: opts.Lanes, NoSignals: opts.NoSignals,
+		Prefix: prefix, Publisher: acks, Logger: warned.logger(), PollInterval: opts.PollInterval, Lanes: opts.Lanes, NoSignals: opts.NoSignals,
 	})
 	if err != nil {
 		return res, err
@@ -399,7 +417,15 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	res.BusyPerMessageExceptJIT = float64(busyN-busy[batchKind+jitKind]) / float64(len(ids))
 
 	ackAt, dups := acks.result()
-	res.Acked, res.Duplicates = len(ackAt), dups
+	res.Acked, res.Duplicates = len(ackAt), len(dups)
+	res.RelayWarnings, res.RelayWarningLines = warned.result()
+	number := make(map[string]int, len(ids))
+	for i, id := range ids {
+		number[id] = i
+	}
+	for _, d := range dups[:min(len(dups), maxWarnings)] {
+		res.DuplicateAcks = append(res.DuplicateAcks, DuplicateAck{Message: number[d.id], ID: d.id, LateMillis: float64(d.at.Sub(ackAt[d.id])) / 1e6})
+	}
 	var lat, fromStart []float64
 	for i, id := range ids {
 		at, ok := ackAt[id]
@@ -545,7 +571,12 @@ type ackRecorder struct {
 	next postbox.Publisher
 	mu   sync.Mutex
 	at   map[string]time.Time // first ack per id
-	dups int
+	dups []ack                // the acks after an id's first
+}
+
+type ack struct {
+	id string
+	at time.Time
 }
 
 func newAckRecorder(next postbox.Publisher) *ackRecorder {
@@ -559,7 +590,7 @@ func (a *ackRecorder) Publish(ctx context.Context, env *postbox.Envelope, done f
 			now := time.Now()
 			a.mu.Lock()
 			if _, ok := a.at[id]; ok {
-				a.dups++
+				a.dups = append(a.dups, ack{id, now})
 			} else {
 				a.at[id] = now
 			}
@@ -575,7 +606,7 @@ func (a *ackRecorder) count() int {
 	return len(a.at)
 }
 
-func (a *ackRecorder) result() (map[string]time.Time, int) {
+func (a *ackRecorder) result() (map[string]time.Time, []ack) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.at, a.dups

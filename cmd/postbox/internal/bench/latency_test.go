@@ -29,9 +29,16 @@ func TestLatencySmall(t *testing.T) {
 		if err != nil {
 			t.Fatalf("separate writer %v: %v\n%s", separate, err, out.String())
 		}
-		if res.Written != 400 || res.Acked != 400 || res.Duplicates != 0 {
-			t.Fatalf("separate writer %v, storage %s, pipeline %v: written %d, acked %d, duplicates %d; the relay's statements: %v",
-				separate, tc.storage, tc.pipeline, res.Written, res.Acked, res.Duplicates, res.BusyStatements)
+		// A message is sent twice only after the relay lost a lease or a
+		// record, which it reports: a clean run has no duplicate, and one
+		// that met a stall of the machine says why it sent some again.
+		if res.Written != 400 || res.Acked != 400 || res.Duplicates > 0 && res.RelayWarnings == 0 {
+			t.Fatalf("separate writer %v, storage %s, pipeline %v: written %d, acked %d, duplicates %d %+v with %d relay warnings; the relay's statements: %v",
+				separate, tc.storage, tc.pipeline, res.Written, res.Acked, res.Duplicates, res.DuplicateAcks, res.RelayWarnings, res.BusyStatements)
+		}
+		if res.RelayWarnings > 0 {
+			t.Logf("separate writer %v, storage %s: %d duplicates %+v after %d relay warnings: %q",
+				separate, tc.storage, res.Duplicates, res.DuplicateAcks, res.RelayWarnings, res.RelayWarningLines)
 		}
 		if res.Storage != tc.storage {
 			t.Fatalf("the result names storage %q, want %q", res.Storage, tc.storage)
