@@ -292,7 +292,7 @@ FROM {p}positions WHERE partition = ANY($1::int[])`),
 			r.Replace(`SELECT t.topic, t.n::bigint, p.at - t.oldest FROM {p}log_passes p
     CROSS JOIN LATERAL unnest(p.topics, p.counts, p.oldest) AS t(topic, n, oldest)
   WHERE p.at > now() - interval '1 minute'`)),
-		replay:       pgsql.ReplaySQL(prefix, logHistory, logReplayMove),
+		replay:       pgsql.ReplaySQL(prefix, logHistory, logPendingIDs, logReplayMove),
 		replayCounts: r.Replace(logReplayCountsSQL),
 		prune:        r.Replace(logPruneSQL),
 		droppable:    r.Replace(logDroppableSQL),
@@ -1347,12 +1347,20 @@ func (s *logStore) record(ctx context.Context, f postboxdriver.Fence, o postboxd
 // to the cursor (logPendingArms). The rows a position passed unpublished
 // were moved to the outbox or the dead messages by the statement that
 // moved it.
-var logPendingSQL = func() string {
+var logPendingSQL = logPending("g.topic, g.created_at")
+
+// logPendingIDs selects the ids of the log rows no position has passed,
+// which a replay under the messages' own ids leaves out
+// (pgsql.ReplaySQL's pending).
+var logPendingIDs = logPending("g.id")
+
+// logPending selects cols of the log rows g no position has passed.
+func logPending(cols string) string {
 	a := pgsql.LogPendingArms("true", "true")
-	return `SELECT g.topic, g.created_at ` + a[0] + `
+	return `SELECT ` + cols + ` ` + a[0] + `
 UNION ALL
-SELECT g.topic, g.created_at ` + a[1]
-}()
+SELECT ` + cols + ` ` + a[1]
+}
 
 // logRequeuePending is a requeue's test that the dead message d's id is
 // pending again in the log, in d's partition (logPendingArms). OFFSET 0
@@ -1403,13 +1411,16 @@ const logHistory = `(SELECT seq, id, topic, key, payload, headers, partition, cr
 
 // logReplayMove deletes for a replay under the messages' own ids the
 // published rows selected, from the published table and from the log
-// (with the marks of rows recorded one by one), as moved.
+// (with the marks of rows recorded one by one), as moved. It leaves out a
+// row whose id is pending in the log (pend, logPendingIDs): written anew
+// after it was published, and not sent yet.
 var logReplayMove = `pub AS (
-  DELETE FROM {p}published p WHERE ` + pgsql.ReplayWhere("p") + `
+  DELETE FROM {p}published p WHERE ` + pgsql.ReplayWhere("p") + ` AND ` + pgsql.NotPendingElsewhere("p") + `
   RETURNING p.seq, p.id, p.topic, p.key, p.payload, p.headers, p.partition
 ), lg AS (
   DELETE FROM {p}log g USING {p}positions x
   WHERE x.partition = g.partition AND ` + pgsql.ReplayWhere("g") + ` AND NOT (` + pgsql.LogPendingWhere + `)
+    AND ` + pgsql.NotPendingElsewhere("g") + `
   RETURNING g.seq, g.id, g.topic, g.key, g.payload, g.headers, g.partition
 ), unmarked AS (
   DELETE FROM {p}log_done m USING lg WHERE m.partition = lg.partition AND m.seq = lg.seq
@@ -1438,14 +1449,16 @@ const logBehind = `(pg_visible_in_snapshot(g.xid, e.lo) OR e.hi IS NOT NULL AND 
 // the last $5 milliseconds: for a log row, one its partition's position
 // had not passed then. A row recorded one by one counts from the record
 // that moves the position past it.
-var logReplayCountsSQL = `WITH h AS (
+var logReplayCountsSQL = `WITH pend AS MATERIALIZED (
+  ` + logPendingIDs + `
+), h AS (
   SELECT p.topic, p.published_at >= now() - $5 * interval '1 millisecond' AS recent
-  FROM {p}published p WHERE ` + pgsql.ReplayWhere("p") + `
+  FROM {p}published p WHERE ` + pgsql.ReplayWhere("p") + ` AND ` + pgsql.NotPendingElsewhere("p") + `
   UNION ALL
   SELECT g.topic, NOT coalesce(` + logBehind + `, false)
   FROM {p}log g JOIN {p}positions x USING (partition)
   LEFT JOIN ` + logPositionsAt("now() - $5 * interval '1 millisecond'") + ` ON e.partition = g.partition
-  WHERE NOT (` + pgsql.LogPendingWhere + `) AND ` + pgsql.ReplayWhere("g") + `
+  WHERE NOT (` + pgsql.LogPendingWhere + `) AND ` + pgsql.ReplayWhere("g") + ` AND ` + pgsql.NotPendingElsewhere("g") + `
 )
 SELECT topic, count(*)::int, (count(*) FILTER (WHERE $5 > 0 AND recent))::int FROM h GROUP BY topic ORDER BY topic`
 

@@ -38,6 +38,13 @@ func ReplayNewWhere(a string) string {
 
 var replayWhere = ReplayWhere("p")
 
+// NotPendingElsewhere is a replay's test that the history row aliased a
+// has no id among those pending elsewhere than the outbox: the CTE pend
+// that ReplaySQL puts first when given them.
+func NotPendingElsewhere(a string) string {
+	return `NOT EXISTS (SELECT 1 FROM pend WHERE pend.id = ` + a + `.id)`
+}
+
 func makeAdminQueries(prefix string) adminQueries {
 	r := strings.NewReplacer("{p}", prefix)
 	return adminQueries{
@@ -64,7 +71,7 @@ ORDER BY d.dead_at DESC, d.seq DESC LIMIT $6`),
   DELETE FROM {p}published p USING old WHERE p.ctid = old.ctid RETURNING 1
 )
 SELECT count(*) FROM del`),
-		replay: ReplaySQL(prefix, `{p}published p`, `moved AS (
+		replay: ReplaySQL(prefix, `{p}published p`, "", `moved AS (
   DELETE FROM {p}published p WHERE `+replayWhere+`
   RETURNING p.seq, p.id, p.topic, p.key, p.payload, p.headers, p.partition
 )`),
@@ -133,11 +140,23 @@ type ReplayStatements struct {
 // without a partition, so the rules trigger checks them and, while the
 // database says log, moves them into the log (migration 14), where the
 // outbox's insert returns no row: they are counted from their source.
-func ReplaySQL(prefix, history, move string) ReplayStatements {
+//
+// pending, when not empty, selects the id of every message pending
+// elsewhere than the outbox (the log's). The statements under the
+// messages' own ids then put it first as the CTE pend, materialized; the
+// count leaves those ids out as it leaves out the outbox's, and move
+// must too (NotPendingElsewhere): a replayed row would otherwise be sent
+// beside the pending message of its id.
+func ReplaySQL(prefix, history, pending, move string) ReplayStatements {
 	r := strings.NewReplacer("{p}", prefix)
 	replayNewWhere := ReplayNewWhere("p")
+	with, count := "", `SELECT count(*) FROM `+history+` WHERE `+replayWhere
+	if pending != "" {
+		with = "pend AS MATERIALIZED (\n  " + pending + "\n), "
+		count = "WITH " + strings.TrimSuffix(with, ", ") + "\n" + count + "\n  AND " + NotPendingElsewhere("p")
+	}
 	return ReplayStatements{
-		Move: r.Replace(`WITH ` + move + `, staged AS (
+		Move: r.Replace(`WITH ` + with + move + `, staged AS (
   INSERT INTO {p}outbox (id, topic, key, payload, headers, partition)
   SELECT id, topic, key, payload, headers, partition FROM moved ORDER BY seq
   RETURNING 1
@@ -147,7 +166,7 @@ func ReplaySQL(prefix, history, move string) ReplayStatements {
   INSERT INTO {p}replays (actor, since, until, topic, key, count, dry_run) SELECT $5, $1, $2, $3, $4, n, false FROM n
 )
 SELECT n FROM n`),
-		Count: r.Replace(`SELECT count(*) FROM ` + history + ` WHERE ` + replayWhere),
+		Count: r.Replace(count),
 		Audit: r.Replace(`INSERT INTO {p}replays (actor, since, until, topic, key, count, dry_run) VALUES ($1, $2, $3, $4, $5, $6, true)`),
 		Copy: r.Replace(`WITH aid AS (
   SELECT nextval(pg_get_serial_sequence('{p}replays', 'id')) AS id
