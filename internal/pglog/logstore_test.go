@@ -372,10 +372,12 @@ func TestLogStoreHistoryOfRowsRecordedOneByOne(t *testing.T) {
 
 // A replay under the messages' own ids leaves out a published message
 // whose id is pending again in the log, written anew after it was sent:
-// the one found above the position, and the one a late commit left below
-// it, which only the xid arm of the pending search finds. Moved to the
-// outbox, each would be sent beside the pending message of its id. The
-// count, the preview's and the replay itself agree.
+// the one found above the position; the one a late commit left below it,
+// which only the xid arm of the pending search finds; and one whose first
+// publish failed, so that its history is the published table's row, not
+// the log's. Moved to the outbox, each would be sent beside the pending
+// message of its id. The count, the preview's and the replay itself
+// agree.
 func TestLogStoreReplayLeavesOutIDsPendingInTheLog(t *testing.T) {
 	ctx := context.Background()
 	pool, open := logStoreSchema(t)
@@ -386,7 +388,9 @@ func TestLogStoreReplayLeavesOutIDsPendingInTheLog(t *testing.T) {
 	row := func(id, topic, key string) []postboxdriver.Row {
 		return []postboxdriver.Row{{ID: id, Topic: topic, Key: key, Payload: []byte("p"), Headers: []byte("{}")}}
 	}
-	publish := func(n int) {
+	// publish reads n rows and records them published, but for the one
+	// of id fail, whose publish failed.
+	publish := func(n int, fail string) {
 		t.Helper()
 		recs, err := st.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
 		if err != nil || len(recs) != n {
@@ -394,19 +398,25 @@ func TestLogStoreReplayLeavesOutIDsPendingInTheLog(t *testing.T) {
 		}
 		o := postboxdriver.Outcome{}
 		for _, r := range recs {
-			o.Read, o.Published = append(o.Read, r.Seq), append(o.Published, r.Seq)
+			o.Read = append(o.Read, r.Seq)
+			if r.ID == fail {
+				o.Failed = append(o.Failed, postboxdriver.Failure{Seq: r.Seq, Error: "refused once"})
+			} else {
+				o.Published = append(o.Published, r.Seq)
+			}
 		}
-		if s, err := st.Settle(ctx, fence, o, 5); err != nil || s.Published != n {
+		if s, err := st.Settle(ctx, fence, o, 5); err != nil || s.Published != len(o.Published) || len(s.Failed) != len(o.Failed) {
 			t.Fatalf("settle = %+v, %v", s, err)
 		}
 	}
-	x, y, w := postbox.NewID(), postbox.NewID(), postbox.NewID()
-	for _, id := range []string{x, y} {
+	x, y, v, w := postbox.NewID(), postbox.NewID(), postbox.NewID(), postbox.NewID()
+	for _, id := range []string{x, y, v} {
 		if err := st.Insert(ctx, row(id, "t.a", "k-"+id)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	publish(2)
+	publish(3, v)
+	publish(1, "") // v, from the outbox, into the published table
 	// y again, in a transaction running while w is read and recorded.
 	late, err := pool.Begin(ctx)
 	if err != nil {
@@ -419,18 +429,24 @@ func TestLogStoreReplayLeavesOutIDsPendingInTheLog(t *testing.T) {
 	if err := st.Insert(ctx, row(w, "t.b", "k-"+y)); err != nil {
 		t.Fatal(err)
 	}
-	publish(1)
+	publish(1, "")
 	if err := late.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Insert(ctx, row(x, "t.a", "k-"+x)); err != nil {
-		t.Fatal(err)
+	for _, id := range []string{x, v} {
+		if err := st.Insert(ctx, row(id, "t.a", "k-"+id)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	p := st.(*logStore).prefix
 	var below bool
 	if err := pool.QueryRow(ctx, `SELECT bool_and(g.seq <= x.lo_seq) FROM `+p+`log g JOIN `+p+`positions x USING (partition)
 WHERE g.id = $1 AND NOT pg_visible_in_snapshot(g.xid, x.lo)`, y).Scan(&below); err != nil || !below {
 		t.Fatalf("y's pending row is below lo_seq: %v, %v", below, err)
+	}
+	var published string
+	if err := pool.QueryRow(ctx, `SELECT id::text FROM `+p+`published`).Scan(&published); err != nil || published != v {
+		t.Fatalf("the published table holds %s, %v; want v", published, err)
 	}
 
 	window := postboxdriver.ReplayParams{Since: time.Now().Add(-time.Hour), Until: time.Now().Add(time.Hour), Actor: "ops"}
@@ -454,8 +470,8 @@ WHERE g.id = $1 AND NOT pg_visible_in_snapshot(g.xid, x.lo)`, y).Scan(&below); e
 	if err != nil || len(outbox) != 1 || outbox[0] != w {
 		t.Fatalf("the outbox holds %v, %v; want w alone", outbox, err)
 	}
-	if s, err := st.Stats(ctx); err != nil || s.Pending != 3 || s.Published != 2 {
-		t.Fatalf("stats = %+v, %v; want x and y pending in the log, w in the outbox, x and y published", s, err)
+	if s, err := st.Stats(ctx); err != nil || s.Pending != 4 || s.Published != 3 {
+		t.Fatalf("stats = %+v, %v; want x, y and v pending in the log, w in the outbox, x, y and v published", s, err)
 	}
 }
 
