@@ -1412,8 +1412,8 @@ const logHistory = `(SELECT seq, id, topic, key, payload, headers, partition, cr
 // logReplayMove deletes for a replay under the messages' own ids the
 // published rows selected, from the published table and from the log
 // (with the marks of rows recorded one by one), as moved. It leaves out a
-// row whose id is pending in the log (pend, logPendingIDs): written anew
-// after it was published, and not sent yet.
+// row whose id is pending in the log (pgsql.PendingElsewhere of
+// logPendingIDs): written anew after it was published, and not sent yet.
 var logReplayMove = `pub AS (
   DELETE FROM {p}published p WHERE ` + pgsql.ReplayWhere("p") + ` AND ` + pgsql.NotPendingElsewhere("p") + `
   RETURNING p.seq, p.id, p.topic, p.key, p.payload, p.headers, p.partition
@@ -1449,9 +1449,7 @@ const logBehind = `(pg_visible_in_snapshot(g.xid, e.lo) OR e.hi IS NOT NULL AND 
 // the last $5 milliseconds: for a log row, one its partition's position
 // had not passed then. A row recorded one by one counts from the record
 // that moves the position past it.
-var logReplayCountsSQL = `WITH pend AS MATERIALIZED (
-  ` + logPendingIDs + `
-), h AS (
+var logReplayCountsSQL = `WITH ` + pgsql.PendingElsewhere(logPendingIDs) + `, h AS (
   SELECT p.topic, p.published_at >= now() - $5 * interval '1 millisecond' AS recent
   FROM {p}published p WHERE ` + pgsql.ReplayWhere("p") + ` AND ` + pgsql.NotPendingElsewhere("p") + `
   UNION ALL

@@ -38,9 +38,16 @@ func ReplayNewWhere(a string) string {
 
 var replayWhere = ReplayWhere("p")
 
+// PendingElsewhere is the CTE pend, materialized: the ids that pending
+// selects, of the messages pending elsewhere than the outbox (the log's),
+// which a replay under the messages' own ids leaves out
+// (NotPendingElsewhere).
+func PendingElsewhere(pending string) string {
+	return "pend AS MATERIALIZED (\n  " + pending + "\n)"
+}
+
 // NotPendingElsewhere is a replay's test that the history row aliased a
-// has no id among those pending elsewhere than the outbox: the CTE pend
-// that ReplaySQL puts first when given them.
+// has no id in the CTE pend (PendingElsewhere).
 func NotPendingElsewhere(a string) string {
 	return `NOT EXISTS (SELECT 1 FROM pend WHERE pend.id = ` + a + `.id)`
 }
@@ -143,17 +150,17 @@ type ReplayStatements struct {
 //
 // pending, when not empty, selects the id of every message pending
 // elsewhere than the outbox (the log's). The statements under the
-// messages' own ids then put it first as the CTE pend, materialized; the
-// count leaves those ids out as it leaves out the outbox's, and move
-// must too (NotPendingElsewhere): a replayed row would otherwise be sent
-// beside the pending message of its id.
+// messages' own ids then put it first (PendingElsewhere); the count
+// leaves those ids out as it leaves out the outbox's, and move must too
+// (NotPendingElsewhere): a replayed row would otherwise be sent beside
+// the pending message of its id.
 func ReplaySQL(prefix, history, pending, move string) ReplayStatements {
 	r := strings.NewReplacer("{p}", prefix)
 	replayNewWhere := ReplayNewWhere("p")
 	with, count := "", `SELECT count(*) FROM `+history+` WHERE `+replayWhere
 	if pending != "" {
-		with = "pend AS MATERIALIZED (\n  " + pending + "\n), "
-		count = "WITH " + strings.TrimSuffix(with, ", ") + "\n" + count + "\n  AND " + NotPendingElsewhere("p")
+		with = PendingElsewhere(pending) + ", "
+		count = "WITH " + PendingElsewhere(pending) + "\n" + count + "\n  AND " + NotPendingElsewhere("p")
 	}
 	return ReplayStatements{
 		Move: r.Replace(`WITH ` + with + move + `, staged AS (

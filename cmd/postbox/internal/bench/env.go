@@ -39,21 +39,23 @@ func defaultURLs(databaseURL *string, database string, natsURL *string) {
 // warnings keeps what a relay logs at WARN and above during a run: its
 // pauses, its marks lost to fencing, its failures to renew. They say that
 // the run met a stall or a fault, which also explains a message the relay
-// sent twice. The first maxWarnings are kept, and all are counted.
+// sent twice. The first maxListed are kept, and all are counted.
 type warnings struct {
 	mu    sync.Mutex
 	lines []string
 	n     int
 }
 
-const maxWarnings = 20
+// maxListed is how many of a run's warnings, and of its messages
+// acknowledged twice, its result lists.
+const maxListed = 20
 
 // Write takes one record from the text handler of logger.
 func (w *warnings) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.n++
-	if len(w.lines) < maxWarnings {
+	if len(w.lines) < maxListed {
 		w.lines = append(w.lines, strings.TrimSpace(string(p)))
 	}
 	return len(p), nil

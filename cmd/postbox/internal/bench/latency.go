@@ -419,12 +419,14 @@ func Latency(ctx context.Context, opts LatencyOptions, out io.Writer) (LatencyRe
 	ackAt, dups := acks.result()
 	res.Acked, res.Duplicates = len(ackAt), len(dups)
 	res.RelayWarnings, res.RelayWarningLines = warned.result()
-	number := make(map[string]int, len(ids))
-	for i, id := range ids {
-		number[id] = i
-	}
-	for _, d := range dups[:min(len(dups), maxWarnings)] {
-		res.DuplicateAcks = append(res.DuplicateAcks, DuplicateAck{Message: number[d.id], ID: d.id, LateMillis: float64(d.at.Sub(ackAt[d.id])) / 1e6})
+	if len(dups) > 0 {
+		number := make(map[string]int, len(ids))
+		for i, id := range ids {
+			number[id] = i
+		}
+		for _, d := range dups[:min(len(dups), maxListed)] {
+			res.DuplicateAcks = append(res.DuplicateAcks, DuplicateAck{Message: number[d.id], ID: d.id, LateMillis: float64(d.at.Sub(ackAt[d.id])) / 1e6})
+		}
 	}
 	var lat, fromStart []float64
 	for i, id := range ids {
