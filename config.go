@@ -76,7 +76,11 @@ type Config struct {
 	// read with 2 each), and follows its share as relays join and leave:
 	// relays sharing a table bring about Lanes to it together rather than
 	// Lanes each, since past what the database and the cores serve more
-	// concurrent batches drain more slowly. Each lane uses a database
+	// concurrent batches drain more slowly. They read only while the
+	// load needs them: one lane reads the whole share until a batch comes
+	// back full (BatchSize rows), then all of them, until none has for
+	// 2s; at a trickle one lane's batch carries in one statement what
+	// several lanes would read in as many. Each lane uses a database
 	// connection while it reads or marks; with the renewals, the idle
 	// probe and the maintenance pass, a relay uses up to Lanes+3 at once,
 	// and a pool smaller than that delays renewals. Default 4.

@@ -1,8 +1,8 @@
 package postbox
 
-// RelayLanes reports, for c's running relay, how many lanes read, the
-// size of its share, how many partitions it holds, and the table's
-// partition count; ok is false when c runs no relay.
+// RelayLanes reports, for c's running relay, how many lanes its share
+// calls for, the size of that share, how many partitions it holds, and the
+// table's partition count; ok is false when c runs no relay.
 func RelayLanes[TTx any](c *Client[TTx]) (lanes, share, held, partitions int, ok bool) {
 	run := c.running.Load()
 	if run == nil {
@@ -11,7 +11,17 @@ func RelayLanes[TTx any](c *Client[TTx]) (lanes, share, held, partitions int, ok
 	r := run.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.active, len(r.target), len(r.held), r.nparts, true
+	return r.want, len(r.target), len(r.held), r.nparts, true
+}
+
+// RelayReading reports how many lanes of c's running relay read now: one
+// while its batches come back short; ok is false when c runs no relay.
+func RelayReading[TTx any](c *Client[TTx]) (lanes int, ok bool) {
+	run := c.running.Load()
+	if run == nil {
+		return 0, false
+	}
+	return run.r.activeLanes(), true
 }
 
 // RelaySignals reports whether c's running relay listens for change

@@ -94,18 +94,114 @@ func TestRelayLanesFollowItsShare(t *testing.T) {
 	// may come again later).
 	waitFor(t, ctx, func() bool { return distinctIDs(broker) == written })
 	for k := range keys {
-		next := 0
-		for _, p := range payloadsOf(broker, fmt.Sprintf("k%d", k)) {
-			n, err := strconv.Atoi(p)
-			if err != nil {
-				t.Fatal(err)
+		inOrder(t, broker, fmt.Sprintf("k%d", k))
+	}
+}
+
+// A relay reads with one lane while its batches come back short, with
+// every lane its share calls for once one comes back full, and with one
+// again once none has for a while. Keys written all along, a few at a
+// time and in a burst, keep their order as their partitions move between
+// the lanes both ways.
+func TestRelayLanesFollowTheLoad(t *testing.T) {
+	driver, prefix := newDriver(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	broker := postboxtest.NewBroker(nil)
+	const batch = 20
+	a, err := postbox.NewClient(driver, &postbox.Config{Prefix: prefix, Publisher: broker, PollInterval: 10 * time.Millisecond, Lanes: 4, BatchSize: batch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = a.Stop(context.WithoutCancel(ctx)) }()
+	reading := func() int {
+		n, ok := postbox.RelayReading(a)
+		if !ok {
+			t.Fatal("no relay running")
+		}
+		return n
+	}
+	waitFor(t, ctx, func() bool { _, _, held, n, _ := postbox.RelayLanes(a); return held == n })
+
+	// One message at a time, each published before the next: batches of
+	// one, read by one lane.
+	for i := range 10 {
+		if err := a.Write(ctx, postbox.Message{Topic: "orders.paid", Key: "one", Payload: []byte(strconv.Itoa(i))}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, ctx, func() bool { return countKeyPrefix(broker, "one") > i })
+		if n := reading(); n != 1 {
+			t.Fatalf("%d lanes read batches of one message, want 1", n)
+		}
+	}
+
+	// A trickle on a few keys all along, and a burst of many batches in
+	// one transaction on others.
+	const keys, burst = 8, 30 * batch
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	trickled := 0 // the writer's until wg.Wait
+	var werr error
+	wg.Go(func() {
+		for i := 0; !stop.Load(); i++ {
+			msg := postbox.Message{Topic: "orders.paid", Key: fmt.Sprintf("k%d", i%keys), Payload: []byte(strconv.Itoa(i / keys))}
+			if werr = a.Write(ctx, msg); werr != nil {
+				return
 			}
-			switch {
-			case n == next:
-				next++
-			case n > next:
-				t.Fatalf("key k%d: message %d published before message %d", k, n, next)
-			}
+			trickled++
+			time.Sleep(time.Millisecond)
+		}
+	})
+	stopWriting := func() { stop.Store(true); wg.Wait() }
+	defer stopWriting()
+	waitFor(t, ctx, func() bool { return countKeyPrefix(broker, "k") >= 50 })
+	msgs := make([]postbox.Message, burst)
+	for i := range msgs {
+		msgs[i] = postbox.Message{Topic: "orders.paid", Key: fmt.Sprintf("b%d", i%keys), Payload: []byte(strconv.Itoa(i / keys))}
+	}
+	if err := a.Write(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	// The first full batch sets every lane reading, for at least a
+	// couple of seconds after the last.
+	waitFor(t, ctx, func() bool { return reading() == 4 })
+	waitFor(t, ctx, func() bool { return countKeyPrefix(broker, "b") >= burst })
+	n := countKeyPrefix(broker, "k")
+	waitFor(t, ctx, func() bool { return countKeyPrefix(broker, "k") >= n+50 })
+	stopWriting()
+	if werr != nil {
+		t.Fatal(werr)
+	}
+	// Back to one lane once no batch has come back full for a while.
+	waitFor(t, ctx, func() bool { return reading() == 1 })
+
+	waitFor(t, ctx, func() bool { return distinctIDs(broker) == 10+trickled+burst })
+	inOrder(t, broker, "one")
+	for k := range keys {
+		inOrder(t, broker, fmt.Sprintf("k%d", k))
+		inOrder(t, broker, fmt.Sprintf("b%d", k))
+	}
+}
+
+// inOrder checks that key's messages, whose payloads count from 0 in the
+// order written, first reached the broker in that order (copies of one
+// already sent may come again later).
+func inOrder(t *testing.T, broker *postboxtest.Broker, key string) {
+	t.Helper()
+	next := 0
+	for _, p := range payloadsOf(broker, key) {
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case n == next:
+			next++
+		case n > next:
+			t.Fatalf("key %s: message %d published before message %d", key, n, next)
 		}
 	}
 }

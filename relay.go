@@ -47,6 +47,10 @@ const (
 	deepIdle      = 10
 	minInfraPause = 50 * time.Millisecond
 	maxInfraPause = 10 * time.Second
+	// fullLinger is how long every lane the share calls for keeps reading
+	// after a lane's batch last came back full; past it, the next renewal
+	// leaves one lane reading (relay_lane.go).
+	fullLinger    = 2 * time.Second
 	cleanupBudget = 5 * time.Second
 )
 
@@ -82,9 +86,13 @@ type relay struct {
 
 	mu     sync.Mutex
 	target []int // this relay's share, as last worked out
-	// active is how many of the lanes read: the first active ones
-	// (laneCount of the share); the others wait for the share to grow.
-	active     int
+	// want is how many lanes the share calls for (laneCount); active is
+	// how many of them read, the first active ones: all of them while
+	// batches come back full, one once none has for fullLinger (fullAt
+	// is the last). The others wait for a wake-up that makes them read.
+	want, active int
+	fullAt       time.Time
+
 	held       map[int]int64 // partitions the lanes read: partition -> generation
 	leaving    map[int]int64 // partitions out of the share, held until no batch is in flight on them
 	busy       map[int]int   // batches in flight per partition
@@ -155,7 +163,9 @@ func newRelay(ctx context.Context, ex postboxdriver.Executor, cfg *Config, rs ro
 	for i := range min(cfg.Lanes, n) {
 		r.lanes = append(r.lanes, &lane{r: r, n: i, wake: newWakeup()})
 	}
-	r.active = len(r.lanes)
+	// One lane reads until a batch comes back full; the first renewal
+	// sets want.
+	r.want, r.active = len(r.lanes), 1
 	return r, nil
 }
 
@@ -381,8 +391,8 @@ func (r *relay) renewNow() {
 // and a crashed relay's are taken within a lease and an eighth.
 func (r *relay) renewEvery() time.Duration { return max(r.cfg.LeaseDuration/8, minPoll) }
 
-// notifyLanes wakes the lanes that read; the others wait for the share
-// to grow, and the renewal that grows it wakes them.
+// notifyLanes wakes the lanes that read; the others wait for the renewal
+// or the full batch that makes them read, which wakes them.
 func (r *relay) notifyLanes(kind wakeKind) {
 	for _, l := range r.lanes[:r.activeLanes()] {
 		l.notify(kind)

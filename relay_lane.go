@@ -18,16 +18,28 @@ import (
 // partitions, so one lane's database round trips overlap another's
 // publishing. Lanes never share a partition, and so never a key.
 //
-// A relay has min(Lanes, P) lanes, of which the first laneCount read: as
-// many as its share of the table's partitions calls for. Relays that share
-// a table then bring about Lanes to it together, as one relay holding
-// every partition does; more concurrent cycles on one database and one
-// machine cost more than they give. The count follows the share at each
-// renewal (coordinate). A partition that passes from one lane to another
-// when it changes is handed over as when the held set changes: claim
-// leaves it out of the new lane's batch while the old lane's batch on it
-// is in flight, and the new lane reads it from the start, after that
-// batch's marks.
+// A relay has min(Lanes, P) lanes. Its share of the table's partitions
+// calls for the first laneCount of them: relays that share a table then
+// bring about Lanes to it together, as one relay holding every partition
+// does; more concurrent cycles on one database and one machine cost more
+// than they give. That count follows the share at each renewal
+// (coordinate).
+//
+// They read only while the load needs them: one lane reads the whole
+// share until a batch comes back full, then all of them (full), until
+// none has come back full for fullLinger, when a renewal leaves one
+// reading again. At a trickle, one lane's batch carries what several
+// lanes would read in as many statements, most of them finding one row
+// or none: one lane sends a third of the statements and costs the
+// database less a message, with a lower latency (BENCHMARKS.md, "One
+// reading lane at a trickle"). A backlog or a burst fills the first
+// batch, so a drain loses one batch's time to the start of the others.
+//
+// A partition that passes from one lane to another when the count
+// changes is handed over as when the held set changes: claim leaves it
+// out of the new lane's batch while the old lane's batch on it is in
+// flight, and the new lane reads it from the start, after that batch's
+// marks.
 type lane struct {
 	r          *relay
 	n          int
@@ -215,6 +227,27 @@ func laneCount(lanes, share, nparts int) int {
 	return min(max((lanes*share+nparts-1)/nparts, 1), lanes)
 }
 
+// full is a lane's report of a batch that came back full: the lanes
+// cannot keep up, so every lane the share calls for reads, from now until
+// none has come back full for fullLinger. The lanes that start reading
+// are woken.
+func (r *relay) full(now time.Time) {
+	r.mu.Lock()
+	r.fullAt = now
+	from, to := r.active, r.want
+	if to > from {
+		r.active = to
+	}
+	r.mu.Unlock()
+	if to <= from {
+		return
+	}
+	r.log.Debug("postbox relay lanes reading", slog.Int("lanes", to), slog.Int("share_lanes", to))
+	for _, l := range r.lanes[from:to] {
+		l.notify(wakeOther)
+	}
+}
+
 // activeLanes is how many lanes read now.
 func (r *relay) activeLanes() int {
 	r.mu.Lock()
@@ -248,12 +281,20 @@ func (l *lane) run(soft, hard context.Context) {
 		}
 	}
 	defer l.flush(soft, hard)
+	reading := false // since the lane last found itself reading
 	for soft.Err() == nil {
 		if l.n >= r.activeLanes() {
-			// Not needed for the relay's share: wait for the renewal
-			// that grows it (notifyLanes). Its failures to read are
-			// no longer the relay's.
+			// Not reading: wait for the renewal or the full batch that
+			// makes it read, which wakes it. Its failures to read are no
+			// longer the relay's. When it stops reading, the lanes that
+			// read its partitions now are woken to read them at once, not
+			// at their poll: its batch held their claim until now, and
+			// the wake-ups sent to it for them go unanswered.
 			l.flush(soft, hard)
+			if reading {
+				reading = false
+				r.notifyLanes(wakeOther)
+			}
 			r.failing.set(l.n, nil)
 			select {
 			case <-l.wake.ch:
@@ -262,6 +303,7 @@ func (l *lane) run(soft, hard context.Context) {
 			poll, p = minPoll, pacePolled
 			continue
 		}
+		reading = true
 		fence, until := r.claim(time.Now(), l.n, l.prior)
 		if len(fence.Generations) == 0 {
 			// Nothing to read, and so no failure of the lane's to
@@ -275,6 +317,9 @@ func (l *lane) run(soft, hard context.Context) {
 		res, next, err := r.step(soft, hard, fence, until, !l.unsure, l.prior)
 		l.prior = next
 		l.recent.add(res.recs)
+		if res.read >= r.cfg.BatchSize {
+			r.full(time.Now())
+		}
 		if next == nil {
 			r.done(fence)
 		}

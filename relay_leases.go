@@ -109,9 +109,19 @@ func (r *relay) coordinate(ctx context.Context) (pending, moved bool, err error)
 	if r.wake != nil {
 		r.wake.alone.Store(len(m.Live) == 1 && len(r.held) == r.nparts)
 	}
-	if n := laneCount(len(r.lanes), len(target), r.nparts); n != r.active {
+	if n := laneCount(len(r.lanes), len(target), r.nparts); n != r.want {
 		r.log.Info("postbox relay lanes", slog.Int("lanes", n), slog.Int("share", len(target)), slog.Int("partitions", r.nparts))
-		r.active = n
+		r.want = n
+	}
+	// Every lane of the share while batches come back full, one once
+	// none has for fullLinger.
+	active := 1
+	if start.Sub(r.fullAt) < fullLinger {
+		active = r.want
+	}
+	if active != r.active {
+		r.log.Debug("postbox relay lanes reading", slog.Int("lanes", active), slog.Int("share_lanes", r.want))
+		r.active = active
 	}
 	r.stale = false
 	// The database set the expiries from its clock after start; ending
