@@ -56,6 +56,11 @@ type entry struct {
 	msg     jetstream.Msg
 	d       *postbox.Delivery
 	touched time.Time // last delivery or InProgress of a held message
+	// touching: an InProgress of msg is being sent (sweep). The entry
+	// does not start until it is sent: sent after the run's delayed nak,
+	// it would restart the message's AckWait on the server, and the
+	// redelivery would come AckWait later instead of after the delay.
+	touching bool
 }
 
 // keyOrder schedules the deliveries of one Run that carry a key.
@@ -171,9 +176,13 @@ func (k *keyOrder) toMarker(e *entry, now time.Time, delay time.Duration) {
 // next starts key's head and returns it, when nothing of the key runs
 // and its head is a held message; k.mu is held. Once ctx has ended
 // nothing new starts: held messages are abandoned to AckWait; nor while a
-// gap of lost deliveries is still to be read (lost.go).
+// gap of lost deliveries is still to be read (lost.go); nor while the
+// head's keep-alive is being sent (sweep starts it after).
 func (k *keyOrder) next(key string) *entry {
 	if k.r.ctx.Err() != nil || len(k.gaps) > 0 {
+		return nil
+	}
+	if h, ok := k.keys.Head(key); ok && h.touching {
 		return nil
 	}
 	e, _ := k.keys.Next(key)
@@ -227,22 +236,28 @@ func (k *keyOrder) tick(ctx context.Context, wg *sync.WaitGroup, saturated *atom
 func (k *keyOrder) sweep(now time.Time, saturated bool) {
 	// Keep-alives first: one the client refuses says the server is out
 	// of reach, which must push the markers out before any is given up.
-	var touch []jetstream.Msg
+	var touch []*entry
+	var msgs []jetstream.Msg
 	k.mu.Lock()
 	for e := range k.keys.All() {
 		if e.State() == keyorder.Held && now.Sub(e.touched) >= k.touchEvery {
-			touch = append(touch, e.msg)
-			e.touched = now
+			touch, msgs = append(touch, e), append(msgs, e.msg)
+			e.touched, e.touching = now, true
 		}
 	}
 	k.mu.Unlock()
 	failed := false
-	for _, m := range touch {
+	for _, m := range msgs {
 		// A lost one costs a redelivery, which arrive absorbs.
 		if m.InProgress() != nil {
 			failed = true
 		}
 	}
+	k.mu.Lock()
+	for _, e := range touch {
+		e.touching = false
+	}
+	k.mu.Unlock()
 	if failed {
 		k.disrupted(now)
 	}

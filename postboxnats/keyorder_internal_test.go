@@ -3,8 +3,10 @@ package postboxnats
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -172,4 +174,80 @@ func TestLostGapUnreadHoldsEveryKey(t *testing.T) {
 			t.Fatalf("%d gaps left after a whole wait; the keys must go on", len(k.gaps))
 		}
 	})
+}
+
+// keptAliveMsg is a delivery whose InProgress waits for proceed after
+// saying so on sending, and which records what was sent for it.
+type keptAliveMsg struct {
+	jetstream.Msg
+	sending, proceed chan struct{}
+	mu               sync.Mutex
+	sent             []string
+}
+
+func (m *keptAliveMsg) record(s string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sent = append(m.sent, s)
+}
+
+func (m *keptAliveMsg) InProgress() error {
+	m.sending <- struct{}{}
+	<-m.proceed
+	m.record("in progress")
+	return nil
+}
+
+func (m *keptAliveMsg) NakWithDelay(time.Duration) error {
+	m.record("nak with delay")
+	return nil
+}
+
+// retryAfter is a Processor that asks for every delivery's retry after it.
+type retryAfter time.Duration
+
+func (d retryAfter) Process(context.Context, *postbox.Delivery) postbox.Verdict {
+	return postbox.Verdict{Action: postbox.Retry, Delay: time.Duration(d)}
+}
+
+// TestHeldMessageNotStartedWhileKeptAlive: a held message does not start
+// while its keep-alive is being sent. Started, a run that asks for a retry
+// naks it with a delay; an InProgress the server took after that nak
+// would restart the message's AckWait, and it would come back AckWait
+// later (30 s by default) instead of after the delay, its key held
+// meanwhile.
+func TestHeldMessageNotStartedWhileKeptAlive(t *testing.T) {
+	s := &Subscriber{cons: &floorConsumer{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), name: "s > c"}
+	r := &run{s: s, ctx: context.Background(), p: retryAfter(10 * time.Millisecond), sem: make(chan struct{}, 1)}
+	r.sem <- struct{}{} // the held message's token
+	k := newKeyOrder(r, 8, time.Second, time.Second)
+	r.keys = k
+	m := &keptAliveMsg{sending: make(chan struct{}), proceed: make(chan struct{})}
+	now := time.Now()
+	k.keys.Add("k", keyorder.Pos{Hi: 1}, &entry{msg: m, d: &postbox.Delivery{ID: "1", Key: "k"}, touched: now.Add(-k.touchEvery)})
+
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		k.sweep(now, false)
+	}()
+	<-m.sending
+	// What a settled run or an arrival of the key does meanwhile.
+	k.mu.Lock()
+	started := k.next("k")
+	k.mu.Unlock()
+	if started != nil {
+		k.start(started)
+	}
+	close(m.proceed)
+	<-swept
+	r.wg.Wait()
+	if started != nil {
+		t.Error("the held message started while its keep-alive was being sent")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if want := []string{"in progress", "nak with delay"}; fmt.Sprint(m.sent) != fmt.Sprint(want) {
+		t.Fatalf("sent %q, want %q: the sweep starts the message once its keep-alive is sent", m.sent, want)
+	}
 }
