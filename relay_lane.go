@@ -281,7 +281,7 @@ func (l *lane) run(soft, hard context.Context) {
 		}
 	}
 	defer l.flush(soft, hard)
-	reading := false // since the lane last found itself reading
+	reading := false // the lane was among those reading at its last turn
 	for soft.Err() == nil {
 		if l.n >= r.activeLanes() {
 			// Not reading: wait for the renewal or the full batch that
