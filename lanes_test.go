@@ -42,21 +42,8 @@ func TestRelayLanesFollowItsShare(t *testing.T) {
 	// Writes go on through both changes: a few keys, each with its own
 	// count, written in order.
 	const keys = 8
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	written := 0 // the writer's until wg.Wait
-	var werr error
-	wg.Go(func() {
-		for i := 0; !stop.Load(); i++ {
-			msg := postbox.Message{Topic: "orders.paid", Key: fmt.Sprintf("k%d", i%keys), Payload: []byte(strconv.Itoa(i / keys))}
-			if werr = a.Write(ctx, msg); werr != nil {
-				return
-			}
-			written++
-		}
-	})
-	stopWriting := func() { stop.Store(true); wg.Wait() }
-	defer stopWriting()
+	w := writeKeys(ctx, a, keys, 0)
+	defer w.finish()
 
 	lanesAre := func(c *postbox.Client[pgx.Tx], lanes int, whole bool) func() bool {
 		return func() bool {
@@ -85,9 +72,9 @@ func TestRelayLanesFollowItsShare(t *testing.T) {
 	waitFor(t, ctx, lanesAre(a, 4, true))
 	waitFor(t, ctx, published(countKeyPrefix(broker, "k")+100))
 
-	stopWriting()
-	if werr != nil {
-		t.Fatal(werr)
+	written, err := w.finish()
+	if err != nil {
+		t.Fatal(err)
 	}
 	// Every message written is published; each key's messages first
 	// reach the broker in the order written (copies of one already sent
@@ -141,22 +128,8 @@ func TestRelayLanesFollowTheLoad(t *testing.T) {
 	// A trickle on a few keys all along, and a burst of many batches in
 	// one transaction on others.
 	const keys, burst = 8, 30 * batch
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	trickled := 0 // the writer's until wg.Wait
-	var werr error
-	wg.Go(func() {
-		for i := 0; !stop.Load(); i++ {
-			msg := postbox.Message{Topic: "orders.paid", Key: fmt.Sprintf("k%d", i%keys), Payload: []byte(strconv.Itoa(i / keys))}
-			if werr = a.Write(ctx, msg); werr != nil {
-				return
-			}
-			trickled++
-			time.Sleep(time.Millisecond)
-		}
-	})
-	stopWriting := func() { stop.Store(true); wg.Wait() }
-	defer stopWriting()
+	w := writeKeys(ctx, a, keys, time.Millisecond)
+	defer w.finish()
 	waitFor(t, ctx, func() bool { return countKeyPrefix(broker, "k") >= 50 })
 	msgs := make([]postbox.Message, burst)
 	for i := range msgs {
@@ -171,9 +144,9 @@ func TestRelayLanesFollowTheLoad(t *testing.T) {
 	waitFor(t, ctx, func() bool { return countKeyPrefix(broker, "b") >= burst })
 	n := countKeyPrefix(broker, "k")
 	waitFor(t, ctx, func() bool { return countKeyPrefix(broker, "k") >= n+50 })
-	stopWriting()
-	if werr != nil {
-		t.Fatal(werr)
+	trickled, err := w.finish()
+	if err != nil {
+		t.Fatal(err)
 	}
 	// Back to one lane once no batch has come back full for a while.
 	waitFor(t, ctx, func() bool { return reading() == 1 })
@@ -184,6 +157,42 @@ func TestRelayLanesFollowTheLoad(t *testing.T) {
 		inOrder(t, broker, fmt.Sprintf("k%d", k))
 		inOrder(t, broker, fmt.Sprintf("b%d", k))
 	}
+}
+
+// keyWriter writes messages through a Client, one a transaction, on
+// keys k0, k1 … in turn, each key's payloads counting from 0.
+type keyWriter struct {
+	stop    atomic.Bool
+	wg      sync.WaitGroup
+	written int // the writer's until finish
+	err     error
+}
+
+// writeKeys starts writing on keys keys through c, pausing between
+// writes, until finish.
+func writeKeys(ctx context.Context, c *postbox.Client[pgx.Tx], keys int, pause time.Duration) *keyWriter {
+	w := &keyWriter{}
+	w.wg.Go(func() {
+		for i := 0; !w.stop.Load(); i++ {
+			msg := postbox.Message{Topic: "orders.paid", Key: fmt.Sprintf("k%d", i%keys), Payload: []byte(strconv.Itoa(i / keys))}
+			if w.err = c.Write(ctx, msg); w.err != nil {
+				return
+			}
+			w.written++
+			if pause > 0 {
+				time.Sleep(pause)
+			}
+		}
+	})
+	return w
+}
+
+// finish stops the writing and returns how many messages were written,
+// and the failure that stopped it first, if any.
+func (w *keyWriter) finish() (int, error) {
+	w.stop.Store(true)
+	w.wg.Wait()
+	return w.written, w.err
 }
 
 // inOrder checks that key's messages, whose payloads count from 0 in the
