@@ -334,7 +334,8 @@ type logStore struct {
 	reads, settleReads map[readShape]string
 	// shortReads says, by a read's first partition, whether the last read
 	// of those partitions returned fewer rows than its limit: the next
-	// then takes the small statement (short).
+	// then takes the small statement (short). A read that failed counts
+	// as short, and so do partitions not read yet.
 	shortReads map[int]bool
 	// pos are the positions this process holds, by partition, for the
 	// generation each was loaded or advanced under.
@@ -849,10 +850,12 @@ func (s *logStore) readOnce(ctx context.Context, p postboxdriver.FetchParams) ([
 	pl := s.plan(p, parts, base)
 	rs, err := s.db.Query(ctx, s.statement(s.reads, pl.shape, readSQL), pl.args...)
 	if err != nil {
+		s.noteFailed(pl)
 		return nil, nil, false, err
 	}
 	got, err := scanRead(rs, pl)
 	if err != nil {
+		s.noteFailed(pl)
 		return nil, nil, false, err
 	}
 	s.noteRead(pl, got)
@@ -863,13 +866,32 @@ func (s *logStore) readOnce(ctx context.Context, p postboxdriver.FetchParams) ([
 // was short (fewer rows than its limit), so that this one, most likely
 // short too, takes the small statement (readParts, k = 0). A backlog
 // reads full batches with the statement of one arm a partition.
+//
+// The first read of the partitions, and a read after one that failed,
+// take the small statement too: the statement of one arm a partition
+// costs PostgreSQL the more to plan the more partitions a lane reads (all
+// of them when one lane reads a relay's whole share), and a read that ran
+// out of time (the lease it reads under) would otherwise be tried again
+// as it was, and run out of time again for as long as the database is
+// that slow. Full, it hands over to the statement of one arm a partition.
 func (s *logStore) short(parts []int) bool {
 	if len(parts) == 0 {
 		return false
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.shortReads[parts[0]]
+	short, ok := s.shortReads[parts[0]]
+	return short || !ok
+}
+
+// noteFailed keeps, for short, that a read of pl failed.
+func (s *logStore) noteFailed(pl readPlan) {
+	if len(pl.parts) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.shortReads[pl.parts[0]] = true
 }
 
 // noteRead keeps, for short, whether a read of pl returned fewer rows
@@ -1205,6 +1227,7 @@ func (s *logStore) settleFetch(ctx context.Context, f postboxdriver.Fence, o pos
 	defer func() { s.release(lr, moved) }()
 	rs, err := s.db.Query(ctx, s.statement(s.settleReads, pl.shape, settleReadSQL), append(slices.Clip(lr.args), pl.args...)...)
 	if err != nil {
+		s.noteFailed(pl)
 		return postboxdriver.Settled{}, nil, err
 	}
 	got, err := scanRead(rs, pl)
@@ -1212,6 +1235,7 @@ func (s *logStore) settleFetch(ctx context.Context, f postboxdriver.Fence, o pos
 		err = errors.New("postbox: the log's record and read returned no record")
 	}
 	if err != nil {
+		s.noteFailed(pl)
 		return postboxdriver.Settled{}, nil, err
 	}
 	moved = got.moved

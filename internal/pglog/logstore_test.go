@@ -835,6 +835,38 @@ func TestLogStoreSettleFetch(t *testing.T) {
 // log and one split into chunks, with a late transaction's row among
 // them. A lane's read takes the small one after a short read (short), and
 // the other after a full one.
+// TestLogReadShapeAfterNoneOrAFailure: the first read of a set of
+// partitions, and the read after one that failed, take the small
+// statement; only the read after a full one takes the statement of one
+// arm a partition, whose plan costs the more the more partitions it
+// reads. Tried again as it was, a read of the whole share that ran out of
+// its lease's time on a slow database ran out again, for as long as the
+// database was that slow.
+func TestLogReadShapeAfterNoneOrAFailure(t *testing.T) {
+	_, open := logStoreChunked(t, chunking{})
+	st := open().(*logStore)
+	parts := []int{3, 5, 8}
+	small := func() bool {
+		return st.plan(postboxdriver.FetchParams{Limit: 2}, parts, map[int]position{}).shape.small
+	}
+	if !small() {
+		t.Fatal("the first read takes the statement of one arm a partition")
+	}
+	pl := readPlan{p: postboxdriver.FetchParams{Limit: 2}, parts: parts}
+	st.noteRead(pl, scanned{rows: make([]logRow, 2)})
+	if small() {
+		t.Fatal("the read after a full one takes the small statement")
+	}
+	st.noteFailed(pl)
+	if !small() {
+		t.Fatal("the read after a failed one takes the statement of one arm a partition")
+	}
+	st.noteRead(pl, scanned{rows: make([]logRow, 1)})
+	if !small() {
+		t.Fatal("the read after a short one takes the statement of one arm a partition")
+	}
+}
+
 func TestLogReadShapesAgree(t *testing.T) {
 	for _, c := range []chunking{{}, {width: 8, ahead: 2}} {
 		t.Run(fmt.Sprintf("chunks of %d", c.width), func(t *testing.T) {
