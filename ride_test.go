@@ -94,12 +94,17 @@ func TestSmallBatchesMarkWithTheNextRead(t *testing.T) {
 	}()
 	waitFor(t, ctx, func() bool { _, _, held, n, _ := postbox.RelayLanes(c); return held == n })
 
+	// Each write once the one before is published: written all at once,
+	// they may all be read by one batch too large to wait for a read,
+	// as one lane reading every partition reads them when it is slower
+	// than the writer.
 	const n = 60
 	for i := range n {
 		m := postbox.Message{Topic: "orders.paid", Key: fmt.Sprint("k", i%2), Payload: fmt.Append(nil, i)}
 		if err := c.Write(ctx, m); err != nil {
 			t.Fatal(err)
 		}
+		waitFor(t, ctx, func() bool { return len(broker.Messages()) > i })
 	}
 	waitFor(t, ctx, func() bool { return len(broker.Messages()) >= n })
 	waitFor(t, ctx, func() bool {
