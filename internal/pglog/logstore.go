@@ -279,6 +279,7 @@ func (d *Driver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
 		pos:         map[int]position{},
 		pending:     map[readKey]*bandRead{},
 		settling:    map[int]bool{},
+		stored:      map[int]time.Time{},
 		noted:       map[int]time.Time{},
 		owed:        map[int]bool{},
 		insert:      r.Replace(insertSQL),
@@ -347,6 +348,11 @@ type logStore struct {
 	// settling are the partitions whose position a settle is moving: a
 	// second settle from the same position leaves them alone.
 	settling map[int]bool
+	// stored is when each partition's position in pos was last the one
+	// in {p}positions: loaded or written. A record writes only the
+	// positions of the partitions it passed rows of, and the others once
+	// they have been held here for storeEvery.
+	stored map[int]time.Time
 	// noted is when this process last noted each partition's position in
 	// {p}log_passes, and owed are the partitions it passed rows of since
 	// without noting them (noteEvery).
@@ -377,6 +383,19 @@ type logStore struct {
 // retention keeps it that much longer, and a replay's preview counts it
 // as recent that much longer.
 const noteEvery = time.Second
+
+// storeEvery bounds how long a record leaves a partition's position in
+// {p}positions behind the one this process holds. A read moves the
+// positions of all the partitions it reads to its own snapshot, and a
+// record wrote every one of them: at a trickle, where one lane reads a
+// relay's whole share and a batch holds a row or two, 64 rows updated for
+// those two, most of what the record cost PostgreSQL. A partition the read
+// found no row of is passed no row by the move, so the position stored
+// before it passes the same rows: it stays valid, and a relay taking the
+// partition over reads from it what this one would (design §3, "The
+// advance"). Written at least this often, it keeps the reads of a relay
+// that takes it over short, and its xip arm's probes few.
+const storeEvery = time.Second
 
 // maxPending bounds the reads kept for a Settle: beyond it those read
 // from positions that have moved on since go (the relay's probes, which
@@ -1149,9 +1168,11 @@ func (s *logStore) positions(ctx context.Context, f postboxdriver.Fence, parts [
 		return nil, err
 	}
 	s.mu.Lock()
+	now := time.Now()
 	for _, part := range missing {
 		if cur, ok := s.pos[int(part)]; !ok || cur.gen != f.Generations[int(part)] {
 			s.pos[int(part)] = out[int(part)]
+			s.stored[int(part)] = now
 		}
 	}
 	s.mu.Unlock()
@@ -1243,7 +1264,7 @@ func (s *logStore) settleFetch(ctx context.Context, f postboxdriver.Fence, o pos
 	st := postboxdriver.Settled{Published: s.moved(lr, moved)}
 	s.published.Add(int64(st.Published))
 	s.rode.Add(1)
-	if len(moved) < len(lr.parts) {
+	if len(moved) < len(lr.write) {
 		return st, nil, nil
 	}
 	rows, br, cut, err := s.finish(pl, got)
@@ -1731,6 +1752,12 @@ func (s *logStore) settleLog(ctx context.Context, f postboxdriver.Fence, br *ban
 	}
 	var moved []int
 	defer func() { s.release(lr, moved) }()
+	if len(lr.write) == 0 {
+		// No row of its partitions read, none stored long ago: they move
+		// in this process only.
+		out.Published = s.moved(lr, nil)
+		return out, nil
+	}
 	rs, err := s.db.Query(ctx, s.settle, lr.args...)
 	if err != nil {
 		return out, err
@@ -1758,12 +1785,15 @@ func (s *logStore) settleLog(ctx context.Context, f postboxdriver.Fence, br *ban
 
 // logRecord is a record of a read's log rows on its way: the read, the
 // outcome, the partitions it moves, which this process holds for it
-// (s.settling) until release, the record's arguments (settleLogSQL's),
-// the log rows it records as published, and the partitions due a note.
+// (s.settling) until release, those of them whose positions it writes
+// (the others move in this process only, storeEvery), the record's
+// arguments (settleLogSQL's), the log rows it records as published, and
+// the partitions due a note.
 type logRecord struct {
 	br    *bandRead
 	o     postboxdriver.Outcome
 	parts []int
+	write []int
 	args  []any
 	done  int
 	noted []int32
@@ -1771,10 +1801,17 @@ type logRecord struct {
 
 // claim prepares the record of br's log rows under f with o's outcome:
 // of br's partitions, those this process still holds where br read them
-// and no other record is moving. It returns nil when there are none.
+// and no other record is moving. Of those it writes the positions of the
+// partitions br read log rows of, and of those whose stored position is
+// storeEvery old. It returns nil when it moves none.
 func (s *logStore) claim(f postboxdriver.Fence, br *bandRead, o postboxdriver.Outcome, maxAttempts int) *logRecord {
+	touched := make(map[int]bool, len(br.touched))
+	for _, part := range br.touched {
+		touched[part] = true
+	}
+	now := time.Now()
 	s.mu.Lock()
-	var parts []int
+	var parts, write []int
 	for part, base := range br.base {
 		if s.settling[part] {
 			continue // another read of the partition is being settled
@@ -1784,17 +1821,21 @@ func (s *logStore) claim(f postboxdriver.Fence, br *bandRead, o postboxdriver.Ou
 		}
 		parts = append(parts, part)
 		s.settling[part] = true
+		if touched[part] || now.Sub(s.stored[part]) >= storeEvery {
+			write = append(write, part)
+		}
 	}
 	s.mu.Unlock()
 	if len(parts) == 0 {
 		return nil
 	}
 	sort.Ints(parts)
-	k := len(parts)
+	sort.Ints(write)
+	k := len(write)
 	ps, lo, loNext, hi, hiNext := make([]int32, k), make([]string, k), make([]string, k), make([]*string, k), make([]*string, k)
 	loSeq, cur, bmax := make([]int64, k), make([]int64, k), make([]int64, k)
 	moving := map[int]bool{}
-	for i, part := range parts {
+	for i, part := range write {
 		n := br.next[part]
 		ps[i], lo[i], loNext[i], loSeq[i], hi[i], hiNext[i], cur[i], bmax[i] = int32(part), n.lo, n.loNext, n.loSeq, n.hi, n.hiNext, n.cursor, n.bandMax
 		moving[part] = true
@@ -1850,7 +1891,7 @@ func (s *logStore) claim(f postboxdriver.Fence, br *bandRead, o postboxdriver.Ou
 	for k, t := range sent {
 		tparts, topics, counts, oldest = append(tparts, int32(k.part)), append(topics, k.topic), append(counts, t.n), append(oldest, t.oldest)
 	}
-	return &logRecord{br: br, o: o, parts: parts, done: done, noted: noted, args: []any{
+	return &logRecord{br: br, o: o, parts: parts, write: write, done: done, noted: noted, args: []any{
 		f.Owner, pgsql.Generations(f), ps, lo, loNext, loSeq, hi, hiNext, cur, bmax,
 		nonNil(cseq), nonNil(cpart), nonNil(cerr), nonNil(cbackoff), nonNil(cdead), maxAttempts,
 		noted, tparts, topics, counts, oldest,
@@ -1858,16 +1899,24 @@ func (s *logStore) claim(f postboxdriver.Fence, br *bandRead, o postboxdriver.Ou
 }
 
 // moved takes the positions of the partitions the record lr moved as
-// this process's, and returns how many of its log rows it recorded as
+// this process's: those it wrote whose lease held (moved), and those it
+// did not write. It returns how many of its log rows it recorded as
 // published: all of them, or where some lease moved on, those of the
 // partitions moved.
 func (s *logStore) moved(lr *logRecord, moved []int) int {
+	now := time.Now()
 	s.mu.Lock()
 	for _, part := range moved {
 		s.pos[part] = lr.br.next[part]
+		s.stored[part] = now
+	}
+	for _, part := range lr.parts {
+		if !slices.Contains(lr.write, part) {
+			s.pos[part] = lr.br.next[part]
+		}
 	}
 	s.mu.Unlock()
-	if len(moved) == len(lr.parts) {
+	if len(moved) == len(lr.write) {
 		return lr.done
 	}
 	held := map[int]bool{}

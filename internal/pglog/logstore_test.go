@@ -1067,3 +1067,148 @@ func TestLogStoreSignals(t *testing.T) {
 		t.Fatalf("the log holds %d rows (%v), want the write's", n, err)
 	}
 }
+
+// A record writes the positions of the partitions it passed rows of, and
+// of the others only once this process has held them unwritten for
+// storeEvery; a process that takes the partitions over from the positions
+// left behind reads every row this one has not published, a late commit
+// among them, and none it has.
+func TestLogStoreWritesThePositionsItPassedRowsOf(t *testing.T) {
+	ctx := context.Background()
+	pool, open := logStoreSchema(t)
+	st := open().(*logStore)
+	fence := fenceAll(t, st)
+	n := len(fence.Generations)
+	keyIn := map[int]string{}
+	for i := 0; len(keyIn) < 3; i++ {
+		k := strconv.Itoa(i)
+		if p := postboxdriver.PartitionOf(k, "", n); keyIn[p] == "" {
+			keyIn[p] = k
+		}
+	}
+	var parts []int
+	for p := range keyIn {
+		parts = append(parts, p)
+	}
+	slices.Sort(parts)
+	busy, quiet, lateIn := parts[0], parts[1], parts[2]
+	row := func(p int) []postboxdriver.Row {
+		return []postboxdriver.Row{{ID: postbox.NewID(), Topic: "t", Key: keyIn[p], Payload: []byte("p"), Headers: []byte("{}")}}
+	}
+	// versions are the positions' row versions by partition: an update
+	// makes a new one.
+	versions := func() map[int]string {
+		t.Helper()
+		rs, err := pool.Query(ctx, `SELECT partition, xmin::text FROM `+st.prefix+`positions`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[int]string{}
+		for rs.Next() {
+			var p int
+			var v string
+			if err := rs.Scan(&p, &v); err != nil {
+				t.Fatal(err)
+			}
+			out[p] = v
+		}
+		if err := rs.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	written := func(before, after map[int]string) (out []int) {
+		for p, v := range after {
+			if before[p] != v {
+				out = append(out, p)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	// publish reads every row st's fence holds and records them published.
+	publish := func(st *logStore) []postboxdriver.Record {
+		t.Helper()
+		recs, err := st.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seqs []int64
+		for _, r := range recs {
+			seqs = append(seqs, r.Seq)
+		}
+		if len(seqs) > 0 {
+			if got, err := st.Settle(ctx, fence, postboxdriver.Outcome{Read: seqs, Published: seqs}, 5); err != nil || got.Published != len(seqs) {
+				t.Fatalf("settle = %+v, %v; want %d published", got, err, len(seqs))
+			}
+		}
+		return recs
+	}
+	late, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = late.Rollback(ctx) }()
+	lateRow := row(lateIn)
+	if err := st.UnwrapExecutor(late).Insert(ctx, lateRow); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Insert(ctx, row(quiet)); err != nil {
+		t.Fatal(err)
+	}
+	if recs := publish(st); len(recs) != 1 {
+		t.Fatalf("first read = %d rows; want the quiet partition's", len(recs))
+	}
+	// Loaded (every position is as stored) and recorded once, the busy
+	// partition's rows are recorded alone, read after read.
+	for range 3 {
+		if err := st.Insert(ctx, row(busy)); err != nil {
+			t.Fatal(err)
+		}
+		before := versions()
+		if recs := publish(st); len(recs) != 1 {
+			t.Fatalf("read = %d rows; want the busy partition's", len(recs))
+		}
+		if got := written(before, versions()); !slices.Equal(got, []int{busy}) {
+			t.Fatalf("the record wrote the positions of %v; want only %d's", got, busy)
+		}
+	}
+	// Held unwritten for storeEvery, the others are written with the
+	// next record.
+	st.mu.Lock()
+	for p := range st.stored {
+		if p != busy {
+			st.stored[p] = st.stored[p].Add(-storeEvery)
+		}
+	}
+	st.mu.Unlock()
+	if err := st.Insert(ctx, row(busy)); err != nil {
+		t.Fatal(err)
+	}
+	before := versions()
+	publish(st)
+	if got := written(before, versions()); len(got) != n {
+		t.Fatalf("the record after storeEvery wrote %d positions; want all %d", len(got), n)
+	}
+	// Then alone again, while the late transaction is still open.
+	if err := st.Insert(ctx, row(busy)); err != nil {
+		t.Fatal(err)
+	}
+	publish(st)
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Another process from the positions stored: the late row, and the
+	// quiet partition's new row; not a row st published.
+	if err := st.Insert(ctx, row(quiet)); err != nil {
+		t.Fatal(err)
+	}
+	other := open().(*logStore)
+	recs := publish(other)
+	if len(recs) != 2 || recs[0].ID != lateRow[0].ID || recs[1].Partition != quiet {
+		t.Fatalf("the other process read %+v; want the late row, then the quiet partition's new one", recs)
+	}
+	if s, err := other.Stats(ctx); err != nil || s.Pending != 0 || s.Published != 8 {
+		t.Fatalf("stats = %+v, %v; want none pending and 8 published", s, err)
+	}
+}
