@@ -1212,3 +1212,101 @@ func TestLogStoreWritesThePositionsItPassedRowsOf(t *testing.T) {
 		t.Fatalf("stats = %+v, %v; want none pending and 8 published", s, err)
 	}
 }
+
+// The read looks the transactions of its snapshot's xip list up by the
+// xid index, in the plan PostgreSQL keeps for the statement, however small
+// the log was when it made it. Probed as one list, the generic plan of a
+// log of 1 to 400 rows, never analyzed, scanned the whole log for it, and
+// PostgreSQL kept that plan at every read as the log grew, until the log
+// was next analyzed.
+func TestLogReadProbesTheXipListByIndex(t *testing.T) {
+	ctx := context.Background()
+	pool, open := logStoreSchema(t)
+	st := open().(*logStore)
+	rows := make([]postboxdriver.Row, 100)
+	for i := range rows {
+		rows[i] = postboxdriver.Row{ID: postbox.NewID(), Topic: "t", Key: strconv.Itoa(i), Payload: []byte("p"), Headers: []byte("{}")}
+	}
+	if err := st.Insert(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	fence := fenceAll(t, st)
+	parts := fenced(fence)
+	base, err := st.positions(ctx, fence, parts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = conn.Exec(ctx, `RESET plan_cache_mode`) }()
+	for _, small := range []bool{true, false} {
+		pl := st.plan(postboxdriver.FetchParams{Fence: fence, Limit: 10}, parts, base)
+		pl.shape.small = small
+		name := fmt.Sprintf("read_%t", small)
+		if _, err := conn.Exec(ctx, `PREPARE `+name+` AS `+st.statement(st.reads, pl.shape, readSQL)); err != nil {
+			t.Fatal(err)
+		}
+		args := make([]string, len(pl.args))
+		for i, a := range pl.args {
+			args[i] = sqlLiteral(t, a)
+		}
+		rs, err := conn.Query(ctx, `EXPLAIN EXECUTE `+name+`(`+strings.Join(args, ", ")+`)`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rs, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan := strings.Join(lines, "\n")
+		if strings.Contains(plan, "Seq Scan on "+st.prefix+"log ") {
+			t.Fatalf("the read (small %t) scans the log whole:\n%s", small, plan)
+		}
+	}
+}
+
+// sqlLiteral is v, one of a read's arguments, as an SQL literal.
+func sqlLiteral(t *testing.T, v any) string {
+	t.Helper()
+	quote := func(s *string) string {
+		if s == nil {
+			return "NULL"
+		}
+		return "'" + strings.ReplaceAll(*s, "'", "''") + "'"
+	}
+	var items []string
+	var typ string
+	switch v := v.(type) {
+	case int:
+		return strconv.Itoa(v)
+	case []int32:
+		for _, x := range v {
+			items = append(items, strconv.Itoa(int(x)))
+		}
+		typ = "int"
+	case []int64:
+		for _, x := range v {
+			items = append(items, strconv.FormatInt(x, 10))
+		}
+		typ = "bigint"
+	case []string:
+		for i := range v {
+			items = append(items, quote(&v[i]))
+		}
+		typ = "text"
+	case []*string:
+		for _, x := range v {
+			items = append(items, quote(x))
+		}
+		typ = "text"
+	default:
+		t.Fatalf("no literal for a %T", v)
+	}
+	return "ARRAY[" + strings.Join(items, ", ") + "]::" + typ + "[]"
+}
