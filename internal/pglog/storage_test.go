@@ -172,7 +172,7 @@ func TestStorageSwitchWaitsForWriters(t *testing.T) {
 		return tx
 	}
 
-	switchWaits(t, setting, write())
+	switchWaits(t, setting, write(), func() error { return write().Commit(ctx) })
 
 	if _, err := setting.SwitchStorage(ctx, pgsql.StorageLog); err != nil {
 		t.Fatal(err)
@@ -322,15 +322,22 @@ func TestStorageOtherWriters(t *testing.T) {
 	if _, err := insert(tx, "k4", `{}`); err != nil {
 		t.Fatal(err)
 	}
-	switchWaits(t, setting, tx)
+	switchWaits(t, setting, tx, func() error {
+		_, err := insert(pool, "k5", `{}`)
+		return err
+	})
 }
 
 // switchWaits checks that a switch to the table waits for tx, a writer's
-// transaction that read the setting, then commits it: the switch ends
-// once it has committed.
-func switchWaits(t *testing.T, setting pgsql.StorageSetting, tx pgx.Tx) {
+// transaction that read the setting, while other writes (write, one
+// committed write) go on, then commits tx: the switch ends once it has
+// committed. A switch that waited for the lock in one try made every
+// write that began meanwhile wait behind it, for as long as tx stayed
+// open.
+func switchWaits(t *testing.T, setting pgsql.StorageSetting, tx pgx.Tx, write func() error) {
 	t.Helper()
 	ctx := context.Background()
+	defer func() { _ = tx.Rollback(ctx) }() // on a failure; a no-op once committed
 	switched := make(chan error, 1)
 	go func() {
 		_, err := setting.SwitchStorage(ctx, pgsql.StorageTable)
@@ -340,6 +347,20 @@ func switchWaits(t *testing.T, setting pgsql.StorageSetting, tx pgx.Tx) {
 	case err := <-switched:
 		t.Fatalf("the switch ended (%v) while a write that read the setting was open", err)
 	case <-time.After(300 * time.Millisecond):
+	}
+	wrote := make(chan error, 1)
+	go func() { wrote <- write() }()
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case err := <-switched:
+		t.Fatalf("the switch ended (%v) while a write that read the setting was open", err)
+	case <-time.After(4 * time.Second):
+		// Short of the 5 s after which the switch gives up and lets
+		// through what waited behind it.
+		t.Fatal("a write waited behind the switch for as long as the open write")
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)

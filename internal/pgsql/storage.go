@@ -196,9 +196,17 @@ func (c *Core) storageState(ctx context.Context, q Querier) (StorageState, error
 
 // storageLockTimeout bounds a switch's wait for the storage table's lock.
 // Every write of the log's Store holds that table's lock to its
-// transaction's end, and writers queue behind a switch that waits: a long
-// transaction would stall them all.
+// transaction's end, and so does a relay's heartbeat.
 const storageLockTimeout = 5 * time.Second
+
+// storageLockAttempt bounds each of a switch's tries for the lock. While a
+// try waits, the writes and heartbeats that begin queue behind it; between
+// tries they go through. So a transaction that read the setting and stays
+// open stalls the others for at most this long at a time, not for as long
+// as it stays open (up to storageLockTimeout, when the switch gives up).
+// A write commits in a few milliseconds, so a try that waits only for
+// writes already running gets the lock.
+const storageLockAttempt = 50 * time.Millisecond
 
 // SwitchStorage sets what the database says its relays read, to
 // StorageTable or StorageLog, and returns the state after the switch.
@@ -209,27 +217,52 @@ const storageLockTimeout = 5 * time.Second
 // transaction's end: the switch waits for those that read it before (a
 // heartbeat's registration is then in the relays it checks), and those
 // that read it after read the new setting (a heartbeat over the table is
-// refused, a write goes where it says). The switch back to the table is
-// never refused; relays over the table then wait for the log to drain
+// refused, a write goes where it says). It waits in tries of
+// storageLockAttempt, each a transaction of its own, for
+// storageLockTimeout in all. The switch back to the table is never
+// refused; relays over the table then wait for the log to drain
 // (CheckStorage).
 func (c *Core) SwitchStorage(ctx context.Context, to string) (StorageState, error) {
 	if to != StorageTable && to != StorageLog {
 		return StorageState{}, fmt.Errorf("postbox: storage %q: want %s or %s", to, StorageTable, StorageLog)
 	}
-	var st StorageState
-	err := c.db.Tx(ctx, func(q Querier) error {
-		if _, err := q.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, storageLockTimeout.String()); err != nil {
+	deadline := time.Now().Add(storageLockTimeout)
+	var err error
+	for {
+		err = c.switchOnce(ctx, to)
+		if sqlState(err) != "55P03" {
+			break
+		}
+		if time.Now().Add(storageLockAttempt).After(deadline) {
+			err = fmt.Errorf("postbox: switch storage: a transaction that read the setting (a write to the log or a relay's heartbeat) "+
+				"did not end within %s; nothing was switched: %w", storageLockTimeout, err)
+			break
+		}
+		// The writes queued behind the try go through.
+		select {
+		case <-ctx.Done():
+			return StorageState{}, ctx.Err()
+		case <-time.After(storageLockAttempt):
+		}
+	}
+	if err != nil {
+		return StorageState{}, c.wrap(err)
+	}
+	return c.Storage(ctx)
+}
+
+// switchOnce is one try of SwitchStorage, which waits for the storage
+// table's lock for at most storageLockAttempt.
+func (c *Core) switchOnce(ctx context.Context, to string) error {
+	return c.db.Tx(ctx, func(q Querier) error {
+		if _, err := q.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, storageLockAttempt.String()); err != nil {
 			return err
 		}
 		if _, err := q.Exec(ctx, c.q.lockStorage); err != nil {
-			if sqlState(err) == "55P03" {
-				return fmt.Errorf("postbox: switch storage: a transaction that read the setting (a write to the log or a relay's heartbeat) "+
-					"did not end within %s; nothing was switched: %w", storageLockTimeout, err)
-			}
 			return err
 		}
-		var err error
-		if st, err = c.storageState(ctx, q); err != nil {
+		st, err := c.storageState(ctx, q)
+		if err != nil {
 			return err
 		}
 		if to == StorageLog {
@@ -251,8 +284,4 @@ func (c *Core) SwitchStorage(ctx context.Context, to string) (StorageState, erro
 		_, err = q.Exec(ctx, c.q.switchStorage, to)
 		return err
 	})
-	if err != nil {
-		return StorageState{}, c.wrap(err)
-	}
-	return c.Storage(ctx)
 }
