@@ -518,8 +518,8 @@ func (s *logStore) ConnLost(ctx context.Context, tx pgx.Tx) bool {
 //   - The xip arm: the rows of the transactions that had their id when lo
 //     was taken, at or below lo_seq: those in lo's xip list, and those at
 //     or above its xmax and below lo_next. It probes the xid index alone
-//     (OFFSET 0), an id at a time for the xip list, once for each
-//     distinct (lo, lo_next) among the partitions, and joins what it finds to the partitions by partition
+//     (OFFSET 0), once for each distinct (lo, lo_next) among the
+//     partitions, and joins what it finds to the partitions by partition
 //     and snapshot. The partitions a read moves share its snapshot, so a
 //     lane's usually share one: at a trickle, where every read's snapshot
 //     holds the writers' transactions in flight, a probe a partition
