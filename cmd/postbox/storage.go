@@ -34,7 +34,8 @@ it has passed.
 Writers: a writer made postboxpgx.WithLog, and the outbox's rules trigger for
 the rows of writers in other languages, read the setting in each write and
 write the log while it says log; a switch waits up to 5s for the writes that
-read it before. Writers without the option keep the outbox, which every relay
+read it before, in tries of 50ms between which the writes that began meanwhile
+go through. Writers without the option keep the outbox, which every relay
 reads.`,
 		Args:      cobra.MaximumNArgs(1),
 		ValidArgs: []string{relayd.StorageTable, relayd.StorageLog},
