@@ -575,6 +575,27 @@ func fenceAll(t testing.TB, st postboxdriver.Store[pgx.Tx]) postboxdriver.Fence 
 	return fence
 }
 
+// publishAll reads up to 10 rows of fence's partitions from st and
+// records every one published, as a relay whose publishes all succeed.
+func publishAll(t *testing.T, st postboxdriver.Store[pgx.Tx], fence postboxdriver.Fence) []postboxdriver.Record {
+	t.Helper()
+	ctx := context.Background()
+	recs, err := st.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []int64
+	for _, r := range recs {
+		seqs = append(seqs, r.Seq)
+	}
+	if len(seqs) > 0 {
+		if got, err := st.Settle(ctx, fence, postboxdriver.Outcome{Read: seqs, Published: seqs}, 5); err != nil || got.Published != len(seqs) {
+			t.Fatalf("settle = %+v, %v; want %d published", got, err, len(seqs))
+		}
+	}
+	return recs
+}
+
 // A requeue leaves dead a message whose id is pending again in the log
 // through a late commit: written by a transaction that was running when
 // its partition's position was taken, with a seq below the position's
@@ -647,23 +668,7 @@ func TestLogStoreReadsALateCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	fence := fenceAll(t, st)
-	read := func() []postboxdriver.Record {
-		t.Helper()
-		recs, err := st.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var seqs []int64
-		for _, r := range recs {
-			seqs = append(seqs, r.Seq)
-		}
-		if len(seqs) > 0 {
-			if _, err := st.Settle(ctx, fence, postboxdriver.Outcome{Read: seqs, Published: seqs}, 5); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return recs
-	}
+	read := func() []postboxdriver.Record { return publishAll(t, st, fence) }
 	if recs := read(); len(recs) != 1 {
 		t.Fatalf("first read = %d rows", len(recs))
 	}
@@ -1126,24 +1131,7 @@ func TestLogStoreWritesThePositionsItPassedRowsOf(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	// publish reads every row st's fence holds and records them published.
-	publish := func(st *logStore) []postboxdriver.Record {
-		t.Helper()
-		recs, err := st.Fetch(ctx, postboxdriver.FetchParams{Fence: fence, Limit: 10})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var seqs []int64
-		for _, r := range recs {
-			seqs = append(seqs, r.Seq)
-		}
-		if len(seqs) > 0 {
-			if got, err := st.Settle(ctx, fence, postboxdriver.Outcome{Read: seqs, Published: seqs}, 5); err != nil || got.Published != len(seqs) {
-				t.Fatalf("settle = %+v, %v; want %d published", got, err, len(seqs))
-			}
-		}
-		return recs
-	}
+	publish := func(st *logStore) []postboxdriver.Record { return publishAll(t, st, fence) }
 	late, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
