@@ -873,7 +873,7 @@ func (s *logStore) readOnce(ctx context.Context, p postboxdriver.FetchParams) ([
 		return nil, nil, false, err
 	}
 	pl := s.plan(p, parts, base)
-	rs, err := s.db.Query(ctx, s.statement(s.reads, pl.shape, readSQL), pl.args...)
+	rs, err := s.db.Read(ctx, s.statement(s.reads, pl.shape, readSQL), pl.args...)
 	if err != nil {
 		s.noteFailed(pl)
 		return nil, nil, false, err
@@ -1252,7 +1252,7 @@ func (s *logStore) settleFetch(ctx context.Context, f postboxdriver.Fence, o pos
 	}
 	var moved []int
 	defer func() { s.release(lr, moved) }()
-	rs, err := s.db.Query(ctx, s.statement(s.settleReads, pl.shape, settleReadSQL), append(slices.Clip(lr.args), pl.args...)...)
+	rs, err := s.db.Read(ctx, s.statement(s.settleReads, pl.shape, settleReadSQL), append(slices.Clip(lr.args), pl.args...)...)
 	if err != nil {
 		s.noteFailed(pl)
 		return postboxdriver.Settled{}, nil, err

@@ -31,16 +31,40 @@ type noJIT struct{ pool *pgxpool.Pool }
 // the same batch.
 const JITOff = "SELECT set_config('jit', 'off', true)"
 
-func (d noJIT) send(ctx context.Context, sql string, args []any) pgx.BatchResults {
+// ReadSettings is sent before each of the log's reads instead (Read):
+// JIT off, and bitmap scans off as well. A read takes each partition's
+// rows in the order of the log's (partition, seq) index, up to the
+// batch's limit, and an index scan in that order stops at the limit. The
+// planner cannot know how many rows a partition holds past its position,
+// and where it guesses fewer than the limit it chose to collect them all
+// through a bitmap scan and sort them: the small statement's first read
+// of a backlog (design §3, "The read") then fetched and sorted every
+// pending row of each partition it read, seconds of PostgreSQL's time for
+// a backlog of a few hundred thousand (BENCHMARKS.md, "A first read that
+// sorted a partition's whole backlog (2026-12-06)"). No arm of a read has
+// a use for a bitmap scan: each probes an index for an ordered range or
+// for ids.
+const ReadSettings = "SELECT set_config('jit', 'off', true), set_config('enable_bitmapscan', 'off', true)"
+
+func (d noJIT) send(ctx context.Context, settings, sql string, args []any) pgx.BatchResults {
 	b := &pgx.Batch{}
-	b.Queue(JITOff)
+	b.Queue(settings)
 	b.Queue(sql, args...)
 	return d.pool.SendBatch(ctx, b)
 }
 
 // Query is pgxpool.Pool's Query with JIT off.
 func (d noJIT) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	br := d.send(ctx, sql, args)
+	return d.query(ctx, JITOff, sql, args)
+}
+
+// Read is Query for the log's reads, with ReadSettings.
+func (d noJIT) Read(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return d.query(ctx, ReadSettings, sql, args)
+}
+
+func (d noJIT) query(ctx context.Context, settings, sql string, args []any) (pgx.Rows, error) {
+	br := d.send(ctx, settings, sql, args)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		return nil, err
@@ -64,7 +88,7 @@ func (d noJIT) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 
 // Exec is pgxpool.Pool's Exec with JIT off.
 func (d noJIT) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	br := d.send(ctx, sql, args)
+	br := d.send(ctx, JITOff, sql, args)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		return pgconn.CommandTag{}, err

@@ -698,9 +698,10 @@ func (c *statementCounter) snapshot() statementCounts {
 	return out
 }
 
-// jitKind names the setting that goes before each of the log's
-// statements in the same round trip (pglog's noJIT), which sends both in a batch,
-// so that the counter counts it under batchKind+jitKind.
+// jitKind names the settings that go before each of the log's
+// statements in the same round trip (pglog's noJIT: JITOff, or
+// ReadSettings before a read), which sends both in a batch, so that the
+// counter counts them under batchKind+jitKind.
 const jitKind = "jit off (before each of the log's statements)"
 
 // batchKind prefixes the kind of a statement sent in a batch.
@@ -710,7 +711,7 @@ const batchKind = "batch: "
 func (c *statementCounter) kind(sql string) string {
 	s := strings.Join(strings.Fields(sql), " ")
 	switch {
-	case s == pglog.JITOff:
+	case s == pglog.JITOff, s == pglog.ReadSettings:
 		return jitKind
 	case strings.Contains(s, "UPDATE "+c.prefix+"positions") && strings.Contains(s, c.prefix+"log o"):
 		return "log: record and read"
