@@ -90,6 +90,22 @@ func TestNoJITPlansWithoutCompiling(t *testing.T) {
 		t.Fatalf("QueryRow of no row = %v, want pgx.ErrNoRows", err)
 	}
 
+	// A read runs with bitmap scans off too (ReadSettings), and its
+	// connection keeps its own settings after it, as after any other.
+	settings := `SELECT current_setting('jit') || ' ' || current_setting('enable_bitmapscan')`
+	rows, err = db.Read(ctx, settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(got) != 1 || got[0] != "off off" {
+		t.Fatalf("Read ran with jit and enable_bitmapscan %q, %v; want off off", got, err)
+	}
+	var after string
+	if err := pool.QueryRow(ctx, settings).Scan(&after); err != nil || after != "on on" {
+		t.Fatalf("the connection after Read: jit and enable_bitmapscan %q, %v; want on on", after, err)
+	}
+
 	// A failing statement reports the server's error and gives the
 	// connection back.
 	var pe *pgconn.PgError
