@@ -1210,21 +1210,7 @@ func TestLogStoreWritesThePositionsItPassedRowsOf(t *testing.T) {
 // was next analyzed.
 func TestLogReadProbesTheXipListByIndex(t *testing.T) {
 	ctx := context.Background()
-	pool, open := logStoreSchema(t)
-	st := open().(*logStore)
-	rows := make([]postboxdriver.Row, 100)
-	for i := range rows {
-		rows[i] = postboxdriver.Row{ID: postbox.NewID(), Topic: "t", Key: strconv.Itoa(i), Payload: []byte("p"), Headers: []byte("{}")}
-	}
-	if err := st.Insert(ctx, rows); err != nil {
-		t.Fatal(err)
-	}
-	fence := fenceAll(t, st)
-	parts := fenced(fence)
-	base, err := st.positions(ctx, fence, parts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, st, fence, parts, base := readFixture(t, 100)
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -1253,8 +1239,6 @@ func TestLogReadProbesTheXipListByIndex(t *testing.T) {
 // the whole backlog of every partition for a batch of 500.
 func TestLogReadTakesEachPartitionInIndexOrder(t *testing.T) {
 	ctx := context.Background()
-	pool, open := logStoreSchema(t)
-	st := open().(*logStore)
 	// A backlog of 1,000 rows a partition, analyzed. The read's filters
 	// on the snapshots are opaque to the planner, which guesses that
 	// fewer rows than the limit pass them; with bitmap scans on,
@@ -1262,20 +1246,8 @@ func TestLogReadTakesEachPartitionInIndexOrder(t *testing.T) {
 	// of the read's shapes (checked: this test fails with JITOff alone).
 	// A log this size is large enough that a whole scan is not the
 	// cheaper way either.
-	rows := make([]postboxdriver.Row, 64000)
-	for i := range rows {
-		rows[i] = postboxdriver.Row{ID: postbox.NewID(), Topic: "t", Key: strconv.Itoa(i), Payload: []byte("p"), Headers: []byte("{}")}
-	}
-	if err := st.Insert(ctx, rows); err != nil {
-		t.Fatal(err)
-	}
+	pool, st, fence, parts, base := readFixture(t, 64000)
 	if _, err := pool.Exec(ctx, `ANALYZE `+st.prefix+`log`); err != nil {
-		t.Fatal(err)
-	}
-	fence := fenceAll(t, st)
-	parts := fenced(fence)
-	base, err := st.positions(ctx, fence, parts)
-	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
@@ -1304,6 +1276,29 @@ func TestLogReadTakesEachPartitionInIndexOrder(t *testing.T) {
 			})
 		}
 	}
+}
+
+// readFixture is a log's Store holding n rows of distinct keys, fenced for
+// every partition, and the positions its read of them starts from.
+func readFixture(t *testing.T, n int) (*pgxpool.Pool, *logStore, postboxdriver.Fence, []int, map[int]position) {
+	t.Helper()
+	ctx := context.Background()
+	pool, open := logStoreSchema(t)
+	st := open().(*logStore)
+	rows := make([]postboxdriver.Row, n)
+	for i := range rows {
+		rows[i] = postboxdriver.Row{ID: postbox.NewID(), Topic: "t", Key: strconv.Itoa(i), Payload: []byte("p"), Headers: []byte("{}")}
+	}
+	if err := st.Insert(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	fence := fenceAll(t, st)
+	parts := fenced(fence)
+	base, err := st.positions(ctx, fence, parts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool, st, fence, parts, base
 }
 
 // explainRead is the plan PostgreSQL makes on q for the read pl, prepared
