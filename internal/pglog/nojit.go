@@ -25,10 +25,13 @@ import (
 // nothing, so the transaction gets no id from it: a read's id is still
 // assigned after the read's snapshot was taken, as its position needs
 // (lo_next, design §3 "The position").
+//
+// A read (Read) sends ReadSettings instead, which turns bitmap scans off
+// too, the same way.
 type noJIT struct{ pool *pgxpool.Pool }
 
-// JITOff is the statement sent before each of the log's statements in
-// the same batch.
+// JITOff is the statement sent before each of the log's statements but
+// its reads, in the same batch.
 const JITOff = "SELECT set_config('jit', 'off', true)"
 
 // ReadSettings is sent before each of the log's reads instead (Read):
