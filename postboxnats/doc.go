@@ -181,8 +181,10 @@
 // unacknowledged and kept alive with InProgress, until the earlier one
 // is acked or dead-lettered. At most half of MaxInFlight is spent on
 // such held messages; beyond that a later message is handed back to the
-// server with a delay (one extra delivery, counted by MaxDeliver) and
-// waited for in turn. A retried message whose redelivery has not come
+// server (one extra delivery, counted by MaxDeliver) with a delay that
+// brings it back about when its turn comes: after the messages ahead of it
+// in its key have run, at the pace runs have taken (at most 2 s more),
+// and their retries' delays. A retried message whose redelivery has not come
 // after its delay plus twice AckWait is looked up: when the consumer's
 // ack floor has passed it (another subscriber acknowledged it, or it was
 // deleted from the stream) it is given up with a warning and its key

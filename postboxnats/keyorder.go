@@ -27,10 +27,18 @@ import (
 // Held messages take tokens of the MaxInFlight window. If they could take
 // every token, the puller could never fetch the redelivery they wait for.
 // So at most half the window holds messages; a message that would exceed
-// that is handed back to the server (nak'd with a delay that ends about
-// when its key's head is due) and becomes a marker too, which costs a
-// delivery of that message and nothing else. The other half is always
-// free for the heads, so the puller always gets a token back.
+// that is handed back to the server and becomes a marker too, which costs
+// a delivery of that message and nothing else. The other half is always
+// free for the heads, so the puller always gets a token back. The delay
+// it is nak'd with is its turn (keyOrder.turn): the deliveries ahead of
+// it in its key's line each take a run's time (pace), a retried or handed
+// back one not before the server sends it again, and the pace adds at
+// most maxTurn beyond the retries ahead. A flat delay would bring
+// a deep line back whole every time: after an outage, a backlog of a
+// thousand messages went round at ten deliveries a second each, the
+// client's buffer for the pull overflowed (lost deliveries, whose keys
+// then wait AckWait) and the backlog drained at a key's message per
+// round.
 //
 // A held message's AckWait is kept from running out with InProgress, so
 // the server does not redeliver it meanwhile (to this subscriber, or to
@@ -49,6 +57,25 @@ import (
 // by a running delivery moves on soon after.
 const minBounce = 100 * time.Millisecond
 
+// minPace and maxPace bound a run's time as the turns reckon it (pace).
+// maxTurn bounds what the pace adds to a turn beyond the retries ahead:
+// an estimate too long would leave the key idle, one too short costs a
+// delivery more.
+const (
+	minPace = 10 * time.Millisecond
+	maxPace = time.Second
+	maxTurn = 2 * time.Second
+)
+
+// markerKind is how a marker came to be.
+type markerKind int
+
+const (
+	lostMarker       markerKind = iota // its delivery was lost on the way: it may come any time
+	retryMarker                        // its run asked for a retry after a delay
+	handedBackMarker                   // handed back for lack of room, nak'd with its turn
+)
+
 // entry is one message of a key: held (msg set), being processed (the
 // key's active entry), or a marker awaiting its redelivery (msg nil).
 type entry struct {
@@ -61,6 +88,10 @@ type entry struct {
 	// it would restart the message's AckWait on the server, and the
 	// redelivery would come AckWait later instead of after the delay.
 	touching bool
+	// A marker's kind, and when the server sends it again at the
+	// earliest: a nak's delay is up (zero for a lost delivery's).
+	kind      markerKind
+	notBefore time.Time
 }
 
 // keyOrder schedules the deliveries of one Run that carry a key.
@@ -72,6 +103,7 @@ type keyOrder struct {
 
 	mu   sync.Mutex
 	keys *keyorder.Order[*entry] // by stream sequence
+	pace time.Duration           // a run's time, averaged
 
 	asking atomic.Bool // the server is being asked about overdue markers
 
@@ -98,6 +130,7 @@ func newKeyOrder(r *run, maxInFlight int, ackMin, ackMax time.Duration) *keyOrde
 		touchEvery: ackMin / 3,
 		interval:   min(max(ackMin/4, 10*time.Millisecond), time.Second),
 		keys:       keyorder.New[*entry](maxInFlight, 0),
+		pace:       minPace,
 	}
 }
 
@@ -133,12 +166,8 @@ func (k *keyOrder) arrive(key string, seq uint64, e *entry) {
 	}
 	start = k.next(key)
 	if added != nil && added != start && k.keys.Crowded() {
-		bounceDelay = minBounce
-		if h, _ := k.keys.First(key); h.State() == keyorder.Marker && h.Due().Sub(now) > bounceDelay {
-			bounceDelay = h.Due().Sub(now) + 10*time.Millisecond
-		}
-		bounce = added
-		k.toMarker(bounce, now, bounceDelay)
+		bounce, bounceDelay = added, k.turn(added, now)
+		k.toMarker(bounce, now, bounceDelay, handedBackMarker)
 	}
 	k.mu.Unlock()
 
@@ -167,10 +196,52 @@ func (k *keyOrder) disrupted(now time.Time) {
 	k.keys.PushOut(now.Add(k.giveUp))
 }
 
-// toMarker turns e into a marker expected after delay; k.mu is held.
-func (k *keyOrder) toMarker(e *entry, now time.Time, delay time.Duration) {
-	e.msg = nil
+// toMarker turns e into a marker of kind expected after delay, which a
+// retried or handed back one was nak'd with; k.mu is held.
+func (k *keyOrder) toMarker(e *entry, now time.Time, delay time.Duration, kind markerKind) {
+	e.msg, e.kind, e.notBefore = nil, kind, time.Time{}
+	if kind != lostMarker {
+		e.notBefore = now.Add(delay)
+	}
 	k.keys.ToMarker(e, now, delay, k.giveUp)
+}
+
+// turn is how long e, to be handed back, waits for its turn: each
+// delivery ahead of it in its key's line runs first, for about pace, a
+// marker nak'd with a delay not before it comes back; at most maxTurn
+// after the last retry ahead comes back, at least minBounce. k.mu is
+// held.
+func (k *keyOrder) turn(e *entry, now time.Time) time.Duration {
+	t, retried := now, now
+	for x := range k.keys.Ahead(e) {
+		if x.State() == keyorder.Marker {
+			t = later(t, x.notBefore)
+			if x.kind == retryMarker {
+				retried = later(retried, x.notBefore)
+			}
+		}
+		t = t.Add(k.pace)
+	}
+	return max(minBounce, min(t.Sub(now), retried.Add(maxTurn).Sub(now)))
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// ran averages a run's time d into the pace. A run is counted at most
+// four times the pace: one that waited out an unreachable server (its ack
+// is retried for seconds) would otherwise set every turn of the lines
+// behind it that many seconds a delivery ahead, and the keys would idle
+// long after the server came back. Runs slow for good raise the pace by
+// about a third each. k.mu is held.
+func (k *keyOrder) ran(d time.Duration) {
+	d = min(d, 4*k.pace)
+	k.pace = min(max(k.pace+(d-k.pace)/8, minPace), maxPace)
 }
 
 // next starts key's head and returns it, when nothing of the key runs
@@ -193,19 +264,21 @@ func (k *keyOrder) start(e *entry) {
 	k.r.wg.Add(1)
 	go func() {
 		defer k.r.wg.Done()
+		began := time.Now()
 		again, delay := k.r.process(e.msg, e.d)
-		k.settled(e, again, delay)
+		k.settled(e, again, delay, time.Since(began))
 	}()
 }
 
 // settled records the outcome of e's run, already settled with the
-// server: done, or to be redelivered after delay. It starts the key's
-// next message.
-func (k *keyOrder) settled(e *entry, again bool, delay time.Duration) {
+// server: done, or to be redelivered after delay. It took ran, which
+// the pace averages. It starts the key's next message.
+func (k *keyOrder) settled(e *entry, again bool, delay, ran time.Duration) {
 	now := time.Now()
 	k.mu.Lock()
+	k.ran(ran)
 	if again {
-		k.toMarker(e, now, delay)
+		k.toMarker(e, now, delay, retryMarker)
 	} else {
 		k.keys.Remove(e)
 	}

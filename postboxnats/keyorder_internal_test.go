@@ -60,7 +60,7 @@ func TestOverdueMarkerLookedUp(t *testing.T) {
 			now := time.Now()
 			m := &entry{}
 			k.keys.Add("k", keyorder.Pos{Hi: 5}, m)
-			k.toMarker(m, now, time.Second)
+			k.toMarker(m, now, time.Second, retryMarker)
 			behind := &entry{}
 			k.keys.Add("k", keyorder.Pos{Hi: 6}, behind)
 
@@ -249,5 +249,106 @@ func TestHeldMessageNotStartedWhileKeptAlive(t *testing.T) {
 	defer m.mu.Unlock()
 	if want := []string{"in progress", "nak with delay"}; fmt.Sprint(m.sent) != fmt.Sprint(want) {
 		t.Fatalf("sent %q, want %q: the sweep starts the message once its keep-alive is sent", m.sent, want)
+	}
+}
+
+// nakMsg records the delay it is nak'd with.
+type nakMsg struct {
+	jetstream.Msg
+	delay time.Duration
+}
+
+func (m *nakMsg) NakWithDelay(d time.Duration) error {
+	m.delay = d
+	return nil
+}
+
+// TestHandedBackInTurn: a message handed back for lack of room is nak'd
+// with a delay that brings it back when its turn comes: after a retried
+// message ahead of it in its key's line is sent again, and a run's time
+// for each delivery ahead. A flat delay brought a deep line back whole
+// every time, ten deliveries a second a message. A lost delivery's marker
+// ahead, which may come any time, does not push it back, and the pace adds
+// at most maxTurn to the retries ahead.
+func TestHandedBackInTurn(t *testing.T) {
+	s := &Subscriber{cons: &floorConsumer{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), name: "s > c"}
+	r := &run{s: s, ctx: context.Background(), p: retryAfter(0), sem: make(chan struct{}, 8)}
+	k := newKeyOrder(r, 2, time.Minute, time.Minute) // room to hold one message
+	r.keys = k
+	now := time.Now()
+	add := func(key string, seq uint64) *entry {
+		r.sem <- struct{}{}
+		return k.keys.Add(key, keyorder.Pos{Hi: seq}, &entry{d: &postbox.Delivery{Key: key}})
+	}
+	// Key k runs 1, and 2 is to be retried after a second.
+	add("k", 1)
+	k.keys.Next("k")
+	k.toMarker(add("k", 2), now, time.Second, retryMarker)
+	// Key m runs 20, and 21's delivery was lost on the way.
+	add("m", 20)
+	k.keys.Next("m")
+	k.toMarker(add("m", 21), now, time.Minute, lostMarker)
+	// Key j runs 10, and 11 and 12 are held: the room is taken.
+	add("j", 10)
+	k.keys.Next("j")
+	add("j", 11)
+	add("j", 12)
+	if !k.keys.Crowded() {
+		t.Fatal("the set-up did not take the room for held messages")
+	}
+	arrive := func(key string, seq uint64) time.Duration {
+		r.sem <- struct{}{}
+		m := &nakMsg{}
+		k.arrive(key, seq, &entry{msg: m, d: &postbox.Delivery{ID: fmt.Sprint(seq), Key: key}, touched: time.Now()})
+		if m.delay == 0 {
+			t.Fatalf("%s %d was not handed back", key, seq)
+		}
+		return m.delay
+	}
+	d3 := arrive("k", 3)
+	if d3 < time.Second-time.Since(now) || d3 > time.Second+2*minPace {
+		t.Errorf("k 3 behind a retry due in a second handed back for %v, want a second and a run's time", d3)
+	}
+	if d4 := arrive("k", 4); d4 < d3+minPace/2 || d4 > d3+2*minPace {
+		t.Errorf("k 4 behind k 3 (handed back for %v) handed back for %v, want a run's time later", d3, d4)
+	}
+	if d := arrive("m", 22); d != minBounce {
+		t.Errorf("m 22 behind a lost delivery handed back for %v, want %v", d, minBounce)
+	}
+	// However deep the line and slow the runs, the pace adds at most
+	// maxTurn beyond the retry ahead.
+	k.pace = maxPace
+	for seq := uint64(5); seq < 10; seq++ {
+		if d := arrive("k", seq); d > time.Second+maxTurn {
+			t.Errorf("k %d handed back for %v, want at most %v", seq, d, time.Second+maxTurn)
+		}
+	}
+	r.wg.Wait()
+}
+
+// TestPaceSteadyAgainstAStalledRun: a run that waited out an unreachable
+// server moves the pace by little, so that the turns of the lines behind
+// it stay near the runs' usual time; runs slow for good raise it.
+func TestPaceSteadyAgainstAStalledRun(t *testing.T) {
+	k := newKeyOrder(&run{}, 8, time.Second, time.Second)
+	for range 20 {
+		k.ran(20 * time.Millisecond)
+	}
+	usual := k.pace
+	k.ran(5 * time.Second)
+	if k.pace > 2*usual {
+		t.Fatalf("one stalled run of 5 s set the pace from %v to %v", usual, k.pace)
+	}
+	for range 40 {
+		k.ran(300 * time.Millisecond)
+	}
+	if k.pace < 200*time.Millisecond {
+		t.Fatalf("after 40 runs of 300 ms the pace is %v", k.pace)
+	}
+	for range 100 {
+		k.ran(time.Minute)
+	}
+	if k.pace != maxPace {
+		t.Fatalf("runs of a minute set the pace to %v, want at most %v", k.pace, maxPace)
 	}
 }

@@ -190,7 +190,7 @@ func (k *keyOrder) read(ctx context.Context, g *gap) bool {
 		if x := k.keys.Add(f.key, keyorder.Pos{Hi: f.seq}, e); x != e {
 			continue
 		}
-		k.toMarker(e, now, s.ackMax)
+		k.toMarker(e, now, s.ackMax, lostMarker)
 		marked++
 	}
 	k.mu.Unlock()

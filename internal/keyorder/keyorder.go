@@ -139,6 +139,22 @@ func (o *Order[E]) Add(key string, pos Pos, x E) E {
 	return x
 }
 
+// Ahead returns the deliveries before x in its key's line, head first,
+// the active one included.
+func (o *Order[E]) Ahead(x E) iter.Seq[E] {
+	return func(yield func(E) bool) {
+		l := o.lines[x.Base().key]
+		if l == nil {
+			return
+		}
+		for _, y := range l.entries {
+			if y == x || !yield(y) {
+				return
+			}
+		}
+	}
+}
+
 // First returns the first delivery of key's line, active or not.
 func (o *Order[E]) First(key string) (first E, ok bool) {
 	l := o.lines[key]

@@ -1,6 +1,7 @@
 package keyorder
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -260,5 +261,30 @@ func TestClear(t *testing.T) {
 	o.Clear()
 	if o.Held() != 0 || o.Markers() != 0 || len(names(o)) != 0 {
 		t.Fatal("Clear left something")
+	}
+}
+
+// TestAhead: what is before a delivery in its key's line, head first, the
+// active one and markers included, and nothing of other keys.
+func TestAhead(t *testing.T) {
+	o := New[*rec](10, 0)
+	k1 := o.Add("k", pos(1), &rec{name: "k1"})
+	k2 := o.Add("k", pos(2), &rec{name: "k2"})
+	k3 := o.Add("k", pos(3), &rec{name: "k3"})
+	o.Add("j", pos(0), &rec{name: "j0"})
+	mustNext(t, o, "k", "k1")
+	o.ToMarker(k2, time.Now(), time.Second, 0)
+	names := func(x *rec) []string {
+		var out []string
+		for y := range o.Ahead(x) {
+			out = append(out, y.name)
+		}
+		return out
+	}
+	if got := names(k3); fmt.Sprint(got) != "[k1 k2]" {
+		t.Fatalf("Ahead(k3) = %v, want [k1 k2]", got)
+	}
+	if got := names(k1); len(got) != 0 {
+		t.Fatalf("Ahead(k1) = %v, want nothing before the head", got)
 	}
 }
