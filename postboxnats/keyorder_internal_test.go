@@ -269,21 +269,23 @@ func (m *nakMsg) NakWithDelay(d time.Duration) error {
 // for each delivery ahead. A flat delay brought a deep line back whole
 // every time, ten deliveries a second a message. A lost delivery's marker
 // ahead, which may come any time, does not push it back, and the pace adds
-// at most maxTurn to the retries ahead.
+// at most maxTurn to the retries ahead. The times compared are the
+// markers' own, so that how long the test takes does not matter.
 func TestHandedBackInTurn(t *testing.T) {
 	s := &Subscriber{cons: &floorConsumer{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), name: "s > c"}
-	r := &run{s: s, ctx: context.Background(), p: retryAfter(0), sem: make(chan struct{}, 8)}
+	r := &run{s: s, ctx: context.Background(), p: retryAfter(0), sem: make(chan struct{}, 16)}
 	k := newKeyOrder(r, 2, time.Minute, time.Minute) // room to hold one message
 	r.keys = k
 	now := time.Now()
+	retry := now.Add(time.Minute) // when k 2 is sent again
 	add := func(key string, seq uint64) *entry {
 		r.sem <- struct{}{}
 		return k.keys.Add(key, keyorder.Pos{Hi: seq}, &entry{d: &postbox.Delivery{Key: key}})
 	}
-	// Key k runs 1, and 2 is to be retried after a second.
+	// Key k runs 1, and 2 is to be retried in a minute.
 	add("k", 1)
 	k.keys.Next("k")
-	k.toMarker(add("k", 2), now, time.Second, retryMarker)
+	k.toMarker(add("k", 2), now, time.Minute, retryMarker)
 	// Key m runs 20, and 21's delivery was lost on the way.
 	add("m", 20)
 	k.keys.Next("m")
@@ -305,23 +307,40 @@ func TestHandedBackInTurn(t *testing.T) {
 		}
 		return m.delay
 	}
-	d3 := arrive("k", 3)
-	if d3 < time.Second-time.Since(now) || d3 > time.Second+2*minPace {
-		t.Errorf("k 3 behind a retry due in a second handed back for %v, want a second and a run's time", d3)
+	back := func(key string, seq uint64) time.Time {
+		arrive(key, seq)
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		for e := range k.keys.All() {
+			if e.Key() == key && e.Pos().Hi == seq && e.State() == keyorder.Marker {
+				return e.notBefore
+			}
+		}
+		t.Fatalf("%s %d is not a marker", key, seq)
+		return time.Time{}
 	}
-	if d4 := arrive("k", 4); d4 < d3+minPace/2 || d4 > d3+2*minPace {
-		t.Errorf("k 4 behind k 3 (handed back for %v) handed back for %v, want a run's time later", d3, d4)
+	if at := back("k", 3); !at.Equal(retry.Add(minPace)) {
+		t.Errorf("k 3 comes back %v after the retry ahead of it, want a run's time, %v", at.Sub(retry), minPace)
+	}
+	if at := back("k", 4); !at.Equal(retry.Add(2 * minPace)) {
+		t.Errorf("k 4 comes back %v after the retry ahead of it, want two runs' time, %v", at.Sub(retry), 2*minPace)
 	}
 	if d := arrive("m", 22); d != minBounce {
 		t.Errorf("m 22 behind a lost delivery handed back for %v, want %v", d, minBounce)
 	}
 	// However deep the line and slow the runs, the pace adds at most
 	// maxTurn beyond the retry ahead.
+	k.mu.Lock()
 	k.pace = maxPace
+	k.mu.Unlock()
+	var at time.Time
 	for seq := uint64(5); seq < 10; seq++ {
-		if d := arrive("k", seq); d > time.Second+maxTurn {
-			t.Errorf("k %d handed back for %v, want at most %v", seq, d, time.Second+maxTurn)
+		if at = back("k", seq); at.After(retry.Add(maxTurn)) {
+			t.Errorf("k %d comes back %v after the retry ahead of it, want at most %v", seq, at.Sub(retry), maxTurn)
 		}
+	}
+	if !at.Equal(retry.Add(maxTurn)) {
+		t.Errorf("k 9, five runs of a second behind, comes back %v after the retry ahead of it, want %v", at.Sub(retry), maxTurn)
 	}
 	r.wg.Wait()
 }
