@@ -88,10 +88,17 @@ type entry struct {
 	// it would restart the message's AckWait on the server, and the
 	// redelivery would come AckWait later instead of after the delay.
 	touching bool
-	// A marker's kind, and when the server sends it again at the
-	// earliest: a nak's delay is up (zero for a lost delivery's).
-	kind      markerKind
-	notBefore time.Time
+	kind     markerKind // a marker's
+}
+
+// notBefore is when the server sends a marker again at the earliest: a
+// retried or handed back one when its nak's delay, its due, is up; a lost
+// delivery's any time (zero).
+func (e *entry) notBefore() time.Time {
+	if e.kind == lostMarker {
+		return time.Time{}
+	}
+	return e.Due()
 }
 
 // keyOrder schedules the deliveries of one Run that carry a key.
@@ -199,10 +206,7 @@ func (k *keyOrder) disrupted(now time.Time) {
 // toMarker turns e into a marker of kind expected after delay, which a
 // retried or handed back one was nak'd with; k.mu is held.
 func (k *keyOrder) toMarker(e *entry, now time.Time, delay time.Duration, kind markerKind) {
-	e.msg, e.kind, e.notBefore = nil, kind, time.Time{}
-	if kind != lostMarker {
-		e.notBefore = now.Add(delay)
-	}
+	e.msg, e.kind = nil, kind
 	k.keys.ToMarker(e, now, delay, k.giveUp)
 }
 
@@ -215,9 +219,9 @@ func (k *keyOrder) turn(e *entry, now time.Time) time.Duration {
 	t, retried := now, now
 	for x := range k.keys.Ahead(e) {
 		if x.State() == keyorder.Marker {
-			t = later(t, x.notBefore)
+			t = later(t, x.notBefore())
 			if x.kind == retryMarker {
-				retried = later(retried, x.notBefore)
+				retried = later(retried, x.notBefore())
 			}
 		}
 		t = t.Add(k.pace)

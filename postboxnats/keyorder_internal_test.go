@@ -313,7 +313,7 @@ func TestHandedBackInTurn(t *testing.T) {
 		defer k.mu.Unlock()
 		for e := range k.keys.All() {
 			if e.Key() == key && e.Pos().Hi == seq && e.State() == keyorder.Marker {
-				return e.notBefore
+				return e.notBefore()
 			}
 		}
 		t.Fatalf("%s %d is not a marker", key, seq)
