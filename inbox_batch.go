@@ -2,6 +2,7 @@ package postbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -14,10 +15,11 @@ import (
 // documented defaults.
 type BatchConfig struct {
 	// MaxBatch bounds the deliveries one transaction commits. Default 32,
-	// at most 64: every handler runs in a savepoint of its own, that is a
-	// subtransaction, and a PostgreSQL transaction with more than 64 of
-	// them that wrote overflows its backend's cache of subtransaction ids,
-	// which slows down the snapshots of every other session while it runs.
+	// at most 64: after a handler failed, the batch runs again with every
+	// handler in a savepoint of its own, that is a subtransaction, and a
+	// PostgreSQL transaction with more than 64 of them that wrote
+	// overflows its backend's cache of subtransaction ids, which slows
+	// down the snapshots of every other session while it runs.
 	MaxBatch int
 	// MaxWait is how long a batch that could start waits for more
 	// deliveries to join it, unless MaxBatch of them are already there.
@@ -40,7 +42,8 @@ const (
 	maxBatchConcurrency     = 256
 	maxBatchWait            = time.Second
 
-	// batchSavepoint names the savepoint each handler of a batch runs in.
+	// batchSavepoint names the savepoint each handler runs in when a
+	// batch runs again after a handler failed.
 	// Savepoints are opened one inside the other and never released:
 	// ROLLBACK TO names the latest of the name, which is the one just
 	// before the failing handler, and the commit keeps them all.
@@ -82,8 +85,11 @@ func (c *BatchConfig) validate() error {
 // commit: the deliveries that arrive while earlier batches are being
 // committed are gathered, up to cfg.MaxBatch, into one transaction. It
 // records all of them in the inbox with one statement, runs the handler
-// of each first copy in a savepoint of its own, so that a failing handler
-// rolls back only its own message, and commits once. Then every delivery
+// of each first copy, and commits once. A failing handler rolls back only
+// its own message: the transaction rolls back at the first failure, and
+// the batch runs again without that delivery, each handler in a savepoint
+// of its own, so that the handlers before the failed one run twice, the
+// first run rolled back, and the failed one once. Then every delivery
 // gets its verdict, and the subscriber acks; exactly as with Processor, a
 // delivery is acknowledged only after its transaction committed, a copy
 // runs no handler, and a failed run is counted, retried with backoff and
@@ -268,7 +274,25 @@ func (p *batchProcessor[TTx]) run(batch []*batchItem) {
 	}
 
 	alone.RLock()
-	err := p.in.store.InTx(ctx, func(tx TTx) error { return p.apply(ctx, tx, members, ids) })
+	err := p.in.store.InTx(ctx, func(tx TTx) error { return p.apply(ctx, tx, members, ids, false) })
+	if errors.Is(err, errBatchHandlerFailed) {
+		// The first pass ran no savepoints and stopped at its first
+		// failing handler, and nothing of it committed. The batch runs
+		// again without that delivery, which keeps its error, each
+		// handler in a savepoint of its own.
+		again := make([]*batchItem, 0, len(members)-1)
+		againIDs := make([]string, 0, len(members)-1)
+		for _, it := range members {
+			if it.herr == nil {
+				again = append(again, it)
+				againIDs = append(againIDs, it.d.ID)
+			}
+		}
+		err = nil
+		if len(again) > 0 {
+			err = p.in.store.InTx(ctx, func(tx TTx) error { return p.apply(ctx, tx, again, againIDs, true) })
+		}
+	}
 	alone.RUnlock()
 
 	for _, it := range members {
@@ -301,11 +325,25 @@ func (p *batchProcessor[TTx]) run(batch []*batchItem) {
 	}
 }
 
+// errBatchHandlerFailed ends a batch's first pass, which runs its
+// handlers without savepoints, at its first failing handler.
+var errBatchHandlerFailed = errors.New("postbox: a handler of the batch failed")
+
 // apply records a batch's members in the inbox in tx and runs each first
-// copy's handler in a savepoint of its own; a failing handler is rolled
-// back to its savepoint and its inbox record deleted, so that its next
-// delivery runs again. Each member's fresh and herr tell what happened.
-func (p *batchProcessor[TTx]) apply(ctx context.Context, tx TTx, members []*batchItem, ids []string) error {
+// copy's handler. Each member's fresh and herr tell what happened.
+//
+// Unguarded (the first pass), the handlers run one after the other in the
+// transaction itself, and the first that fails ends the pass with
+// errBatchHandlerFailed, its member's herr set: the caller rolls the
+// transaction back. A savepoint costs a round trip and a subtransaction a
+// message, about a fifth of the consumer's CPU in a batch of upserts
+// (BENCHMARKS.md, "The batching inbox without a savepoint a message"),
+// and a batch in which no handler fails needs none.
+//
+// Guarded, each handler runs in a savepoint of its own; a failing handler
+// is rolled back to its savepoint and its inbox record deleted, so that
+// its next delivery runs again.
+func (p *batchProcessor[TTx]) apply(ctx context.Context, tx TTx, members []*batchItem, ids []string, guarded bool) error {
 	ex := p.in.store.UnwrapExecutor(tx)
 	fresh, err := ex.InboxInsertMany(ctx, p.consumer, ids)
 	if err != nil {
@@ -317,11 +355,16 @@ func (p *batchProcessor[TTx]) apply(ctx context.Context, tx TTx, members []*batc
 		if !it.fresh {
 			continue
 		}
-		if err := ex.Savepoint(ctx, batchSavepoint); err != nil {
-			return err
+		if guarded {
+			if err := ex.Savepoint(ctx, batchSavepoint); err != nil {
+				return err
+			}
 		}
 		if herr := callHandler(it.hctx, p.h, tx, it.d); herr != nil {
 			it.herr = herr
+			if !guarded {
+				return errBatchHandlerFailed
+			}
 			if err := ex.RollbackToSavepoint(ctx, batchSavepoint); err != nil {
 				return err
 			}
