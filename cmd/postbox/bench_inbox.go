@@ -24,9 +24,16 @@ consumes it with the postboxnats Subscriber, each phase through a durable consum
   single  the same upsert in the handler's transaction through the inbox,
           a transaction per message (Inbox.Processor);
   batch   the same through Inbox.BatchProcessor (group commit, --batch).
-Each phase's counters are then checked against the messages sent (exactly once).`,
+Each phase's counters are then checked against the messages sent (exactly once).
+--fail-every N fails the first delivery of one message in N in the inbox phases,
+after its write, to measure what a failing handler costs; a failed message is
+applied on its redelivery, after the inbox's backoff, which the phase's time
+includes (compare the CPU a message).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if opts.FailEvery < 0 {
+				return fmt.Errorf("--fail-every %d: must be 0 (no failures) or more", opts.FailEvery)
+			}
 			out := cmd.OutOrStdout()
 			var results []bench.InboxResult
 			for i := range runs {
@@ -81,6 +88,7 @@ Each phase's counters are then checked against the messages sent (exactly once).
 	f.DurationVar(&opts.BatchWait, "batch-wait", 0, "BatchConfig.MaxWait")
 	f.IntVar(&opts.BatchConcurrency, "batch-concurrency", 0, "BatchConfig.Concurrency (default the library's)")
 	f.BoolVar(&opts.NoSingle, "no-single", false, "skip the phase with a transaction per message")
+	f.IntVar(&opts.FailEvery, "fail-every", 0, "fail the first delivery of one message in this many in the inbox phases (0: none)")
 	f.StringVar(&opts.CPUProfile, "cpuprofile", "", "write a CPU profile of the last inbox phase to this file")
 	f.DurationVar(&opts.Progress, "progress", 0, "interval of progress lines (default 1s)")
 	return cmd

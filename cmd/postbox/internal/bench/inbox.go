@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"sort"
@@ -40,6 +41,13 @@ type InboxOptions struct {
 	BatchConcurrency int
 	// NoSingle skips the phase with one transaction per message.
 	NoSingle bool
+	// FailEvery, when above 0, fails the first delivery of one message in
+	// FailEvery (chosen by its id) in the inbox phases: its handler writes
+	// and then returns an error, so that its run is rolled back, counted
+	// and retried after the inbox's backoff. The phase's time then
+	// includes the last retry's delay; its CPU a message is the figure to
+	// compare.
+	FailEvery int
 	// CPUProfile, when set, names a file that receives a CPU profile of
 	// the last inbox phase.
 	CPUProfile string
@@ -264,11 +272,23 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 		return res, err
 	}
 	in := inClient.Inbox()
+	var failures atomic.Int64
 	handler := func(table string) postbox.Handler[pgx.Tx] {
 		q := upsert(table)
 		return func(ctx context.Context, tx pgx.Tx, d *postbox.Delivery) error {
-			_, err := tx.Exec(ctx, q, d.Key)
-			return err
+			if _, err := tx.Exec(ctx, q, d.Key); err != nil {
+				return err
+			}
+			if d.Delivered == 1 && failsFirst(d.ID, opts.FailEvery) {
+				failures.Add(1)
+				return errInjected
+			}
+			return nil
+		}
+	}
+	failed := func(name string) {
+		if opts.FailEvery > 0 {
+			fmt.Fprintf(out, "  %s: %d handler runs failed on purpose (--fail-every %d)\n", name, failures.Swap(0), opts.FailEvery)
 		}
 	}
 	profileSingle, profileBatch := opts.CPUProfile, ""
@@ -284,6 +304,7 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 			return res, err
 		}
 		fmt.Fprintf(out, "  single: checked: every counter equals its key's message count, one inbox record per message\n")
+		failed("single")
 	}
 	if opts.Batch > 0 {
 		bc := &postbox.BatchConfig{MaxBatch: opts.Batch, MaxWait: opts.BatchWait, Concurrency: opts.BatchConcurrency}
@@ -301,12 +322,27 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 		}
 		fmt.Fprintf(out, "  batch: checked: every counter equals its key's message count, one inbox record per message; %d commits (%.1f messages each)\n",
 			res.BatchCommits, float64(opts.Messages)/float64(max(res.BatchCommits, 1)))
+		failed("batch")
 	}
 	if err := checkCounts(ctx, pool, prefix+"counts_plain", want); err != nil {
 		return res, err
 	}
 	fmt.Fprintf(out, "  plain: checked: every counter equals its key's message count\n")
 	return res, nil
+}
+
+// errInjected is the failure --fail-every injects.
+var errInjected = errors.New("bench: failure injected (--fail-every)")
+
+// failsFirst says whether the message id is one of the one in every whose
+// first delivery fails: FNV-1a of the id, modulo every.
+func failsFirst(id string, every int) bool {
+	if every <= 0 {
+		return false
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return h.Sum32()%uint32(every) == 0
 }
 
 // checkInbox checks exactly once for one inbox phase: every key's counter
