@@ -334,8 +334,8 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 // errInjected is the failure --fail-every injects.
 var errInjected = errors.New("bench: failure injected (--fail-every)")
 
-// failsFirst says whether the message id is one of the one in every whose
-// first delivery fails: FNV-1a of the id, modulo every.
+// failsFirst says whether the first delivery of the message with this id
+// fails: one id in every, those whose FNV-1a hash is a multiple of every.
 func failsFirst(id string, every int) bool {
 	if every <= 0 {
 		return false
