@@ -99,9 +99,14 @@ func (c *BatchConfig) validate() error {
 // deliveries from a subscriber that processes several at once (its
 // in-flight window, MaxInFlight for NATS, well above Concurrency). One
 // commit then serves many messages; on PostgreSQL this multiplies the
-// consumer's throughput. The price: a batch holds its locks, and its
-// deliveries wait for their acks, until its slowest handler is done, and
-// a handler that waits on another transaction holds up the whole batch.
+// consumer's throughput. The Processor asks for an in-flight window of
+// 2 × MaxBatch × Concurrency (128 at the defaults; see InFlightHinter):
+// a subscriber whose window was left at its default takes that, so that
+// the next batches fill up while the running ones commit and ack. A
+// window set in the subscriber's config is kept. The price: a batch
+// holds its locks, and its deliveries wait for their acks, until its
+// slowest handler is done, and a handler that waits on another
+// transaction holds up the whole batch.
 // Handlers run one after the other in a batch, in the order of their
 // keys (deliveries of one key in arrival order), so that handlers that
 // lock a row per key take the locks of two batches in the same order. If
@@ -138,6 +143,14 @@ type batchProcessor[TTx any] struct {
 	queue   []*batchItem // waiting for a batch, in arrival order
 	running int          // batches in flight
 	fill    chan struct{}
+}
+
+// InFlightHint asks for twice the deliveries of Concurrency full batches:
+// while those run, and their deliveries wait for their acks, as many
+// again gather into the next batches. A subscriber left at its default
+// in-flight bound raises it to this (postbox.InFlight).
+func (p *batchProcessor[TTx]) InFlightHint() int {
+	return 2 * p.cfg.MaxBatch * p.cfg.Concurrency
 }
 
 // batchItem is one delivery on its way through a batch.

@@ -180,10 +180,14 @@ func (c *Config) Validate() error {
 type SubscriberConfig struct {
 	// Prefetch is the basic.qos prefetch count: the most deliveries the
 	// broker hands this subscriber before they are settled, held retries
-	// included. At least MaxInFlight. Default 64.
+	// included. At least MaxInFlight. Default 64, or a Run's MaxInFlight
+	// when that is larger.
 	Prefetch int
 
-	// MaxInFlight bounds deliveries being processed at once. Default 16.
+	// MaxInFlight bounds deliveries being processed at once. Default 16,
+	// or, when Run's Processor asks for more (a postbox.InFlightHinter,
+	// as Inbox.BatchProcessor is), that many, at most Prefetch when
+	// Prefetch is set.
 	MaxInFlight int
 
 	// PerKey processes the deliveries of one key (the ce-partitionkey

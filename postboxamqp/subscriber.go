@@ -27,6 +27,9 @@ type Subscriber struct {
 	queue string
 	cfg   *SubscriberConfig
 	log   *slog.Logger
+	// autoInFlight and autoPrefetch: MaxInFlight and Prefetch were left
+	// at their defaults, so a Run takes its Processor's hint (window).
+	autoInFlight, autoPrefetch bool
 }
 
 // NewSubscriber returns a Subscriber for queue over connections from
@@ -51,7 +54,27 @@ func NewSubscriber(dial Dialer, queue string, cfg *SubscriberConfig) (*Subscribe
 	if dial == nil {
 		return nil, errors.New("postboxamqp: NewSubscriber needs a Dialer")
 	}
-	return &Subscriber{dial: dial, queue: queue, cfg: c, log: c.Logger}, nil
+	return &Subscriber{
+		dial: dial, queue: queue, cfg: c, log: c.Logger,
+		autoInFlight: cfg == nil || cfg.MaxInFlight == 0,
+		autoPrefetch: cfg == nil || cfg.Prefetch == 0,
+	}, nil
+}
+
+// window returns the MaxInFlight and the prefetch of a Run of p: the
+// config's, or, where MaxInFlight was left at its default, raised to p's
+// hint (postbox.InFlight), the prefetch with it unless it was set, which
+// then bounds the hint.
+func (s *Subscriber) window(p postbox.Processor) (inFlight, prefetch int) {
+	inFlight, prefetch = s.cfg.MaxInFlight, s.cfg.Prefetch
+	if !s.autoInFlight {
+		return inFlight, prefetch
+	}
+	inFlight = postbox.InFlight(p, inFlight, maxPrefetch)
+	if s.autoPrefetch {
+		return inFlight, max(prefetch, inFlight)
+	}
+	return min(inFlight, prefetch), prefetch
 }
 
 // Config returns the subscriber's configuration, defaults filled in.
@@ -130,11 +153,12 @@ func (s *Subscriber) consume(ctx context.Context, p postbox.Processor) (bool, er
 		return false, err
 	}
 	defer closeConn(conn)
+	inFlight, prefetch := s.window(p)
 	// Setting up waits for the broker without a context.
 	stop := context.AfterFunc(ctx, func() { closeConn(conn) })
 	ch, err := conn.Channel()
 	if err == nil {
-		err = ch.Qos(s.cfg.Prefetch, 0, false)
+		err = ch.Qos(prefetch, 0, false)
 	}
 	var closes chan *amqp.Error
 	var cancels chan string
@@ -151,7 +175,7 @@ func (s *Subscriber) consume(ctx context.Context, p postbox.Processor) (bool, er
 
 	w := &workers{
 		s: s, p: p, ctx: ctx,
-		sem:   make(chan struct{}, s.cfg.MaxInFlight),
+		sem:   make(chan struct{}, inFlight),
 		lanes: map[string][]item{},
 		held:  map[uint64]*time.Timer{},
 	}

@@ -67,6 +67,10 @@ type Features struct {
 	// RejectsUnroutable: publishing to a topic that routes nowhere fails as
 	// a message failure.
 	RejectsUnroutable bool
+	// PartitionBound: the subscriber processes one message of a partition
+	// at a time, so the partitions it is assigned bound what it processes
+	// at once, below an in-flight hint.
+	PartitionBound bool
 }
 
 // Run runs the suite.
@@ -79,6 +83,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("PerKeyOrder", func(t *testing.T) { perKeyOrder(t, h) })
 	t.Run("CompetingConsumers", func(t *testing.T) { competingConsumers(t, h) })
 	t.Run("UnroutableIsMessageFailure", func(t *testing.T) { unroutable(t, h) })
+	t.Run("InFlightHint", func(t *testing.T) { inFlightHint(t, h) })
 }
 
 func envelope(topic, key string, n int) *postbox.Envelope {
@@ -409,5 +414,109 @@ func unroutable(t *testing.T, h Harness) {
 	err := publishOne(context.Background(), b.Publisher, envelope(b.Unroutable, "", 0))
 	if err == nil || !postbox.IsMessageError(err) {
 		t.Fatalf("publish to an unroutable topic: %v, want a message failure", err)
+	}
+}
+
+// hinting is a Processor that asks for hint deliveries in flight at once
+// (postbox.InFlightHinter) and holds each delivery until that many are
+// being processed together, or for at most hold.
+type hinting struct {
+	hint int
+	hold time.Duration
+
+	mu        sync.Mutex
+	now, peak int
+	seen      map[string]bool
+	full      chan struct{} // closed once hint deliveries were in at once
+	changed   chan struct{}
+}
+
+func newHinting(hint int, hold time.Duration) *hinting {
+	return &hinting{hint: hint, hold: hold, seen: map[string]bool{}, full: make(chan struct{}), changed: make(chan struct{}, 1)}
+}
+
+func (h *hinting) InFlightHint() int { return h.hint }
+
+func (h *hinting) Process(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
+	h.mu.Lock()
+	h.now++
+	if h.now > h.peak {
+		h.peak = h.now
+		if h.peak == h.hint {
+			close(h.full)
+		}
+	}
+	h.seen[d.ID] = true
+	h.mu.Unlock()
+	t := time.NewTimer(h.hold)
+	select {
+	case <-h.full:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	t.Stop()
+	h.mu.Lock()
+	h.now--
+	h.mu.Unlock()
+	select {
+	case h.changed <- struct{}{}:
+	default:
+	}
+	return postbox.Verdict{Action: postbox.Ack}
+}
+
+// state returns the most deliveries processed at once so far, and how
+// many distinct messages were seen.
+func (h *hinting) state() (peak, seen int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.peak, len(h.seen)
+}
+
+// inFlightHint checks that a subscriber left at its default in-flight
+// bound takes a larger one its Processor asks for (Inbox.BatchProcessor
+// does, for its batches to fill), and that a bound set in its options
+// is kept.
+func inFlightHint(t *testing.T, h Harness) {
+	// Above every adapter's default bound.
+	const hint = 100
+	b := h.New(t)
+	b.prepare(t, "c1", "c2")
+	envs := make([]*postbox.Envelope, hint)
+	for i := range envs {
+		envs[i] = envelope(b.Topic, fmt.Sprintf("k%d", i), i)
+	}
+	publish(t, b.Publisher, envs...)
+
+	if h.Features.PartitionBound {
+		t.Log("the subscriber processes one message of a partition at a time: only a bound set is checked")
+	} else {
+		auto := newHinting(hint, time.Minute)
+		consume(t, b.Subscriber(t, "c1", SubscriberOptions{}), auto)
+		select {
+		case <-auto.full:
+		case <-time.After(30 * time.Second):
+			peak, seen := auto.state()
+			t.Fatalf("at most %d deliveries were processed at once (%d seen), want the hint, %d", peak, seen, hint)
+		}
+	}
+
+	const bound = 8
+	set := newHinting(hint, 20*time.Millisecond)
+	consume(t, b.Subscriber(t, "c2", SubscriberOptions{MaxInFlight: bound}), set)
+	deadline := time.After(30 * time.Second)
+	for {
+		peak, seen := set.state()
+		if peak > bound {
+			t.Fatalf("%d deliveries were processed at once, with MaxInFlight %d", peak, bound)
+		}
+		if seen == hint {
+			break
+		}
+		select {
+		case <-set.changed:
+		case <-deadline:
+			t.Fatalf("timed out: %d of %d messages seen with MaxInFlight %d", seen, hint, bound)
+		}
 	}
 }

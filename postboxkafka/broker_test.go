@@ -26,6 +26,7 @@ var features = postboxbrokertest.Features{
 	DelayedRedelivery: true,
 	OrderPerKey:       true,
 	RejectsUnroutable: true,
+	PartitionBound:    true,
 }
 
 func TestBrokerConformance(t *testing.T) {

@@ -116,7 +116,9 @@ type SubscriberConfig struct {
 	// MaxInFlight bounds the records being processed at once, across
 	// partitions. Each partition processes one record at a time, so the
 	// parallelism is the lesser of MaxInFlight and the partitions this
-	// member is assigned. Default 16.
+	// member is assigned. Default 16, or, when Run's Processor asks for
+	// more (a postbox.InFlightHinter, as Inbox.BatchProcessor is), that
+	// many, at most 4096.
 	MaxInFlight int
 
 	// PartitionBuffer is how many fetched records a partition may hold

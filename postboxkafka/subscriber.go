@@ -34,6 +34,9 @@ type Subscriber struct {
 	cfg    *SubscriberConfig
 	opts   []kgo.Opt
 	log    *slog.Logger
+	// autoWindow: MaxInFlight was left at its default, so a Run takes
+	// its Processor's hint (postbox.InFlight).
+	autoWindow bool
 }
 
 // NewSubscriber returns a Subscriber that consumes topics (Kafka topic
@@ -77,6 +80,7 @@ func NewSubscriber(group string, topics []string, cfg *SubscriberConfig, opts ..
 	return &Subscriber{
 		group: group, topics: append([]string(nil), topics...), cfg: c,
 		opts: append([]kgo.Opt(nil), opts...), log: c.Logger,
+		autoWindow: cfg == nil || cfg.MaxInFlight == 0,
 	}, nil
 }
 
@@ -106,9 +110,13 @@ func (s *Subscriber) Run(ctx context.Context, p postbox.Processor) error {
 	if p == nil {
 		return errors.New("postboxkafka: Run needs a Processor")
 	}
+	window := s.cfg.MaxInFlight
+	if s.autoWindow {
+		window = postbox.InFlight(p, window, maxMaxInFlight)
+	}
 	r := &run{
 		ctx: ctx, p: p, cfg: s.cfg, log: s.log.With(slog.String("group", s.group)),
-		sem:   make(chan struct{}, s.cfg.MaxInFlight),
+		sem:   make(chan struct{}, window),
 		parts: map[tp]*part{},
 		dirty: make(chan struct{}, 1),
 		quit:  make(chan struct{}),

@@ -53,9 +53,11 @@ type SubscriberConfig struct {
 	// MaxInFlight bounds the deliveries the Subscriber holds at once:
 	// those being processed and, with PerKey, those waiting for an
 	// earlier message of their key. The client's pull buffer holds as
-	// many again. Default 64. With postbox's Inbox.BatchProcessor it also
-	// bounds the batches: keep it at least twice MaxBatch times
-	// Concurrency, so that the next batch fills while the others commit.
+	// many again. Default 64, or, when Run's Processor asks for more (a
+	// postbox.InFlightHinter, as Inbox.BatchProcessor is), that many, at
+	// most 4096. With Inbox.BatchProcessor it also bounds the batches:
+	// when set, keep it at least twice MaxBatch times Concurrency, so
+	// that the next batch fills while the others commit.
 	MaxInFlight int
 
 	// PerKey processes the deliveries of one key (the ce-partitionkey
@@ -147,6 +149,9 @@ type Subscriber struct {
 	// before it redelivers: AckWait, or the steps of BackOff.
 	ackMin, ackMax time.Duration
 	filters        []string // the consumer's filter subjects; none: all
+	// autoWindow: MaxInFlight was left at its default, so a Run takes
+	// its Processor's hint (postbox.InFlight).
+	autoWindow bool
 }
 
 // NewSubscriber returns a Subscriber for consumer, as EnsureConsumer
@@ -190,7 +195,8 @@ func NewSubscriber(consumer jetstream.Consumer, cfg *SubscriberConfig) (*Subscri
 		cons: consumer, cfg: c, log: c.Logger,
 		name:   info.Stream + " > " + info.Name,
 		ackMin: ackMin, ackMax: ackMax,
-		filters: filters,
+		filters:    filters,
+		autoWindow: cfg == nil || cfg.MaxInFlight == 0,
 	}, nil
 }
 
@@ -241,8 +247,12 @@ func (s *Subscriber) Run(ctx context.Context, p postbox.Processor) error {
 	if ctx.Err() != nil {
 		return nil
 	}
+	window := s.cfg.MaxInFlight
+	if s.autoWindow {
+		window = postbox.InFlight(p, window, maxMaxInFlight)
+	}
 	it, err := s.cons.Messages(
-		jetstream.PullMaxMessages(s.cfg.MaxInFlight),
+		jetstream.PullMaxMessages(window),
 		// A pull the server lost (the consumer's leader moved, or the
 		// node between failed) is noticed by a missed heartbeat: within
 		// two of them, 10 s rather than the client's default 30.
@@ -254,9 +264,9 @@ func (s *Subscriber) Run(ctx context.Context, p postbox.Processor) error {
 	if err != nil {
 		return fmt.Errorf("postboxnats: consume %s: %w", s.name, err)
 	}
-	r := &run{s: s, ctx: ctx, p: p, sem: make(chan struct{}, s.cfg.MaxInFlight)}
+	r := &run{s: s, ctx: ctx, p: p, sem: make(chan struct{}, window)}
 	if s.cfg.PerKey {
-		r.keys = newKeyOrder(r, s.cfg.MaxInFlight, s.ackMin, s.ackMax)
+		r.keys = newKeyOrder(r, window, s.ackMin, s.ackMax)
 		r.wg.Add(1)
 		go r.keys.tick(ctx, &r.wg, &r.saturated)
 	}

@@ -245,7 +245,9 @@ type SubscriberConfig struct {
 	// MaxInFlight bounds the entries a Run holds at once: being
 	// processed, waiting for a Retry's delay, and, with PerKey, waiting
 	// for an earlier entry of their key. Each XREADGROUP asks for at most
-	// the free places. Default 64.
+	// the free places. Default 64, or, when Run's Processor asks for more
+	// (a postbox.InFlightHinter, as Inbox.BatchProcessor is), that many,
+	// at most 4096.
 	MaxInFlight int
 
 	// Block is how long one XREADGROUP waits for new entries. Run returns

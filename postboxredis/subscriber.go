@@ -56,6 +56,9 @@ type Subscriber struct {
 	cfg    *SubscriberConfig
 	log    *slog.Logger
 	name   string // stream > group, for errors and logs
+	// autoWindow: MaxInFlight was left at its default, so a Run takes
+	// its Processor's hint (postbox.InFlight).
+	autoWindow bool
 }
 
 // NewSubscriber returns a Subscriber over client. cfg names the stream
@@ -70,7 +73,10 @@ func NewSubscriber(client redis.UniversalClient, cfg *SubscriberConfig) (*Subscr
 	if client == nil {
 		return nil, errors.New("postboxredis: NewSubscriber needs a Redis client")
 	}
-	return &Subscriber{client: client, cfg: c, log: c.Logger, name: c.Stream + " > " + c.Group}, nil
+	return &Subscriber{
+		client: client, cfg: c, log: c.Logger, name: c.Stream + " > " + c.Group,
+		autoWindow: cfg == nil || cfg.MaxInFlight == 0,
+	}, nil
 }
 
 // Config returns the subscriber's configuration, defaults filled in.
@@ -122,13 +128,17 @@ func (s *Subscriber) Run(ctx context.Context, p postbox.Processor) error {
 	if consumer == "" {
 		consumer, generated = uniqueConsumer(), true
 	}
+	window := s.cfg.MaxInFlight
+	if s.autoWindow {
+		window = postbox.InFlight(p, window, maxMaxInFlight)
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r := &run{
 		s: s, ctx: runCtx, p: p, consumer: consumer,
-		sem:  make(chan struct{}, s.cfg.MaxInFlight),
+		sem:  make(chan struct{}, window),
 		held: map[string]*entry{},
-		keys: keyorder.New[*entry](s.cfg.MaxInFlight, markersPerPlace*s.cfg.MaxInFlight),
+		keys: keyorder.New[*entry](window, markersPerPlace*window),
 	}
 	r.bg.Add(1)
 	go r.maintain()

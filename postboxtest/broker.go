@@ -122,9 +122,17 @@ func (b *Broker) Publishes() int {
 	return b.copies
 }
 
+// The subscriber's default and largest in-flight bound.
+const (
+	defaultMaxInFlight = 16
+	maxMaxInFlight     = 4096
+)
+
 // SubscriberOptions configure a Subscriber.
 type SubscriberOptions struct {
-	// MaxInFlight bounds deliveries being processed at once. Default 16.
+	// MaxInFlight bounds deliveries being processed at once. Default 16,
+	// or, when Run's Processor asks for more (a postbox.InFlightHinter,
+	// as Inbox.BatchProcessor is), that many, at most 4096.
 	MaxInFlight int
 	// PerKey processes the deliveries of one key one at a time, in stream
 	// order, a redelivery included: a later message of a key waits while an
@@ -146,12 +154,9 @@ type group struct {
 // Subscriber returns a subscriber for consumer. Subscribers of one
 // consumer share its deliveries; each consumer gets every message.
 func (b *Broker) Subscriber(consumer string, opts *SubscriberOptions) postbox.Subscriber {
-	o := SubscriberOptions{MaxInFlight: 16}
+	var o SubscriberOptions
 	if opts != nil {
 		o = *opts
-		if o.MaxInFlight <= 0 {
-			o.MaxInFlight = 16
-		}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -196,7 +201,11 @@ type subscriber struct {
 func (s *subscriber) Run(ctx context.Context, p postbox.Processor) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	sem := make(chan struct{}, s.opts.MaxInFlight)
+	window := s.opts.MaxInFlight
+	if window <= 0 {
+		window = postbox.InFlight(p, defaultMaxInFlight, maxMaxInFlight)
+	}
+	sem := make(chan struct{}, window)
 	for {
 		select {
 		case sem <- struct{}{}:

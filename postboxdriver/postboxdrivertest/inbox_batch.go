@@ -425,7 +425,38 @@ func (s *suite[TTx]) batchConfig(t *testing.T) {
 	if _, err := ie.inbox.BatchProcessor("billing", nil, nil); !errors.As(err, &ve) {
 		t.Fatalf("nil handler: %v, want *ValidationError", err)
 	}
-	if _, err := ie.inbox.BatchProcessor("billing", ie.effect, nil); err != nil {
-		t.Fatalf("defaults: %v", err)
+	// The processor asks subscribers for twice the deliveries of its
+	// batches at once, so that the next batches fill while some commit.
+	for _, c := range []struct {
+		cfg  *postbox.BatchConfig
+		want int
+	}{
+		{nil, 2 * postbox.DefaultBatchMax * postbox.DefaultBatchConcurrency},
+		{&postbox.BatchConfig{MaxBatch: 8, Concurrency: 3}, 48},
+	} {
+		p, err := ie.inbox.BatchProcessor("billing", ie.effect, c.cfg)
+		if err != nil {
+			t.Fatalf("%+v: %v", c.cfg, err)
+		}
+		h, ok := p.(postbox.InFlightHinter)
+		if !ok {
+			t.Fatalf("%+v: the batch processor gives subscribers no in-flight hint", c.cfg)
+		}
+		if got := h.InFlightHint(); got != c.want {
+			t.Fatalf("%+v: InFlightHint() = %d, want %d", c.cfg, got, c.want)
+		}
+		if got := postbox.InFlight(p, 64, 4096); got != max(64, c.want) {
+			t.Fatalf("%+v: InFlight(p, 64, 4096) = %d, want %d", c.cfg, got, max(64, c.want))
+		}
+	}
+	if got := postbox.InFlight(ie.inbox.Processor("billing", ie.effect), 64, 4096); got != 64 {
+		t.Fatalf("InFlight of a processor without a hint = %d, want the default 64", got)
+	}
+	big, err := ie.inbox.BatchProcessor("billing", ie.effect, &postbox.BatchConfig{MaxBatch: 64, Concurrency: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := postbox.InFlight(big, 64, 4096); got != 4096 {
+		t.Fatalf("InFlight of a hint over the limit = %d, want the limit 4096", got)
 	}
 }
