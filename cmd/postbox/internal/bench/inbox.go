@@ -189,13 +189,13 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 		}
 		var done atomic.Int64
 		all := make(chan struct{})
-		counted := processorFunc(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
+		counted := withHintOf(p, processorFunc(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
 			v := p.Process(ctx, d)
 			if v.Action == postbox.Ack && !v.Duplicate && done.Add(1) == int64(opts.Messages) {
 				close(all)
 			}
 			return v
-		})
+		}))
 		stopProfile, err := startCPUProfile(profile)
 		if err != nil {
 			return 0, err
@@ -312,8 +312,11 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 		if err != nil {
 			return res, err
 		}
-		fmt.Fprintf(out, "batch: counter upsert through the inbox, batches of up to %d (wait %s, %d at once; pool %d)\n",
-			opts.Batch, opts.BatchWait, orDefault(opts.BatchConcurrency, postbox.DefaultBatchConcurrency), cfg.MaxConns)
+		// The subscriber's default window yields to the processor's hint,
+		// up to postboxnats's ceiling of 4096.
+		window := orDefault(opts.MaxInFlight, postbox.InFlight(p, postboxnats.DefaultMaxInFlight, 4096))
+		fmt.Fprintf(out, "batch: counter upsert through the inbox, batches of up to %d (wait %s, %d at once; pool %d; max in flight %d)\n",
+			opts.Batch, opts.BatchWait, orDefault(opts.BatchConcurrency, postbox.DefaultBatchConcurrency), cfg.MaxConns, window)
 		if res.BatchRate, err = phase("batch", p, profileBatch); err != nil {
 			return res, err
 		}
@@ -396,6 +399,23 @@ type processorFunc func(ctx context.Context, d *postbox.Delivery) postbox.Verdic
 
 func (f processorFunc) Process(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
 	return f(ctx, d)
+}
+
+// hinted is a Processor with the in-flight hint of the one it wraps.
+type hinted struct {
+	postbox.Processor
+	hint int
+}
+
+func (h hinted) InFlightHint() int { return h.hint }
+
+// withHintOf returns q, which wraps p, with p's in-flight hint if it has
+// one, so that the subscriber sizes its window for p.
+func withHintOf(p, q postbox.Processor) postbox.Processor {
+	if h, ok := p.(postbox.InFlightHinter); ok {
+		return hinted{q, h.InFlightHint()}
+	}
+	return q
 }
 
 func orDefault(v, def int) int {
