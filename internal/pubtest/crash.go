@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/procfunc"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
 	"github.com/postbox-go/postbox/postboxmigrate"
@@ -165,12 +166,6 @@ func newCrashInbox[TTx any](t testing.TB, d postboxdriver.Driver[TTx], c CrashCa
 	}
 }
 
-type processorFunc func(ctx context.Context, d *postbox.Delivery) postbox.Verdict
-
-func (f processorFunc) Process(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
-	return f(ctx, d)
-}
-
 // done reports whether a child has consumed what c asks for.
 func (ci *CrashInbox) done(c CrashCase) (bool, error) {
 	n, err := ci.effects()
@@ -200,13 +195,13 @@ func RunCrashChild(t testing.TB, ci *CrashInbox, c CrashCase, sub postbox.Subscr
 		return
 	}
 	inner := ci.processor(c.Poison, c.Batch)
-	p := processorFunc(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
+	p := procfunc.Wrapping(inner, procfunc.Func(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
 		v := inner.Process(ctx, d)
 		if ok, err := ci.done(c); ok || err != nil {
 			cancel()
 		}
 		return v
-	})
+	}))
 	err := sub.Run(ctx, p)
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		t.Fatalf("child: not done within %s", crashBound)

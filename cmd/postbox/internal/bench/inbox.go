@@ -18,6 +18,7 @@ import (
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/cpuuse"
+	"github.com/postbox-go/postbox/internal/procfunc"
 	"github.com/postbox-go/postbox/postboxnats"
 )
 
@@ -189,7 +190,7 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 		}
 		var done atomic.Int64
 		all := make(chan struct{})
-		counted := withHintOf(p, processorFunc(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
+		counted := procfunc.Wrapping(p, procfunc.Func(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
 			v := p.Process(ctx, d)
 			if v.Action == postbox.Ack && !v.Duplicate && done.Add(1) == int64(opts.Messages) {
 				close(all)
@@ -247,13 +248,13 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 	}
 
 	fmt.Fprintf(out, "raw: subscriber acks only (max in flight %d)\n", orDefault(opts.MaxInFlight, postboxnats.DefaultMaxInFlight))
-	raw := processorFunc(func(context.Context, *postbox.Delivery) postbox.Verdict { return postbox.Verdict{Action: postbox.Ack} })
+	raw := procfunc.Func(func(context.Context, *postbox.Delivery) postbox.Verdict { return postbox.Verdict{Action: postbox.Ack} })
 	if res.RawRate, err = phase("raw", raw, ""); err != nil {
 		return res, err
 	}
 
 	fmt.Fprintf(out, "plain: counter upsert in a transaction per message, no inbox (pool %d)\n", cfg.MaxConns)
-	plain := processorFunc(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
+	plain := procfunc.Func(func(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, upsertPlain, d.Key)
 			return err
@@ -393,29 +394,6 @@ func checkCounts(ctx context.Context, pool *pgxpool.Pool, table string, want map
 		}
 	}
 	return nil
-}
-
-type processorFunc func(ctx context.Context, d *postbox.Delivery) postbox.Verdict
-
-func (f processorFunc) Process(ctx context.Context, d *postbox.Delivery) postbox.Verdict {
-	return f(ctx, d)
-}
-
-// hinted is a Processor with the in-flight hint of the one it wraps.
-type hinted struct {
-	postbox.Processor
-	hint int
-}
-
-func (h hinted) InFlightHint() int { return h.hint }
-
-// withHintOf returns q, which wraps p, with p's in-flight hint if it has
-// one, so that the subscriber sizes its window for p.
-func withHintOf(p, q postbox.Processor) postbox.Processor {
-	if h, ok := p.(postbox.InFlightHinter); ok {
-		return hinted{q, h.InFlightHint()}
-	}
-	return q
 }
 
 func orDefault(v, def int) int {
