@@ -180,14 +180,15 @@ func (c *Config) Validate() error {
 type SubscriberConfig struct {
 	// Prefetch is the basic.qos prefetch count: the most deliveries the
 	// broker hands this subscriber before they are settled, held retries
-	// included. At least MaxInFlight. Default 64, or a Run's MaxInFlight
-	// when that is larger.
+	// included. At least MaxInFlight. Default 64, or MaxInFlight when
+	// that is larger; a Run whose window a Processor's hint raised (see
+	// MaxInFlight) keeps the defaults' 48 places above it.
 	Prefetch int
 
-	// MaxInFlight bounds deliveries being processed at once. Default 16,
-	// or, when Run's Processor asks for more (a postbox.InFlightHinter,
-	// as Inbox.BatchProcessor is), that many, at most Prefetch when
-	// Prefetch is set.
+	// MaxInFlight bounds deliveries being processed at once. Default 16
+	// (or Prefetch, when that is set lower), or, when Run's Processor
+	// asks for more (a postbox.InFlightHinter, as Inbox.BatchProcessor
+	// is), that many, at most Prefetch when Prefetch is set.
 	MaxInFlight int
 
 	// PerKey processes the deliveries of one key (the ce-partitionkey
@@ -218,6 +219,9 @@ func (c *SubscriberConfig) WithDefaults() *SubscriberConfig {
 	var out SubscriberConfig
 	if c != nil {
 		out = *c
+	}
+	if out.MaxInFlight == 0 && out.Prefetch > 0 {
+		out.MaxInFlight = min(DefaultMaxInFlight, out.Prefetch)
 	}
 	configcheck.Default(&out.MaxInFlight, DefaultMaxInFlight)
 	if out.Prefetch == 0 {

@@ -63,8 +63,9 @@ func NewSubscriber(dial Dialer, queue string, cfg *SubscriberConfig) (*Subscribe
 
 // window returns the MaxInFlight and the prefetch of a Run of p: the
 // config's, or, where MaxInFlight was left at its default, raised to p's
-// hint (postbox.InFlight), the prefetch with it unless it was set, which
-// then bounds the hint.
+// hint (postbox.InFlight), and the prefetch with it, keeping the
+// defaults' room for held deliveries above the window, unless the
+// prefetch was set, which then bounds the hint.
 func (s *Subscriber) window(p postbox.Processor) (inFlight, prefetch int) {
 	inFlight, prefetch = s.cfg.MaxInFlight, s.cfg.Prefetch
 	if !s.autoInFlight {
@@ -72,12 +73,16 @@ func (s *Subscriber) window(p postbox.Processor) (inFlight, prefetch int) {
 	}
 	inFlight = postbox.InFlight(p, inFlight, maxPrefetch)
 	if s.autoPrefetch {
-		return inFlight, max(prefetch, inFlight)
+		// Held retries and deliveries waiting for their key take
+		// places of the prefetch, not of the window.
+		return inFlight, min(maxPrefetch, max(prefetch, inFlight+DefaultPrefetch-DefaultMaxInFlight))
 	}
 	return min(inFlight, prefetch), prefetch
 }
 
-// Config returns the subscriber's configuration, defaults filled in.
+// Config returns the subscriber's configuration, defaults filled in. A
+// Run whose Processor asks for a larger in-flight window than a
+// MaxInFlight left at its default holds that many (postbox.InFlight).
 func (s *Subscriber) Config() SubscriberConfig { return *s.cfg }
 
 // Run consumes the queue until ctx ends, then returns nil. It settles each

@@ -32,11 +32,13 @@ func TestWindowTakesTheHint(t *testing.T) {
 	}{
 		{"defaults, no hint", nil, plain{}, DefaultMaxInFlight, DefaultPrefetch},
 		{"defaults, hint below", nil, hinted(8), DefaultMaxInFlight, DefaultPrefetch},
-		{"defaults, hint above both", nil, hinted(128), 128, 128},
+		{"defaults, hint above both", nil, hinted(128), 128, 128 + DefaultPrefetch - DefaultMaxInFlight},
 		{"prefetch set bounds the hint", &SubscriberConfig{Prefetch: 100}, hinted(128), 100, 100},
 		{"prefetch set above the hint", &SubscriberConfig{Prefetch: 500}, hinted(128), 128, 500},
 		{"MaxInFlight set is kept", &SubscriberConfig{MaxInFlight: 4}, hinted(128), 4, DefaultPrefetch},
 		{"hint over the ceiling", nil, hinted(1 << 20), maxPrefetch, maxPrefetch},
+		{"prefetch set below the default window", &SubscriberConfig{Prefetch: 4}, plain{}, 4, 4},
+		{"prefetch set below the default window, hint", &SubscriberConfig{Prefetch: 4}, hinted(128), 4, 4},
 	} {
 		s, err := NewSubscriber(URL("amqp://127.0.0.1:5672/"), "q", c.cfg)
 		if err != nil {

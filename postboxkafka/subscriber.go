@@ -84,7 +84,9 @@ func NewSubscriber(group string, topics []string, cfg *SubscriberConfig, opts ..
 	}, nil
 }
 
-// Config returns the subscriber's configuration, defaults filled in.
+// Config returns the subscriber's configuration, defaults filled in. A
+// Run whose Processor asks for a larger in-flight window than a
+// MaxInFlight left at its default holds that many (postbox.InFlight).
 func (s *Subscriber) Config() SubscriberConfig { return *s.cfg }
 
 // Group returns the consumer group the Subscriber joins.

@@ -450,3 +450,58 @@ func TestRunCommitsOnShutdown(t *testing.T) {
 		t.Fatalf("committed %d after Run returned, want 3", got)
 	}
 }
+
+// hinted is a processorFunc that asks for an in-flight window
+// (postbox.InFlightHinter).
+type hinted struct {
+	processorFunc
+	hint int
+}
+
+func (h hinted) InFlightHint() int { return h.hint }
+
+// TestSubscriberTakesTheHint: a Subscriber left at its default MaxInFlight
+// (16) processes as many records at once as its Processor asks for, where
+// the partitions allow: one record in each of 128 partitions, a hint of
+// 100, and every record held until 100 are in the handler together. The
+// broker suite's topic has four partitions, too few to show it.
+func TestSubscriberTakesTheHint(t *testing.T) {
+	const partitions, hint = 128, 100
+	c := cluster(t)
+	topic := uniqueName("hint")
+	ensure(t, client(t, c), topic, partitions, nil)
+	recs := make([]*kgo.Record, partitions)
+	for i := range recs {
+		recs[i] = rec(topic, int32(i), "r"+strconv.Itoa(i))
+	}
+	produceTo(t, c, recs...)
+	var mu sync.Mutex
+	now, peak := 0, 0
+	full := make(chan struct{})
+	running(t, subscriber(t, c, uniqueName("g"), []string{topic}, nil), hinted{hint: hint, processorFunc: func(ctx context.Context, _ *postbox.Delivery) postbox.Verdict {
+		mu.Lock()
+		now++
+		if now > peak {
+			peak = now
+			if peak == hint {
+				close(full)
+			}
+		}
+		mu.Unlock()
+		select {
+		case <-full:
+		case <-ctx.Done():
+		}
+		mu.Lock()
+		now--
+		mu.Unlock()
+		return postbox.Verdict{Action: postbox.Ack}
+	}})
+	select {
+	case <-full:
+	case <-time.After(30 * time.Second):
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("at most %d records were processed at once, want the hint, %d", peak, hint)
+	}
+}

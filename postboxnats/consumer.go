@@ -48,8 +48,10 @@ var ErrConsumerConfig = errors.New("postboxnats: consumer unsuitable for a Subsc
 //     inbox's retries, which are negative acks with their own delay.
 //   - MaxAckPending caps deliveries awaiting an ack across all the
 //     consumer's subscribers (server default 1000). Messages waiting for
-//     a delayed retry count against it, so keep it well above
-//     MaxInFlight times the number of subscribers.
+//     a delayed retry count against it, so keep it well above twice
+//     a Run's window (MaxInFlight, or a batch processor's larger hint:
+//     the client's pull buffer holds as many again) times the number of
+//     subscribers.
 func EnsureConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
 	if js == nil {
 		return nil, errors.New("postboxnats: EnsureConsumer needs a JetStream")

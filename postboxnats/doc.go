@@ -242,7 +242,10 @@
 //
 // A Subscriber's Run has one goroutine pulling, one per delivery being
 // processed (at most MaxInFlight), and with PerKey one more that keeps
-// held messages alive; all have ended when Run returns. Each ack costs a
+// held messages alive; all have ended when Run returns. Here and above,
+// MaxInFlight is a Run's window: the configured one, or, when it was
+// left at its default, a larger one the Processor asks for
+// (postbox.InFlightHinter, as Inbox.BatchProcessor does). Each ack costs a
 // round trip to the server, paid concurrently by the deliveries in
 // flight.
 package postboxnats

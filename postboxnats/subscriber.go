@@ -218,7 +218,9 @@ func ackWaits(cfg *jetstream.ConsumerConfig) (lo, hi time.Duration) {
 	return lo, hi
 }
 
-// Config returns the subscriber's configuration, defaults filled in.
+// Config returns the subscriber's configuration, defaults filled in. A
+// Run whose Processor asks for a larger in-flight window than a
+// MaxInFlight left at its default holds that many (postbox.InFlight).
 func (s *Subscriber) Config() SubscriberConfig { return *s.cfg }
 
 // Run pulls deliveries and processes them until ctx ends, then returns

@@ -136,6 +136,9 @@
 // names it, and the group's consumers share its entries. Every group gets
 // every entry. XREADGROUP asks for at most the free places of
 // SubscriberConfig.MaxInFlight and blocks for SubscriberConfig.Block.
+// Here and below, MaxInFlight is a Run's window: the configured one, or,
+// when it was left at its default, a larger one the Processor asks for
+// (postbox.InFlightHinter, as Inbox.BatchProcessor does).
 //
 // Ack and DeadLettered verdicts acknowledge the entry (XACK, tried again
 // while Redis does not answer). The inbox wrote its dead message first;

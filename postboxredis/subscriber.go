@@ -79,7 +79,9 @@ func NewSubscriber(client redis.UniversalClient, cfg *SubscriberConfig) (*Subscr
 	}, nil
 }
 
-// Config returns the subscriber's configuration, defaults filled in.
+// Config returns the subscriber's configuration, defaults filled in. A
+// Run whose Processor asks for a larger in-flight window than a
+// MaxInFlight left at its default holds that many (postbox.InFlight).
 func (s *Subscriber) Config() SubscriberConfig { return *s.cfg }
 
 // Run reads the group's entries and processes them until ctx ends, then
