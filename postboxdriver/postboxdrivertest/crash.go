@@ -66,8 +66,10 @@ func runChild[TTx any](open func(string) (postboxdriver.Driver[TTx], error), loc
 	delay, _ := strconv.Atoi(os.Getenv(childDelay))
 	held, _ := strconv.Atoi(os.Getenv(childHeld))
 	pub := &childPublisher{log: log, poison: os.Getenv(childPoison), delay: time.Duration(delay) * time.Millisecond}
+	// A short lease: each relay after a crash waits out the lease of the
+	// one before it, and only one child runs at a time.
 	c, err := postbox.NewClient(d, &postbox.Config{
-		Prefix: os.Getenv(childPrefix), Publisher: pub, LeaseDuration: 2 * time.Second,
+		Prefix: os.Getenv(childPrefix), Publisher: pub, LeaseDuration: time.Second,
 		PollInterval: 10 * time.Millisecond, MaxCrashes: childCrashes, BlockOnDead: held > 0,
 	})
 	if err != nil {

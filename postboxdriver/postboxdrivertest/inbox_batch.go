@@ -182,22 +182,25 @@ func (c *txCounter) shape() []int {
 	return out
 }
 
-// wideBatches gathers every delivery handed over at once into one batch
-// where the scheduler allows: a batch waits for the others to queue up.
-var wideBatches = &postbox.BatchConfig{MaxBatch: 64, MaxWait: time.Second, Concurrency: 1}
+// wideBatches gathers the n deliveries a test hands over at once
+// (batchOf) into one batch where the scheduler allows: a batch waits up to
+// a second for the others to queue up, and closes as soon as all n have.
+func wideBatches(n int) *postbox.BatchConfig {
+	return &postbox.BatchConfig{MaxBatch: n, MaxWait: time.Second, Concurrency: 1}
+}
 
 // Copies in the same batch and across batches run one handler per id.
 func (s *suite[TTx]) batchCopies(t *testing.T) {
 	ie := s.inboxSetup(t, postbox.Config{})
 	var txs txCounter
+	const n = 20
 	p, err := ie.inbox.BatchProcessor("billing", func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
 		txs.add(any(tx))
 		return ie.effect(ctx, tx, d)
-	}, wideBatches)
+	}, wideBatches(3*n))
 	if err != nil {
 		t.Fatal(err)
 	}
-	const n = 20
 	var ds []*postbox.Delivery
 	for range n {
 		d := delivery(postbox.NewID())
@@ -273,7 +276,7 @@ func (s *suite[TTx]) batchFailingIsolated(t *testing.T) {
 			panic("oops")
 		}
 		return nil
-	}, wideBatches)
+	}, wideBatches(len(ds)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,13 +332,13 @@ func (s *suite[TTx]) batchFailingIsolated(t *testing.T) {
 // comes back, to a new Inbox, and is a copy.
 func (s *suite[TTx]) batchKilledBeforeAck(t *testing.T) {
 	ie := s.inboxSetup(t, postbox.Config{})
-	p, err := ie.inbox.BatchProcessor("billing", ie.effect, wideBatches)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var ds []*postbox.Delivery
 	for range 10 {
 		ds = append(ds, delivery(postbox.NewID()))
+	}
+	p, err := ie.inbox.BatchProcessor("billing", ie.effect, wideBatches(len(ds)))
+	if err != nil {
+		t.Fatal(err)
 	}
 	for i, v := range batchOf(p, ds) {
 		if v.Action != postbox.Ack || v.Duplicate {
@@ -343,7 +346,7 @@ func (s *suite[TTx]) batchKilledBeforeAck(t *testing.T) {
 		}
 	}
 	in2 := ie.env.client(t, nil, postbox.Config{}).Inbox()
-	p2, err := in2.BatchProcessor("billing", ie.effect, wideBatches)
+	p2, err := in2.BatchProcessor("billing", ie.effect, wideBatches(len(ds)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,6 +365,7 @@ func (s *suite[TTx]) batchKilledBeforeAck(t *testing.T) {
 func (s *suite[TTx]) batchPoison(t *testing.T) {
 	ie := s.inboxSetup(t, postbox.Config{MaxAttempts: 3})
 	poison := delivery(postbox.NewID())
+	const healthy = 5 // batched with the poison message each time
 	p, err := ie.inbox.BatchProcessor("billing", func(ctx context.Context, tx TTx, d *postbox.Delivery) error {
 		if err := ie.effect(ctx, tx, d); err != nil {
 			return err
@@ -370,13 +374,13 @@ func (s *suite[TTx]) batchPoison(t *testing.T) {
 			return errors.New("cannot apply")
 		}
 		return nil
-	}, wideBatches)
+	}, wideBatches(1+healthy))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for attempt := 1; attempt <= 3; attempt++ {
 		ds := []*postbox.Delivery{poison}
-		for range 5 {
+		for range healthy {
 			ds = append(ds, delivery(postbox.NewID()))
 		}
 		vs := batchOf(p, ds)

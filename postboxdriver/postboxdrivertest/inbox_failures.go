@@ -43,7 +43,7 @@ func (s *suite[TTx]) inboxPermanent(t *testing.T) {
 			return never(ctx, tx, d)
 		}
 		return ie.effect(ctx, tx, d)
-	}, wideBatches)
+	}, wideBatches(2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func (s *suite[TTx]) inboxLateCopyOfDead(t *testing.T) {
 			t.Fatalf("late copy with a failing handler: %+v, want an ack of a copy", v)
 		}
 	}
-	p, err := ie.inbox.BatchProcessor("billing", count, wideBatches)
+	p, err := ie.inbox.BatchProcessor("billing", count, wideBatches(2))
 	if err != nil {
 		t.Fatal(err)
 	}

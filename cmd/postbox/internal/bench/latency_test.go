@@ -13,18 +13,21 @@ import (
 // log: every message written is acknowledged exactly once and the stream
 // holds them all (Latency checks the ids and the stream), the percentiles
 // are ordered, and the idle relay's statements were counted. Over the log,
-// the relay's small batches are recorded with its next reads.
+// the relay's small batches are recorded with its next reads. The first
+// run measures a short same-run floor first; the others skip it.
 func TestLatencySmall(t *testing.T) {
 	for _, tc := range []struct {
 		separate bool
 		storage  string
 		pipeline bool
-	}{{false, "table", false}, {true, "table", false}, {false, "log", true}} {
+		baseline time.Duration
+	}{{false, "table", false, 500 * time.Millisecond}, {true, "table", false, -1}, {false, "log", true, -1}} {
 		separate := tc.separate
 		var out bytes.Buffer
 		res, err := bench.Latency(context.Background(), bench.LatencyOptions{
 			Rate: 200, Duration: 2 * time.Second, Warmup: 200 * time.Millisecond, Writers: 2, Keys: 10,
 			SeparateWriter: separate, Idle: time.Second, Storage: tc.storage, Pipeline: tc.pipeline,
+			Baseline: tc.baseline,
 		}, &out)
 		if err != nil {
 			t.Fatalf("separate writer %v: %v\n%s", separate, err, out.String())
@@ -49,6 +52,14 @@ func TestLatencySmall(t *testing.T) {
 		p := res.Latency
 		if p.P50 > p.P90 || p.P90 > p.P99 || p.P99 > p.P999 || p.P999 > p.Max || p.Min > p.P50 {
 			t.Fatalf("percentiles out of order: %+v", p)
+		}
+		switch b := res.Baseline; {
+		case tc.baseline < 0 && res.BaselineMeasured != 0:
+			t.Fatalf("the floor was measured (%d messages) though skipped", res.BaselineMeasured)
+		case tc.baseline > 0 && res.BaselineMeasured != 100-20:
+			t.Fatalf("the floor measured %d messages, want 80 (100 at 200 msg/s for 500ms, the warm-up left out)", res.BaselineMeasured)
+		case tc.baseline > 0 && (b.Min <= 0 || b.P50 > b.P99 || b.P99 > b.Max):
+			t.Fatalf("the floor's percentiles: %+v", b)
 		}
 		if n := len(res.CDF); n == 0 || res.CDF[n-1].Fraction != 1 || res.CDF[n-1].Millis != p.Max {
 			t.Fatalf("cdf ends %+v, max %v", res.CDF[len(res.CDF)-1], p.Max)
