@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/postbox-go/postbox/postboxdriver"
 )
 
 // BatchConfig configures Inbox.BatchProcessor. Zero fields take the
@@ -133,10 +135,58 @@ func (in *Inbox[TTx]) BatchProcessor(consumer string, h Handler[TTx], cfg *Batch
 	return &batchProcessor[TTx]{in: in, consumer: consumer, h: h, cfg: c}, nil
 }
 
+// BatchHandler applies a batch's deliveries inside the consumer's
+// transaction tx, together: one statement for all of them, where a
+// Handler would run one a message. ds holds the first copies of the
+// batch's messages, ordered by key, a key's deliveries in arrival order
+// (so that the last of a key is its latest); it is the handler's to read
+// during the call only. Every delivery of ds counts as applied if h
+// returns nil; an error, or a panic, rolls the whole call back. ctx is the
+// batch's, which ends once every delivery's context has ended; with a
+// Config.Tracer each delivery's span records its verdict, and h's own
+// spans are children of none of them.
+type BatchHandler[TTx any] func(ctx context.Context, tx TTx, ds []*Delivery) error
+
+// BatchHandlerProcessor is BatchProcessor with a handler that applies a
+// batch's deliveries in one call: a batch of upserts becomes one
+// statement, one round trip, instead of one a message
+// (BENCHMARKS.md, "A batch applied in one call").
+//
+// A batch commits exactly as with BatchProcessor: one transaction records
+// all its deliveries in the inbox, runs h once with the first copies, and
+// commits. If h fails, the transaction rolls back, and the batch runs again
+// with h called once for each delivery, ds holding that one alone, each
+// call in a savepoint of its own: the deliveries h can apply commit, and
+// only those it fails on are counted, retried and dead-lettered. So h must
+// accept any subset of the deliveries it is given, a single one included;
+// a delivery processed on its own (a redelivery, a copy, one alone in its
+// batch, a requeue of a dead message) gets a call of its own too. A
+// failure that h cannot pin on a delivery, such as two deliveries of a
+// key that one statement cannot update twice, costs the batch that second
+// pass: merge them in h instead.
+//
+// The Inbox keeps h, called with one delivery, as consumer's handler for
+// the requeues an operator asks for (RequestRequeue).
+func (in *Inbox[TTx]) BatchHandlerProcessor(consumer string, h BatchHandler[TTx], cfg *BatchConfig) (Processor, error) {
+	if h == nil {
+		return nil, invalid("handler", nil, "must not be nil")
+	}
+	p, err := in.BatchProcessor(consumer, func(ctx context.Context, tx TTx, d *Delivery) error {
+		return h(ctx, tx, []*Delivery{d})
+	}, cfg)
+	if err != nil {
+		return nil, err
+	}
+	bp := p.(*batchProcessor[TTx])
+	bp.many = h
+	return bp, nil
+}
+
 type batchProcessor[TTx any] struct {
 	in       *Inbox[TTx]
 	consumer string
-	h        Handler[TTx]
+	h        Handler[TTx]      // one delivery; wraps many when set
+	many     BatchHandler[TTx] // BatchHandlerProcessor's handler, or nil
 	cfg      BatchConfig
 
 	mu      sync.Mutex
@@ -292,7 +342,9 @@ func (p *batchProcessor[TTx]) run(batch []*batchItem) {
 		// The first pass ran no savepoints and stopped at its first
 		// failing handler, and nothing of it committed. The batch runs
 		// again without that delivery, which keeps its error, each
-		// handler in a savepoint of its own.
+		// handler in a savepoint of its own. A BatchHandler's failure
+		// names no delivery: the batch runs again whole, one call and
+		// one savepoint a delivery.
 		again := make([]*batchItem, 0, len(members)-1)
 		againIDs := make([]string, 0, len(members)-1)
 		for _, it := range members {
@@ -351,7 +403,8 @@ var errBatchHandlerFailed = errors.New("postbox: a handler of the batch failed")
 // transaction back. A savepoint costs a round trip and a subtransaction a
 // message, about a fifth of the consumer's CPU in a batch of upserts
 // (BENCHMARKS.md, "The batching inbox without a savepoint a message"),
-// and a batch in which no handler fails needs none.
+// and a batch in which no handler fails needs none. A BatchHandler runs
+// once for all first copies instead, and its failure sets no herr.
 //
 // Guarded, each handler runs in a savepoint of its own; a failing handler
 // is rolled back to its savepoint and its inbox record deleted, so that
@@ -362,9 +415,14 @@ func (p *batchProcessor[TTx]) apply(ctx context.Context, tx TTx, members []*batc
 	if err != nil {
 		return err
 	}
-	var failed []string
 	for i, it := range members {
 		it.fresh, it.herr = fresh[i], nil
+	}
+	if !guarded && p.many != nil {
+		return p.applyMany(ctx, ex, tx, members)
+	}
+	var failed []string
+	for _, it := range members {
 		if !it.fresh {
 			continue
 		}
@@ -387,6 +445,31 @@ func (p *batchProcessor[TTx]) apply(ctx context.Context, tx TTx, members []*batc
 	if err := ex.InboxDelete(ctx, p.consumer, failed); err != nil {
 		return err
 	}
+	return p.keep(ctx, ex, members)
+}
+
+// applyMany is apply's first pass for a BatchHandler: one call with every
+// first copy.
+func (p *batchProcessor[TTx]) applyMany(ctx context.Context, ex postboxdriver.Executor, tx TTx, members []*batchItem) error {
+	ds := make([]*Delivery, 0, len(members))
+	for _, it := range members {
+		if it.fresh {
+			ds = append(ds, it.d)
+		}
+	}
+	if len(ds) > 0 {
+		if err := recovered(func() error { return p.many(ctx, tx, ds) }); err != nil {
+			p.in.log.Debug("postbox inbox: a batch handler failed; the batch runs again, a call a delivery",
+				slog.String("consumer", p.consumer), slog.Int("size", len(ds)), slog.Any("error", err))
+			return errBatchHandlerFailed
+		}
+	}
+	return p.keep(ctx, ex, members)
+}
+
+// keep extends the inbox records of a batch's applied members as the
+// producers' replay horizon asks.
+func (p *batchProcessor[TTx]) keep(ctx context.Context, ex postboxdriver.Executor, members []*batchItem) error {
 	// The records kept past InboxRetention for the producers' replay
 	// horizon (Inbox.keepFor), in one statement per distinct horizon: in
 	// practice one, or none.
@@ -434,11 +517,16 @@ func batchContext(batch []*batchItem) (context.Context, func()) {
 }
 
 // callHandler runs h, turning a panic into an error.
-func callHandler[TTx any](ctx context.Context, h Handler[TTx], tx TTx, d *Delivery) (err error) {
+func callHandler[TTx any](ctx context.Context, h Handler[TTx], tx TTx, d *Delivery) error {
+	return recovered(func() error { return h(ctx, tx, d) })
+}
+
+// recovered runs fn, turning a panic into an error.
+func recovered(fn func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("handler panicked: %v", r)
 		}
 	}()
-	return h(ctx, tx, d)
+	return fn()
 }

@@ -23,7 +23,10 @@ consumes it with the postboxnats Subscriber, each phase through a durable consum
   plain   a counter upsert per key in a transaction per message, no inbox;
   single  the same upsert in the handler's transaction through the inbox,
           a transaction per message (Inbox.Processor);
-  batch   the same through Inbox.BatchProcessor (group commit, --batch).
+  batch   the same through Inbox.BatchProcessor (group commit, --batch);
+  call    the same batches through Inbox.BatchHandlerProcessor: one handler
+          call a batch, its counts merged by key into one upsert (--no-call
+          skips it).
 Each phase's counters are then checked against the messages sent (exactly once).
 --fail-every N fails the first delivery of one message in N in the inbox phases,
 after its write, to measure what a failing handler costs; a failed message is
@@ -45,16 +48,21 @@ includes (compare the CPU a message).`,
 				results = append(results, res)
 			}
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintln(tw, "\nrun\traw ack msg/s\tplain msg/s\tinbox single msg/s\tinbox batch msg/s\tmsgs/commit\tbest / plain\tbest / raw\tbatch / single\t")
+			fmt.Fprintln(tw, "\nrun\traw ack msg/s\tplain msg/s\tinbox single msg/s\tinbox batch msg/s\tmsgs/commit\tbest / plain\tbest / raw\tbatch / single\tinbox call msg/s\tmsgs/commit\tcall / raw\tcall / batch\t")
 			row := func(name string, r bench.InboxResult, ratio func(func(bench.InboxResult) float64) float64) {
-				perCommit := 0.0
-				if r.BatchCommits > 0 {
-					perCommit = float64(r.Messages) / float64(r.BatchCommits)
+				perCommit := func(commits int) float64 {
+					if commits > 0 {
+						return float64(r.Messages) / float64(commits)
+					}
+					return 0
 				}
-				fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.2f\t%.2f\t%.2f\t\n", name, r.RawRate, r.PlainRate, r.SingleRate, r.BatchRate, perCommit,
+				fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.2f\t%.2f\t%.2f\t%.0f\t%.1f\t%.2f\t%.2f\t\n", name, r.RawRate, r.PlainRate, r.SingleRate, r.BatchRate, perCommit(r.BatchCommits),
 					ratio(func(r bench.InboxResult) float64 { return bench.Ratio(r.Best(), r.PlainRate) }),
 					ratio(func(r bench.InboxResult) float64 { return bench.Ratio(r.Best(), r.RawRate) }),
-					ratio(func(r bench.InboxResult) float64 { return bench.Ratio(r.BatchRate, r.SingleRate) }))
+					ratio(func(r bench.InboxResult) float64 { return bench.Ratio(r.BatchRate, r.SingleRate) }),
+					r.CallRate, perCommit(r.CallCommits),
+					ratio(func(r bench.InboxResult) float64 { return bench.Ratio(r.CallRate, r.RawRate) }),
+					ratio(func(r bench.InboxResult) float64 { return bench.Ratio(r.CallRate, r.BatchRate) }))
 			}
 			for i, r := range results {
 				row(fmt.Sprint(i+1), r, func(f func(bench.InboxResult) float64) float64 { return f(r) })
@@ -65,7 +73,7 @@ includes (compare the CPU a message).`,
 			if len(med.CPU) > 0 {
 				m := bench.Micros
 				fmt.Fprintln(tw, "\nCPU µs per message, median\tthis process\tPostgreSQL\tnats-server\ttotal\t")
-				for _, phase := range []string{"raw", "plain", "single", "batch"} {
+				for _, phase := range bench.InboxPhases {
 					if u, ok := med.CPU[phase]; ok {
 						fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t\n", phase, m(u.Self), m(u.Database), m(u.Broker), m(u.Total()))
 					}
@@ -88,6 +96,7 @@ includes (compare the CPU a message).`,
 	f.DurationVar(&opts.BatchWait, "batch-wait", 0, "BatchConfig.MaxWait")
 	f.IntVar(&opts.BatchConcurrency, "batch-concurrency", 0, "BatchConfig.Concurrency (default the library's)")
 	f.BoolVar(&opts.NoSingle, "no-single", false, "skip the phase with a transaction per message")
+	f.BoolVar(&opts.NoCall, "no-call", false, "skip the phase with a handler call a batch")
 	f.IntVar(&opts.FailEvery, "fail-every", 0, "fail the first delivery of one message in this many in the inbox phases (0: none)")
 	f.StringVar(&opts.CPUProfile, "cpuprofile", "", "write a CPU profile of the last inbox phase to this file")
 	f.DurationVar(&opts.Progress, "progress", 0, "interval of progress lines (default 1s)")

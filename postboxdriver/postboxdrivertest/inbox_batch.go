@@ -18,6 +18,7 @@ func (s *suite[TTx]) runInboxBatch(t *testing.T) {
 	t.Run("Savepoints", s.batchSavepoints)
 	t.Run("BatchCopiesApplyOnce", s.batchCopies)
 	t.Run("BatchFailingHandlerIsolated", s.batchFailingIsolated)
+	t.Run("BatchHandlerOneCall", s.batchHandlerOneCall)
 	t.Run("BatchKilledBetweenCommitAndAck", s.batchKilledBeforeAck)
 	t.Run("BatchPoisonDeadLettered", s.batchPoison)
 	t.Run("BatchConfigRejected", s.batchConfig)
@@ -155,6 +156,21 @@ func batchOf(p postbox.Processor, ds []*postbox.Delivery) []postbox.Verdict {
 	return out
 }
 
+// failAs ends a handler's run in tx the way kind says: "error" returns an
+// error, "statement" runs a statement that fails, "panic" panics; "" returns
+// nil.
+func (ie *inboxEnv[TTx]) failAs(t *testing.T, ctx context.Context, tx TTx, kind string) error {
+	switch kind {
+	case "error":
+		return errors.New("cannot apply")
+	case "statement":
+		return ie.failStatement(t, ctx, tx)
+	case "panic":
+		panic("oops")
+	}
+	return nil
+}
+
 // txCounter counts the handler runs per transaction, to report how the
 // deliveries were batched.
 type txCounter struct {
@@ -267,15 +283,7 @@ func (s *suite[TTx]) batchFailingIsolated(t *testing.T) {
 		if h {
 			return nil
 		}
-		switch bad[d.ID] {
-		case "error":
-			return errors.New("cannot apply")
-		case "statement":
-			return ie.failStatement(t, ctx, tx)
-		case "panic":
-			panic("oops")
-		}
-		return nil
+		return ie.failAs(t, ctx, tx, bad[d.ID])
 	}, wideBatches(len(ds)))
 	if err != nil {
 		t.Fatal(err)
@@ -325,6 +333,125 @@ func (s *suite[TTx]) batchFailingIsolated(t *testing.T) {
 	}
 	if n := ie.effects(t); runs != 3 || n != 30 {
 		t.Fatalf("%d handlers ran on redelivery and %d effects; want 3 and 30", runs, n)
+	}
+}
+
+// A BatchHandler applies a batch's first copies in one call, in key order.
+// When the call fails, whether by an error, a failed statement or a panic,
+// the batch runs again with a call a delivery: only the deliveries it
+// fails on are retried, and the rest commit.
+func (s *suite[TTx]) batchHandlerOneCall(t *testing.T) {
+	ie := s.inboxSetup(t, postbox.Config{})
+	fresh := func() []*postbox.Delivery {
+		var ds []*postbox.Delivery
+		for i := range 12 {
+			d := delivery(postbox.NewID())
+			d.Key = fmt.Sprintf("order-%02d", 12-i) // arrival order is not key order
+			ds = append(ds, d)
+		}
+		return ds
+	}
+	var mu sync.Mutex
+	bad := map[string]string{}
+	var sizes []int
+	p, err := ie.inbox.BatchHandlerProcessor("billing", func(ctx context.Context, tx TTx, ds []*postbox.Delivery) error {
+		mu.Lock()
+		sizes = append(sizes, len(ds))
+		mu.Unlock()
+		for i, d := range ds {
+			if i > 0 && ds[i-1].Key > d.Key {
+				t.Errorf("deliveries out of key order: %q before %q", ds[i-1].Key, d.Key)
+			}
+			if err := ie.effect(ctx, tx, d); err != nil {
+				return err
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, d := range ds {
+			if err := ie.failAs(t, ctx, tx, bad[d.ID]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, wideBatches(12))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// settle hands ds over at once and returns the verdicts.
+	settle := func(ds []*postbox.Delivery) []postbox.Verdict {
+		vs := batchOf(p, ds)
+		for i, v := range vs {
+			if v.Action == postbox.Retry && v.Attempts == 0 {
+				// A store that serializes writers may report a busy
+				// store for a copy handled on its own.
+				vs[i] = p.Process(context.Background(), ds[i])
+			}
+		}
+		return vs
+	}
+
+	// Healthy, ten messages and two copies: one call applies every first
+	// copy.
+	ds := fresh()[:10]
+	vs := settle(append(ds, ds[3], ds[5]))
+	for i, v := range vs {
+		if v.Action != postbox.Ack {
+			t.Fatalf("delivery %d: %+v", i, v)
+		}
+	}
+	for _, pair := range [][2]int{{3, 10}, {5, 11}} {
+		if vs[pair[0]].Duplicate == vs[pair[1]].Duplicate {
+			t.Fatalf("two copies of one message: %+v and %+v, want one applied and one duplicate", vs[pair[0]], vs[pair[1]])
+		}
+	}
+	if n := ie.effects(t); n != 10 {
+		t.Fatalf("effects = %d, want 10", n)
+	}
+	mu.Lock()
+	t.Logf("deliveries a call: %v", sizes)
+	if slices.Max(sizes) < 2 {
+		t.Errorf("no call applied more than one delivery: %v", sizes)
+	}
+	sizes = nil
+	mu.Unlock()
+
+	// Twelve new messages, three of which fail their call, each in its own
+	// way: the nine others commit.
+	ds = fresh()
+	failing := map[int]bool{0: true, 5: true, 9: true}
+	mu.Lock()
+	bad[ds[0].ID], bad[ds[5].ID], bad[ds[9].ID] = "error", "statement", "panic"
+	mu.Unlock()
+	for i, v := range settle(ds) {
+		want := postbox.Ack
+		if failing[i] {
+			want = postbox.Retry
+		}
+		if v.Action != want || v.Duplicate {
+			t.Fatalf("failing round: delivery %d (%q): %+v, want %s", i, bad[ds[i].ID], v, want)
+		}
+		if want == postbox.Retry && (v.Attempts != 1 || v.Err == nil || v.Delay <= 0) {
+			t.Fatalf("failed delivery %d: %+v, want one attempt counted and a backoff", i, v)
+		}
+	}
+	if n := ie.effects(t); n != 10+9 {
+		t.Fatalf("effects = %d, want 19 (the failing calls' rolled back)", n)
+	}
+	mu.Lock()
+	t.Logf("deliveries a call: %v", sizes)
+	clear(bad)
+	mu.Unlock()
+
+	// Redelivered once healed: the three failed ones apply, the rest are
+	// duplicates.
+	for i, v := range settle(ds) {
+		if v.Action != postbox.Ack || v.Duplicate == failing[i] {
+			t.Fatalf("healed round: delivery %d: %+v, want an ack, duplicate %v", i, v, !failing[i])
+		}
+	}
+	if n := ie.effects(t); n != 22 {
+		t.Fatalf("effects = %d, want 22", n)
 	}
 }
 
@@ -428,6 +555,17 @@ func (s *suite[TTx]) batchConfig(t *testing.T) {
 	}
 	if _, err := ie.inbox.BatchProcessor("billing", nil, nil); !errors.As(err, &ve) {
 		t.Fatalf("nil handler: %v, want *ValidationError", err)
+	}
+	if _, err := ie.inbox.BatchHandlerProcessor("billing", nil, nil); !errors.As(err, &ve) {
+		t.Fatalf("nil batch handler: %v, want *ValidationError", err)
+	}
+	many := func(context.Context, TTx, []*postbox.Delivery) error { return nil }
+	var ce *postbox.ConfigError
+	if _, err := ie.inbox.BatchHandlerProcessor("billing", many, &postbox.BatchConfig{MaxBatch: 65}); !errors.As(err, &ce) {
+		t.Fatalf("batch handler, MaxBatch 65: %v, want *ConfigError", err)
+	}
+	if _, err := ie.inbox.BatchHandlerProcessor("", many, nil); !errors.As(err, &ve) {
+		t.Fatalf("batch handler, empty consumer: %v, want *ValidationError", err)
 	}
 	// The processor asks subscribers for twice the deliveries of its
 	// batches at once, so that the next batches fill while some commit.

@@ -42,6 +42,9 @@ type InboxOptions struct {
 	BatchConcurrency int
 	// NoSingle skips the phase with one transaction per message.
 	NoSingle bool
+	// NoCall skips the phase that applies each batch in one handler call
+	// (Inbox.BatchHandlerProcessor).
+	NoCall bool
 	// FailEvery, when above 0, fails the first delivery of one message in
 	// FailEvery (chosen by its id) in the inbox phases: its handler writes
 	// and then returns an error, so that its run is rolled back, counted
@@ -71,8 +74,14 @@ type InboxResult struct {
 	BatchRate float64
 	// BatchCommits counts the batched phase's transactions.
 	BatchCommits int
+	// CallRate: the same batches through Inbox.BatchHandlerProcessor, one
+	// upsert statement a batch.
+	CallRate float64
+	// CallCommits counts that phase's transactions.
+	CallCommits int
 	// CPU is each phase's CPU per message by process, by the phase's
-	// name ("raw", "plain", "single", "batch"), where /proc is readable.
+	// name ("raw", "plain", "single", "batch", "call"), where /proc is
+	// readable.
 	CPU map[string]CPUUse
 }
 
@@ -101,13 +110,15 @@ func (o *InboxOptions) defaults() {
 	}
 }
 
-// Inbox fills a JetStream stream with messages and consumes it up to four
+// Inbox fills a JetStream stream with messages and consumes it up to five
 // times with the postboxnats Subscriber, each time through a durable
 // consumer of its own: acking only (raw); applying a domain write (a
 // counter per key) in a transaction of its own per message (plain); the
 // same write through the inbox on PostgreSQL, a transaction per message
-// (single); and through the batching processor (batch). It then checks
-// that every phase applied every message exactly once.
+// (single); through the batching processor, a handler a message (batch);
+// and through the batching processor with one handler call a batch, its
+// counts merged by key into one upsert (call). It then checks that every
+// phase applied every message exactly once.
 func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, error) {
 	opts.defaults()
 	res := InboxResult{Messages: opts.Messages, CPU: map[string]CPUUse{}}
@@ -163,7 +174,7 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 		return res, err
 	}
 	defer drop()
-	tables := []string{"counts_plain", "counts_single", "counts_batch"}
+	tables := []string{"counts_plain", "counts_single", "counts_batch", "counts_call"}
 	for _, t := range tables {
 		if _, err := pool.Exec(ctx, "CREATE TABLE "+prefix+t+" (key text PRIMARY KEY, n bigint NOT NULL)"); err != nil {
 			return res, err
@@ -292,8 +303,11 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 			fmt.Fprintf(out, "  %s: %d handler runs failed on purpose (--fail-every %d)\n", name, failures.Swap(0), opts.FailEvery)
 		}
 	}
-	profileSingle, profileBatch := opts.CPUProfile, ""
-	if opts.Batch > 0 {
+	profileSingle, profileBatch, profileCall := opts.CPUProfile, "", ""
+	switch {
+	case opts.Batch > 0 && !opts.NoCall:
+		profileSingle, profileCall = "", opts.CPUProfile
+	case opts.Batch > 0:
 		profileSingle, profileBatch = "", opts.CPUProfile
 	}
 	if !opts.NoSingle {
@@ -307,8 +321,22 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 		fmt.Fprintf(out, "  single: checked: every counter equals its key's message count, one inbox record per message\n")
 		failed("single")
 	}
+	// batched runs a phase of a batching processor and checks it.
+	batched := func(name string, p postbox.Processor, profile string, commits *int) (float64, error) {
+		rate, err := phase(name, p, profile)
+		if err != nil {
+			return 0, err
+		}
+		if err := checkInbox(ctx, pool, prefix, name, want, opts.Messages, commits); err != nil {
+			return 0, err
+		}
+		fmt.Fprintf(out, "  %s: checked: every counter equals its key's message count, one inbox record per message; %d commits (%.1f messages each)\n",
+			name, *commits, float64(opts.Messages)/float64(max(*commits, 1)))
+		failed(name)
+		return rate, nil
+	}
+	bc := &postbox.BatchConfig{MaxBatch: opts.Batch, MaxWait: opts.BatchWait, Concurrency: opts.BatchConcurrency}
 	if opts.Batch > 0 {
-		bc := &postbox.BatchConfig{MaxBatch: opts.Batch, MaxWait: opts.BatchWait, Concurrency: opts.BatchConcurrency}
 		p, err := in.BatchProcessor("batch", handler("counts_batch"), bc)
 		if err != nil {
 			return res, err
@@ -318,21 +346,56 @@ func Inbox(ctx context.Context, opts InboxOptions, out io.Writer) (InboxResult, 
 		window := orDefault(opts.MaxInFlight, postbox.InFlight(p, postboxnats.DefaultMaxInFlight, 4096))
 		fmt.Fprintf(out, "batch: counter upsert through the inbox, batches of up to %d (wait %s, %d at once; pool %d; max in flight %d)\n",
 			opts.Batch, opts.BatchWait, orDefault(opts.BatchConcurrency, postbox.DefaultBatchConcurrency), cfg.MaxConns, window)
-		if res.BatchRate, err = phase("batch", p, profileBatch); err != nil {
+		if res.BatchRate, err = batched("batch", p, profileBatch, &res.BatchCommits); err != nil {
 			return res, err
 		}
-		if err := checkInbox(ctx, pool, prefix, "batch", want, opts.Messages, &res.BatchCommits); err != nil {
+	}
+	if opts.Batch > 0 && !opts.NoCall {
+		p, err := in.BatchHandlerProcessor("call", callHandler(prefix+"counts_call", opts.FailEvery, &failures), bc)
+		if err != nil {
 			return res, err
 		}
-		fmt.Fprintf(out, "  batch: checked: every counter equals its key's message count, one inbox record per message; %d commits (%.1f messages each)\n",
-			res.BatchCommits, float64(opts.Messages)/float64(max(res.BatchCommits, 1)))
-		failed("batch")
+		fmt.Fprintf(out, "call: the same batches, each applied in one handler call: its counts merged by key into one upsert\n")
+		if res.CallRate, err = batched("call", p, profileCall, &res.CallCommits); err != nil {
+			return res, err
+		}
 	}
 	if err := checkCounts(ctx, pool, prefix+"counts_plain", want); err != nil {
 		return res, err
 	}
 	fmt.Fprintf(out, "  plain: checked: every counter equals its key's message count\n")
 	return res, nil
+}
+
+// callHandler applies a batch's deliveries to table in one statement: the
+// deliveries come in key order, so a key's are adjacent and merge into one
+// row of the upsert, which could not update a row twice. With failEvery,
+// a call that holds the first delivery of a message failsFirst picks fails
+// after its write, and is counted in failures.
+func callHandler(table string, failEvery int, failures *atomic.Int64) postbox.BatchHandler[pgx.Tx] {
+	q := "INSERT INTO " + table + " (key, n) SELECT * FROM unnest($1::text[], $2::bigint[]) ON CONFLICT (key) DO UPDATE SET n = " + table + ".n + EXCLUDED.n"
+	return func(ctx context.Context, tx pgx.Tx, ds []*postbox.Delivery) error {
+		keys := make([]string, 0, len(ds))
+		ns := make([]int64, 0, len(ds))
+		for _, d := range ds {
+			if len(keys) > 0 && keys[len(keys)-1] == d.Key {
+				ns[len(ns)-1]++
+				continue
+			}
+			keys = append(keys, d.Key)
+			ns = append(ns, 1)
+		}
+		if _, err := tx.Exec(ctx, q, keys, ns); err != nil {
+			return err
+		}
+		for _, d := range ds {
+			if d.Delivered == 1 && failsFirst(d.ID, failEvery) {
+				failures.Add(1)
+				return errInjected
+			}
+		}
+		return nil
+	}
 }
 
 // errInjected is the failure --fail-every injects.
@@ -423,15 +486,20 @@ func MedianInbox(runs []InboxResult) InboxResult {
 		SingleRate:   pick(func(r InboxResult) float64 { return r.SingleRate }),
 		BatchRate:    pick(func(r InboxResult) float64 { return r.BatchRate }),
 		BatchCommits: int(pick(func(r InboxResult) float64 { return float64(r.BatchCommits) })),
+		CallRate:     pick(func(r InboxResult) float64 { return r.CallRate }),
+		CallCommits:  int(pick(func(r InboxResult) float64 { return float64(r.CallCommits) })),
 		CPU:          medianCPU(runs),
 	}
 }
+
+// InboxPhases names the phases of Inbox, in the order they run.
+var InboxPhases = []string{"raw", "plain", "single", "batch", "call"}
 
 // medianCPU is the median of each phase's CPU per message, process by
 // process, over the runs that measured the phase.
 func medianCPU(runs []InboxResult) map[string]CPUUse {
 	out := map[string]CPUUse{}
-	for _, phase := range []string{"raw", "plain", "single", "batch"} {
+	for _, phase := range InboxPhases {
 		var uses []CPUUse
 		for _, r := range runs {
 			if u, ok := r.CPU[phase]; ok {

@@ -21,7 +21,7 @@ func TestInboxSmall(t *testing.T) {
 		if err != nil {
 			t.Fatalf("per key %v: %v\n%s", perKey, err, out.String())
 		}
-		if res.RawRate <= 0 || res.PlainRate <= 0 || res.SingleRate <= 0 || res.BatchRate <= 0 || res.BatchCommits <= 0 {
+		if res.RawRate <= 0 || res.PlainRate <= 0 || res.SingleRate <= 0 || res.BatchRate <= 0 || res.BatchCommits <= 0 || res.CallRate <= 0 || res.CallCommits <= 0 {
 			t.Fatalf("per key %v: result %+v", perKey, res)
 		}
 		if u, ok := res.CPU["batch"]; ok && u.Total() <= 0 {
@@ -36,17 +36,19 @@ func TestInboxSmall(t *testing.T) {
 // With a failing first delivery now and then, every message is still
 // applied exactly once (the benchmark's own checks), the failed runs
 // rolled back: in a batch, the first pass's transaction with the runs
-// before the failure, and the failed handler's savepoint in the second.
+// before the failure, and the failed handler's savepoint in the second;
+// in a batch applied in one call, that call, and then the failed
+// delivery's own call in its savepoint.
 func TestInboxSmallWithFailures(t *testing.T) {
 	var out bytes.Buffer
 	res, err := bench.Inbox(context.Background(), bench.InboxOptions{Messages: 1500, Keys: 40, Batch: 16, FailEvery: 50}, &out)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	if res.SingleRate <= 0 || res.BatchRate <= 0 {
+	if res.SingleRate <= 0 || res.BatchRate <= 0 || res.CallRate <= 0 {
 		t.Fatalf("result %+v", res)
 	}
-	for _, phase := range []string{"single", "batch"} {
+	for _, phase := range []string{"single", "batch", "call"} {
 		m := regexp.MustCompile(`(?m)^  ` + phase + `: (\d+) handler runs failed on purpose`).FindStringSubmatch(out.String())
 		if m == nil {
 			t.Fatalf("%s: no count of the failed runs in\n%s", phase, out.String())
