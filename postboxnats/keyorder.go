@@ -20,8 +20,9 @@ import (
 // later messages of its key may have been delivered. So the order is kept
 // here: each key has a queue of its deliveries by stream sequence, and
 // only its head is processed, one at a time. A head that is to be retried
-// is nak'd and stays in the queue as a marker, without a message, until
-// its redelivery fills it; the later messages of its key wait behind it,
+// becomes a marker, without a message, and is then nak'd (in that order:
+// the redelivery may come at once); it stays in the queue until its
+// redelivery fills it; the later messages of its key wait behind it,
 // unacknowledged, in memory.
 //
 // Held messages take tokens of the MaxInFlight window. If they could take
@@ -269,21 +270,32 @@ func (k *keyOrder) start(e *entry) {
 	go func() {
 		defer k.r.wg.Done()
 		began := time.Now()
-		again, delay := k.r.process(e.msg, e.d)
-		k.settled(e, again, delay, time.Since(began))
+		msg, d := e.msg, e.d
+		v := k.r.p.Process(k.r.ctx, d)
+		again, delay := redelivered(v)
+		if again {
+			// e waits for its redelivery before the nak is sent: the
+			// server may send it again at once (a delay of 0, or a
+			// short one that ends before this goroutine runs again),
+			// and a delivery that finds its entry still running is
+			// taken for a copy sent after AckWait, and dropped; the
+			// key would then wait a whole AckWait for the next one.
+			k.mu.Lock()
+			k.toMarker(e, time.Now(), delay, retryMarker)
+			k.mu.Unlock()
+		}
+		k.r.settle(msg, d, v)
+		k.settled(e, again, time.Since(began))
 	}()
 }
 
-// settled records the outcome of e's run, already settled with the
-// server: done, or to be redelivered after delay. It took ran, which
-// the pace averages. It starts the key's next message.
-func (k *keyOrder) settled(e *entry, again bool, delay, ran time.Duration) {
-	now := time.Now()
+// settled records the outcome of e's run, settled with the server: done,
+// or (again) a marker awaiting its redelivery. It took ran, which the
+// pace averages. It starts the key's next message.
+func (k *keyOrder) settled(e *entry, again bool, ran time.Duration) {
 	k.mu.Lock()
 	k.ran(ran)
-	if again {
-		k.toMarker(e, now, delay, retryMarker)
-	} else {
+	if !again {
 		k.keys.Remove(e)
 	}
 	start := k.next(e.Key())

@@ -124,6 +124,28 @@ func TestPerKeyOrderUnderPressure(t *testing.T) {
 	})
 }
 
+// TestPerKeyImmediateRetry: a retry without a delay comes back at once,
+// possibly before its run has ended here; its key waits for that
+// redelivery, not for AckWait.
+func TestPerKeyImmediateRetry(t *testing.T) {
+	eachTarget(t, func(t *testing.T, url string) {
+		_, js := connect(t, url)
+		_, base := stream(t, js, nil)
+		c := ensureConsumer(t, js, base, "c", nil) // AckWait 30s
+		const per = 20
+		keys := []string{"a", "b", "c", "d"}
+		for i := range per {
+			for _, k := range keys {
+				publishMsg(t, js, base+".t", strconv.Itoa(i), map[string]string{jetstream.MsgIDHeader: postbox.NewID(), postbox.HeaderPartitionKey: k})
+			}
+		}
+		o := newOrderChecker(t, func(_ *postbox.Delivery, first bool) (bool, time.Duration) { return first, 0 })
+		runSubscriber(t, subscriber(t, c, &postboxnats.SubscriberConfig{PerKey: true}), o)
+		waitUntil(t, 20*time.Second, "every key to the end", func() bool { return o.done(keys, per) })
+		o.check()
+	})
+}
+
 // TestPerKeyHeldMessageKeptAlive: a message held behind its key's retry
 // for longer than AckWait is not redelivered meanwhile, and messages
 // without a key keep flowing.

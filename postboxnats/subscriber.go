@@ -409,19 +409,16 @@ func (r *run) dispatch(msg jetstream.Msg) {
 		go func() {
 			defer r.wg.Done()
 			defer r.release()
-			_, _ = r.process(msg, d)
+			r.settle(msg, d, r.p.Process(r.ctx, d))
 		}()
 		return
 	}
 	r.keys.arrive(d.Key, seq, &entry{msg: msg, d: d, touched: time.Now()})
 }
 
-// process hands d to the processor and settles msg as the verdict says;
-// it reports whether the message is to be redelivered, and after what
-// delay.
-func (r *run) process(msg jetstream.Msg, d *postbox.Delivery) (again bool, delay time.Duration) {
-	v := r.p.Process(r.ctx, d)
-	r.settle(msg, d, v)
+// redelivered reports whether settling v asks the server to deliver the
+// message again, and after what delay.
+func redelivered(v postbox.Verdict) (again bool, delay time.Duration) {
 	switch v.Action {
 	case postbox.Ack, postbox.DeadLettered:
 		return false, 0
