@@ -336,8 +336,8 @@ func (s *suite[TTx]) batchFailingIsolated(t *testing.T) {
 	}
 }
 
-// A BatchHandler applies a batch's first copies in one call, in key order.
-// When the call fails, whether by an error, a failed statement or a panic,
+// A BatchHandler applies a batch's first copies in one call, in key order,
+// so that a key's deliveries are adjacent. When the call fails, whether by an error, a failed statement or a panic,
 // the batch runs again with a call a delivery: only the deliveries it
 // fails on are retried, and the rest commit.
 func (s *suite[TTx]) batchHandlerOneCall(t *testing.T) {
@@ -346,7 +346,8 @@ func (s *suite[TTx]) batchHandlerOneCall(t *testing.T) {
 		var ds []*postbox.Delivery
 		for i := range 12 {
 			d := delivery(postbox.NewID())
-			d.Key = fmt.Sprintf("order-%02d", 12-i) // arrival order is not key order
+			// Two deliveries a key; arrival order is not key order.
+			d.Key = fmt.Sprintf("order-%02d", (12-i)/2)
 			ds = append(ds, d)
 		}
 		return ds
@@ -360,6 +361,7 @@ func (s *suite[TTx]) batchHandlerOneCall(t *testing.T) {
 		mu.Unlock()
 		for i, d := range ds {
 			if i > 0 && ds[i-1].Key > d.Key {
+				// Sorted by key, a key's deliveries are adjacent.
 				t.Errorf("deliveries out of key order: %q before %q", ds[i-1].Key, d.Key)
 			}
 			if err := ie.effect(ctx, tx, d); err != nil {
