@@ -143,8 +143,9 @@ func (in *Inbox[TTx]) BatchProcessor(consumer string, h Handler[TTx], cfg *Batch
 // during the call only. Every delivery of ds counts as applied if h
 // returns nil; an error, or a panic, rolls the whole call back. ctx is the
 // batch's, which ends once every delivery's context has ended; with a
-// Config.Tracer each delivery's span records its verdict, and h's own
-// spans are children of none of them.
+// Config.Tracer each delivery's span records its verdict, and with one
+// that implements BatchTracer (postboxotel's does) ctx holds the batch's
+// span, linked to them, of which h's own spans are children.
 type BatchHandler[TTx any] func(ctx context.Context, tx TTx, ds []*Delivery) error
 
 // BatchHandlerProcessor is BatchProcessor with a handler that applies a
@@ -302,10 +303,12 @@ func (p *batchProcessor[TTx]) waitFill() {
 
 // run processes a batch and settles every item in it.
 func (p *batchProcessor[TTx]) run(batch []*batchItem) {
+	began := time.Now()
 	if len(batch) == 1 {
 		it := batch[0]
 		it.v = p.in.Handle(it.ctx, p.consumer, it.d, p.h)
 		close(it.done)
+		inboxBatch(p.in.cfg.Metrics, &InboxBatchReport{Consumer: p.consumer, Size: 1, Outcome: BatchAlone, Duration: time.Since(began)})
 		return
 	}
 	ctx, stop := batchContext(batch)
@@ -335,10 +338,20 @@ func (p *batchProcessor[TTx]) run(batch []*batchItem) {
 			it.hctx, it.end = t.StartHandle(ctx, p.consumer, it.d)
 		}
 	}
+	var endSpan func(*InboxBatchReport)
+	if t, ok := p.in.cfg.Tracer.(BatchTracer); ok {
+		hctxs := make([]context.Context, len(members))
+		for i, it := range members {
+			hctxs[i] = it.hctx
+		}
+		ctx, endSpan = t.StartBatch(ctx, p.consumer, hctxs)
+	}
 
 	alone.RLock()
+	outcome := BatchCommitted
 	err := p.in.store.InTx(ctx, func(tx TTx) error { return p.apply(ctx, tx, members, ids, false) })
 	if errors.Is(err, errBatchHandlerFailed) {
+		outcome = BatchSecondPass
 		// The first pass ran no savepoints and stopped at its first
 		// failing handler, and nothing of it committed. The batch runs
 		// again without that delivery, which keeps its error, each
@@ -381,8 +394,14 @@ func (p *batchProcessor[TTx]) run(batch []*batchItem) {
 		close(it.done)
 	}
 	if err != nil {
+		outcome = BatchOneByOne
 		p.in.log.Warn("postbox inbox: a batch transaction failed; its messages were processed one by one",
 			slog.String("consumer", p.consumer), slog.Int("size", len(members)), slog.Any("error", err))
+	}
+	report := &InboxBatchReport{Consumer: p.consumer, Size: len(members), Copies: len(copies), Outcome: outcome, Duration: time.Since(began)}
+	inboxBatch(p.in.cfg.Metrics, report)
+	if endSpan != nil {
+		endSpan(report)
 	}
 	for _, it := range copies {
 		it.v = p.in.Handle(it.ctx, p.consumer, it.d, p.h)

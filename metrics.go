@@ -61,3 +61,76 @@ func inboxHandled(m Metrics, consumer, topic string, v Verdict, took time.Durati
 		m.InboxHandled(consumer, v, took)
 	}
 }
+
+// InboxBatchMetrics is an optional extension of Metrics: when the
+// Config's Metrics implements it, a batch processor
+// (Inbox.BatchProcessor, Inbox.BatchHandlerProcessor) reports each batch
+// it ran through InboxBatch, after its deliveries' verdicts went to
+// InboxHandledTopic (or InboxHandled). A redelivery that the processor
+// runs on its own (Config.MaxCrashes) forms no batch and is not reported.
+type InboxBatchMetrics interface {
+	InboxBatch(r *InboxBatchReport)
+}
+
+// InboxBatchReport describes one batch of a batch processor.
+type InboxBatchReport struct {
+	Consumer string
+	// Size counts the deliveries the batch's transaction recorded: the
+	// first copy of each id in it. Copies counts the other copies of an id
+	// in the same batch, which went through the inbox on their own after
+	// the batch.
+	Size, Copies int
+	// Outcome says how the batch ended.
+	Outcome InboxBatchOutcome
+	// Duration runs from the batch's start, once formed, to its
+	// deliveries' verdicts: its transactions and, after a failed
+	// transaction, the deliveries processed one by one. A batch's wait for
+	// more deliveries (BatchConfig.MaxWait) is not in it.
+	Duration time.Duration
+}
+
+// InboxBatchOutcome says how a batch ended: "alone", "committed",
+// "second_pass" or "one_by_one" (String).
+type InboxBatchOutcome int
+
+// The outcomes of a batch.
+const (
+	// BatchAlone is a batch of one delivery, processed as Inbox.Handle
+	// processes it.
+	BatchAlone InboxBatchOutcome = iota
+	// BatchCommitted is a batch whose first transaction committed: no
+	// handler failed, and none ran in a savepoint.
+	BatchCommitted
+	// BatchSecondPass is a batch whose first transaction a handler failed:
+	// it ran again in a second transaction, each handler in a savepoint
+	// (for a BatchHandler, a call a delivery), and only what failed there
+	// was rolled back. A batch processor that ends most of its batches so
+	// does twice the work: see what its handlers fail on.
+	BatchSecondPass
+	// BatchOneByOne is a batch whose transaction itself failed (a
+	// deadlock, a lost connection, a failed commit): nothing of it
+	// committed, and each delivery went through the inbox on its own.
+	BatchOneByOne
+)
+
+// String returns the outcome's name, the label postboxprom gives it.
+func (o InboxBatchOutcome) String() string {
+	switch o {
+	case BatchAlone:
+		return "alone"
+	case BatchCommitted:
+		return "committed"
+	case BatchSecondPass:
+		return "second_pass"
+	case BatchOneByOne:
+		return "one_by_one"
+	}
+	return "unknown"
+}
+
+// inboxBatch reports a batch to m when m takes it.
+func inboxBatch(m Metrics, r *InboxBatchReport) {
+	if m, ok := m.(InboxBatchMetrics); ok {
+		m.InboxBatch(r)
+	}
+}

@@ -22,3 +22,17 @@ type Tracer interface {
 	// the function that ends the span with the verdict.
 	StartHandle(ctx context.Context, consumer string, d *Delivery) (context.Context, func(v Verdict))
 }
+
+// BatchTracer is an optional extension of Tracer: when Config.Tracer
+// implements it, a batch processor (Inbox.BatchProcessor,
+// Inbox.BatchHandlerProcessor) starts a span for each batch of more than
+// one delivery, beside the deliveries' own spans (StartHandle), which keep
+// their verdicts. postboxotel implements it.
+type BatchTracer interface {
+	// StartBatch starts the span of one batch of consumer's deliveries,
+	// linked to the spans the deliveries' contexts hold (one a first copy,
+	// from StartHandle, in the batch's order), and returns the context the
+	// batch's transactions and a BatchHandler run in, and the function
+	// that ends the span with the batch's report.
+	StartBatch(ctx context.Context, consumer string, deliveries []context.Context) (context.Context, func(r *InboxBatchReport))
+}

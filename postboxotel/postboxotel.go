@@ -29,7 +29,10 @@ type Tracer struct {
 	prop   propagation.TextMapPropagator
 }
 
-var _ postbox.Tracer = (*Tracer)(nil)
+var (
+	_ postbox.Tracer      = (*Tracer)(nil)
+	_ postbox.BatchTracer = (*Tracer)(nil)
+)
 
 // New returns a Tracer on tp, carrying context with prop (usually
 // propagation.TraceContext{}, or a composite with baggage).
@@ -90,6 +93,36 @@ func (t *Tracer) StartHandle(ctx context.Context, consumer string, d *postbox.De
 		if v.Err != nil {
 			span.RecordError(v.Err)
 			span.SetStatus(codes.Error, v.Err.Error())
+		}
+		span.End()
+	}
+}
+
+// StartBatch implements postbox.BatchTracer. A batch's span, "postbox
+// process batch", starts a trace of its own, as the batch is part of no
+// one delivery's trace, and links to each delivery's span; it carries the
+// deliveries' count and, once ended, how the batch ended
+// (postbox.batch.outcome) and its copies. A batch whose transaction failed
+// (the outcome one_by_one) ends in error.
+func (t *Tracer) StartBatch(ctx context.Context, consumer string, deliveries []context.Context) (context.Context, func(*postbox.InboxBatchReport)) {
+	links := make([]trace.Link, 0, len(deliveries))
+	for _, d := range deliveries {
+		if sc := trace.SpanContextFromContext(d); sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	ctx, span := t.tracer.Start(ctx, "postbox process batch",
+		trace.WithNewRoot(),
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithLinks(links...),
+		trace.WithAttributes(
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.consumer.group.name", consumer),
+			attribute.Int("messaging.batch.message_count", len(deliveries))))
+	return ctx, func(r *postbox.InboxBatchReport) {
+		span.SetAttributes(attribute.String("postbox.batch.outcome", r.Outcome.String()), attribute.Int("postbox.batch.copies", r.Copies))
+		if r.Outcome == postbox.BatchOneByOne {
+			span.SetStatus(codes.Error, "the batch's transaction failed; its deliveries were processed one by one")
 		}
 		span.End()
 	}

@@ -2,7 +2,11 @@ package postboxotel_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/propagation"
@@ -84,5 +88,112 @@ func TestTraceFlow(t *testing.T) {
 	}
 	if handlerSpan.SpanID() != proc.SpanContext().SpanID() {
 		t.Fatal("the handler does not run in the consumer span")
+	}
+}
+
+// A batch of deliveries gets a span of its own, in a trace of its own,
+// linked to each delivery's span; a BatchHandler runs in it, and each
+// delivery's span still continues its writer's trace.
+func TestBatchSpan(t *testing.T) {
+	ctx := context.Background()
+	pool, prefix := testdb.Migrated(t)
+	d := postboxpgx.New(pool)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer func() { _ = tp.Shutdown(ctx) }()
+	tr := postboxotel.New(tp, propagation.TraceContext{})
+	client, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Tracer: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 4
+	var ds []*postbox.Delivery
+	writers := map[string]trace.SpanContext{} // by message id
+	for i := range n {
+		wctx, span := tp.Tracer("app").Start(ctx, "POST /orders")
+		id := postbox.NewID()
+		headers := map[string]string{}
+		tr.Inject(wctx, headers)
+		span.End()
+		writers[id] = span.SpanContext()
+		ds = append(ds, &postbox.Delivery{ID: id, Topic: "orders.created", Key: string(rune('a' + i)), Headers: headers})
+	}
+
+	var mu sync.Mutex
+	calls := map[trace.SpanID][]string{} // the span each call of more than one delivery ran in, and its ids
+	p, err := client.Inbox().BatchHandlerProcessor("ledger", func(ctx context.Context, _ pgx.Tx, ds []*postbox.Delivery) error {
+		if len(ds) > 1 {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, d := range ds {
+				calls[trace.SpanContextFromContext(ctx).SpanID()] = append(calls[trace.SpanContextFromContext(ctx).SpanID()], d.ID)
+			}
+		}
+		return nil
+	}, &postbox.BatchConfig{MaxBatch: n, MaxWait: time.Second, Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for _, d := range ds {
+		wg.Go(func() {
+			if v := p.Process(ctx, d); v.Action != postbox.Ack {
+				t.Errorf("delivery %s: %+v", d.ID, v)
+			}
+		})
+	}
+	wg.Wait()
+
+	processed := map[trace.SpanID]string{} // each delivery's span, to its id
+	batches := map[trace.SpanID]sdktrace.ReadOnlySpan{}
+	for _, s := range rec.Ended() {
+		switch s.Name() {
+		case "postbox process orders.created":
+			for _, a := range s.Attributes() {
+				if a.Key == "messaging.message.id" {
+					id := a.Value.AsString()
+					processed[s.SpanContext().SpanID()] = id
+					if w := writers[id]; s.Parent().SpanID() != w.SpanID() || s.SpanContext().TraceID() != w.TraceID() {
+						t.Errorf("delivery %s: span's parent %v, want its writer's %v", id, s.Parent().SpanID(), w.SpanID())
+					}
+				}
+			}
+		case "postbox process batch":
+			batches[s.SpanContext().SpanID()] = s
+		}
+	}
+	if len(processed) != n {
+		t.Fatalf("%d deliveries' spans, want %d", len(processed), n)
+	}
+	if len(calls) == 0 {
+		t.Fatal("no call applied more than one delivery")
+	}
+	for spanID, ids := range calls {
+		b := batches[spanID]
+		if b == nil {
+			t.Fatalf("a batch handler ran in span %v, not a batch's (%d batch spans)", spanID, len(batches))
+		}
+		var linked []string
+		for _, l := range b.Links() {
+			linked = append(linked, processed[l.SpanContext.SpanID()])
+		}
+		slices.Sort(linked)
+		slices.Sort(ids)
+		if !slices.Equal(linked, ids) {
+			t.Errorf("batch span links the deliveries %v, want %v", linked, ids)
+		}
+		for _, w := range writers {
+			if b.SpanContext().TraceID() == w.TraceID() || b.Parent().IsValid() {
+				t.Fatal("the batch span joined a delivery's trace; it should only link to its deliveries")
+			}
+		}
+		attrs := map[string]string{}
+		for _, a := range b.Attributes() {
+			attrs[string(a.Key)] = a.Value.String()
+		}
+		if attrs["messaging.batch.message_count"] != fmt.Sprint(len(ids)) || attrs["postbox.batch.outcome"] != "committed" ||
+			attrs["messaging.consumer.group.name"] != "ledger" {
+			t.Errorf("batch span attributes %v", attrs)
+		}
 	}
 }

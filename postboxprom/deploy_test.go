@@ -34,6 +34,7 @@ func exported(t *testing.T) map[string]bool {
 	m.RelayBatch(&postbox.BatchReport{Relay: "r", Size: 1, Published: one, Failed: one, Dead: one, FencedOut: 1,
 		Infrastructure: context.Canceled, Lag: []time.Duration{time.Millisecond}})
 	m.InboxHandledTopic("c", "t", postbox.Verdict{}, time.Millisecond)
+	m.InboxBatch(&postbox.InboxBatchReport{Consumer: "c", Size: 2, Outcome: postbox.BatchCommitted, Duration: time.Millisecond})
 	m.IdempotencyOutcome("completed")
 	var descs []*prometheus.Desc
 	collect := func(c prometheus.Collector) {

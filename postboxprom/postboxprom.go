@@ -33,6 +33,9 @@ type Metrics struct {
 	lag                     prometheus.Histogram
 	inbox                   *prometheus.CounterVec
 	handlerSeconds          *prometheus.HistogramVec
+	inboxBatches            *prometheus.CounterVec
+	inboxBatchSize          *prometheus.HistogramVec
+	inboxBatchSeconds       *prometheus.HistogramVec
 	idempotency             *prometheus.CounterVec
 	paused                  prometheus.Gauge
 
@@ -43,6 +46,7 @@ type Metrics struct {
 var (
 	_ postbox.Metrics           = (*Metrics)(nil)
 	_ postbox.InboxTopicMetrics = (*Metrics)(nil)
+	_ postbox.InboxBatchMetrics = (*Metrics)(nil)
 )
 
 // New makes the collectors and registers them with reg.
@@ -89,9 +93,20 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "postbox_inbox_handle_seconds", Help: "Time to process one delivery: transaction, inbox record, handler, commit.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"consumer"}),
+		inboxBatches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postbox_inbox_batches_total", Help: "Batches of a batch processor, by consumer and outcome: alone (one delivery), committed (first transaction), second_pass (a handler failed; the batch ran again, a savepoint a delivery), one_by_one (the transaction failed; each delivery on its own).",
+		}, []string{"consumer", "outcome"}),
+		inboxBatchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "postbox_inbox_batch_size", Help: "Deliveries a batch processor's transaction recorded: the messages one commit serves.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+		}, []string{"consumer"}),
+		inboxBatchSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "postbox_inbox_batch_duration_seconds", Help: "Time from a batch's start to its deliveries' verdicts: its transactions, and the deliveries processed one by one after a failed one.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, []string{"consumer"}),
 	}
 	for _, c := range []prometheus.Collector{m.published, m.failed, m.dead, m.fenced, m.infra, m.batchSize, m.batchSeconds, m.lag, m.inbox,
-		m.handlerSeconds, m.idempotency, m.paused} {
+		m.handlerSeconds, m.inboxBatches, m.inboxBatchSize, m.inboxBatchSeconds, m.idempotency, m.paused} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -165,6 +180,13 @@ func (m *Metrics) InboxHandledTopic(consumer, topic string, v postbox.Verdict, t
 	}
 	m.inbox.WithLabelValues(consumer, topic, outcome).Inc()
 	m.handlerSeconds.WithLabelValues(consumer).Observe(took.Seconds())
+}
+
+// InboxBatch implements postbox.InboxBatchMetrics.
+func (m *Metrics) InboxBatch(r *postbox.InboxBatchReport) {
+	m.inboxBatches.WithLabelValues(r.Consumer, r.Outcome.String()).Inc()
+	m.inboxBatchSize.WithLabelValues(r.Consumer).Observe(float64(r.Size))
+	m.inboxBatchSeconds.WithLabelValues(r.Consumer).Observe(r.Duration.Seconds())
 }
 
 // StatusCollector reads the outbox's state from the database each time it

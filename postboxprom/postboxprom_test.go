@@ -165,6 +165,61 @@ postbox_idempotency_requests_total{outcome="replayed"} 2
 	}
 }
 
+// A batch processor's batches are counted by outcome, their sizes and
+// durations observed per consumer.
+func TestInboxBatches(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := postboxprom.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*postbox.InboxBatchReport{
+		{Consumer: "ledger", Size: 32, Outcome: postbox.BatchCommitted, Duration: 3 * time.Millisecond},
+		{Consumer: "ledger", Size: 20, Copies: 2, Outcome: postbox.BatchCommitted, Duration: 2 * time.Millisecond},
+		{Consumer: "ledger", Size: 1, Outcome: postbox.BatchAlone, Duration: time.Millisecond},
+		{Consumer: "ledger", Size: 12, Outcome: postbox.BatchSecondPass, Duration: 9 * time.Millisecond},
+		{Consumer: "mailer", Size: 3, Outcome: postbox.BatchOneByOne, Duration: 40 * time.Millisecond},
+	} {
+		m.InboxBatch(r)
+	}
+	want := `
+# HELP postbox_inbox_batches_total Batches of a batch processor, by consumer and outcome: alone (one delivery), committed (first transaction), second_pass (a handler failed; the batch ran again, a savepoint a delivery), one_by_one (the transaction failed; each delivery on its own).
+# TYPE postbox_inbox_batches_total counter
+postbox_inbox_batches_total{consumer="ledger",outcome="alone"} 1
+postbox_inbox_batches_total{consumer="ledger",outcome="committed"} 2
+postbox_inbox_batches_total{consumer="ledger",outcome="second_pass"} 1
+postbox_inbox_batches_total{consumer="mailer",outcome="one_by_one"} 1
+# HELP postbox_inbox_batch_size Deliveries a batch processor's transaction recorded: the messages one commit serves.
+# TYPE postbox_inbox_batch_size histogram
+postbox_inbox_batch_size_bucket{consumer="ledger",le="1"} 1
+postbox_inbox_batch_size_bucket{consumer="ledger",le="2"} 1
+postbox_inbox_batch_size_bucket{consumer="ledger",le="4"} 1
+postbox_inbox_batch_size_bucket{consumer="ledger",le="8"} 1
+postbox_inbox_batch_size_bucket{consumer="ledger",le="16"} 2
+postbox_inbox_batch_size_bucket{consumer="ledger",le="32"} 4
+postbox_inbox_batch_size_bucket{consumer="ledger",le="64"} 4
+postbox_inbox_batch_size_bucket{consumer="ledger",le="+Inf"} 4
+postbox_inbox_batch_size_sum{consumer="ledger"} 65
+postbox_inbox_batch_size_count{consumer="ledger"} 4
+postbox_inbox_batch_size_bucket{consumer="mailer",le="1"} 0
+postbox_inbox_batch_size_bucket{consumer="mailer",le="2"} 0
+postbox_inbox_batch_size_bucket{consumer="mailer",le="4"} 1
+postbox_inbox_batch_size_bucket{consumer="mailer",le="8"} 1
+postbox_inbox_batch_size_bucket{consumer="mailer",le="16"} 1
+postbox_inbox_batch_size_bucket{consumer="mailer",le="32"} 1
+postbox_inbox_batch_size_bucket{consumer="mailer",le="64"} 1
+postbox_inbox_batch_size_bucket{consumer="mailer",le="+Inf"} 1
+postbox_inbox_batch_size_sum{consumer="mailer"} 3
+postbox_inbox_batch_size_count{consumer="mailer"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "postbox_inbox_batches_total", "postbox_inbox_batch_size"); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(reg, "postbox_inbox_batch_duration_seconds"); n != 2 {
+		t.Fatalf("batch duration series = %d, want one a consumer", n)
+	}
+}
+
 // gauge returns the one metric named name in reg, as a collector.
 func gauge(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
 	t.Helper()

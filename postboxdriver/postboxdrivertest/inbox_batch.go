@@ -19,6 +19,7 @@ func (s *suite[TTx]) runInboxBatch(t *testing.T) {
 	t.Run("BatchCopiesApplyOnce", s.batchCopies)
 	t.Run("BatchFailingHandlerIsolated", s.batchFailingIsolated)
 	t.Run("BatchHandlerOneCall", s.batchHandlerOneCall)
+	t.Run("BatchReported", s.batchReported)
 	t.Run("BatchKilledBetweenCommitAndAck", s.batchKilledBeforeAck)
 	t.Run("BatchPoisonDeadLettered", s.batchPoison)
 	t.Run("BatchConfigRejected", s.batchConfig)
@@ -454,6 +455,164 @@ func (s *suite[TTx]) batchHandlerOneCall(t *testing.T) {
 	}
 	if n := ie.effects(t); n != 22 {
 		t.Fatalf("effects = %d, want 22", n)
+	}
+}
+
+// batchReports records what a batch processor reports (Config.Metrics).
+type batchReports struct {
+	mu       sync.Mutex
+	batches  []postbox.InboxBatchReport
+	verdicts int
+}
+
+func (r *batchReports) RelayBatch(*postbox.BatchReport) {}
+
+func (r *batchReports) InboxHandled(string, postbox.Verdict, time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.verdicts++
+}
+
+func (r *batchReports) InboxBatch(b *postbox.InboxBatchReport) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.batches = append(r.batches, *b)
+}
+
+// take returns the batches reported since the last take, the deliveries
+// they held and how many of them ended as outcome.
+func (r *batchReports) take(outcome postbox.InboxBatchOutcome) (batches []postbox.InboxBatchReport, deliveries, ended int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	batches, r.batches = r.batches, nil
+	for _, b := range batches {
+		deliveries += b.Size + b.Copies
+		if b.Outcome == outcome {
+			ended++
+		}
+	}
+	return batches, deliveries, ended
+}
+
+// Each batch is reported with its size, its copies and how it ended: its
+// first transaction committed, a handler's failure cost it a second pass,
+// or its transaction failed and its deliveries went one by one.
+func (s *suite[TTx]) batchReported(t *testing.T) {
+	var rep batchReports
+	ie := s.inboxSetup(t, postbox.Config{Metrics: &rep})
+	var mu sync.Mutex
+	fail, sever := "", false
+	// Calls of more than one delivery, by how they ended.
+	calls := map[string]int{}
+	p, err := ie.inbox.BatchHandlerProcessor("billing", func(ctx context.Context, tx TTx, ds []*postbox.Delivery) error {
+		for _, d := range ds {
+			if err := ie.effect(ctx, tx, d); err != nil {
+				return err
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(ds) == 1 {
+			return nil
+		}
+		switch {
+		case sever:
+			// The batch's connection is lost after its handler's work:
+			// its transaction fails, not its handler.
+			sever = false
+			calls["severed"]++
+			s.h.Sever(t, ie.d, tx)
+		case fail != "":
+			calls["failed"]++
+			return ie.failAs(t, ctx, tx, fail)
+		default:
+			calls["applied"]++
+		}
+		return nil
+	}, wideBatches(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// round hands ds over at once and returns how many batches ended as
+	// outcome.
+	handed := 0 // calls of Process
+	round := func(name string, outcome postbox.InboxBatchOutcome, ds []*postbox.Delivery) int {
+		t.Helper()
+		vs := batchOf(p, ds)
+		again := 0
+		defer func() { handed += len(ds) + again }()
+		for i, v := range vs {
+			if v.Action == postbox.Retry && v.Attempts == 0 {
+				// A busy store (SQLite) or a lost connection: the broker
+				// would deliver it again, and it forms a batch of its own.
+				again++
+				vs[i] = p.Process(context.Background(), ds[i])
+			}
+			if vs[i].Action != postbox.Ack {
+				t.Fatalf("%s: delivery %d: %+v", name, i, vs[i])
+			}
+		}
+		batches, n, ended := rep.take(outcome)
+		t.Logf("%s: %+v", name, batches)
+		if n != len(ds)+again {
+			t.Errorf("%s: the batches reported %d deliveries, want %d", name, n, len(ds)+again)
+		}
+		for _, b := range batches {
+			if b.Consumer != "billing" || b.Size < 1 || b.Duration <= 0 || b.Outcome.String() == "unknown" {
+				t.Errorf("%s: report %+v", name, b)
+			}
+			if (b.Size+b.Copies == 1) != (b.Outcome == postbox.BatchAlone) {
+				t.Errorf("%s: a batch of %d+%d reported %s", name, b.Size, b.Copies, b.Outcome)
+			}
+		}
+		return ended
+	}
+	fresh := func(n int) []*postbox.Delivery {
+		var ds []*postbox.Delivery
+		for range n {
+			ds = append(ds, delivery(postbox.NewID()))
+		}
+		return ds
+	}
+
+	// Eight messages and two copies: each batch of more than one message
+	// committed at once.
+	ds := fresh(8)
+	committed := round("healthy", postbox.BatchCommitted, append(ds, ds[0], ds[1]))
+	mu.Lock()
+	applied := calls["applied"]
+	mu.Unlock()
+	if applied == 0 || committed < applied {
+		t.Errorf("%d batches committed at once, %d calls applied more than one delivery; want as many at least, and one", committed, applied)
+	}
+	// A failing handler: each batch whose call failed ran a second pass.
+	mu.Lock()
+	fail = "error"
+	mu.Unlock()
+	second := round("failing", postbox.BatchSecondPass, fresh(8))
+	mu.Lock()
+	fail = ""
+	failed := calls["failed"]
+	mu.Unlock()
+	if failed == 0 || second != failed {
+		t.Errorf("%d batches ran a second pass, %d calls of more than one delivery failed; want as many, and one", second, failed)
+	}
+	if s.h.Sever == nil {
+		t.Log("the database has no connections to lose: no batch transaction failed")
+	} else {
+		// A lost connection: the batch's deliveries went one by one.
+		mu.Lock()
+		sever = true
+		mu.Unlock()
+		if n := round("severed", postbox.BatchOneByOne, fresh(8)); n != 1 {
+			t.Errorf("%d batches went one by one, want the severed one", n)
+		}
+	}
+	rep.mu.Lock()
+	verdicts := rep.verdicts
+	rep.mu.Unlock()
+	if verdicts != handed {
+		t.Errorf("%d verdicts reported, want one a delivery (%d)", verdicts, handed)
 	}
 }
 
