@@ -16,12 +16,15 @@ import (
 // BatchConfig configures Inbox.BatchProcessor. Zero fields take the
 // documented defaults.
 type BatchConfig struct {
-	// MaxBatch bounds the deliveries one transaction commits. Default 32,
-	// at most 64: after a handler failed, the batch runs again with every
+	// MaxBatch bounds the deliveries one transaction commits. Default and
+	// most 64: after a handler failed, the batch runs again with every
 	// handler in a savepoint of its own, that is a subtransaction, and a
 	// PostgreSQL transaction with more than 64 of them that wrote
 	// overflows its backend's cache of subtransaction ids, which slows
-	// down the snapshots of every other session while it runs.
+	// down the snapshots of every other session while it runs. Batches
+	// only grow this large under load (they form from the deliveries
+	// waiting); set it lower to bound what a failing handler makes run
+	// twice, or what a batch's locks hold up.
 	MaxBatch int
 	// MaxWait is how long a batch that could start waits for more
 	// deliveries to join it, unless MaxBatch of them are already there.
@@ -38,7 +41,7 @@ type BatchConfig struct {
 
 // Batch processing defaults and bounds.
 const (
-	DefaultBatchMax         = 32
+	DefaultBatchMax         = 64
 	DefaultBatchConcurrency = 2
 	maxBatchMax             = 64
 	maxBatchConcurrency     = 256
@@ -102,7 +105,7 @@ func (c *BatchConfig) validate() error {
 // in-flight window, MaxInFlight for NATS, well above Concurrency). One
 // commit then serves many messages; on PostgreSQL this multiplies the
 // consumer's throughput. The Processor asks for an in-flight window of
-// 2 × MaxBatch × Concurrency (128 at the defaults; see InFlightHinter):
+// 2 × MaxBatch × Concurrency (256 at the defaults; see InFlightHinter):
 // a subscriber whose window was left at its default takes that, so that
 // the next batches fill up while the running ones commit and ack. A
 // window set in the subscriber's config is kept. The price: a batch

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/cmd/postbox/internal/bench"
 )
 
@@ -92,7 +93,7 @@ includes (compare the CPU a message).`,
 	f.IntVar(&opts.MaxInFlight, "in-flight", 0, "subscriber MaxInFlight (default the library's)")
 	f.IntVar(&opts.PoolSize, "pool", 0, "pgx pool MaxConns (default pgxpool's)")
 	f.BoolVar(&opts.PerKey, "per-key", false, "subscriber per-key order")
-	f.IntVar(&opts.Batch, "batch", 32, "MaxBatch of the batched phase (0 skips it)")
+	f.IntVar(&opts.Batch, "batch", postbox.DefaultBatchMax, "MaxBatch of the batched and call phases (0 skips them)")
 	f.DurationVar(&opts.BatchWait, "batch-wait", 0, "BatchConfig.MaxWait")
 	f.IntVar(&opts.BatchConcurrency, "batch-concurrency", 0, "BatchConfig.Concurrency (default the library's)")
 	f.BoolVar(&opts.NoSingle, "no-single", false, "skip the phase with a transaction per message")
