@@ -21,7 +21,8 @@ func newBenchRabbitMQ() *cobra.Command {
 amqp091-go straight to a quorum queue (made by postboxamqp.EnsureTopology) with
 publisher confirms and a window of outstanding confirms: the raw baseline (with
 --raw-headers, each carrying the headers table of a relay's message). Then it
-writes a backlog of N such messages into the outbox and times a relay at default
+writes a backlog of N such messages into the outbox (or, with --storage log, the
+log of design §3) and times a relay at default
 settings draining it through postboxamqp to a second quorum queue, and checks the
 queue holds exactly N. Each phase's CPU per message is read from /proc for this
 process, PostgreSQL and RabbitMQ (beam.smp). Queues, exchanges and tables are
@@ -85,5 +86,6 @@ deleted at the end.`,
 	f.BoolVar(&opts.RawHeaders, "raw-headers", false, "the raw baseline carries the headers table of a relay's message (CloudEvents attributes, partition key, replay horizon)")
 	f.DurationVar(&opts.Timeout, "timeout", 30*60e9, "bound on the drain")
 	f.StringVar(&opts.CPUProfile, "cpuprofile", "", "write a CPU profile of the drain phase to this file")
+	f.StringVar(&opts.Storage, "storage", "table", "table (the outbox, its backlog inserted with SQL) or log (the log read by snapshot bands, design §3, as postboxpgx.WithLog; its backlog written through the Client)")
 	return cmd
 }

@@ -209,20 +209,8 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 
 	fmt.Fprintf(out, "postbox: writing a backlog of %d messages to %s (%d keys)\n", opts.Messages, db.name(), opts.Keys)
 	start := time.Now()
-	const chunk = 1000
-	msgs := make([]postbox.Message, 0, chunk)
-	for i := 0; i < opts.Messages; i++ {
-		msg := postbox.Message{Topic: "m", Payload: payload}
-		if opts.Keys > 0 {
-			msg.Key = fmt.Sprintf("key-%d", i%opts.Keys)
-		}
-		msgs = append(msgs, msg)
-		if len(msgs) == chunk || i == opts.Messages-1 {
-			if err := client.Write(ctx, msgs...); err != nil {
-				return res, err
-			}
-			msgs = msgs[:0]
-		}
+	if err := writeBacklog(ctx, client, payload, opts.Messages, opts.Keys); err != nil {
+		return res, err
 	}
 	res.WriteRate = float64(opts.Messages) / time.Since(start).Seconds()
 	if err := db.analyze(ctx, table); err != nil {

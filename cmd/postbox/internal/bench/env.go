@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/pglog"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxmigrate"
@@ -196,6 +197,27 @@ func dropPrefix(pool *pgxpool.Pool, prefix string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_ = testdb.DropTables(ctx, pool, prefix)
+}
+
+// writeBacklog writes n messages of payload through c, a thousand a call,
+// over keys keys (none for 0), as a service's writers would.
+func writeBacklog(ctx context.Context, c benchClient, payload []byte, n, keys int) error {
+	const chunk = 1000
+	msgs := make([]postbox.Message, 0, chunk)
+	for i := range n {
+		msg := postbox.Message{Topic: "m", Payload: payload}
+		if keys > 0 {
+			msg.Key = fmt.Sprintf("key-%d", i%keys)
+		}
+		msgs = append(msgs, msg)
+		if len(msgs) == chunk || i == n-1 {
+			if err := c.Write(ctx, msgs...); err != nil {
+				return err
+			}
+			msgs = msgs[:0]
+		}
+	}
+	return nil
 }
 
 // waitOutboxEmpty polls, every d, until the outbox under prefix holds no

@@ -9,11 +9,13 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/cpuuse"
+	"github.com/postbox-go/postbox/internal/pglog"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxamqp"
 )
@@ -38,6 +40,10 @@ type RabbitMQOptions struct {
 	// CPUProfile, when set, names a file that receives a CPU profile of
 	// the drain phase (the relay, in this process).
 	CPUProfile string
+	// Storage is "table" (the default: the outbox, its backlog inserted
+	// with SQL as another writer would) or "log" (the log of design §3,
+	// as postboxpgx.WithLog, its backlog written through the Client).
+	Storage string
 }
 
 // RabbitMQResult is one run's figures.
@@ -71,6 +77,9 @@ func (o *RabbitMQOptions) Validate() error {
 	}
 	if o.Timeout < time.Second {
 		errs = append(errs, fmt.Errorf("--timeout %s: want at least 1s", o.Timeout))
+	}
+	if o.Storage != "" && o.Storage != "table" && o.Storage != "log" {
+		errs = append(errs, fmt.Errorf("--storage %q: want table or log", o.Storage))
 	}
 	return errors.Join(errs...)
 }
@@ -159,22 +168,47 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 		return res, err
 	}
 	defer func() { _ = pub.Close(context.WithoutCancel(ctx)) }()
-	client, err := postbox.NewClient(driver, &postbox.Config{
-		Prefix: prefix, Publisher: pub, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	cfg := &postbox.Config{Prefix: prefix, Publisher: pub, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	var logs *pglog.Driver
+	var client *postbox.Client[pgx.Tx]
+	table := prefix + "outbox"
+	if opts.Storage == "log" {
+		if err := pglog.UseLog(ctx, pool, prefix); err != nil {
+			return res, fmt.Errorf("switch the database to the log: %w", err)
+		}
+		logs, table = pglog.New(driver, pool, 0), prefix+"log"
+		client, err = postbox.NewClient(logs, cfg)
+	} else {
+		client, err = postbox.NewClient(driver, cfg)
+	}
 	if err != nil {
 		return res, err
 	}
-	fmt.Fprintf(out, "postbox: writing a backlog of %d messages to PostgreSQL (%d keys)\n", opts.Messages, opts.Keys)
+	fmt.Fprintf(out, "postbox: writing a backlog of %d messages to PostgreSQL (%d keys, storage %s)\n", opts.Messages, opts.Keys, cmp.Or(opts.Storage, "table"))
 	began := time.Now()
-	for done := 0; done < opts.Messages; done += 50_000 {
-		if err := fillBacklog(ctx, pool, prefix, min(50_000, opts.Messages-done), max(opts.Keys, 1), opts.Keys == 0); err != nil {
-			return res, err
+	if logs != nil {
+		err = writeBacklog(ctx, client, payload, opts.Messages, opts.Keys)
+	}
+	for done := 0; logs == nil && done < opts.Messages; done += 50_000 {
+		err = fillBacklog(ctx, pool, prefix, min(50_000, opts.Messages-done), max(opts.Keys, 1), opts.Keys == 0)
+		if err != nil {
+			break
 		}
 	}
-	res.WriteRate = float64(opts.Messages) / time.Since(began).Seconds()
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+prefix+"outbox"); err != nil {
+	if err != nil {
 		return res, err
+	}
+	res.WriteRate = float64(opts.Messages) / time.Since(began).Seconds()
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+table); err != nil {
+		return res, err
+	}
+	// What is left to publish: the outbox's rows, or the log's messages
+	// not yet recorded as published.
+	pending := func(ctx context.Context) (int64, error) {
+		if logs != nil {
+			return int64(opts.Messages) - logs.Published(), nil
+		}
+		return outboxPending(ctx, pool, prefix)
 	}
 
 	fmt.Fprintf(out, "postbox: draining the backlog to RabbitMQ through postboxamqp (relay defaults)\n")
@@ -195,7 +229,7 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 	defer tick.Stop()
 	lastReport := time.Now()
 	for {
-		pending, err := outboxPending(dctx, pool, prefix)
+		pending, err := pending(dctx)
 		if err != nil {
 			return res, err
 		}
