@@ -24,17 +24,23 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// traced returns a driver on migrated tables under prefix and a Tracer
+// whose spans rec records; the provider is shut down with the test.
+func traced(t *testing.T) (*postboxpgx.Driver, string, *tracetest.SpanRecorder, *sdktrace.TracerProvider, *postboxotel.Tracer) {
+	t.Helper()
+	pool, prefix := testdb.Migrated(t)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return postboxpgx.New(pool), prefix, rec, tp, postboxotel.New(tp, propagation.TraceContext{})
+}
+
 // The writer's trace context is stored with the message, the relay's
 // publish span links to it, the broker carries it, and the consumer's span
 // continues it.
 func TestTraceFlow(t *testing.T) {
 	ctx := context.Background()
-	pool, prefix := testdb.Migrated(t)
-	d := postboxpgx.New(pool)
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	defer func() { _ = tp.Shutdown(ctx) }()
-	tr := postboxotel.New(tp, propagation.TraceContext{})
+	d, prefix, rec, tp, tr := traced(t)
 
 	broker := postboxtest.NewBroker(nil)
 	client, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Publisher: broker, Tracer: tr})
@@ -96,12 +102,7 @@ func TestTraceFlow(t *testing.T) {
 // delivery's span still continues its writer's trace.
 func TestBatchSpan(t *testing.T) {
 	ctx := context.Background()
-	pool, prefix := testdb.Migrated(t)
-	d := postboxpgx.New(pool)
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	defer func() { _ = tp.Shutdown(ctx) }()
-	tr := postboxotel.New(tp, propagation.TraceContext{})
+	d, prefix, rec, tp, tr := traced(t)
 	client, err := postbox.NewClient(d, &postbox.Config{Prefix: prefix, Tracer: tr})
 	if err != nil {
 		t.Fatal(err)
