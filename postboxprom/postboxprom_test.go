@@ -198,7 +198,7 @@ postbox_inbox_batches_total{consumer="mailer",outcome="one_by_one"} 1
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Per consumer: the sizes' count and sum, the durations' count.
+	// Per consumer: the sizes' and the durations' count and sum.
 	got := map[string]string{}
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
