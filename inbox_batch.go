@@ -16,8 +16,8 @@ import (
 // BatchConfig configures Inbox.BatchProcessor. Zero fields take the
 // documented defaults.
 type BatchConfig struct {
-	// MaxBatch bounds the deliveries one transaction commits. Default and
-	// most 64: after a handler failed, the batch runs again with every
+	// MaxBatch bounds the deliveries one transaction commits. Default 64,
+	// which is also the most: after a handler failed, the batch runs again with every
 	// handler in a savepoint of its own, that is a subtransaction, and a
 	// PostgreSQL transaction with more than 64 of them that wrote
 	// overflows its backend's cache of subtransaction ids, which slows

@@ -126,8 +126,9 @@ func TestBatchSpan(t *testing.T) {
 		if len(ds) > 1 {
 			mu.Lock()
 			defer mu.Unlock()
+			span := trace.SpanContextFromContext(ctx).SpanID()
 			for _, d := range ds {
-				calls[trace.SpanContextFromContext(ctx).SpanID()] = append(calls[trace.SpanContextFromContext(ctx).SpanID()], d.ID)
+				calls[span] = append(calls[span], d.ID)
 			}
 		}
 		return nil

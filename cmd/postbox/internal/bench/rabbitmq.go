@@ -188,11 +188,9 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 	began := time.Now()
 	if logs != nil {
 		err = writeBacklog(ctx, client, payload, opts.Messages, opts.Keys)
-	}
-	for done := 0; logs == nil && done < opts.Messages; done += 50_000 {
-		err = fillBacklog(ctx, pool, prefix, min(50_000, opts.Messages-done), max(opts.Keys, 1), opts.Keys == 0)
-		if err != nil {
-			break
+	} else {
+		for done := 0; err == nil && done < opts.Messages; done += 50_000 {
+			err = fillBacklog(ctx, pool, prefix, min(50_000, opts.Messages-done), max(opts.Keys, 1), opts.Keys == 0)
 		}
 	}
 	if err != nil {
