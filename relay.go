@@ -415,7 +415,7 @@ func (r *relay) warnDurability(ctx context.Context) {
 }
 
 // checkConnections refuses a start on connections the relay cannot work
-// with (postboxdriver.ErrPooledStatements). Bounded by half a lease: any
+// with (postboxdriver.ErrPooledStatements, ErrOtherDatabase). Bounded by half a lease: any
 // other failure of the check (a pool with no second connection free, a
 // stalled link) is logged and the start goes on, as the relay's own
 // statements will report a database that does not answer.
@@ -423,7 +423,7 @@ func checkConnections(ctx context.Context, ex postboxdriver.Executor, cfg *Confi
 	ctx, cancel := context.WithTimeout(ctx, cfg.LeaseDuration/2)
 	defer cancel()
 	err := ex.CheckConnections(ctx)
-	if errors.Is(err, postboxdriver.ErrPooledStatements) {
+	if errors.Is(err, postboxdriver.ErrPooledStatements) || errors.Is(err, postboxdriver.ErrOtherDatabase) {
 		return err
 	}
 	if err != nil {

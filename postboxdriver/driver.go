@@ -59,6 +59,11 @@ var (
 	// it has passed; a switch to the log while a relay over the table
 	// runs. The message names both sides.
 	ErrStorageRefused = errors.New("postbox: refused by the database's storage setting")
+	// ErrOtherDatabase means the connections one Store runs its
+	// statements on reach different databases: postboxsql.WithLog's pgx
+	// pool and the *sql.DB beside it. The relay refuses to start on it
+	// (Executor.CheckConnections); the message names both databases.
+	ErrOtherDatabase = errors.New("postbox: the driver's connections reach different databases")
 	// ErrNoSignals is returned by Listener.Listen when the connections
 	// cannot carry change signals: a signal sent on another connection did
 	// not arrive (a transaction pooler such as PgBouncer's pool_mode =

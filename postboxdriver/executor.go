@@ -153,11 +153,12 @@ type Executor interface {
 	// no longer has.
 	DurabilityWarnings(ctx context.Context) ([]string, error)
 	// CheckConnections reports a set-up of the driver's connections that
-	// postbox cannot work with, wrapping ErrPooledStatements for the one
-	// known today: PostgreSQL reached through a transaction-pooling pooler
-	// (PgBouncer) by a client that prepares named statements, which the
-	// pooler loses between transactions. Nil when there is none. The relay
-	// refuses to start on one.
+	// postbox cannot work with: ErrPooledStatements, PostgreSQL reached
+	// through a transaction-pooling pooler (PgBouncer) by a client that
+	// prepares named statements, which the pooler loses between
+	// transactions; ErrOtherDatabase, a Store's two kinds of connection
+	// (postboxsql.WithLog's) on different databases. Nil when there is
+	// none. The relay refuses to start on either.
 	CheckConnections(ctx context.Context) error
 
 	// Dead messages of the outbox, and replay.

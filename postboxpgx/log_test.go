@@ -3,10 +3,6 @@ package postboxpgx_test
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,29 +22,13 @@ import (
 func TestWithLog(t *testing.T) {
 	ctx := context.Background()
 	pool, prefix := testdb.Migrated(t)
-	var mu sync.Mutex
-	var got []string
-	cfg := &postbox.Config{
-		Prefix: prefix, PollInterval: 20 * time.Millisecond,
-		Publisher: postbox.PublisherFunc(func(_ context.Context, e *postbox.Envelope) error {
-			mu.Lock()
-			defer mu.Unlock()
-			got = append(got, e.Key+"/"+string(e.Payload))
-			return nil
-		}),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
+	var published testdb.Published
+	cfg := published.Config(prefix)
 	client, err := postbox.NewClient(postboxpgx.New(pool, postboxpgx.WithLog()), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := func() (log, outbox int) {
-		t.Helper()
-		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+prefix+`log), (SELECT count(*) FROM `+prefix+`outbox)`).Scan(&log, &outbox); err != nil {
-			t.Fatal(err)
-		}
-		return log, outbox
-	}
+	rows := func() (log, outbox int) { return testdb.LogRows(t, pool, prefix) }
 	// write writes key/payload in a pgx.Tx, or in a Tx when pipelined,
 	// and checks that a Tx sends its insert with the COMMIT: its own
 	// statements see no new row before.
@@ -114,29 +94,8 @@ func TestWithLog(t *testing.T) {
 			t.Error(err)
 		}
 	}()
+	published.AwaitInKeyOrder(t, []string{"a", "b"}, 2)
 	deadline := time.Now().Add(20 * time.Second)
-	for {
-		mu.Lock()
-		n := len(got)
-		mu.Unlock()
-		if n >= 4 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("published %d of 4 messages", n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	mu.Lock()
-	for _, key := range []string{"a", "b"} {
-		if i, j := slices.Index(got, key+"/1"), slices.Index(got, key+"/2"); i < 0 || j < i {
-			t.Fatalf("published %v: want %s/1 before %s/2, each once", got, key, key)
-		}
-	}
-	if len(got) != 4 {
-		t.Fatalf("published %v, want 4 messages", got)
-	}
-	mu.Unlock()
 	// The last batch's record may ride on the relay's next read.
 	for {
 		s, err := client.Admin().Status(ctx)

@@ -5,9 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 	_ "modernc.org/sqlite"
 
@@ -21,31 +23,54 @@ import (
 
 func TestMain(m *testing.M) {
 	postboxdrivertest.Child(func(url string) (postboxdriver.Driver[*sql.Tx], error) {
+		url, log := strings.CutPrefix(url, overTheLog)
 		db, err := sql.Open("pgx", url)
 		if err != nil {
 			return nil, err
 		}
-		return postboxsql.New(db)
+		if !log {
+			return postboxsql.New(db)
+		}
+		pool, err := pgxpool.New(context.Background(), url)
+		if err != nil {
+			return nil, err
+		}
+		return postboxsql.New(db, postboxsql.WithLog(pool))
 	})
 	goleak.VerifyTestMain(m)
 }
 
+// overTheLog marks the database the crash tests' relays reach as one to
+// open WithLog.
+const overTheLog = "log:"
+
 func TestConformance(t *testing.T) {
-	postboxdrivertest.Run(t, harness(testdb.PostgresURL()))
+	postboxdrivertest.Run(t, harness(testdb.PostgresURL(), false))
 }
 
 // TestConformanceThroughPgBouncer runs the whole suite through PgBouncer
 // in transaction pooling mode, pgx's stdlib set to cache_describe.
 func TestConformanceThroughPgBouncer(t *testing.T) {
-	postboxdrivertest.Run(t, harness(testdb.BouncerURL(t, "default_query_exec_mode=cache_describe")))
+	postboxdrivertest.Run(t, harness(testdb.BouncerURL(t, "default_query_exec_mode=cache_describe"), false))
 }
 
-func harness(databaseURL string) postboxdrivertest.Harness[*sql.Tx] {
+// TestConformanceOverTheLog runs the whole suite with WithLog: the
+// writes in the caller's *sql.Tx go to the log, which the relays read on
+// the pgx pool beside the *sql.DB.
+func TestConformanceOverTheLog(t *testing.T) {
+	postboxdrivertest.Run(t, testdb.OverTheLog(harness(testdb.PostgresURL(), true)))
+}
+
+func harness(databaseURL string, log bool) postboxdrivertest.Harness[*sql.Tx] {
 	return postboxdrivertest.Harness[*sql.Tx]{
 		New: func(t *testing.T) (postboxdriver.Driver[*sql.Tx], string) {
 			prefix := testdb.Prefix(t)
 			testdb.DropPrefix(t, testdb.Pool(t), prefix)
-			d, err := postboxsql.New(testdb.SQLDBAt(t, databaseURL))
+			var opts []postboxsql.Option
+			if log {
+				opts = append(opts, postboxsql.WithLog(testdb.PoolAt(t, databaseURL)))
+			}
+			d, err := postboxsql.New(testdb.SQLDBAt(t, databaseURL), opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,7 +94,12 @@ func harness(databaseURL string) postboxdrivertest.Harness[*sql.Tx] {
 			_, err := d.(*postboxsql.Driver).DB().ExecContext(context.Background(), query, args...)
 			return err
 		},
-		Locate: func(*testing.T, postboxdriver.Driver[*sql.Tx]) string { return testdb.PostgresURL() },
+		Locate: func(*testing.T, postboxdriver.Driver[*sql.Tx]) string {
+			if log {
+				return overTheLog + testdb.PostgresURL()
+			}
+			return testdb.PostgresURL()
+		},
 		Sever: func(t *testing.T, _ postboxdriver.Driver[*sql.Tx], tx *sql.Tx) {
 			var pid int
 			if err := tx.QueryRowContext(context.Background(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {

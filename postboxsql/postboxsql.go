@@ -4,6 +4,11 @@
 //
 // Other database/sql drivers for PostgreSQL (lib/pq) cannot carry the typed
 // arrays postbox binds; New refuses them with a clear error.
+//
+// With WithLog the driver's relays read the log (design §3, "The next
+// storage model"), as postboxpgx.WithLog's do, and its writers write the
+// log in the caller's *sql.Tx while the database says so (`postbox storage
+// log`).
 package postboxsql
 
 import (
@@ -12,8 +17,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/postbox-go/postbox/internal/pglog"
 	"github.com/postbox-go/postbox/internal/pgsql"
 	"github.com/postbox-go/postbox/internal/pgxq"
 	"github.com/postbox-go/postbox/internal/sqlkit"
@@ -24,9 +31,46 @@ import (
 // by pgx's stdlib driver.
 var ErrUnsupportedDriver = errors.New("postboxsql: the *sql.DB must use pgx's stdlib driver (github.com/jackc/pgx/v5/stdlib)")
 
+// ErrNoLogPool is returned by New for WithLog(nil).
+var ErrNoLogPool = errors.New("postboxsql: WithLog needs a *pgxpool.Pool on the database of the *sql.DB")
+
 // Driver adapts a *sql.DB opened with pgx's stdlib driver.
 type Driver struct {
 	db *sql.DB
+	// log is the pool of WithLog, on which the log's statements run; nil
+	// keeps the outbox.
+	log *pgxpool.Pool
+	// err is an option's error, which New returns.
+	err error
+}
+
+// An Option sets how a Driver stores messages.
+type Option func(*Driver)
+
+// WithLog makes the Driver's Stores work over the log of PostgreSQL
+// migration 12 beside the outbox, as postboxpgx.WithLog does, with the
+// same steps to move a database to it and back and the same differences
+// for users (see postboxpgx.WithLog): their relays read the log by
+// snapshot bands and advance a position per partition once a batch
+// instead of moving each message into the published table, and their
+// writers write the log, in the caller's *sql.Tx, while the database says
+// log.
+//
+// The log's own statements (the relay's reads and records, its chunks)
+// are pgx's batches and transactions, which database/sql cannot carry:
+// they run on pool, a pgx pool on the same database as the *sql.DB,
+// which stays the caller's to close. A *sql.DB made from a pool
+// (stdlib.OpenDBFromPool) can share it. The relay checks at its start that
+// both reach one database and refuses to start otherwise
+// (postboxdriver.ErrOtherDatabase), since a pool elsewhere would leave
+// every message the writers log unread.
+func WithLog(pool *pgxpool.Pool) Option {
+	return func(d *Driver) {
+		if pool == nil {
+			d.err = ErrNoLogPool
+		}
+		d.log = pool
+	}
 }
 
 var (
@@ -35,11 +79,18 @@ var (
 )
 
 // New returns a driver over db.
-func New(db *sql.DB) (*Driver, error) {
+func New(db *sql.DB, opts ...Option) (*Driver, error) {
 	if _, ok := db.Driver().(*stdlib.Driver); !ok {
 		return nil, fmt.Errorf("%w; got %T", ErrUnsupportedDriver, db.Driver())
 	}
-	return &Driver{db: db}, nil
+	d := &Driver{db: db}
+	for _, o := range opts {
+		o(d)
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return d, nil
 }
 
 // DB returns the *sql.DB the driver was made with.
@@ -47,11 +98,21 @@ func (d *Driver) DB() *sql.DB { return d.db }
 
 // Open implements postboxdriver.Driver.
 func (d *Driver) Open(prefix string) (postboxdriver.Store[*sql.Tx], error) {
-	core, err := pgsql.New(poolDB{querier[*sql.DB]{d.db}}, prefix)
+	if d.log != nil {
+		return pglog.New(outbox{d.db}, d.log, 0).Open(prefix)
+	}
+	return outbox{d.db}.Open(prefix)
+}
+
+// outbox opens the Stores over the outbox, which the log's wrap.
+type outbox struct{ db *sql.DB }
+
+func (o outbox) Open(prefix string) (postboxdriver.Store[*sql.Tx], error) {
+	core, err := pgsql.New(poolDB{querier[*sql.DB]{o.db}}, prefix)
 	if err != nil {
 		return nil, err
 	}
-	return &store{Core: core, db: d.db}, nil
+	return &store{Core: core, db: o.db}, nil
 }
 
 type store struct {

@@ -83,14 +83,14 @@ var ErrSequenceCached = errors.New("postbox: the log's chunks need the outbox se
 const seqLastSQL = `(SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {p}outbox_seq_seq)`
 
 // chunkTable is the name of the chunk starting at lo.
-func (s *logStore) chunkTable(lo int64) string { return fmt.Sprintf("%slog_c%d", s.prefix, lo) }
+func (s *logStore[T]) chunkTable(lo int64) string { return fmt.Sprintf("%slog_c%d", s.prefix, lo) }
 
 // inChunkTx runs f in a transaction that holds the chunks' advisory lock,
 // so that two processes' passes do not attach or drop the same chunk; it
 // reports false when another pass holds it. Locks are waited for only
 // chunkLockTimeout, and the commit does not wait for a flush: lost in a
 // crash, an attach or a drop is done again by the next pass.
-func (s *logStore) inChunkTx(ctx context.Context, f func(tx pgx.Tx) error) (bool, error) {
+func (s *logStore[T]) inChunkTx(ctx context.Context, f func(tx pgx.Tx) error) (bool, error) {
 	held := false
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext($1))`, s.prefix+"log_chunks").Scan(&held); err != nil || !held {
@@ -115,7 +115,7 @@ func lockBusy(err error) bool {
 // those it has passed, and drops those retention has passed (age), and
 // returns how many rows the dropped chunks held. A chunk whose lock is
 // not granted soon is left to the next pass.
-func (s *logStore) maintainChunks(ctx context.Context, age time.Duration) (int, error) {
+func (s *logStore[T]) maintainChunks(ctx context.Context, age time.Duration) (int, error) {
 	if err := s.attachChunks(ctx); err != nil {
 		return 0, err
 	}
@@ -186,7 +186,7 @@ DELETE FROM {p}log_done m USING c WHERE m.seq >= c.lo AND m.seq < c.hi`), lo)
 // Readers and writers wait for the attach, a few milliseconds once a
 // chunk's width, and at most chunkLockTimeout behind a long statement or
 // writer, after which the attach gives up until the next pass.
-func (s *logStore) attachChunks(ctx context.Context) error {
+func (s *logStore[T]) attachChunks(ctx context.Context) error {
 	const read = `SELECT ` + seqLastSQL + `, coalesce((SELECT max(hi) FROM {p}log_chunks), 0)`
 	w, ahead := s.chunks.width, int64(s.chunks.ahead)
 	var last, top int64
@@ -224,7 +224,7 @@ func (s *logStore) attachChunks(ctx context.Context) error {
 // sequence is read by one statement, and the transaction's id taken by
 // the next, so that the id is assigned after every value the read saw
 // drawn.
-func (s *logStore) sealChunks(ctx context.Context) error {
+func (s *logStore[T]) sealChunks(ctx context.Context) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var last int64
 		var cache int64

@@ -20,7 +20,7 @@ import (
 func TestLogChunksWaitForTheirWriters(t *testing.T) {
 	ctx := context.Background()
 	pool, open := logStoreChunked(t, chunking{width: 10, ahead: 2})
-	st := open().(*logStore)
+	st := open().(*logStore[pgx.Tx])
 	prune := func() int {
 		t.Helper()
 		n, err := st.PrunePublished(ctx, 0, 1000)
@@ -168,7 +168,7 @@ func TestLogMigration(t *testing.T) {
 	ctx := context.Background()
 	for _, chunked := range []bool{false, true} {
 		pool, open := logStoreChunked(t, chunking{width: map[bool]int64{true: 10}[chunked]})
-		prefix := open().(*logStore).prefix
+		prefix := open().(*logStore[pgx.Tx]).prefix
 		var cols, defaults []string
 		var kind string
 		if err := pool.QueryRow(ctx, `SELECT array_agg(a.attname::text ORDER BY a.attnum),

@@ -191,28 +191,31 @@ func keyOf(seqs []int64) readKey {
 	return readKey{seqs[0], seqs[len(seqs)-1], len(seqs)}
 }
 
-// Driver opens Stores over the log on a pgx pool (postboxdriver.Driver).
-type Driver struct {
+// Driver opens Stores over the log on a pgx pool (postboxdriver.Driver),
+// for callers' transactions of type T: pgx.Tx (postboxpgx) or *sql.Tx
+// (postboxsql).
+type Driver[T any] struct {
 	pool *pgxpool.Pool
 	// outbox opens the Store over the outbox that the log's wraps: the
 	// outbox's own statements, and the caller's transactions as that
 	// Store binds statements to them. Nil opens pgxdriver's, which runs a
-	// transaction's statements in it at once.
-	outbox postboxdriver.Driver[pgx.Tx]
+	// transaction's statements in it at once (T pgx.Tx only).
+	outbox postboxdriver.Driver[T]
 	// chunks splits the log (ChunkLog); zero leaves it whole.
 	chunks chunking
 	// store is the Store opened last, whose published count the drain
 	// waits on.
-	store atomic.Pointer[logStore]
+	store atomic.Pointer[logStore[T]]
 }
 
 // New returns a Driver over the log on pool, whose Stores wrap those
-// outbox opens (postboxpgx's, on the same pool). With chunk above zero
+// outbox opens (postboxpgx's on the same pool, or postboxsql's on the
+// same database). With chunk above zero
 // the log, made a partitioned table by ChunkLog, is split into chunks of
 // that many seqs, chunksAhead of them kept attached beyond the sequence,
 // which retention drops whole; at zero the log is whole.
-func New(outbox postboxdriver.Driver[pgx.Tx], pool *pgxpool.Pool, chunk int64) *Driver {
-	d := &Driver{pool: pool, outbox: outbox}
+func New[T any](outbox postboxdriver.Driver[T], pool *pgxpool.Pool, chunk int64) *Driver[T] {
+	d := &Driver[T]{pool: pool, outbox: outbox}
 	if chunk > 0 {
 		d.chunks = chunking{width: chunk, ahead: chunksAhead}
 	}
@@ -221,7 +224,7 @@ func New(outbox postboxdriver.Driver[pgx.Tx], pool *pgxpool.Pool, chunk int64) *
 
 // Published is how many messages the Store opened last has recorded as
 // published: what a benchmark's drain waits for.
-func (d *Driver) Published() int64 {
+func (d *Driver[T]) Published() int64 {
 	if s := d.store.Load(); s != nil {
 		return s.published.Load()
 	}
@@ -231,7 +234,7 @@ func (d *Driver) Published() int64 {
 // AttachChunks attaches, through the Store opened last, the chunks that
 // retention keeps ahead of the sequence: before a backlog is written, so
 // that its rows go into chunks.
-func (d *Driver) AttachChunks(ctx context.Context) error {
+func (d *Driver[T]) AttachChunks(ctx context.Context) error {
 	s := d.store.Load()
 	if s == nil {
 		return errors.New("pglog: no Store is open")
@@ -257,10 +260,14 @@ func UseLog(ctx context.Context, pool *pgxpool.Pool, prefix string) error {
 }
 
 // Open implements postboxdriver.Driver.
-func (d *Driver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
+func (d *Driver[T]) Open(prefix string) (postboxdriver.Store[T], error) {
 	outbox := d.outbox
 	if outbox == nil {
-		outbox = pgxdriver.New(d.pool, nil)
+		o, ok := any(pgxdriver.New(d.pool, nil)).(postboxdriver.Driver[T])
+		if !ok {
+			return nil, errors.New("pglog: a Driver for transactions other than pgx.Tx needs the outbox's Driver")
+		}
+		outbox = o
 	}
 	inner, err := outbox.Open(prefix)
 	if err != nil {
@@ -270,9 +277,13 @@ func (d *Driver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
 	if core == nil {
 		return nil, fmt.Errorf("pglog: the outbox's Store, a %T, embeds no pgsql.Core", inner)
 	}
+	onPool, err := pgxdriver.New(d.pool, nil).Open(prefix)
+	if err != nil {
+		return nil, err
+	}
 	r := strings.NewReplacer("{p}", prefix)
-	st := &logStore{
-		Store: inner, core: core, pool: d.pool, db: noJIT{d.pool}, r: r, prefix: prefix, chunks: d.chunks,
+	st := &logStore[T]{
+		Store: inner, core: core, onPool: onPool, poolCore: pgsql.CoreOf(onPool), pool: d.pool, db: noJIT{d.pool}, r: r, prefix: prefix, chunks: d.chunks,
 		reads:       map[readShape]string{},
 		settleReads: map[readShape]string{},
 		shortReads:  map[int]bool{},
@@ -313,15 +324,20 @@ FROM {p}positions WHERE partition = ANY($1::int[])`),
 // interface, not its type, so that the relay sees only what this type
 // builds over the log, and the change signals (Signal, Listen), which it
 // passes on.
-type logStore struct {
-	postboxdriver.Store[pgx.Tx]
+type logStore[T any] struct {
+	postboxdriver.Store[T]
 	// core is the Core that Store embeds (pgsql.ReadsLog): its inserts
 	// note their partitions for the change signals.
-	core   *pgsql.Core
-	pool   *pgxpool.Pool
-	db     noJIT // every statement but the writer's insert
-	r      *strings.Replacer
-	prefix string
+	core *pgsql.Core
+	// onPool is the outbox's Store on pool, and poolCore its Core: the
+	// connections CheckConnections checks beside the outbox Store's, and
+	// where Listen waits when the outbox's Store cannot.
+	onPool   postboxdriver.Store[pgx.Tx]
+	poolCore *pgsql.Core
+	pool     *pgxpool.Pool
+	db       noJIT // every statement but the writer's insert
+	r        *strings.Replacer
+	prefix   string
 
 	insert, load, settle, rowsSettle, stats, requeue string
 	topicStats, replayCounts, prune, note            string
@@ -405,7 +421,7 @@ const maxPending = 1024
 
 // dropStale forgets the pending reads that can no longer be settled. The
 // caller holds s.mu.
-func (s *logStore) dropStale() {
+func (s *logStore[T]) dropStale() {
 	for k, br := range s.pending {
 		for part, base := range br.base {
 			if cur, ok := s.pos[part]; !ok || !cur.same(base) {
@@ -419,26 +435,26 @@ func (s *logStore) dropStale() {
 	}
 }
 
-func (s *logStore) UnwrapExecutor(tx pgx.Tx) postboxdriver.Executor {
+func (s *logStore[T]) UnwrapExecutor(tx T) postboxdriver.Executor {
 	ex := s.Store.UnwrapExecutor(tx)
 	core, _ := ex.(*pgsql.Core)
-	return logTx{Executor: ex, s: s, core: core}
+	return logTx[T]{Executor: ex, s: s, core: core}
 }
 
 // logTx is the Executor in a caller's transaction, whose Insert writes
 // the log. core is the Executor postboxpgx's Store unwraps, a Core bound
 // to the transaction (in a postboxpgx.Tx, deferring its insert to the
 // COMMIT).
-type logTx struct {
+type logTx[T any] struct {
 	postboxdriver.Executor
-	s    *logStore
+	s    *logStore[T]
 	core *pgsql.Core
 }
 
 // Insert writes the log, or the outbox while the database says table
 // (insertSQL), as postboxpgx writes the outbox: in a postboxpgx.Tx, with
 // the COMMIT; its partitions noted for the next change signal.
-func (t logTx) Insert(ctx context.Context, rows []postboxdriver.Row) error {
+func (t logTx[T]) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 	if t.core == nil {
 		return fmt.Errorf("pglog: the outbox's Executor is a %T, not a pgsql.Core", t.Executor)
 	}
@@ -447,7 +463,7 @@ func (t logTx) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 
 // AfterCommit implements postboxdriver.AfterCommitter as postboxpgx's
 // Executor does: a postboxpgx.Tx wakes the relay once it has committed.
-func (t logTx) AfterCommit(fn func()) bool {
+func (t logTx[T]) AfterCommit(fn func()) bool {
 	ac, ok := t.Executor.(postboxdriver.AfterCommitter)
 	return ok && ac.AfterCommit(fn)
 }
@@ -478,31 +494,67 @@ WHERE (SELECT storage FROM {p}storage) IS DISTINCT FROM 'log'`
 // Insert implements postboxdriver.Executor: the rows go to the log, or the
 // outbox while the database says table (insertSQL), their partitions
 // noted for the next change signal (Signal).
-func (s *logStore) Insert(ctx context.Context, rows []postboxdriver.Row) error {
+func (s *logStore[T]) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 	return s.wrap(s.core.InsertRows(ctx, s.insert, rows))
 }
 
 // Signal implements postboxdriver.Signaler as postboxpgx's Store does:
 // the log's writes (InsertRows marks their partitions) wake the relays of
 // other processes as the outbox's do, on the same channel.
-func (s *logStore) Signal(ctx context.Context, committed bool) error {
+func (s *logStore[T]) Signal(ctx context.Context, committed bool) error {
 	return s.core.Signal(ctx, committed)
 }
 
 // Listen implements postboxdriver.Listener as postboxpgx's Store does: a
-// relay over the log is woken by the writes of other processes.
-func (s *logStore) Listen(ctx context.Context, ready func(), heard func(postboxdriver.Heard)) error {
-	return s.Store.(postboxdriver.Listener).Listen(ctx, ready, heard)
+// relay over the log is woken by the writes of other processes. It
+// listens as the outbox's Store does where that Store can (postboxpgx's),
+// and otherwise on a connection of pool (under postboxsql, whose
+// database/sql connections cannot wait for a notification).
+func (s *logStore[T]) Listen(ctx context.Context, ready func(), heard func(postboxdriver.Heard)) error {
+	l, ok := s.Store.(postboxdriver.Listener)
+	if !ok {
+		l = s.onPool.(postboxdriver.Listener)
+	}
+	return l.Listen(ctx, ready, heard)
 }
 
 // wrap is err, as postboxdriver.ErrNotMigrated when the log's tables do
 // not exist.
-func (s *logStore) wrap(err error) error { return pgsql.NotMigrated(s.prefix, err) }
+func (s *logStore[T]) wrap(err error) error { return pgsql.NotMigrated(s.prefix, err) }
+
+// CheckConnections implements postboxdriver.Executor: the outbox Store's
+// connections, then those of pool, on which the log's statements run (a
+// transaction pooler and named statements, as postboxpgx checks its own),
+// and that both reach one database. Over postboxpgx they are one pool;
+// over postboxsql they are the caller's *sql.DB and pgx pool
+// (postboxsql.WithLog), and a pool on another database would leave every
+// message its writers log unread: the relay refuses to start with
+// postboxdriver.ErrOtherDatabase, naming both.
+func (s *logStore[T]) CheckConnections(ctx context.Context) error {
+	if err := s.Store.CheckConnections(ctx); err != nil {
+		return err
+	}
+	if err := s.poolCore.CheckConnections(ctx); err != nil {
+		return fmt.Errorf("the log's pool: %w", err)
+	}
+	outbox, err := s.core.Database(ctx)
+	if err != nil {
+		return err
+	}
+	log, err := s.poolCore.Database(ctx)
+	if err != nil {
+		return err
+	}
+	if outbox != log {
+		return fmt.Errorf("%w: the outbox's statements reach database %s, the log's pool %s", postboxdriver.ErrOtherDatabase, outbox, log)
+	}
+	return nil
+}
 
 // ConnLost implements postboxdriver.ConnChecker as postboxpgx's Store
 // does.
-func (s *logStore) ConnLost(ctx context.Context, tx pgx.Tx) bool {
-	c, ok := s.Store.(postboxdriver.ConnChecker[pgx.Tx])
+func (s *logStore[T]) ConnLost(ctx context.Context, tx T) bool {
+	c, ok := s.Store.(postboxdriver.ConnChecker[T])
 	return ok && c.ConnLost(ctx, tx)
 }
 
@@ -750,12 +802,12 @@ const settleLogCTEs = `moved AS (
 // Fetch implements postboxdriver.Executor: up to p.Limit rows of the
 // fenced partitions in seq order, from the log's bands and the outbox's
 // exceptions.
-func (s *logStore) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
+func (s *logStore[T]) Fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
 	recs, err := s.fetch(ctx, p)
 	return recs, s.wrap(err)
 }
 
-func (s *logStore) fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
+func (s *logStore[T]) fetch(ctx context.Context, p postboxdriver.FetchParams) ([]postboxdriver.Record, error) {
 	return s.fetchAfter(ctx, p, nil)
 }
 
@@ -771,7 +823,7 @@ type firstRead struct {
 // limit, not cut at an upper bound, takes whole the partitions that had
 // no band open, whose band it opened at its own snapshot; a partition
 // whose band was open is read to the end of that band only.
-func (s *logStore) ReadWhole(recs []postboxdriver.Record) []int {
+func (s *logStore[T]) ReadWhole(recs []postboxdriver.Record) []int {
 	seqs := make([]int64, len(recs))
 	for i := range recs {
 		seqs[i] = recs[i].Seq
@@ -785,7 +837,7 @@ func (s *logStore) ReadWhole(recs []postboxdriver.Record) []int {
 }
 
 // fetchAfter is fetch, whose first read, when first is not nil, has run.
-func (s *logStore) fetchAfter(ctx context.Context, p postboxdriver.FetchParams, first *firstRead) ([]postboxdriver.Record, error) {
+func (s *logStore[T]) fetchAfter(ctx context.Context, p postboxdriver.FetchParams, first *firstRead) ([]postboxdriver.Record, error) {
 	if len(p.Fence.Generations) == 0 || p.Limit <= 0 {
 		return nil, nil
 	}
@@ -846,7 +898,7 @@ func (s *logStore) fetchAfter(ctx context.Context, p postboxdriver.FetchParams, 
 // read runs one band read for p and works out where it leads. It returns
 // no bandRead when there is nothing to settle: no row, and no band to
 // close.
-func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]logRow, *bandRead, error) {
+func (s *logStore[T]) read(ctx context.Context, p postboxdriver.FetchParams) ([]logRow, *bandRead, error) {
 	// A read cut short of its limit at a bound below rows it may have
 	// missed is read again at once, the bound raised: it has no effect to
 	// undo. One cut with a full batch, or cut three times, is kept.
@@ -866,7 +918,7 @@ func (s *logStore) read(ctx context.Context, p postboxdriver.FetchParams) ([]log
 // it may have missed rows above u that its snapshot sees. A cut read is
 // recorded as a full one (the band stays open), its cursor no further
 // than u, and the bound rises for the next.
-func (s *logStore) readOnce(ctx context.Context, p postboxdriver.FetchParams) ([]logRow, *bandRead, bool, error) {
+func (s *logStore[T]) readOnce(ctx context.Context, p postboxdriver.FetchParams) ([]logRow, *bandRead, bool, error) {
 	parts := fenced(p.Fence)
 	base, err := s.positions(ctx, p.Fence, parts)
 	if err != nil {
@@ -899,7 +951,7 @@ func (s *logStore) readOnce(ctx context.Context, p postboxdriver.FetchParams) ([
 // out of time (the lease it reads under) would otherwise be tried again
 // as it was, and run out of time again for as long as the database is
 // that slow. Full, it hands over to the statement of one arm a partition.
-func (s *logStore) short(parts []int) bool {
+func (s *logStore[T]) short(parts []int) bool {
 	if len(parts) == 0 {
 		return false
 	}
@@ -910,7 +962,7 @@ func (s *logStore) short(parts []int) bool {
 }
 
 // noteFailed keeps, for short, that a read of pl failed.
-func (s *logStore) noteFailed(pl readPlan) {
+func (s *logStore[T]) noteFailed(pl readPlan) {
 	if len(pl.parts) == 0 {
 		return
 	}
@@ -921,7 +973,7 @@ func (s *logStore) noteFailed(pl readPlan) {
 
 // noteRead keeps, for short, whether a read of pl returned fewer rows
 // than its limit.
-func (s *logStore) noteRead(pl readPlan, got scanned) {
+func (s *logStore[T]) noteRead(pl readPlan, got scanned) {
 	if len(pl.parts) == 0 {
 		return
 	}
@@ -953,7 +1005,7 @@ type readPlan struct {
 }
 
 // plan is the read of p's partitions from the positions base.
-func (s *logStore) plan(p postboxdriver.FetchParams, parts []int, base map[int]position) readPlan {
+func (s *logStore[T]) plan(p postboxdriver.FetchParams, parts []int, base map[int]position) readPlan {
 	k := len(parts)
 	ps, lo, loNext, hi := make([]int32, k), make([]string, k), make([]string, k), make([]*string, k)
 	loSeq, cur := make([]int64, k), make([]int64, k)
@@ -975,7 +1027,7 @@ func (s *logStore) plan(p postboxdriver.FetchParams, parts []int, base map[int]p
 
 // statement is the statement of shape in cache, built by build and
 // prefixed on first use.
-func (s *logStore) statement(cache map[readShape]string, shape readShape, build func(k int, strict, routed, chunked bool) string) string {
+func (s *logStore[T]) statement(cache map[readShape]string, shape readShape, build func(k int, strict, routed, chunked bool) string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q, ok := cache[shape]
@@ -1055,7 +1107,7 @@ func scanRead(rs pgx.Rows, pl readPlan) (scanned, error) {
 
 // finish works out where the read pl, which returned got, leads: the
 // rows, what to settle, and whether the read was cut at its upper bound.
-func (s *logStore) finish(pl readPlan, got scanned) ([]logRow, *bandRead, bool, error) {
+func (s *logStore[T]) finish(pl readPlan, got scanned) ([]logRow, *bandRead, bool, error) {
 	base, out := pl.base, got.rows
 	maxSeq := map[int]int64{}
 	br := &bandRead{base: base, next: map[int]position{}, logged: make(map[int64]loggedRow, len(out))}
@@ -1139,7 +1191,7 @@ func raise(v *atomic.Int64, n int64) {
 
 // positions returns the fenced partitions' positions, loading from the
 // table those this process does not hold at the fence's generation.
-func (s *logStore) positions(ctx context.Context, f postboxdriver.Fence, parts []int) (map[int]position, error) {
+func (s *logStore[T]) positions(ctx context.Context, f postboxdriver.Fence, parts []int) (map[int]position, error) {
 	out := make(map[int]position, len(parts))
 	var missing []int32
 	s.mu.Lock()
@@ -1228,7 +1280,7 @@ ORDER BY 2`
 // batches do, is recorded in the statement that reads the next batch
 // (settleReadSQL). Any other is recorded as Settle records it, and the
 // next batch read after.
-func (s *logStore) SettleFetch(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int, p postboxdriver.FetchParams) (postboxdriver.Settled, []postboxdriver.Record, error) {
+func (s *logStore[T]) SettleFetch(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int, p postboxdriver.FetchParams) (postboxdriver.Settled, []postboxdriver.Record, error) {
 	if len(o.Failed) > 0 {
 		return postboxdriver.Settled{}, nil, fmt.Errorf("postbox: SettleFetch records publishes only, and was given %d failures", len(o.Failed))
 	}
@@ -1236,7 +1288,7 @@ func (s *logStore) SettleFetch(ctx context.Context, f postboxdriver.Fence, o pos
 	return st, recs, s.wrap(err)
 }
 
-func (s *logStore) settleFetch(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int, p postboxdriver.FetchParams) (postboxdriver.Settled, []postboxdriver.Record, error) {
+func (s *logStore[T]) settleFetch(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int, p postboxdriver.FetchParams) (postboxdriver.Settled, []postboxdriver.Record, error) {
 	lr, pl, err := s.planSettleRead(ctx, f, o, maxAttempts, p)
 	if err != nil {
 		return postboxdriver.Settled{}, nil, err
@@ -1287,7 +1339,7 @@ func (s *logStore) settleFetch(ctx context.Context, f postboxdriver.Fence, o pos
 // recorded now and, where p reads it too, under the same generation. It
 // returns the record, claimed, and the read from the positions the record
 // moves to; or no record when o is to be recorded on its own.
-func (s *logStore) planSettleRead(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int, p postboxdriver.FetchParams) (*logRecord, readPlan, error) {
+func (s *logStore[T]) planSettleRead(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int, p postboxdriver.FetchParams) (*logRecord, readPlan, error) {
 	if len(o.Read) == 0 || len(o.Published) != len(o.Read) || len(p.Fence.Generations) == 0 || p.Limit <= 0 {
 		return nil, readPlan{}, nil
 	}
@@ -1334,12 +1386,12 @@ func (s *logStore) planSettleRead(ctx context.Context, f postboxdriver.Fence, o 
 // Settle implements postboxdriver.Executor: the batch's exceptions are
 // recorded as the outbox records them, its log rows by moving the
 // positions and moving out those not published.
-func (s *logStore) Settle(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
+func (s *logStore[T]) Settle(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
 	st, err := s.record(ctx, f, o, maxAttempts)
 	return st, s.wrap(err)
 }
 
-func (s *logStore) record(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
+func (s *logStore[T]) record(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
 	var br *bandRead
 	if len(o.Read) > 0 {
 		s.mu.Lock()
@@ -1425,7 +1477,7 @@ var logRequeuePending = func() string {
 
 // RequeueDeadMessages implements postboxdriver.Executor: as the outbox's,
 // but a dead message whose id is pending again in the log stays dead too.
-func (s *logStore) RequeueDeadMessages(ctx context.Context, f postboxdriver.DeadFilter) (int, error) {
+func (s *logStore[T]) RequeueDeadMessages(ctx context.Context, f postboxdriver.DeadFilter) (int, error) {
 	var n int
 	err := s.db.QueryRow(ctx, s.requeue, pgsql.DeadArgs(f)...).Scan(&n)
 	return n, s.wrap(err)
@@ -1442,7 +1494,7 @@ SELECT (SELECT count(*) FROM {p}outbox) + (SELECT count(*) FROM pend),
   (SELECT count(*) FROM {p}published) + (SELECT count(*) FROM {p}log) - (SELECT count(*) FROM pend)`
 
 // Stats implements postboxdriver.Executor over the log and the outbox.
-func (s *logStore) Stats(ctx context.Context) (postboxdriver.Stats, error) {
+func (s *logStore[T]) Stats(ctx context.Context) (postboxdriver.Stats, error) {
 	var st postboxdriver.Stats
 	var age float64
 	if err := s.db.QueryRow(ctx, s.stats).Scan(&st.Pending, &st.Dead, &age, &st.Published); err != nil {
@@ -1532,7 +1584,7 @@ SELECT count(*) FROM del`
 // TopicStats implements postboxdriver.Executor: the log's pending rows
 // count beside the outbox's, and its records of the last minute beside
 // the published table's.
-func (s *logStore) TopicStats(ctx context.Context) ([]postboxdriver.TopicStats, error) {
+func (s *logStore[T]) TopicStats(ctx context.Context) ([]postboxdriver.TopicStats, error) {
 	rs, err := s.db.Query(ctx, s.topicStats)
 	if err != nil {
 		return nil, s.wrap(err)
@@ -1543,7 +1595,7 @@ func (s *logStore) TopicStats(ctx context.Context) ([]postboxdriver.TopicStats, 
 
 // Replay implements postboxdriver.Executor over the published table and
 // the log.
-func (s *logStore) Replay(ctx context.Context, r postboxdriver.ReplayParams) (int, error) {
+func (s *logStore[T]) Replay(ctx context.Context, r postboxdriver.ReplayParams) (int, error) {
 	n, err := pgsql.RunReplay(ctx, s.replay, r, s.count, func(ctx context.Context, sql string, args ...any) error {
 		_, err := s.db.Exec(ctx, sql, args...)
 		return err
@@ -1552,7 +1604,7 @@ func (s *logStore) Replay(ctx context.Context, r postboxdriver.ReplayParams) (in
 }
 
 // count runs a statement that returns one count.
-func (s *logStore) count(ctx context.Context, sql string, args ...any) (int, error) {
+func (s *logStore[T]) count(ctx context.Context, sql string, args ...any) (int, error) {
 	var n int
 	err := s.db.QueryRow(ctx, sql, args...).Scan(&n)
 	return n, err
@@ -1560,7 +1612,7 @@ func (s *logStore) count(ctx context.Context, sql string, args ...any) (int, err
 
 // ReplayCounts implements postboxdriver.Executor over the published table
 // and the log.
-func (s *logStore) ReplayCounts(ctx context.Context, r postboxdriver.ReplayParams, recent time.Duration) ([]postboxdriver.ReplayCount, error) {
+func (s *logStore[T]) ReplayCounts(ctx context.Context, r postboxdriver.ReplayParams, recent time.Duration) ([]postboxdriver.ReplayCount, error) {
 	rs, err := s.db.Query(ctx, s.replayCounts, pgsql.ReplayCountsArgs(r, recent)...)
 	if err != nil {
 		return nil, s.wrap(err)
@@ -1580,7 +1632,7 @@ func (s *logStore) ReplayCounts(ctx context.Context, r postboxdriver.ReplayParam
 // The chunks are kept on the first call of a retention pass (the call
 // before it came back short of its limit), and at least once a minute
 // should passes never end: not on each of a pass's batches.
-func (s *logStore) PrunePublished(ctx context.Context, age time.Duration, limit int) (n int, err error) {
+func (s *logStore[T]) PrunePublished(ctx context.Context, age time.Duration, limit int) (n int, err error) {
 	defer func() { s.midPass.Store(err == nil && n >= limit) }()
 	if n, err = s.Store.PrunePublished(ctx, age, limit); err != nil || n >= limit {
 		return n, err
@@ -1613,7 +1665,7 @@ func (s *logStore) PrunePublished(ctx context.Context, age time.Duration, limit 
 // rows are, and those reads' records are the outbox's. A log row carries
 // no mark, so none of them is a suspect yet. A read whose partition moved
 // on meanwhile is left alone: its rows are read again.
-func (s *logStore) ResolveCrashes(ctx context.Context, f postboxdriver.Fence, seqs []int64) ([]postboxdriver.Suspect, error) {
+func (s *logStore[T]) ResolveCrashes(ctx context.Context, f postboxdriver.Fence, seqs []int64) ([]postboxdriver.Suspect, error) {
 	if err := s.toExceptions(ctx, f, seqs); err != nil {
 		return nil, s.wrap(err)
 	}
@@ -1622,7 +1674,7 @@ func (s *logStore) ResolveCrashes(ctx context.Context, f postboxdriver.Fence, se
 
 // toExceptions moves the log rows of the pending reads that hold any of
 // seqs into the outbox, unsent, and forgets those reads.
-func (s *logStore) toExceptions(ctx context.Context, f postboxdriver.Fence, seqs []int64) error {
+func (s *logStore[T]) toExceptions(ctx context.Context, f postboxdriver.Fence, seqs []int64) error {
 	var reads []*bandRead
 	s.mu.Lock()
 	for k, br := range s.pending {
@@ -1706,7 +1758,7 @@ SELECT seq, attempts, true FROM buried`
 // read this process does not hold, or holds under another Outcome.Read.
 // A failure listed twice counts once, the last one winning, as the
 // outbox's Settle counts it.
-func (s *logStore) settleRows(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
+func (s *logStore[T]) settleRows(ctx context.Context, f postboxdriver.Fence, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
 	var out postboxdriver.Settled
 	parts := make([]int32, 0, len(f.Generations))
 	for part := range f.Generations {
@@ -1750,7 +1802,7 @@ func (s *logStore) settleRows(ctx context.Context, f postboxdriver.Fence, o post
 // settleLog moves the positions of br's partitions that this process
 // still holds where br read them, and moves out br's log rows of those
 // partitions that o did not publish.
-func (s *logStore) settleLog(ctx context.Context, f postboxdriver.Fence, br *bandRead, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
+func (s *logStore[T]) settleLog(ctx context.Context, f postboxdriver.Fence, br *bandRead, o postboxdriver.Outcome, maxAttempts int) (postboxdriver.Settled, error) {
 	var out postboxdriver.Settled
 	lr := s.claim(f, br, o, maxAttempts)
 	if lr == nil {
@@ -1810,7 +1862,7 @@ type logRecord struct {
 // and no other record is moving. Of those it writes the positions of the
 // partitions br read log rows of, and of those whose stored position is
 // storeEvery old. It returns nil when it moves none.
-func (s *logStore) claim(f postboxdriver.Fence, br *bandRead, o postboxdriver.Outcome, maxAttempts int) *logRecord {
+func (s *logStore[T]) claim(f postboxdriver.Fence, br *bandRead, o postboxdriver.Outcome, maxAttempts int) *logRecord {
 	touched := make(map[int]bool, len(br.touched))
 	for _, part := range br.touched {
 		touched[part] = true
@@ -1909,7 +1961,7 @@ func (s *logStore) claim(f postboxdriver.Fence, br *bandRead, o postboxdriver.Ou
 // did not write. It returns how many of its log rows it recorded as
 // published: all of them, or where some lease moved on, those of the
 // partitions moved.
-func (s *logStore) moved(lr *logRecord, moved []int) int {
+func (s *logStore[T]) moved(lr *logRecord, moved []int) int {
 	now := time.Now()
 	s.mu.Lock()
 	for _, part := range moved {
@@ -1941,7 +1993,7 @@ func (s *logStore) moved(lr *logRecord, moved []int) int {
 // release ends the record lr, which moved the partitions moved: its
 // partitions are free to settle again, and those it was to note and did
 // not move are owed a note again.
-func (s *logStore) release(lr *logRecord, moved []int) {
+func (s *logStore[T]) release(lr *logRecord, moved []int) {
 	s.unnoted(lr.noted, moved)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -1955,7 +2007,7 @@ func (s *logStore) release(lr *logRecord, moved []int) {
 // those owed a note, where this process has not noted them for
 // noteEvery. The other partitions of touched are owed one. It takes them
 // as noted now.
-func (s *logStore) dueNotes(touched []int, moving map[int]bool) []int32 {
+func (s *logStore[T]) dueNotes(touched []int, moving map[int]bool) []int32 {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -1975,7 +2027,7 @@ func (s *logStore) dueNotes(touched []int, moving map[int]bool) []int32 {
 
 // unnoted owes again a note of the partitions of noted that a record did
 // not move (moved): it wrote no note of them.
-func (s *logStore) unnoted(noted []int32, moved []int) {
+func (s *logStore[T]) unnoted(noted []int32, moved []int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, part := range noted {
@@ -1998,7 +2050,7 @@ HAVING count(*) > 0`
 // payNotes notes the positions of the fenced partitions owed a note
 // whose time has come, for a read that found nothing: with no record to
 // ride, an idle relay's last rows would otherwise have no publish time.
-func (s *logStore) payNotes(ctx context.Context, f postboxdriver.Fence) error {
+func (s *logStore[T]) payNotes(ctx context.Context, f postboxdriver.Fence) error {
 	fenced := make(map[int]bool, len(f.Generations))
 	for part := range f.Generations {
 		fenced[part] = true

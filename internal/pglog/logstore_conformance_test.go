@@ -3,9 +3,7 @@ package pglog
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,77 +22,47 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			return nil, err
 		}
-		return &suiteLogDriver{Driver{pool: pool, chunks: suiteChunks}}, nil
+		return &suiteLogDriver{Driver[pgx.Tx]{pool: pool, chunks: suiteChunks}}, nil
 	})
 	goleak.VerifyTestMain(m)
 }
 
 // suiteLogDriver opens the log store with the log's chunks among its
 // migrations, so that the suite's own migration makes them.
-type suiteLogDriver struct{ Driver }
+type suiteLogDriver struct{ Driver[pgx.Tx] }
 
-type suiteLogStore struct{ *logStore }
+type suiteLogStore struct{ *logStore[pgx.Tx] }
 
 func (d *suiteLogDriver) Open(prefix string) (postboxdriver.Store[pgx.Tx], error) {
 	s, err := d.Driver.Open(prefix)
 	if err != nil {
 		return nil, err
 	}
-	return suiteLogStore{s.(*logStore)}, nil
+	return suiteLogStore{s.(*logStore[pgx.Tx])}, nil
 }
 
 // Migrations is the drivers' migrations, then the log of migration 12
 // split into chunks of suiteChunks' width from seq 4 on, so that the
 // suite's rows lie in the default partition (seqs 1–3 and past the
-// chunks) and in chunks, and the database switched to the log (migration
-// 13's setting), so that the Store writes the log.
+// chunks) and in chunks. The harness (testdb.OverTheLog) switches the
+// database to the log once migrated, so that the Store writes the log.
 func (s suiteLogStore) Migrations() []postboxdriver.Migration {
 	return append(s.logStore.Migrations(), postboxdriver.Migration{Version: 1000, Name: "log", SQL: ChunkLog(s.prefix) + fmt.Sprintf(`
 DO $$ BEGIN FOR i IN 1..%[2]d LOOP
   EXECUTE format('CREATE TABLE %[1]slog_c%%1$s PARTITION OF %[1]slog FOR VALUES FROM (%%1$s) TO (%%2$s)', i * %[3]d, (i + 1) * %[3]d);
   INSERT INTO %[1]slog_chunks (lo, hi) VALUES (i * %[3]d, (i + 1) * %[3]d);
-END LOOP; END $$;
-UPDATE %[1]sstorage SET storage = 'log'`, s.prefix, suiteChunks.ahead, suiteChunks.width)})
+END LOOP; END $$`, s.prefix, suiteChunks.ahead, suiteChunks.width)})
 }
 
 // suiteChunks splits the suite's logs: sixteen chunks of four seqs.
 var suiteChunks = chunking{width: 4, ahead: 16}
 
-// logTimes are the log's columns that stand for a time column of the
-// outbox's tables, which the suite moves back together: the log holds
-// what the outbox holds pending, and log_passes notes what it published
-// and when.
-var logTimes = map[string][2]string{
-	"outbox.created_at":      {"log", "created_at"},
-	"published.published_at": {"log_passes", "at"},
-}
-
 // The storage conformance suite against the log store, whole.
 func TestLogStoreConformance(t *testing.T) {
 	h := testdb.PgxHarness(testdb.PostgresURL(),
 		func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] {
-			return &suiteLogDriver{Driver{pool: pool, chunks: suiteChunks}}
+			return &suiteLogDriver{Driver[pgx.Tx]{pool: pool, chunks: suiteChunks}}
 		},
 		func(d postboxdriver.Driver[pgx.Tx]) *pgxpool.Pool { return d.(*suiteLogDriver).pool })
-	backdate := h.Backdate
-	h.Backdate = func(t *testing.T, d postboxdriver.Driver[pgx.Tx], prefix, table, column string, age time.Duration) {
-		backdate(t, d, prefix, table, column, age)
-		if also, ok := logTimes[table+"."+column]; ok {
-			backdate(t, d, prefix, also[0], also[1], age)
-		}
-	}
-	// The log holds what the outbox holds pending, the rows of writers in
-	// other languages among them (migration 14): an update of the
-	// outbox's rows updates the log's too.
-	exec := h.Exec
-	h.Exec = func(t *testing.T, d postboxdriver.Driver[pgx.Tx], query string, args ...any) error {
-		if err := exec(t, d, query, args...); err != nil {
-			return err
-		}
-		if pre, set, ok := strings.Cut(query, "outbox SET "); ok && strings.HasPrefix(pre, "UPDATE ") {
-			return exec(t, d, pre+"log SET "+set, args...)
-		}
-		return nil
-	}
-	postboxdrivertest.Run(t, h)
+	postboxdrivertest.Run(t, testdb.OverTheLog(h))
 }

@@ -42,7 +42,7 @@ func BenchmarkPrunePublished(b *testing.B) {
 				chunks = chunking{width: int64(width), ahead: n / width}
 			}
 			pool, open := logStoreChunked(b, chunks)
-			st := open().(*logStore)
+			st := open().(*logStore[pgx.Tx])
 			p := st.prefix
 			prune := st.PrunePublished
 			if storage == "table" {
@@ -127,7 +127,7 @@ func BenchmarkLogHistory(b *testing.B) {
 	rows, perTx := envInt(b, "LOG_HISTORY_ROWS", 1_000_000), envInt(b, "LOG_HISTORY_TX_ROWS", 2_500)
 	ctx := context.Background()
 	pool, open := logStoreSchema(b)
-	st := open().(*logStore)
+	st := open().(*logStore[pgx.Tx])
 	p := st.prefix
 	// One transaction a loop, committed by the server's own loop without
 	// waiting for each flush.

@@ -76,7 +76,7 @@ CREATE TABLE `+prefix+`domain (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KE
 		}
 		return nil
 	})
-	drv := &Driver{pool: pool, chunks: chunking{width: 64, ahead: 3}}
+	drv := &Driver[pgx.Tx]{pool: pool, chunks: chunking{width: 64, ahead: 3}}
 	client, err := postbox.NewClient(drv, &postbox.Config{
 		Prefix: prefix, Publisher: pub, BatchSize: 7, Lanes: 2, PollInterval: 5 * time.Millisecond,
 		BackoffBase: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
@@ -366,7 +366,7 @@ func TestLogStoreHistoryOfRowsRecordedOneByOne(t *testing.T) {
 		t.Fatalf("replay = %d, %v", n, err)
 	}
 	var marks int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+reader.(*logStore).prefix+`log_done`).Scan(&marks); err != nil || marks != 0 {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+reader.(*logStore[pgx.Tx]).prefix+`log_done`).Scan(&marks); err != nil || marks != 0 {
 		t.Fatalf("%d marks left after the replay, %v", marks, err)
 	}
 }
@@ -439,7 +439,7 @@ func TestLogStoreReplayLeavesOutIDsPendingInTheLog(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	p := st.(*logStore).prefix
+	p := st.(*logStore[pgx.Tx]).prefix
 	var below bool
 	if err := pool.QueryRow(ctx, `SELECT bool_and(g.seq <= x.lo_seq) FROM `+p+`log g JOIN `+p+`positions x USING (partition)
 WHERE g.id = $1 AND NOT pg_visible_in_snapshot(g.xid, x.lo)`, y).Scan(&below); err != nil || !below {
@@ -539,7 +539,7 @@ func logStoreChunked(t testing.TB, c chunking) (*pgxpool.Pool, func() postboxdri
 		}
 	}
 	return pool, func() postboxdriver.Store[pgx.Tx] {
-		st, err := (&Driver{pool: pool, chunks: c}).Open(prefix)
+		st, err := (&Driver[pgx.Tx]{pool: pool, chunks: c}).Open(prefix)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -605,7 +605,7 @@ func TestLogStoreRequeueSeesALateCommit(t *testing.T) {
 	ctx := context.Background()
 	pool, open := logStoreSchema(t)
 	st := open()
-	p := st.(*logStore).prefix
+	p := st.(*logStore[pgx.Tx]).prefix
 	id := postbox.NewID()
 	row := func(id string) []postboxdriver.Row {
 		return []postboxdriver.Row{{ID: id, Topic: "t", Key: "k", Payload: []byte("p"), Headers: []byte("{}")}}
@@ -771,7 +771,7 @@ func TestLogStoreReadsLateCommitsUnderTwoSnapshots(t *testing.T) {
 func TestLogStoreSettleFetch(t *testing.T) {
 	ctx := context.Background()
 	pool, open := logStoreSchema(t)
-	st := open().(*logStore)
+	st := open().(*logStore[pgx.Tx])
 	// Every row has the same key, so that all are in one partition and
 	// the late row's seq is below that partition's lo_seq once a is read.
 	row := func(name string) []postboxdriver.Row {
@@ -850,7 +850,7 @@ func TestLogStoreSettleFetch(t *testing.T) {
 // database was that slow.
 func TestLogReadShapeAfterNoneOrAFailure(t *testing.T) {
 	_, open := logStoreChunked(t, chunking{})
-	st := open().(*logStore)
+	st := open().(*logStore[pgx.Tx])
 	parts := []int{3, 5, 8}
 	small := func() bool {
 		return st.plan(postboxdriver.FetchParams{Limit: 2}, parts, map[int]position{}).shape.small
@@ -878,7 +878,7 @@ func TestLogReadShapesAgree(t *testing.T) {
 		t.Run(fmt.Sprintf("chunks of %d", c.width), func(t *testing.T) {
 			ctx := context.Background()
 			pool, open := logStoreChunked(t, c)
-			st := open().(*logStore)
+			st := open().(*logStore[pgx.Tx])
 			late, err := pool.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -1052,8 +1052,8 @@ func TestLogStoreSignals(t *testing.T) {
 		t.Fatalf("listen ended before it was ready: %v", err)
 	}
 	other := testdb.PoolAt(t, testdb.PostgresURL())
-	prefix := open().(*logStore).prefix
-	writer, err := postbox.NewClient(&Driver{pool: other}, &postbox.Config{Prefix: prefix})
+	prefix := open().(*logStore[pgx.Tx]).prefix
+	writer, err := postbox.NewClient(&Driver[pgx.Tx]{pool: other}, &postbox.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1082,7 +1082,7 @@ func TestLogStoreSignals(t *testing.T) {
 func TestLogStoreWritesThePositionsItPassedRowsOf(t *testing.T) {
 	ctx := context.Background()
 	pool, open := logStoreSchema(t)
-	st := open().(*logStore)
+	st := open().(*logStore[pgx.Tx])
 	fence := fenceAll(t, st)
 	n := len(fence.Generations)
 	keyIn := map[int]string{}
@@ -1132,7 +1132,7 @@ func TestLogStoreWritesThePositionsItPassedRowsOf(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	publish := func(st *logStore) []postboxdriver.Record { return publishAll(t, st, fence) }
+	publish := func(st *logStore[pgx.Tx]) []postboxdriver.Record { return publishAll(t, st, fence) }
 	late, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -1192,7 +1192,7 @@ func TestLogStoreWritesThePositionsItPassedRowsOf(t *testing.T) {
 	if err := st.Insert(ctx, row(quiet)); err != nil {
 		t.Fatal(err)
 	}
-	other := open().(*logStore)
+	other := open().(*logStore[pgx.Tx])
 	recs := publish(other)
 	if len(recs) != 2 || recs[0].ID != lateRow[0].ID || recs[1].Partition != quiet {
 		t.Fatalf("the other process read %+v; want the late row, then the quiet partition's new one", recs)
@@ -1280,11 +1280,11 @@ func TestLogReadTakesEachPartitionInIndexOrder(t *testing.T) {
 
 // readFixture is a log's Store holding n rows of distinct keys, fenced for
 // every partition, and the positions its read of them starts from.
-func readFixture(t *testing.T, n int) (*pgxpool.Pool, *logStore, postboxdriver.Fence, []int, map[int]position) {
+func readFixture(t *testing.T, n int) (*pgxpool.Pool, *logStore[pgx.Tx], postboxdriver.Fence, []int, map[int]position) {
 	t.Helper()
 	ctx := context.Background()
 	pool, open := logStoreSchema(t)
-	st := open().(*logStore)
+	st := open().(*logStore[pgx.Tx])
 	rows := make([]postboxdriver.Row, n)
 	for i := range rows {
 		rows[i] = postboxdriver.Row{ID: postbox.NewID(), Topic: "t", Key: strconv.Itoa(i), Payload: []byte("p"), Headers: []byte("{}")}
@@ -1306,7 +1306,7 @@ func readFixture(t *testing.T, n int) (*pgxpool.Pool, *logStore, postboxdriver.F
 func explainRead(t *testing.T, q interface {
 	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, st *logStore, pl readPlan, name string) string {
+}, st *logStore[pgx.Tx], pl readPlan, name string) string {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := q.Exec(ctx, `PREPARE `+name+` AS `+st.statement(st.reads, pl.shape, readSQL)); err != nil {

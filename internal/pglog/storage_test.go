@@ -45,7 +45,7 @@ func storageClients(t *testing.T) (pool *pgxpool.Pool, prefix string, setting pg
 			return c
 		}
 	}
-	return pool, prefix, setting, client(pgxdriver.New(pool, nil)), client(New(nil, pool, 0))
+	return pool, prefix, setting, client(pgxdriver.New(pool, nil)), client(New[pgx.Tx](nil, pool, 0))
 }
 
 // The database says what its relays read (migration 13). A switch to the

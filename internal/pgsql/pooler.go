@@ -75,3 +75,18 @@ func serverMoved(ctx context.Context, a, b Querier) (bool, error) {
 	_, _ = b.Exec(ctx, `ROLLBACK`)
 	return false, err
 }
+
+// databaseSQL names the database a connection reaches, and its server by
+// the time the server started: localhost and 127.0.0.1 reach one server,
+// and a replica holds its primary's databases under the same oids.
+const databaseSQL = `SELECT format('%s (oid %s) of the server started at %s', d.datname, d.oid, pg_postmaster_start_time())
+FROM pg_database d WHERE d.datname = current_database()`
+
+// Database names the database the Core's connections reach, for a Store
+// whose statements run on two kinds of connection (the log's over
+// postboxsql: its *sql.DB and a pgx pool) to check that both reach one.
+func (c *Core) Database(ctx context.Context) (string, error) {
+	var name string
+	err := c.queryRow(ctx, c.db, databaseSQL, nil, &name)
+	return name, err
+}

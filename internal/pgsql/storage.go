@@ -23,17 +23,23 @@ type coreOf interface{ core() *Core }
 
 func (c *Core) core() *Core { return c }
 
+// CoreOf is the Core that x embeds, or nil.
+func CoreOf(x any) *Core {
+	if h, ok := x.(coreOf); ok {
+		return h.core()
+	}
+	return nil
+}
+
 // ReadsLog makes the Core that x embeds register its relays as readers of
 // the log (Coordinate's heartbeat) and let them run under either setting
 // of the database (CheckStorage), and returns it; nil when x embeds none.
 // The log's Store calls it on the Store it wraps, before any use.
 func ReadsLog(x any) *Core {
-	h, ok := x.(coreOf)
-	if !ok {
-		return nil
+	c := CoreOf(x)
+	if c != nil {
+		c.storage = StorageLog
 	}
-	c := h.core()
-	c.storage = StorageLog
 	return c
 }
 

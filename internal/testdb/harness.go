@@ -3,6 +3,7 @@ package testdb
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,4 +54,47 @@ func PgxHarness(databaseURL string, open func(*pgxpool.Pool) postboxdriver.Drive
 		},
 		Features: postboxdrivertest.Features{ConcurrentWriters: true},
 	}
+}
+
+// OverTheLog adapts h, the Harness of a driver whose Stores work over the
+// log (postboxpgx.WithLog, postboxsql.WithLog), to the log: each test's
+// database is switched to the log once migrated, as `postbox storage log`
+// does, so that its writers write the log; and since the log holds what
+// the outbox holds pending, the writes of another language's writer
+// among it (migration 14), what the suite does to the outbox's rows with
+// SQL it does to the log's too (an UPDATE of the outbox updates the log
+// alike, and Backdate moves the log's times with the outbox's and the
+// published table's: created_at, and the passes that note what was
+// published and when).
+func OverTheLog[T any](h postboxdrivertest.Harness[T]) postboxdrivertest.Harness[T] {
+	exec, backdate := h.Exec, h.Backdate
+	h.Migrated = func(t *testing.T, d postboxdriver.Driver[T], prefix string) {
+		if err := exec(t, d, "UPDATE "+prefix+"storage SET storage = 'log'"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.Exec = func(t *testing.T, d postboxdriver.Driver[T], query string, args ...any) error {
+		if err := exec(t, d, query, args...); err != nil {
+			return err
+		}
+		if pre, set, ok := strings.Cut(query, "outbox SET "); ok && strings.HasPrefix(pre, "UPDATE ") {
+			return exec(t, d, pre+"log SET "+set, args...)
+		}
+		return nil
+	}
+	h.Backdate = func(t *testing.T, d postboxdriver.Driver[T], prefix, table, column string, age time.Duration) {
+		backdate(t, d, prefix, table, column, age)
+		if also, ok := logTimes[table+"."+column]; ok {
+			backdate(t, d, prefix, also[0], also[1], age)
+		}
+	}
+	return h
+}
+
+// logTimes are the log's columns that stand for a time column of the
+// outbox's tables: the log holds what the outbox holds pending, and
+// log_passes notes what it published and when.
+var logTimes = map[string][2]string{
+	"outbox.created_at":      {"log", "created_at"},
+	"published.published_at": {"log_passes", "at"},
 }

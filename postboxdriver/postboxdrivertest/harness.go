@@ -21,6 +21,11 @@ type Harness[TTx any] struct {
 	// migrates the tables itself. Cleanup (dropping the tables, closing
 	// pools) is registered on t.
 	New func(t *testing.T) (postboxdriver.Driver[TTx], string)
+	// Migrated, when set, runs after the suite has migrated a prefix's
+	// tables and before it opens them: what the database needs beyond its
+	// migrations for the driver under test (the storage switch of a
+	// driver over the log, as `postbox storage log` makes it).
+	Migrated func(t *testing.T, d postboxdriver.Driver[TTx], prefix string)
 	// Begin opens a transaction of the user's kind on the database behind
 	// the driver, returning it with its commit and rollback.
 	Begin func(t *testing.T, ctx context.Context, d postboxdriver.Driver[TTx]) (tx TTx, commit, rollback func() error)

@@ -118,6 +118,9 @@ func (s *suite[TTx]) setup(t *testing.T) *env[TTx] {
 	if _, err := m.Up(context.Background()); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
+	if s.h.Migrated != nil {
+		s.h.Migrated(t, d, prefix)
+	}
 	store, err := d.Open(prefix)
 	if err != nil {
 		t.Fatal(err)

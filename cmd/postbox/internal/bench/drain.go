@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -183,7 +184,7 @@ func Drain(ctx context.Context, opts DrainOptions, out io.Writer) (DrainResult, 
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	var client benchClient
-	var logs *pglog.Driver
+	var logs *pglog.Driver[pgx.Tx]
 	table := prefix + "outbox"
 	if opts.Storage == "log" {
 		if err := pglog.UseLog(ctx, pg.pool, prefix); err != nil {

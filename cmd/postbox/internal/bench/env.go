@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -229,7 +230,7 @@ func waitOutboxEmpty(ctx context.Context, db database, prefix string, d time.Dur
 // waitLogDrained polls, every d, until the relay has recorded n messages
 // as published over the log and the outbox under prefix holds no
 // exception.
-func waitLogDrained(ctx context.Context, db database, logs *pglog.Driver, prefix string, n int64, d time.Duration) error {
+func waitLogDrained(ctx context.Context, db database, logs *pglog.Driver[pgx.Tx], prefix string, n int64, d time.Duration) error {
 	return pollUntil(ctx, d, func() (bool, error) {
 		if logs.Published() < n {
 			return false, nil

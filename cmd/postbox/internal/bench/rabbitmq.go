@@ -169,7 +169,7 @@ func RabbitMQ(ctx context.Context, opts RabbitMQOptions, out io.Writer) (RabbitM
 	}
 	defer func() { _ = pub.Close(context.WithoutCancel(ctx)) }()
 	cfg := &postbox.Config{Prefix: prefix, Publisher: pub, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	var logs *pglog.Driver
+	var logs *pglog.Driver[pgx.Tx]
 	var client *postbox.Client[pgx.Tx]
 	table := prefix + "outbox"
 	if opts.Storage == "log" {
