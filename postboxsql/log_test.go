@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/url"
 	"testing"
+	"time"
 
 	"github.com/postbox-go/postbox"
 	"github.com/postbox-go/postbox/internal/pglog"
@@ -102,4 +103,41 @@ func TestWithLogNeedsAPool(t *testing.T) {
 	if _, err := postboxsql.New(testdb.SQLDB(t), postboxsql.WithLog(nil)); !errors.Is(err, postboxsql.ErrNoLogPool) {
 		t.Fatalf("WithLog(nil): %v; want ErrNoLogPool", err)
 	}
+}
+
+// A relay over the log listens on the pgx pool, since the *sql.DB's
+// connections cannot wait for a notification: it hears a write through a
+// Client on another *sql.DB (another process, as far as the database can
+// tell).
+func TestWithLogListensOnThePool(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pool, prefix := testdb.Migrated(t)
+	if err := pglog.UseLog(ctx, pool, prefix); err != nil {
+		t.Fatal(err)
+	}
+	open := func() *postboxsql.Driver {
+		d, err := postboxsql.New(testdb.SQLDB(t), postboxsql.WithLog(testdb.PoolAt(t, testdb.PostgresURL())))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	st, err := open().Open(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, ok := st.(postboxdriver.Listener)
+	if !ok {
+		t.Fatalf("the Store over the log, a %T, does not listen", st)
+	}
+	writer, err := postbox.NewClient(open(), &postbox.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testdb.HearsWrite(t, ctx, l, func() {
+		if err := writer.Write(ctx, postbox.Message{Topic: "orders.paid", Key: "k", Payload: []byte("1")}); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

@@ -2,6 +2,7 @@ package testdb
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/postboxdriver"
 )
 
 // Published collects what a Client's relay publishes, each message as
@@ -79,4 +81,41 @@ func LogRows(t *testing.T, pool *pgxpool.Pool, prefix string) (log, outbox int) 
 		t.Fatal(err)
 	}
 	return log, outbox
+}
+
+// HearsWrite listens with l, calls write once l listens, and fails t
+// unless l hears a change signal for the write: a committed write of key
+// "k", naming its partition. It stops listening before it returns.
+func HearsWrite(t *testing.T, ctx context.Context, l postboxdriver.Listener, write func()) {
+	t.Helper()
+	ready := make(chan struct{})
+	heard := make(chan postboxdriver.Heard, 10)
+	lctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- l.Listen(lctx, func() { close(ready) }, func(h postboxdriver.Heard) { heard <- h }) }()
+	ended := false
+	defer func() {
+		stop()
+		if ended {
+			return
+		}
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("listen returned %v after its context ended", err)
+		}
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		ended = true
+		t.Fatalf("listen ended before it was ready: %v", err)
+	}
+	write()
+	select {
+	case h := <-heard:
+		if want := []int{postboxdriver.PartitionOf("k", "", 64)}; !slices.Equal(h.Partitions, want) || !h.Committed {
+			t.Fatalf("heard %+v, want partitions %v, committed", h, want)
+		}
+	case <-ctx.Done():
+		t.Fatal("no change signal heard for the write")
+	}
 }
