@@ -39,9 +39,10 @@ func (p *Published) Config(prefix string) *postbox.Config {
 	}
 }
 
-// AwaitInKeyOrder waits until n messages are published, failing t after
-// 20 s, and fails t unless they are exactly each of keys' messages, with
-// payloads "1" to "perKey", in that order.
+// AwaitInKeyOrder waits until as many messages as keys have perKey each
+// are published, failing t after 20 s, and fails t unless they are
+// exactly each key's messages, with payloads "1" to perKey, in that
+// order, each once.
 func (p *Published) AwaitInKeyOrder(t *testing.T, keys []string, perKey int) {
 	t.Helper()
 	n := len(keys) * perKey
