@@ -315,7 +315,8 @@ FROM {p}positions WHERE partition = ANY($1::int[])`),
 	return st, nil
 }
 
-// logStore is postboxpgx's Store with the relay's path on the log: Insert
+// logStore is the outbox's Store (postboxpgx's or postboxsql's) with the
+// relay's path on the log: Insert
 // writes the log (the outbox while the database says table), Fetch reads it by bands beside the outbox's exceptions,
 // and Settle advances the positions (or records rows one by one); Stats,
 // ResolveCrashes and RequeueDeadMessages take the log into account,
@@ -323,7 +324,7 @@ FROM {p}positions WHERE partition = ANY($1::int[])`),
 // ReadWhole says which partitions a read took whole. It embeds the Store
 // interface, not its type, so that the relay sees only what this type
 // builds over the log, and the change signals (Signal, Listen), which it
-// passes on.
+// passes on (Listen on pool where the outbox's Store cannot listen).
 type logStore[T any] struct {
 	postboxdriver.Store[T]
 	// core is the Core that Store embeds (pgsql.ReadsLog): its inserts
@@ -442,9 +443,9 @@ func (s *logStore[T]) UnwrapExecutor(tx T) postboxdriver.Executor {
 }
 
 // logTx is the Executor in a caller's transaction, whose Insert writes
-// the log. core is the Executor postboxpgx's Store unwraps, a Core bound
-// to the transaction (in a postboxpgx.Tx, deferring its insert to the
-// COMMIT).
+// the log. core is the Executor the outbox's Store unwraps (postboxpgx's
+// or postboxsql's), a Core bound to the transaction (in a postboxpgx.Tx,
+// deferring its insert to the COMMIT).
 type logTx[T any] struct {
 	postboxdriver.Executor
 	s    *logStore[T]
