@@ -277,13 +277,18 @@ func (d *Driver[T]) Open(prefix string) (postboxdriver.Store[T], error) {
 	if core == nil {
 		return nil, fmt.Errorf("pglog: the outbox's Store, a %T, embeds no pgsql.Core", inner)
 	}
-	onPool, err := pgxdriver.New(d.pool, nil).Open(prefix)
-	if err != nil {
-		return nil, err
+	// Over postboxpgx the outbox's Store is on pool itself: it serves as
+	// onPool, and its connections are checked once.
+	onPool, samePool := any(inner).(postboxdriver.Store[pgx.Tx])
+	if p, ok := inner.(interface{ Pool() *pgxpool.Pool }); !samePool || !ok || p.Pool() != d.pool {
+		samePool = false
+		if onPool, err = pgxdriver.New(d.pool, nil).Open(prefix); err != nil {
+			return nil, err
+		}
 	}
 	r := strings.NewReplacer("{p}", prefix)
 	st := &logStore[T]{
-		Store: inner, core: core, onPool: onPool, poolCore: pgsql.CoreOf(onPool), pool: d.pool, db: noJIT{d.pool}, r: r, prefix: prefix, chunks: d.chunks,
+		Store: inner, core: core, onPool: onPool, samePool: samePool, poolCore: pgsql.CoreOf(onPool), pool: d.pool, db: noJIT{d.pool}, r: r, prefix: prefix, chunks: d.chunks,
 		reads:       map[readShape]string{},
 		settleReads: map[readShape]string{},
 		shortReads:  map[int]bool{},
@@ -332,8 +337,10 @@ type logStore[T any] struct {
 	core *pgsql.Core
 	// onPool is the outbox's Store on pool, and poolCore its Core: the
 	// connections CheckConnections checks beside the outbox Store's, and
-	// where Listen waits when the outbox's Store cannot.
+	// where Listen waits when the outbox's Store cannot. samePool says
+	// that onPool is the outbox's Store itself (postboxpgx's).
 	onPool   postboxdriver.Store[pgx.Tx]
+	samePool bool
 	poolCore *pgsql.Core
 	pool     *pgxpool.Pool
 	db       noJIT // every statement but the writer's insert
@@ -526,13 +533,13 @@ func (s *logStore[T]) wrap(err error) error { return pgsql.NotMigrated(s.prefix,
 // CheckConnections implements postboxdriver.Executor: the outbox Store's
 // connections, then those of pool, on which the log's statements run (a
 // transaction pooler and named statements, as postboxpgx checks its own),
-// and that both reach one database. Over postboxpgx they are one pool;
-// over postboxsql they are the caller's *sql.DB and pgx pool
-// (postboxsql.WithLog), and a pool on another database would leave every
-// message its writers log unread: the relay refuses to start with
+// and that both reach one database. Over postboxpgx they are one pool,
+// checked once; over postboxsql they are the caller's *sql.DB and pgx
+// pool (postboxsql.WithLog), and a pool on another database would leave
+// every message its writers log unread: the relay refuses to start with
 // postboxdriver.ErrOtherDatabase, naming both.
 func (s *logStore[T]) CheckConnections(ctx context.Context) error {
-	if err := s.Store.CheckConnections(ctx); err != nil {
+	if err := s.Store.CheckConnections(ctx); err != nil || s.samePool {
 		return err
 	}
 	if err := s.poolCore.CheckConnections(ctx); err != nil {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox"
+	"github.com/postbox-go/postbox/internal/pgxdriver"
 	"github.com/postbox-go/postbox/internal/testdb"
 	"github.com/postbox-go/postbox/postboxdriver"
 )
@@ -1344,3 +1346,57 @@ func sqlLiteral(t *testing.T, v any) string {
 	}
 	return "ARRAY[" + strings.Join(items, ", ") + "]::" + typ + "[]"
 }
+
+// Over one pool (postboxpgx's WithLog), the log's Store checks the pool's
+// connections once, as the outbox's Store does, and compares no
+// databases; over an outbox on another pool (postboxsql's WithLog), it
+// checks its pool and asks it for its database besides.
+func TestLogStoreChecksOnePoolOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, prefix := migratedLog(t)
+	cfg, err := pgxpool.ParseConfig(testdb.PostgresURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tally := &queryTally{}
+	cfg.ConnConfig.Tracer = tally
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	check := func(name string, d postboxdriver.Driver[pgx.Tx]) int64 {
+		t.Helper()
+		st, err := d.Open(prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := tally.n.Load()
+		if err := st.CheckConnections(ctx); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return tally.n.Load() - before
+	}
+	outbox := check("the outbox's Store", pgxdriver.New(pool, nil))
+	if outbox == 0 {
+		t.Fatal("the outbox's Store sent no statement to check its connections")
+	}
+	if got := check("the log's Store on one pool", New[pgx.Tx](pgxdriver.New(pool, nil), pool, 0)); got != outbox {
+		t.Errorf("the log's Store on the outbox's pool sent it %d statements, want the outbox Store's %d", got, outbox)
+	}
+	other := testdb.Pool(t)
+	if got := check("the log's Store beside an outbox on another pool", New[pgx.Tx](pgxdriver.New(other, nil), pool, 0)); got <= outbox {
+		t.Errorf("the log's Store beside an outbox on another pool sent its own pool %d statements, want more than the %d of its connections' check (its database too)", got, outbox)
+	}
+}
+
+// queryTally counts the statements a pool sends.
+type queryTally struct{ n atomic.Int64 }
+
+func (q *queryTally) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	q.n.Add(1)
+	return ctx
+}
+
+func (*queryTally) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}

@@ -59,6 +59,9 @@ func (s *store) UnwrapExecutor(tx pgx.Tx) postboxdriver.Executor {
 	return s.WithTx(s.unwrap(tx))
 }
 
+// Pool returns the pool the Store's statements run on.
+func (s *store) Pool() *pgxpool.Pool { return s.pool }
+
 func (s *store) InTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, s.pool, fn)
 }
