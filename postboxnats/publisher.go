@@ -206,9 +206,6 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 	}
 }
 
-// flight builds the NATS message for env. The id travels as Nats-Msg-Id,
-// exactly what jetstream.WithMsgID sets; setting the header directly
-// spares the options' allocations on every publish.
 // CheckMessage implements postbox.MessageChecker: what Publish could
 // never send is refused when the message is written. It encodes env as
 // Publish does, so a topic whose subject is invalid (an empty token, as in
@@ -231,6 +228,9 @@ func (p *Publisher) CheckMessage(env *postbox.Envelope) error {
 	return nil
 }
 
+// flight builds the NATS message for env. The id travels as Nats-Msg-Id,
+// exactly what jetstream.WithMsgID sets; setting the header directly
+// spares the options' allocations on every publish.
 func (p *Publisher) flight(env *postbox.Envelope) (*flight, error) {
 	if env.ID == "" {
 		return nil, ErrNoID

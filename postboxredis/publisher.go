@@ -195,7 +195,6 @@ func (p *Publisher) Publish(ctx context.Context, env *postbox.Envelope, done fun
 	p.kit.Leave()
 }
 
-// request builds the script call for env.
 // CheckMessage implements postbox.MessageChecker: what Publish could
 // never send is refused when the message is written. It builds the entry
 // as Publish does, so a topic whose stream name this package refuses, a
@@ -208,6 +207,7 @@ func (p *Publisher) CheckMessage(env *postbox.Envelope) error {
 	return err
 }
 
+// request builds the script call for env.
 func (p *Publisher) request(env *postbox.Envelope) (*request, error) {
 	if env.ID == "" || len(env.ID) > MaxIDBytes || !printable.Line(env.ID) {
 		return nil, fmt.Errorf("%w: %q", ErrNoID, configcheck.Shorten(env.ID))

@@ -262,13 +262,13 @@ func (s *store) OldestSnapshot(context.Context) (postboxdriver.Snapshot, bool, e
 	return postboxdriver.Snapshot{}, false, nil
 }
 
-// DurabilityWarnings implements postboxdriver.Executor. The setting
-// belongs to each connection; the one the pool hands out here stands for
-// the DSN they all share.
 // CheckConnections implements postboxdriver.Executor: SQLite has no
 // pooler in front of it.
 func (s *store) CheckConnections(context.Context) error { return nil }
 
+// DurabilityWarnings implements postboxdriver.Executor. The setting
+// belongs to each connection; the one the pool hands out here stands for
+// the DSN they all share.
 func (s *store) DurabilityWarnings(ctx context.Context) ([]string, error) {
 	var level int
 	if err := s.conn().QueryRowContext(ctx, `PRAGMA synchronous`).Scan(&level); err != nil {
