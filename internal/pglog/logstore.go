@@ -299,6 +299,7 @@ func (d *Driver[T]) Open(prefix string) (postboxdriver.Store[T], error) {
 		noted:       map[int]time.Time{},
 		owed:        map[int]bool{},
 		insert:      r.Replace(insertSQL),
+		insertOne:   r.Replace(insertOneSQL),
 		load: r.Replace(`SELECT partition, lo::text, lo_next::text, lo_seq, hi::text, hi_next::text, band_cursor, band_max
 FROM {p}positions WHERE partition = ANY($1::int[])`),
 		settle:     r.Replace(settleLogSQL),
@@ -347,11 +348,12 @@ type logStore[T any] struct {
 	r        *strings.Replacer
 	prefix   string
 
-	insert, load, settle, rowsSettle, stats, requeue string
-	topicStats, replayCounts, prune, note            string
-	droppable, chunkSpan                             string
-	chunks                                           chunking
-	replay                                           pgsql.ReplayStatements
+	insert, insertOne, load, settle, rowsSettle, stats string
+	requeue                                            string
+	topicStats, replayCounts, prune, note              string
+	droppable, chunkSpan                               string
+	chunks                                             chunking
+	replay                                             pgsql.ReplayStatements
 
 	mu sync.Mutex
 	// reads are the read statements by their shape, and settleReads the
@@ -466,7 +468,7 @@ func (t logTx[T]) Insert(ctx context.Context, rows []postboxdriver.Row) error {
 	if t.core == nil {
 		return fmt.Errorf("pglog: the outbox's Executor is a %T, not a pgsql.Core", t.Executor)
 	}
-	return t.s.wrap(t.core.InsertRows(ctx, t.s.insert, rows))
+	return t.s.wrap(t.core.InsertRows(ctx, t.s.insert, t.s.insertOne, rows))
 }
 
 // AfterCommit implements postboxdriver.AfterCommitter as postboxpgx's
@@ -488,22 +490,31 @@ func (t logTx[T]) AfterCommit(fn func()) bool {
 // once a switch back to the table has committed no write can still add
 // to the log. Each insert reads unnest itself: a CTE both read would be
 // materialized, which cost a one-row write more (BENCHMARKS.md, "The log's
-// writer follows the database's setting").
-var insertSQL = func() string {
-	rows := `SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[], $6::int[])`
+// writer follows the database's setting"). insertOneSQL is the same
+// insert over one row's six values, the usual write, for which binding
+// arrays and unnest's function scan cost more than the values (BENCHMARKS.md,
+// "The log's writer binds one row's values").
+var (
+	insertSQL    = insertWhereSaid(`SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::jsonb[], $6::int[])`)
+	insertOneSQL = insertWhereSaid(`SELECT $1::uuid, $2::text, $3::text, $4::bytea, $5::jsonb, $6::int`)
+)
+
+// insertWhereSaid is the insert of rows, a SELECT of the six columns,
+// into the table the database's setting names.
+func insertWhereSaid(rows string) string {
 	return `WITH lg AS (
   INSERT INTO {p}log (id, topic, key, payload, headers, partition) ` + rows + `
   WHERE (SELECT storage FROM {p}storage) = 'log'
 )
 INSERT INTO {p}outbox (id, topic, key, payload, headers, partition) ` + rows + `
 WHERE (SELECT storage FROM {p}storage) IS DISTINCT FROM 'log'`
-}()
+}
 
 // Insert implements postboxdriver.Executor: the rows go to the log, or the
 // outbox while the database says table (insertSQL), their partitions
 // noted for the next change signal (Signal).
 func (s *logStore[T]) Insert(ctx context.Context, rows []postboxdriver.Row) error {
-	return s.wrap(s.core.InsertRows(ctx, s.insert, rows))
+	return s.wrap(s.core.InsertRows(ctx, s.insert, s.insertOne, rows))
 }
 
 // Signal implements postboxdriver.Signaler as postboxpgx's Store does:

@@ -1391,12 +1391,70 @@ func TestLogStoreChecksOnePoolOnce(t *testing.T) {
 	}
 }
 
-// queryTally counts the statements a pool sends.
-type queryTally struct{ n atomic.Int64 }
+// queryTally counts the statements a pool sends, and keeps their text.
+type queryTally struct {
+	n   atomic.Int64
+	mu  sync.Mutex
+	sql []string
+}
 
-func (q *queryTally) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (q *queryTally) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	q.n.Add(1)
+	q.mu.Lock()
+	q.sql = append(q.sql, data.SQL)
+	q.mu.Unlock()
 	return ctx
 }
 
 func (*queryTally) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A write of one message binds its values, one of several binds arrays
+// (insertOneSQL, insertSQL), and both land in the log while the database
+// says log.
+func TestLogWriterBindsOneRowsValues(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, prefix := migratedLog(t)
+	cfg, err := pgxpool.ParseConfig(testdb.PostgresURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tally := &queryTally{}
+	cfg.ConnConfig.Tracer = tally
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c, err := postbox.NewClient(&Driver[pgx.Tx]{pool: pool}, &postbox.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := postbox.Message{Topic: "orders.paid", Key: "k", Payload: []byte("p")}
+	for _, w := range []struct {
+		msgs   []postbox.Message
+		arrays bool
+	}{{[]postbox.Message{m}, false}, {[]postbox.Message{m, m, m}, true}} {
+		tally.mu.Lock()
+		tally.sql = nil
+		tally.mu.Unlock()
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return c.WriteTx(ctx, tx, w.msgs...) }); err != nil {
+			t.Fatal(err)
+		}
+		tally.mu.Lock()
+		var inserts []string
+		for _, s := range tally.sql {
+			if strings.Contains(s, "INSERT INTO "+prefix+"log") {
+				inserts = append(inserts, s)
+			}
+		}
+		tally.mu.Unlock()
+		if len(inserts) != 1 || strings.Contains(inserts[0], "unnest") != w.arrays {
+			t.Fatalf("a write of %d messages sent %d inserts into the log (%q), want one that binds arrays: %v", len(w.msgs), len(inserts), inserts, w.arrays)
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+prefix+`log`).Scan(&n); err != nil || n != 4 {
+		t.Fatalf("the log holds %d rows (%v), want the 4 written", n, err)
+	}
+}

@@ -401,13 +401,7 @@ func LikePatterns(ps []string) []string {
 
 // Insert implements postboxdriver.Executor, with one statement.
 func (c *Core) Insert(ctx context.Context, rows []postboxdriver.Row) error {
-	if len(rows) == 1 {
-		r := &rows[0]
-		p := postboxdriver.PartitionOf(r.Key, r.ID, Partitions)
-		c.written.Or(1 << p)
-		return c.insert(ctx, c.q.insertOne, r.ID, r.Topic, nullable(r.Key), notNil(r.Payload), string(r.Headers), int32(p))
-	}
-	return c.InsertRows(ctx, c.q.insert, rows)
+	return c.InsertRows(ctx, c.q.insert, c.q.insertOne, rows)
 }
 
 // InsertArrays are the arrays the many-row insert binds for rows, in its
@@ -453,13 +447,23 @@ func (c *Core) AfterCommit(fn func()) bool {
 	return false
 }
 
-// InsertRows inserts rows with sql, an insert that takes InsertArrays'
-// arrays (a table of the caller's own with the outbox's columns), as
-// Insert inserts into the outbox: in a postboxpgx.Tx, with the COMMIT.
-func (c *Core) InsertRows(ctx context.Context, sql string, rows []postboxdriver.Row) error {
+// InsertRows inserts rows as Insert inserts into the outbox (in a
+// postboxpgx.Tx, with the COMMIT), with many, an insert that takes
+// InsertArrays' arrays, or for a single row, the usual write, with one,
+// the same insert over the row's six values in the arrays' order: binding
+// arrays and reading them back through unnest costs a one-row write's
+// client and server more than the row's values do (BENCHMARKS.md, "The
+// log's writer binds one row's values").
+func (c *Core) InsertRows(ctx context.Context, many, one string, rows []postboxdriver.Row) error {
+	if len(rows) == 1 {
+		r := &rows[0]
+		p := postboxdriver.PartitionOf(r.Key, r.ID, Partitions)
+		c.written.Or(1 << p)
+		return c.insert(ctx, one, r.ID, r.Topic, nullable(r.Key), notNil(r.Payload), string(r.Headers), int32(p))
+	}
 	args, written := InsertArrays(rows)
 	c.written.Or(written)
-	return c.insert(ctx, sql, args...)
+	return c.insert(ctx, many, args...)
 }
 
 func (c *Core) insert(ctx context.Context, sql string, args ...any) error {
