@@ -1355,17 +1355,7 @@ func TestLogStoreChecksOnePoolOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, prefix := migratedLog(t)
-	cfg, err := pgxpool.ParseConfig(testdb.PostgresURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	tally := &queryTally{}
-	cfg.ConnConfig.Tracer = tally
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, tally := tracedPool(t)
 	check := func(name string, d postboxdriver.Driver[pgx.Tx]) int64 {
 		t.Helper()
 		st, err := d.Open(prefix)
@@ -1389,6 +1379,24 @@ func TestLogStoreChecksOnePoolOnce(t *testing.T) {
 	if got := check("the log's Store beside an outbox on another pool", New[pgx.Tx](pgxdriver.New(other, nil), pool, 0)); got <= outbox {
 		t.Errorf("the log's Store beside an outbox on another pool sent its own pool %d statements, want more than the %d of its connections' check (its database too)", got, outbox)
 	}
+}
+
+// tracedPool is a pool on the test database whose statements tally
+// counts and keeps, closed when t ends.
+func tracedPool(t *testing.T) (*pgxpool.Pool, *queryTally) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testdb.PostgresURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tally := &queryTally{}
+	cfg.ConnConfig.Tracer = tally
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, tally
 }
 
 // queryTally counts the statements a pool sends, and keeps their text.
@@ -1415,17 +1423,7 @@ func TestLogWriterBindsOneRowsValues(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, prefix := migratedLog(t)
-	cfg, err := pgxpool.ParseConfig(testdb.PostgresURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	tally := &queryTally{}
-	cfg.ConnConfig.Tracer = tally
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, tally := tracedPool(t)
 	c, err := postbox.NewClient(&Driver[pgx.Tx]{pool: pool}, &postbox.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
