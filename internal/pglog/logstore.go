@@ -279,9 +279,10 @@ func (d *Driver[T]) Open(prefix string) (postboxdriver.Store[T], error) {
 	}
 	// Over postboxpgx the outbox's Store is on pool itself: it serves as
 	// onPool, and its connections are checked once.
-	onPool, samePool := any(inner).(postboxdriver.Store[pgx.Tx])
-	if p, ok := inner.(interface{ Pool() *pgxpool.Pool }); !samePool || !ok || p.Pool() != d.pool {
-		samePool = false
+	onPool, _ := any(inner).(postboxdriver.Store[pgx.Tx])
+	p, ok := inner.(interface{ Pool() *pgxpool.Pool })
+	samePool := onPool != nil && ok && p.Pool() == d.pool
+	if !samePool {
 		if onPool, err = pgxdriver.New(d.pool, nil).Open(prefix); err != nil {
 			return nil, err
 		}
@@ -322,15 +323,16 @@ FROM {p}positions WHERE partition = ANY($1::int[])`),
 }
 
 // logStore is the outbox's Store (postboxpgx's or postboxsql's) with the
-// relay's path on the log: Insert
-// writes the log (the outbox while the database says table), Fetch reads it by bands beside the outbox's exceptions,
-// and Settle advances the positions (or records rows one by one); Stats,
-// ResolveCrashes and RequeueDeadMessages take the log into account,
-// SettleFetch records a small batch in the statement of the next read, and
-// ReadWhole says which partitions a read took whole. It embeds the Store
-// interface, not its type, so that the relay sees only what this type
-// builds over the log, and the change signals (Signal, Listen), which it
-// passes on (Listen on pool where the outbox's Store cannot listen).
+// relay's path on the log: Insert writes the log (the outbox while the
+// database says table), Fetch reads it by bands beside the outbox's
+// exceptions, and Settle advances the positions (or records rows one by
+// one); Stats, ResolveCrashes and RequeueDeadMessages take the log into
+// account, SettleFetch records a small batch in the statement of the next
+// read, and ReadWhole says which partitions a read took whole. It embeds
+// the Store interface, not its type, so that the relay sees only what
+// this type builds over the log, and the change signals (Signal, Listen),
+// which it passes on (Listen on pool where the outbox's Store cannot
+// listen).
 type logStore[T any] struct {
 	postboxdriver.Store[T]
 	// core is the Core that Store embeds (pgsql.ReadsLog): its inserts

@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1356,17 +1355,17 @@ func TestLogStoreChecksOnePoolOnce(t *testing.T) {
 	defer cancel()
 	_, prefix := migratedLog(t)
 	pool, tally := tracedPool(t)
-	check := func(name string, d postboxdriver.Driver[pgx.Tx]) int64 {
+	check := func(name string, d postboxdriver.Driver[pgx.Tx]) int {
 		t.Helper()
 		st, err := d.Open(prefix)
 		if err != nil {
 			t.Fatal(err)
 		}
-		before := tally.n.Load()
+		before := tally.count()
 		if err := st.CheckConnections(ctx); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		return tally.n.Load() - before
+		return tally.count() - before
 	}
 	outbox := check("the outbox's Store", pgxdriver.New(pool, nil))
 	if outbox == 0 {
@@ -1399,15 +1398,27 @@ func tracedPool(t *testing.T) (*pgxpool.Pool, *queryTally) {
 	return pool, tally
 }
 
-// queryTally counts the statements a pool sends, and keeps their text.
+// queryTally keeps the text of the statements a pool sends.
 type queryTally struct {
-	n   atomic.Int64
 	mu  sync.Mutex
 	sql []string
 }
 
+// count is how many statements the pool has sent.
+func (q *queryTally) count() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.sql)
+}
+
+// since is the text of the statements sent after the first n.
+func (q *queryTally) since(n int) []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return slices.Clone(q.sql[n:])
+}
+
 func (q *queryTally) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	q.n.Add(1)
 	q.mu.Lock()
 	q.sql = append(q.sql, data.SQL)
 	q.mu.Unlock()
@@ -1433,20 +1444,16 @@ func TestLogWriterBindsOneRowsValues(t *testing.T) {
 		msgs   []postbox.Message
 		arrays bool
 	}{{[]postbox.Message{m}, false}, {[]postbox.Message{m, m, m}, true}} {
-		tally.mu.Lock()
-		tally.sql = nil
-		tally.mu.Unlock()
+		before := tally.count()
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return c.WriteTx(ctx, tx, w.msgs...) }); err != nil {
 			t.Fatal(err)
 		}
-		tally.mu.Lock()
 		var inserts []string
-		for _, s := range tally.sql {
+		for _, s := range tally.since(before) {
 			if strings.Contains(s, "INSERT INTO "+prefix+"log") {
 				inserts = append(inserts, s)
 			}
 		}
-		tally.mu.Unlock()
 		if len(inserts) != 1 || strings.Contains(inserts[0], "unnest") != w.arrays {
 			t.Fatalf("a write of %d messages sent %d inserts into the log (%q), want one that binds arrays: %v", len(w.msgs), len(inserts), inserts, w.arrays)
 		}
