@@ -67,9 +67,12 @@ func runChild[TTx any](open func(string) (postboxdriver.Driver[TTx], error), loc
 	held, _ := strconv.Atoi(os.Getenv(childHeld))
 	pub := &childPublisher{log: log, poison: os.Getenv(childPoison), delay: time.Duration(delay) * time.Millisecond}
 	// A short lease: each relay after a crash waits out the lease of the
-	// one before it, and only one child runs at a time.
+	// one before it, and only one child runs at a time. The batch deadline
+	// stays that of a one-second lease: a quarter of it bounds a crash
+	// mark, which a database slowed by the race detector must still take.
 	c, err := postbox.NewClient(d, &postbox.Config{
-		Prefix: os.Getenv(childPrefix), Publisher: pub, LeaseDuration: time.Second,
+		Prefix: os.Getenv(childPrefix), Publisher: pub,
+		LeaseDuration: 500 * time.Millisecond, BatchDeadline: time.Second / 3,
 		PollInterval: 10 * time.Millisecond, MaxCrashes: childCrashes, BlockOnDead: held > 0,
 	})
 	if err != nil {
