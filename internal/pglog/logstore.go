@@ -1256,7 +1256,8 @@ func (s *logStore[T]) positions(ctx context.Context, f postboxdriver.Fence, part
 	}
 	s.mu.Unlock()
 	if len(out) != len(parts) {
-		return nil, fmt.Errorf("bench: %d of %d partitions have no position", len(parts)-len(out), len(parts))
+		// Migration 12 gives every partition of the leases its row.
+		return nil, fmt.Errorf("pglog: %d of %d partitions have no row in %spositions", len(parts)-len(out), len(parts), s.prefix)
 	}
 	return out, nil
 }
