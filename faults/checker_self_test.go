@@ -243,6 +243,27 @@ func TestFaultsSchedule(t *testing.T) {
 	}
 }
 
+// TestFaultsFleetWait checks that a fault's wait stops at the next
+// fault's start when that cut its window short, and only then.
+func TestFaultsFleetWait(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	for _, c := range []struct {
+		name                 string
+		commit, stored, next time.Time
+		want                 int64
+	}{
+		{"published in the window", at(100), at(400), at(1000), 300},
+		{"waiting when the next fault began", at(900), at(5000), at(1000), 100},
+		{"window not cut short", at(900), at(5000), time.Time{}, 4100},
+		{"stored before its commit's clock", at(100), at(90), time.Time{}, 0},
+	} {
+		if got := faultWait(c.commit, c.stored, c.next); got != c.want {
+			t.Errorf("%s: %dms, want %dms", c.name, got, c.want)
+		}
+	}
+}
+
 // TestFaultsCrashInspector checks that a relay's bytes holding a payload
 // that kills it are stopped, also when the payload is split between two
 // chunks, and that other payloads go through.

@@ -256,7 +256,9 @@ type fleetFault struct {
 	Moved      int `json:"moved"`
 	MovedEarly int `json:"moved_early"`
 	// StallMs is the longest commit-to-stored wait of a message that was
-	// waiting during the window; P99WaitMs the 99th percentile of those.
+	// waiting during the window, counted until the next fault began when
+	// that cut the window short (faultWait); P99WaitMs the 99th
+	// percentile of those.
 	StallMs   int64 `json:"stall_ms"`
 	P99WaitMs int64 `json:"p99_wait_ms"`
 	// Copies stored in the window, the first copies among them, and the
@@ -343,8 +345,11 @@ func (w *fleetWatch) judge(h *harness, rep *report) *fleetReport {
 			continue
 		}
 		end := f.Lifted.Add(h.prof.lease() + 2*time.Second)
+		// A wait past the next fault's start is the next fault's as much
+		// as this one's: this one's waits are counted until then.
+		var next time.Time
 		if i+1 < len(sched) && !sched[i+1].Start.IsZero() && sched[i+1].Start.Before(end) {
-			end = sched[i+1].Start
+			end, next = sched[i+1].Start, sched[i+1].Start
 		}
 		// The relays stop once the writers have; that is no fault's doing.
 		if h.writersDone.Before(end) {
@@ -427,7 +432,7 @@ func (w *fleetWatch) judge(h *harness, rep *report) *fleetReport {
 				continue
 			}
 			if hr.At.Before(end) && s.Stored.After(f.Start) {
-				waits = append(waits, max(s.Stored.Sub(hr.At).Milliseconds(), 0))
+				waits = append(waits, faultWait(hr.At, s.Stored, next))
 			}
 			// A victim's partition is published again at the first copy
 			// stored after the kill of a message that waited for the
@@ -477,6 +482,19 @@ func (w *fleetWatch) judge(h *harness, rep *report) *fleetReport {
 	fr.TakeoverMs, fr.PublishTakeoverMs = percentiles(takeovers), percentiles(pubTakeovers)
 	fr.Targets = fleetTargets(fr)
 	return fr
+}
+
+// faultWait is how long a message committed at commit and first stored
+// at stored waited in a fault's window, in milliseconds: until the next
+// fault began (next, when it cut the window short) if it was still
+// waiting then. A message committed just before the next fault would
+// otherwise count however long that fault made it wait (a mass kill's
+// lease) for the fault before it.
+func faultWait(commit, stored, next time.Time) int64 {
+	if !next.IsZero() && stored.After(next) {
+		stored = next
+	}
+	return max(stored.Sub(commit).Milliseconds(), 0)
 }
 
 func percentiles(v []int64) lagStats {
