@@ -27,7 +27,7 @@ import (
 // (lo_next, design §3 "The position").
 //
 // A read (Read) sends ReadSettings instead, which turns bitmap scans off
-// too, the same way.
+// too and keeps the read's generic plan, the same way.
 type noJIT struct{ pool *pgxpool.Pool }
 
 // JITOff is the statement sent before each of the log's statements but
@@ -47,7 +47,24 @@ const JITOff = "SELECT set_config('jit', 'off', true)"
 // sorted a partition's whole backlog (2026-12-06)"). No arm of a read has
 // a use for a bitmap scan: each probes an index for an ordered range or
 // for ids.
-const ReadSettings = "SELECT set_config('jit', 'off', true), set_config('enable_bitmapscan', 'off', true)"
+//
+// And the read keeps its generic plan (plan_cache_mode =
+// force_generic_plan): a read is planned once on its connection rather
+// than at every execution. PostgreSQL's default plans a prepared statement
+// afresh for each of its first five executions, then keeps planning it
+// afresh for good wherever the generic plan's estimate comes out above
+// the custom plans', as the read's arrays of unknown length make it; and
+// planning a read, or a record with the next read (settleReadSQL), costs
+// PostgreSQL more than running it. Among 16 relays on two cores
+// (SCALING.md, "Over the log"), two records with a read in three and two
+// reads in five were planned afresh: 640 s of PostgreSQL's time in two
+// minutes against 220 s of execution. The relays read a third as often
+// as they do with the plan kept, and a crashed relay's partitions were
+// published again up to 0.6 s after they were taken. The read's
+// statements are written for the generic plan (the xip list probed an id
+// at a time, bitmap scans off, chunks pruned at the executor's start),
+// which is the plan a relay at rest kept before.
+const ReadSettings = "SELECT set_config('jit', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)"
 
 func (d noJIT) send(ctx context.Context, settings, sql string, args []any) pgx.BatchResults {
 	b := &pgx.Batch{}

@@ -119,3 +119,45 @@ func TestNoJITPlansWithoutCompiling(t *testing.T) {
 		t.Fatalf("%d connections still acquired after the failures", c)
 	}
 }
+
+// A read is planned once on its connection and its generic plan kept:
+// PostgreSQL's default plans a prepared statement afresh for each of its
+// first five executions, and for good where the generic plan's estimate
+// comes out above the custom plans', as a read's arrays of unknown length
+// make it. Planning the log's read and record costs more than running
+// them: among 16 relays on two cores, ten thousand plans of the record
+// with the next read took 450 s of PostgreSQL's time in two minutes
+// (SCALING.md, "Over the log").
+func TestReadKeepsItsGenericPlan(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testdb.PostgresURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1 // the statements after the reads see their connection's prepared statements
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	db := noJIT{pool}
+	const read = `SELECT count(*) FROM unnest($1::int[]) AS a(p) WHERE p > 1 /* postbox read plan test */`
+	const runs = 8
+	for i := range runs {
+		rows, err := db.Read(ctx, read, []int32{1, 2, int32(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var generic, custom int64
+	if err := pool.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements
+		WHERE statement = $1`, read).Scan(&generic, &custom); err != nil {
+		t.Fatalf("the read's prepared statement: %v", err)
+	}
+	if generic != runs || custom != 0 {
+		t.Fatalf("%d reads ran %d generic and %d custom plans; want %d and 0", runs, generic, custom, runs)
+	}
+}
