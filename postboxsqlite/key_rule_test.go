@@ -17,9 +17,11 @@ import (
 const keyRule = prefix + "outbox_key_check"
 
 // keyInsert inserts a row carrying a key with SQL, as a writer in another
-// language would; keyArgs are its arguments.
+// language would.
 const keyInsert = `INSERT INTO ` + prefix + `outbox (id, topic, key, payload, partition) VALUES (?, 'contract.t', ?, x'', ?)`
 
+// keyArgs are keyInsert's arguments for a row carrying key: a new id, the
+// key, and the partition postbox's writer would give the row.
 func keyArgs(key string) []any {
 	id := postbox.NewID()
 	return []any{id, key, postboxdriver.PartitionOf(key, id, 64)}
