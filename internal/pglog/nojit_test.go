@@ -141,6 +141,15 @@ func TestReadKeepsItsGenericPlan(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	db := noJIT{pool}
+	mode := func() string {
+		t.Helper()
+		var m string
+		if err := pool.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	before := mode()
 	const read = `SELECT count(*) FROM unnest($1::int[]) AS a(p) WHERE p > 1 /* postbox read plan test */`
 	const runs = 8
 	for i := range runs {
@@ -159,5 +168,10 @@ func TestReadKeepsItsGenericPlan(t *testing.T) {
 	}
 	if generic != runs || custom != 0 {
 		t.Fatalf("%d reads ran %d generic and %d custom plans; want %d and 0", runs, generic, custom, runs)
+	}
+	// The setting ends with each read's transaction: the connection's own
+	// statements plan as before.
+	if after := mode(); after != before {
+		t.Fatalf("plan_cache_mode on the connection after the reads = %q, want %q as before them", after, before)
 	}
 }
