@@ -59,10 +59,22 @@ var suiteChunks = chunking{width: 4, ahead: 16}
 
 // The storage conformance suite against the log store, whole.
 func TestLogStoreConformance(t *testing.T) {
-	h := testdb.PgxHarness(testdb.PostgresURL(),
+	postboxdrivertest.Run(t, testdb.OverTheLog(logHarness(testdb.PostgresURL())))
+}
+
+// TestLogStoreConformanceThroughPgBouncer runs the whole suite over the
+// log with every connection through PgBouncer in transaction pooling
+// mode, pgx set to cache_describe (no statement prepared under a name), as
+// README's "Behind PgBouncer" says: the read's settings, made for its
+// transaction alone, and its statements planned at each execution.
+func TestLogStoreConformanceThroughPgBouncer(t *testing.T) {
+	postboxdrivertest.Run(t, testdb.OverTheLog(logHarness(testdb.BouncerURL(t, "default_query_exec_mode=cache_describe"))))
+}
+
+func logHarness(databaseURL string) postboxdrivertest.Harness[pgx.Tx] {
+	return testdb.PgxHarness(databaseURL,
 		func(pool *pgxpool.Pool) postboxdriver.Driver[pgx.Tx] {
 			return &suiteLogDriver{Driver[pgx.Tx]{pool: pool, chunks: suiteChunks}}
 		},
 		func(d postboxdriver.Driver[pgx.Tx]) *pgxpool.Pool { return d.(*suiteLogDriver).pool })
-	postboxdrivertest.Run(t, testdb.OverTheLog(h))
 }
