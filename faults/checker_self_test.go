@@ -264,6 +264,38 @@ func TestFaultsFleetWait(t *testing.T) {
 	}
 }
 
+// TestFaultsFleetWindow checks where a fault's window ends, and that its
+// waits are counted until the next fault began also when that was after
+// the window's end: a message committed just before the end of a rolling
+// deploy's window, whose relay the mass kill that followed took, counted
+// the kill's lease for the deploy.
+func TestFaultsFleetWindow(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	const lease = 4 * time.Second
+	for _, c := range []struct {
+		name                   string
+		nextStart, writersDone time.Time
+		wantEnd, wantNext      time.Time
+	}{
+		{"a lease and two seconds after the lift", at(60_000), at(90_000), at(6_000), at(60_000)},
+		{"the next fault sooner", at(3_000), at(90_000), at(3_000), at(3_000)},
+		{"the next fault just after the window", at(6_100), at(90_000), at(6_000), at(6_100)},
+		{"the writers done sooner", at(60_000), at(2_000), at(2_000), at(60_000)},
+		{"the last fault", time.Time{}, at(90_000), at(6_000), time.Time{}},
+	} {
+		end, next := faultWindow(t0, lease, c.nextStart, c.writersDone)
+		if !end.Equal(c.wantEnd) || !next.Equal(c.wantNext) {
+			t.Errorf("%s: end +%v next %v, want +%v and %v", c.name, end.Sub(t0), next, c.wantEnd.Sub(t0), c.wantNext)
+		}
+	}
+	// The deploy's message of the third case: committed 50ms before the
+	// window's end, stored after the next fault's lease.
+	if got := faultWait(at(5_950), at(10_200), at(6_100)); got != 150 {
+		t.Errorf("a wait into the next fault: %dms, want 150ms", got)
+	}
+}
+
 // TestFaultsCrashInspector checks that a relay's bytes holding a payload
 // that kills it are stopped, also when the payload is split between two
 // chunks, and that other payloads go through.

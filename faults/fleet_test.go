@@ -344,17 +344,11 @@ func (w *fleetWatch) judge(h *harness, rep *report) *fleetReport {
 		if f.Start.IsZero() {
 			continue
 		}
-		end := f.Lifted.Add(h.prof.lease() + 2*time.Second)
-		// A wait past the next fault's start is the next fault's as much
-		// as this one's: this one's waits are counted until then.
-		var next time.Time
-		if i+1 < len(sched) && !sched[i+1].Start.IsZero() && sched[i+1].Start.Before(end) {
-			end, next = sched[i+1].Start, sched[i+1].Start
+		var nextStart time.Time
+		if i+1 < len(sched) {
+			nextStart = sched[i+1].Start
 		}
-		// The relays stop once the writers have; that is no fault's doing.
-		if h.writersDone.Before(end) {
-			end = h.writersDone
-		}
+		end, next := faultWindow(f.Lifted, h.prof.lease(), nextStart, h.writersDone)
 		ff := &fleetFault{Fault: f.String(), Kind: f.Kind, WindowMs: end.Sub(f.Start).Milliseconds()}
 		fr.Faults = append(fr.Faults, ff)
 
@@ -484,10 +478,29 @@ func (w *fleetWatch) judge(h *harness, rep *report) *fleetReport {
 	return fr
 }
 
+// faultWindow is where the window of a fault lifted at lifted ends: a
+// lease and two seconds later, or when the next fault began (nextStart,
+// zero for none) if that came sooner, or when the writers stopped
+// (writersDone: the relays stop once the writers have, which is no
+// fault's doing) if sooner still. next is the next fault's start, until
+// which the window's waits are counted (faultWait) wherever the window
+// ends: a message committed just before the window's end can wait on
+// into the next fault, and that wait is the next fault's.
+func faultWindow(lifted time.Time, lease time.Duration, nextStart, writersDone time.Time) (end, next time.Time) {
+	end = lifted.Add(lease + 2*time.Second)
+	if !nextStart.IsZero() && nextStart.Before(end) {
+		end = nextStart
+	}
+	if writersDone.Before(end) {
+		end = writersDone
+	}
+	return end, nextStart
+}
+
 // faultWait is how long a message committed at commit and first stored
 // at stored waited in a fault's window, in milliseconds: until the next
-// fault began (next, when it cut the window short) if it was still
-// waiting then. A message committed just before the next fault would
+// fault began (next, zero for the last fault) if it was still waiting
+// then. A message committed just before the next fault would
 // otherwise count however long that fault made it wait (a mass kill's
 // lease) for the fault before it.
 func faultWait(commit, stored, next time.Time) int64 {
