@@ -287,6 +287,7 @@ func (r *relay) run(soft, hard context.Context) {
 		}
 	})
 	defer wg.Wait()
+	r.warm(soft)
 	retry := time.Duration(0)
 	pending := true
 	for soft.Err() == nil {
@@ -430,6 +431,22 @@ func checkConnections(ctx context.Context, ex postboxdriver.Executor, cfg *Confi
 		cfg.Logger.Warn("postbox relay could not check how its connections reach the database", slog.Any("error", err))
 	}
 	return nil
+}
+
+// warm readies the relay's connections for its lanes' reads before it
+// takes a partition (postboxdriver.Warmer), within half a lease: the first
+// batches on the partitions it takes then start without the cost of a new
+// connection's first read. A failure is logged; the relay goes on.
+func (r *relay) warm(ctx context.Context) {
+	w, ok := r.ex.(postboxdriver.Warmer)
+	if !ok {
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseDuration/2)
+	defer cancel()
+	if err := w.Warm(wctx, r.fetchParams(postboxdriver.Fence{Owner: r.id}), len(r.lanes)); err != nil && ctx.Err() == nil {
+		r.log.Warn("postbox relay could not ready its connections before taking partitions", slog.Any("error", err))
+	}
 }
 
 func (r *relay) shutdown(ctx context.Context) {

@@ -368,6 +368,21 @@ type StorageGuard interface {
 	CheckStorage(ctx context.Context) error
 }
 
+// Warmer is an Executor whose first read on a new database connection
+// costs far more than the next ones: the server process the connection
+// starts loads the catalog of every table the read touches, and the read
+// is prepared and planned on it. It is optional. A relay calls Warm once
+// when it starts, before it takes a partition, so that its first batches
+// on the partitions it takes (from a relay stopping in a rolling deploy,
+// or from one that crashed) do not wait for that while their rows wait to
+// be published. An error only costs that wait: the relay logs it and
+// starts all the same.
+type Warmer interface {
+	// Warm readies up to conns connections at once (distinct ones) for
+	// reads with p's parameters but its fence, which holds no partition.
+	Warm(ctx context.Context, p FetchParams, conns int) error
+}
+
 // SettleFetcher is an Executor that can record the publishes of one batch
 // and read the next batch in a single round trip. It is optional. A relay
 // whose batches are small (a steady trickle rather than a backlog)

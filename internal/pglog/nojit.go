@@ -2,6 +2,8 @@ package pglog
 
 import (
 	"context"
+	"errors"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -118,6 +120,41 @@ func (d noJIT) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comman
 		err = cerr
 	}
 	return tag, err
+}
+
+// warm sends the batch queue makes on up to conns connections of the
+// pool at once, each held until every batch is done so that they are
+// distinct ones: what a connection's first statements cost (its server
+// process loading the catalog of the tables they touch, their prepare and
+// plan) is paid here rather than by the first read that needs them. It
+// takes at most half the pool's connections, so that the application's
+// own statements on the pool are not held up meanwhile.
+func (d noJIT) warm(ctx context.Context, conns int, queue func(*pgx.Batch)) error {
+	conns = min(conns, max(int(d.pool.Config().MaxConns)/2, 1))
+	errs := make([]error, conns)
+	release := make(chan struct{})
+	var sent, done sync.WaitGroup
+	for i := range conns {
+		sent.Add(1)
+		done.Go(func() {
+			c, err := d.pool.Acquire(ctx)
+			if err != nil {
+				errs[i] = err
+				sent.Done()
+				return
+			}
+			defer c.Release()
+			b := &pgx.Batch{}
+			queue(b)
+			errs[i] = c.SendBatch(ctx, b).Close()
+			sent.Done()
+			<-release
+		})
+	}
+	sent.Wait()
+	close(release)
+	done.Wait()
+	return errors.Join(errs...)
 }
 
 // batchRows are a batch's last statement's rows: closing them, or reading

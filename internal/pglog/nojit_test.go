@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-go/postbox/internal/testdb"
+	"github.com/postbox-go/postbox/postboxdriver"
 )
 
 // A statement through noJIT is planned without JIT compilation on a
@@ -173,5 +174,64 @@ func TestReadKeepsItsGenericPlan(t *testing.T) {
 	// statements plan as before.
 	if after := mode(); after != before {
 		t.Fatalf("plan_cache_mode on the connection after the reads = %q, want %q as before them", after, before)
+	}
+}
+
+// TestWarmReadiesDistinctConnections: Warm prepares, on as many distinct
+// connections as it is asked for up to half the pool, the statements a
+// relay's first read of its partitions takes (the positions' load and the
+// small read statement, whatever the number of partitions), the read
+// given its generic plan there.
+func TestWarmReadiesDistinctConnections(t *testing.T) {
+	ctx := context.Background()
+	_, prefix := migratedLog(t)
+	cfg, err := pgxpool.ParseConfig(testdb.PostgresURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 6
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(ctx, ChunkLog(prefix)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := (&Driver[pgx.Tx]{pool: pool, chunks: chunking{width: 4, ahead: 4}}).Open(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := s.(*logStore[pgx.Tx])
+	p := postboxdriver.FetchParams{Limit: 50, Topics: []string{"orders.*"}}
+	if err := st.Warm(ctx, p, 4); err != nil {
+		t.Fatal(err)
+	}
+	// The statement of the first read of five partitions (short: none
+	// read yet), as the read would make it.
+	first := st.plan(p, []int{1, 2, 3, 4, 5}, nil)
+	if !first.shape.small {
+		t.Fatal("a first read does not take the small statement")
+	}
+	read := st.statement(st.reads, first.shape, readSQL)
+	conns := pool.AcquireAllIdle(ctx)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	readied := 0
+	for _, c := range conns {
+		var reads, generic, loads int64
+		if err := c.QueryRow(ctx, `SELECT count(*) FILTER (WHERE statement = $1), coalesce(sum(generic_plans) FILTER (WHERE statement = $1), 0),
+			count(*) FILTER (WHERE statement = $2) FROM pg_prepared_statements`, read, st.load).Scan(&reads, &generic, &loads); err != nil {
+			t.Fatal(err)
+		}
+		if reads == 1 && generic == 1 && loads == 1 {
+			readied++
+		}
+	}
+	if len(conns) != 3 || readied != 3 {
+		t.Fatalf("%d connections in the pool, %d readied (the read prepared with its generic plan, the load prepared); want 3 of 3 (half the pool)", len(conns), readied)
 	}
 }
